@@ -1,0 +1,36 @@
+//! The `tollgate` command. A thin main: each subcommand lives in its own module under
+//! `cmd/` and returns the process exit code.
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+mod cmd;
+
+/// Tollgate: decides, before an AI agent runs a tool, whether it may.
+#[derive(Debug, Parser)]
+#[command(name = "tollgate", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run SP/1.0 decision vectors (the published format) and report each result.
+    Conformance(cmd::conformance::Args),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Conformance(args) => cmd::conformance::run(&args),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("tollgate: error: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
