@@ -22,3 +22,6 @@ pub mod digest;
 pub mod json;
 
 pub use digest::Digest;
+pub mod types;
+
+pub use types::{Decision, DenyReason, Money, Reason, Verdict};
