@@ -7,6 +7,15 @@
 //! no threads. Time arrives as `now`, a random draw as `rng`, and state as an argument;
 //! the caller (the daemon, or the in-process guard) owns all three, persists state, and
 //! writes the audit log. `decide` has no error path: every input gets a verdict.
+//!
+//! The pieces:
+//! - [`json`]: a strict, bounded JSON parser and the canonical writer (Python's
+//!   `json.dumps(sort_keys=True, separators=(",", ":"), ensure_ascii=False)`, byte for byte);
+//! - [`call`]: a proposed call, with its params classified once ([`Params`]);
+//! - [`config`], [`state`]: the policy and the session state `decide` reads;
+//! - [`decide()`]: the ordered rules;
+//! - [`transition`]: the pure state transitions applied after each verdict;
+//! - [`vectors`]: the published conformance vector format and its runner.
 
 #![cfg_attr(
     test,
@@ -18,10 +27,23 @@
     )
 )]
 
+pub mod call;
+pub mod config;
+mod decide;
 pub mod digest;
 pub mod json;
-
-pub use digest::Digest;
+pub mod signals;
+pub mod state;
+pub mod transition;
 pub mod types;
+pub mod vectors;
 
+pub use call::{NonCanonical, Params, ToolCall};
+pub use config::{BudgetScope, GuardConfig, HitlMode, Ratio, Settlement};
+pub use decide::decide;
+pub use digest::Digest;
+pub use state::{
+    HumanDecision, PendingTransition, SessionState, SessionStatus, TransitionStatus, UnixNanos,
+};
+pub use transition::{apply_decision, apply_post_exec, record_human_decision, Successor};
 pub use types::{Decision, DenyReason, Money, Reason, Verdict};

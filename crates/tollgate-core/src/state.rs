@@ -1,0 +1,285 @@
+//! Session state: what `decide` reads and the transitions write.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+
+use crate::digest::Digest;
+use crate::types::{Money, Reason};
+
+/// Nanoseconds since the Unix epoch, as stamped by the daemon (the sole time authority).
+pub type UnixNanos = i64;
+
+/// Where a session stands (SP/1.0 §5.1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum SessionStatus {
+    /// Taking calls.
+    #[default]
+    Active,
+    /// A HITL decision is pending.
+    Paused,
+    /// Ended.
+    Terminated,
+    /// Missed its heartbeats; calls are refused until it heartbeats again.
+    Stale,
+}
+
+impl SessionStatus {
+    /// The upper-case name.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            SessionStatus::Active => "ACTIVE",
+            SessionStatus::Paused => "PAUSED",
+            SessionStatus::Terminated => "TERMINATED",
+            SessionStatus::Stale => "STALE",
+        }
+    }
+}
+
+/// The human's decision on a pending transition (§3.6), after trimming and lowercasing.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
+pub enum HumanDecision {
+    /// No human has decided yet. Resolves like `defer`: HITL, no execution.
+    #[default]
+    Awaiting,
+    /// Release the original call, bound to its nonce and args digest.
+    Approve,
+    /// The original call is terminal.
+    Reject,
+    /// The original is superseded; only the successor may run.
+    Modify,
+    /// Stay pending.
+    Defer,
+    /// Stay pending, routed higher.
+    Escalate,
+    /// A word this implementation does not know. Never executes.
+    Unknown(Box<str>),
+}
+
+impl HumanDecision {
+    /// Parse a decision word, trimmed and case-insensitively. An empty word is
+    /// [`HumanDecision::Awaiting`]; an unrecognized one is kept as
+    /// [`HumanDecision::Unknown`] (it will DENY, never ALLOW).
+    pub fn parse(text: &str) -> HumanDecision {
+        let t = text.trim();
+        let is = |w: &str| t.eq_ignore_ascii_case(w);
+        if t.is_empty() {
+            HumanDecision::Awaiting
+        } else if is("approve") {
+            HumanDecision::Approve
+        } else if is("reject") {
+            HumanDecision::Reject
+        } else if is("modify") {
+            HumanDecision::Modify
+        } else if is("defer") {
+            HumanDecision::Defer
+        } else if is("escalate") {
+            HumanDecision::Escalate
+        } else {
+            HumanDecision::Unknown(t.to_ascii_lowercase().into())
+        }
+    }
+
+    /// The word.
+    pub fn as_str(&self) -> &str {
+        match self {
+            HumanDecision::Awaiting => "",
+            HumanDecision::Approve => "approve",
+            HumanDecision::Reject => "reject",
+            HumanDecision::Modify => "modify",
+            HumanDecision::Defer => "defer",
+            HumanDecision::Escalate => "escalate",
+            HumanDecision::Unknown(w) => w,
+        }
+    }
+}
+
+/// The status of the call a transition governs.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
+pub enum TransitionStatus {
+    /// Not terminal: awaiting a decision or awaiting execution.
+    #[default]
+    Pending,
+    /// Terminal: a human rejected it.
+    Rejected,
+    /// Terminal: a human modified it; the original can never run.
+    Superseded,
+    /// Terminal: the approval was used.
+    Consumed,
+    /// Terminal: the call ran.
+    Executed,
+    /// Terminal: the approval timed out.
+    Expired,
+    /// Terminal: the approval was withdrawn.
+    Revoked,
+    /// Terminal: the request was cancelled.
+    Cancelled,
+    /// Any other word (for example the fixtures' `consumed_on_execute`): not terminal.
+    Other(Box<str>),
+}
+
+impl TransitionStatus {
+    /// Parse a status word, trimmed and case-insensitively; empty is `Pending`.
+    pub fn parse(text: &str) -> TransitionStatus {
+        let t = text.trim();
+        let is = |w: &str| t.eq_ignore_ascii_case(w);
+        if t.is_empty() || is("pending") {
+            TransitionStatus::Pending
+        } else if is("rejected") {
+            TransitionStatus::Rejected
+        } else if is("superseded") {
+            TransitionStatus::Superseded
+        } else if is("consumed") {
+            TransitionStatus::Consumed
+        } else if is("executed") {
+            TransitionStatus::Executed
+        } else if is("expired") {
+            TransitionStatus::Expired
+        } else if is("revoked") {
+            TransitionStatus::Revoked
+        } else if is("cancelled") {
+            TransitionStatus::Cancelled
+        } else {
+            TransitionStatus::Other(t.to_ascii_lowercase().into())
+        }
+    }
+
+    /// Exactly rejected, superseded, consumed, executed, expired, revoked and cancelled.
+    pub const fn is_terminal(&self) -> bool {
+        !matches!(self, TransitionStatus::Pending | TransitionStatus::Other(_))
+    }
+
+    /// The word.
+    pub fn as_str(&self) -> &str {
+        match self {
+            TransitionStatus::Pending => "pending",
+            TransitionStatus::Rejected => "rejected",
+            TransitionStatus::Superseded => "superseded",
+            TransitionStatus::Consumed => "consumed",
+            TransitionStatus::Executed => "executed",
+            TransitionStatus::Expired => "expired",
+            TransitionStatus::Revoked => "revoked",
+            TransitionStatus::Cancelled => "cancelled",
+            TransitionStatus::Other(w) => w,
+        }
+    }
+}
+
+impl fmt::Display for TransitionStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A HITL transition awaiting resolution (§3.6): a single-use capability over one
+/// specific preimage, never a permission to call the tool.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct PendingTransition {
+    /// What the human decided, if anything yet.
+    pub decision: HumanDecision,
+    /// The nonce of the call that went to a human.
+    pub original_nonce: Option<u64>,
+    /// The canonical params hash of that call.
+    pub original_args_digest: Option<Digest>,
+    /// For MODIFY: the nonce of the edited call.
+    pub successor_nonce: Option<u64>,
+    /// For MODIFY: the canonical params hash of the edited call.
+    pub successor_args_digest: Option<Digest>,
+    /// The governed call's status.
+    pub terminal_status: TransitionStatus,
+    /// Whether this is a re-dispatch of an already-decided transition.
+    pub resume_attempt: bool,
+    /// The tool the original call named (for operators; not used by `decide`).
+    pub tool_name: Option<String>,
+    /// When the HITL verdict was given.
+    pub requested_at_ns: UnixNanos,
+}
+
+/// A cost reserved by an ALLOW and not yet settled by a post-exec report.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Reservation {
+    /// The call's estimated cost.
+    pub estimated: Money,
+    /// What was actually taken from the remaining budget (the estimate, or less when the
+    /// budget had less left, as can happen after a human approval).
+    pub deducted: Money,
+}
+
+/// One session's state (SP/1.0 §5.1, with exact money and the HITL transition).
+///
+/// INVARIANT (budget-floor): `budget_remaining >= 0` after every transition.
+/// INVARIANT (circuit-latch): once `circuit_tripped` is set, no transition clears it.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct SessionState {
+    /// Lifecycle status.
+    pub status: SessionStatus,
+    /// The budget the session started with.
+    pub budget_initial: Money,
+    /// What is left, net of outstanding reservations.
+    pub budget_remaining: Money,
+    /// What settled calls have been charged.
+    pub budget_spent: Money,
+    /// Reservations of allowed calls awaiting their post-exec report, by call number.
+    pub reservations: BTreeMap<u64, Reservation>,
+    /// Calls allowed so far.
+    pub total_calls: u64,
+    /// Per tool: how many identical calls in a row, counting the first.
+    pub repeat_counts: BTreeMap<String, u32>,
+    /// Per tool: calls allowed in the current window.
+    pub window_counts: BTreeMap<String, u32>,
+    /// When the current window started; zero before the first windowed call.
+    pub window_start_ns: UnixNanos,
+    /// Whether a DENY has tripped the circuit.
+    pub circuit_tripped: bool,
+    /// The reason of the DENY that tripped it.
+    pub circuit_trip_reason: Option<Reason>,
+    /// When it tripped.
+    pub circuit_tripped_at_ns: UnixNanos,
+    /// Nonces of allowed calls.
+    pub seen_nonces: BTreeSet<u64>,
+    /// The last allowed call's tool.
+    pub last_tool_name: Option<String>,
+    /// The last allowed call's params hash; `None` when unknown, which the repeat rule
+    /// reads as "the same" (fail closed).
+    pub last_params_hash: Option<Digest>,
+    /// Whether the last call's post-exec report carried an error signal.
+    pub last_error_signal: bool,
+    /// A HITL transition awaiting resolution.
+    pub pending: Option<PendingTransition>,
+    /// When the session started (for `timeout_seconds`).
+    pub started_at_ns: UnixNanos,
+    /// The last call or heartbeat.
+    pub last_activity_ns: UnixNanos,
+}
+
+impl SessionState {
+    /// A fresh session with `budget` to spend, started at `now`.
+    pub fn new(budget: Money, now: UnixNanos) -> SessionState {
+        SessionState {
+            budget_initial: budget,
+            budget_remaining: budget,
+            started_at_ns: now,
+            last_activity_ns: now,
+            ..SessionState::default()
+        }
+    }
+
+    /// Whether `tool` with params `digest` repeats the last allowed call. An unknown hash
+    /// on either side counts as the same.
+    pub fn is_repeat(&self, tool: &str, digest: Option<Digest>) -> bool {
+        self.last_tool_name.as_deref() == Some(tool)
+            && match (self.last_params_hash, digest) {
+                (Some(a), Some(b)) => a == b,
+                _ => true,
+            }
+    }
+
+    /// The repeat count `decide` sees for this call: the current run of identical calls
+    /// if the call continues it, else zero. (This is the `repeat_count` of PreExecResponse.)
+    pub fn repeat_count_for(&self, tool: &str, digest: Option<Digest>) -> u32 {
+        if self.is_repeat(tool, digest) {
+            self.repeat_counts.get(tool).copied().unwrap_or(0)
+        } else {
+            0
+        }
+    }
+}

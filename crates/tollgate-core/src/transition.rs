@@ -1,0 +1,256 @@
+//! State transitions, as pure functions over `&mut SessionState` (SP/1.0 §5.3).
+//!
+//! `decide` never mutates state; the runtime applies exactly one of these after each
+//! verdict, in the same atomic step as the decision (the store's check-and-apply).
+
+use crate::call::ToolCall;
+use crate::config::{GuardConfig, Settlement};
+use crate::digest::Digest;
+use crate::signals::has_error_signal;
+use crate::state::{
+    HumanDecision, PendingTransition, Reservation, SessionState, SessionStatus, TransitionStatus,
+    UnixNanos,
+};
+use crate::types::{Decision, Money, Reason, Verdict};
+
+/// Apply `decision` for `call` (numbered `call_number` in its session) to `state`.
+///
+/// - ALLOW: count the call, record its nonce, extend or restart its repeat run, count it
+///   in the window, remember it as the last call, and reserve its estimated cost so that
+///   concurrent calls cannot overspend. A transition release (approve, modify successor)
+///   also consumes the pending transition and resumes the session.
+/// - DENY: trip the circuit. Budget and counters are untouched.
+/// - HITL: pause the session and, unless one is already pending, record the transition
+///   a human will resolve, bound to this call's nonce and params hash.
+pub fn apply_decision(
+    config: &GuardConfig,
+    state: &mut SessionState,
+    call: &ToolCall<'_>,
+    decision: &Decision,
+    call_number: u64,
+    now: UnixNanos,
+) {
+    state.last_activity_ns = now;
+    match decision.verdict {
+        Verdict::Allow => apply_allow(config, state, call, decision, call_number, now),
+        Verdict::Deny => {
+            // INVARIANT (circuit-latch): set here, cleared nowhere.
+            if !state.circuit_tripped {
+                state.circuit_tripped = true;
+                state.circuit_trip_reason = Some(decision.reason);
+                state.circuit_tripped_at_ns = now;
+            }
+        }
+        Verdict::Hitl => {
+            state.status = SessionStatus::Paused;
+            if state.pending.is_none() {
+                state.pending = Some(PendingTransition {
+                    original_nonce: call.nonce,
+                    original_args_digest: call.params.canonical_digest().ok(),
+                    tool_name: Some(call.tool_name.to_owned()),
+                    requested_at_ns: now,
+                    ..PendingTransition::default()
+                });
+            }
+        }
+    }
+}
+
+fn apply_allow(
+    config: &GuardConfig,
+    state: &mut SessionState,
+    call: &ToolCall<'_>,
+    decision: &Decision,
+    call_number: u64,
+    now: UnixNanos,
+) {
+    let digest = call.params.canonical_digest().ok();
+    if matches!(
+        decision.reason,
+        Reason::TransitionApprove | Reason::TransitionModifySuccessor
+    ) {
+        // Single use: the release is spent the moment it is granted.
+        state.pending = None;
+        state.status = SessionStatus::Active;
+    }
+    state.total_calls = state.total_calls.saturating_add(1);
+    if let Some(n) = call.nonce {
+        state.seen_nonces.insert(n);
+    }
+
+    let run = if state.is_repeat(call.tool_name, digest) {
+        state
+            .repeat_counts
+            .get(call.tool_name)
+            .copied()
+            .unwrap_or(0)
+            .saturating_add(1)
+    } else {
+        1
+    };
+    set_count(&mut state.repeat_counts, call.tool_name, run);
+
+    if config.window_enabled() {
+        let window_ns = i128::from(config.window_duration_s) * 1_000_000_000;
+        if i128::from(now) >= i128::from(state.window_start_ns) + window_ns {
+            state.window_start_ns = now;
+            state.window_counts.clear();
+        }
+        let c = state
+            .window_counts
+            .get(call.tool_name)
+            .copied()
+            .unwrap_or(0);
+        set_count(
+            &mut state.window_counts,
+            call.tool_name,
+            c.saturating_add(1),
+        );
+    }
+
+    if state.last_tool_name.as_deref() != Some(call.tool_name) {
+        state.last_tool_name = Some(call.tool_name.to_owned());
+    }
+    state.last_params_hash = digest;
+    // A new call's error signal arrives with its own post-exec report.
+    state.last_error_signal = false;
+
+    // Reserve the estimate. INVARIANT (budget-floor): never below zero.
+    let estimated = call.estimated_cost.max(Money::ZERO);
+    let deducted = estimated.min(state.budget_remaining.max(Money::ZERO));
+    state.budget_remaining = state.budget_remaining.saturating_sub(deducted);
+    if estimated.is_positive() || config.budget_enabled() {
+        state.reservations.insert(
+            call_number,
+            Reservation {
+                estimated,
+                deducted,
+            },
+        );
+    }
+}
+
+fn set_count(map: &mut std::collections::BTreeMap<String, u32>, key: &str, value: u32) {
+    match map.get_mut(key) {
+        Some(slot) => *slot = value,
+        None => {
+            map.insert(key.to_owned(), value);
+        }
+    }
+}
+
+/// What a post-exec report did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Settled {
+    /// What the call was charged.
+    pub charged: Money,
+    /// Whether a reservation for the call existed. A report for a call with none (never
+    /// allowed, or already settled) is still charged its actual cost: spend that happened
+    /// is spend, whoever forgot to ask.
+    pub had_reservation: bool,
+}
+
+/// Settle call `call_number` against its `actual` cost, and note whether its outcome
+/// carried an error signal (for error amplification of the next repeat).
+///
+/// The charge is the larger of estimate and actual under [`Settlement::Conservative`],
+/// exactly the actual under [`Settlement::Actual`]. Remaining never goes below zero.
+pub fn apply_post_exec(
+    config: &GuardConfig,
+    state: &mut SessionState,
+    call_number: u64,
+    actual: Money,
+    error_message: Option<&str>,
+    now: UnixNanos,
+) -> Settled {
+    state.last_activity_ns = now;
+    let actual = actual.max(Money::ZERO);
+    let reservation = state.reservations.remove(&call_number);
+    let had_reservation = reservation.is_some();
+    let Reservation {
+        estimated,
+        deducted,
+    } = reservation.unwrap_or_default();
+    let charged = match config.settlement {
+        Settlement::Conservative => estimated.max(actual),
+        Settlement::Actual => actual,
+    };
+    // Give back what the reservation took, then take the charge. INVARIANT (budget-floor).
+    let before_reservation = state.budget_remaining.saturating_add(deducted);
+    let after = before_reservation.saturating_sub(charged).max(Money::ZERO);
+    state.budget_remaining = after;
+    state.budget_spent = state.budget_spent.saturating_add(charged);
+    state.last_error_signal = error_message.is_some_and(has_error_signal);
+    Settled {
+        charged,
+        had_reservation,
+    }
+}
+
+/// Why a human decision cannot be recorded.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HumanDecisionRefused {
+    /// The session has no pending transition.
+    #[error("the session has no pending HITL transition")]
+    NothingPending,
+    /// The pending transition already has a final decision (approve, reject, modify).
+    #[error("the pending transition was already decided (`{0}`)")]
+    AlreadyDecided(String),
+    /// MODIFY needs the successor call's nonce and params hash.
+    #[error("modify needs the successor's nonce and params hash")]
+    ModifyWithoutSuccessor,
+    /// Only approve, reject, modify, defer and escalate can be recorded.
+    #[error("`{0}` is not a decision a human can record")]
+    NotADecision(String),
+}
+
+/// The successor a MODIFY authorizes instead of the original.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Successor {
+    /// Its nonce.
+    pub nonce: u64,
+    /// Its canonical params hash.
+    pub args_digest: Digest,
+}
+
+/// Record a human's decision on the session's pending transition. Awaiting, deferred and
+/// escalated transitions can be decided; a final decision cannot be changed.
+pub fn record_human_decision(
+    state: &mut SessionState,
+    decision: HumanDecision,
+    successor: Option<Successor>,
+    now: UnixNanos,
+) -> Result<(), HumanDecisionRefused> {
+    let pending = state
+        .pending
+        .as_mut()
+        .ok_or(HumanDecisionRefused::NothingPending)?;
+    if !matches!(
+        pending.decision,
+        HumanDecision::Awaiting | HumanDecision::Defer | HumanDecision::Escalate
+    ) {
+        return Err(HumanDecisionRefused::AlreadyDecided(
+            pending.decision.as_str().to_owned(),
+        ));
+    }
+    match &decision {
+        HumanDecision::Approve | HumanDecision::Defer | HumanDecision::Escalate => {
+            pending.terminal_status = TransitionStatus::Pending;
+        }
+        HumanDecision::Reject => pending.terminal_status = TransitionStatus::Rejected,
+        HumanDecision::Modify => {
+            let s = successor.ok_or(HumanDecisionRefused::ModifyWithoutSuccessor)?;
+            pending.successor_nonce = Some(s.nonce);
+            pending.successor_args_digest = Some(s.args_digest);
+            pending.terminal_status = TransitionStatus::Superseded;
+        }
+        HumanDecision::Awaiting | HumanDecision::Unknown(_) => {
+            return Err(HumanDecisionRefused::NotADecision(
+                decision.as_str().to_owned(),
+            ))
+        }
+    }
+    pending.decision = decision;
+    state.last_activity_ns = now;
+    Ok(())
+}
