@@ -189,14 +189,15 @@ fn extensions(
             return Some(Decision::of(Reason::Timeout));
         }
     }
-    if config.probabilistic_deny && config.budget_enabled() {
-        if fraction_at_most(state, PROBABILISTIC_BELOW_PPM, false) {
-            let probability = config.deny_jitter_ratio.to_f64() * (1.0 - fraction(state));
-            if rng < probability {
-                let mut d = Decision::of(Reason::BudgetExhausted);
-                d.probabilistic = true;
-                return Some(d);
-            }
+    if config.probabilistic_deny
+        && config.budget_enabled()
+        && fraction_at_most(state, PROBABILISTIC_BELOW_PPM, false)
+    {
+        let probability = config.deny_jitter_ratio.to_f64() * (1.0 - fraction(state));
+        if rng < probability {
+            let mut d = Decision::of(Reason::BudgetExhausted);
+            d.probabilistic = true;
+            return Some(d);
         }
     }
     None

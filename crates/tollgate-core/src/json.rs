@@ -676,8 +676,9 @@ fn write_number<S: Sink + ?Sized>(n: &Number, out: &mut S) -> Result<(), NonFini
     Ok(())
 }
 
-/// Python's `repr(float)`: the shortest digits that round-trip, in fixed notation when the
-/// decimal exponent is in -4..16 and in scientific notation (`1e+16`, `1.5e-07`) otherwise.
+/// Python's `repr(float)`: the shortest digits that round-trip (ties broken to even, as
+/// David Gay's dtoa does; Ryu guarantees the same), in fixed notation when the decimal
+/// point falls in -4..16 and in scientific notation (`1e+16`, `1.5e-07`) otherwise.
 fn write_py_float<S: Sink + ?Sized>(f: f64, out: &mut S) -> Result<(), NonFinite> {
     if !f.is_finite() {
         return Err(NonFinite);
@@ -690,10 +691,11 @@ fn write_py_float<S: Sink + ?Sized>(f: f64, out: &mut S) -> Result<(), NonFinite
         });
         return Ok(());
     }
-    // Rust's `{:e}` gives the shortest round-trip digits, like Python's repr: "d.ddde-x".
-    let mut sci = StackBuf::<40>::new();
-    let _ = fmt::Write::write_fmt(&mut sci, format_args!("{:e}", f.abs()));
-    let text = sci.as_bytes();
+    let mut ryu_buf = ryu::Buffer::new();
+    let text = ryu_buf.format_finite(f.abs()).as_bytes();
+    // Read Ryu's text ("1.5e-7", "1e16", "0.0001", "123.45") as DIGITS and a decimal
+    // point position DECPT: value = 0.DIGITS × 10^DECPT, DIGITS without leading or
+    // trailing zeros.
     let e_at = text.iter().position(|&b| b == b'e').unwrap_or(text.len());
     let mantissa = text.get(..e_at).unwrap_or_default();
     let exp: i32 = text
@@ -701,15 +703,27 @@ fn write_py_float<S: Sink + ?Sized>(f: f64, out: &mut S) -> Result<(), NonFinite
         .and_then(|e| std::str::from_utf8(e).ok())
         .and_then(|e| e.parse().ok())
         .unwrap_or(0);
-    let mut digits = StackBuf::<24>::new();
+    let dot = mantissa
+        .iter()
+        .position(|&b| b == b'.')
+        .unwrap_or(mantissa.len());
+    let mut digits = StackBuf::<32>::new();
+    let mut decpt = i32::try_from(dot).unwrap_or(0) + exp;
     for &b in mantissa {
-        if b != b'.' {
+        if b == b'.' {
+            continue;
+        }
+        if b == b'0' && digits.len == 0 {
+            decpt -= 1; // a leading zero
+        } else {
             digits.push(b);
         }
     }
+    while digits.len > 1 && digits.as_bytes().last() == Some(&b'0') {
+        digits.len -= 1;
+    }
     let digits = digits.as_bytes();
     let nd = i32::try_from(digits.len()).unwrap_or(i32::MAX);
-    let decpt = exp + 1; // value = 0.DIGITS × 10^decpt
 
     if f.is_sign_negative() {
         out.put(b"-");
@@ -832,6 +846,8 @@ mod tests {
     }
 
     #[test]
+    // The tie cases below are written at full precision on purpose: they are exact.
+    #[allow(clippy::excessive_precision)]
     fn floats_print_as_python_repr() {
         // Each expected string is what CPython 3.11 prints for repr(x).
         let cases: &[(f64, &str)] = &[
@@ -857,6 +873,12 @@ mod tests {
             (-0.0, "-0.0"),
             (123.456, "123.456"),
             (9999999999999998.0, "9999999999999998.0"),
+            // Exact ties between two shortest candidates go to the even digit, as in
+            // Python (1951601819917218.25 is exactly representable).
+            (1951601819917218.25, "1951601819917218.2"),
+            (34595157129853.8125, "34595157129853.812"),
+            (0.3, "0.3"),
+            (2.0f64.powi(60), "1.152921504606847e+18"),
         ];
         for (f, want) in cases {
             assert_eq!(float(*f), *want, "repr of {f:e}");

@@ -342,9 +342,9 @@ impl<'a> Obj<'a> {
         }
     }
 
-    fn word<T: std::str::FromStr>(&self, key: &str) -> Result<T, VectorError>
+    fn word<T>(&self, key: &str) -> Result<T, VectorError>
     where
-        T: Default,
+        T: std::str::FromStr + Default,
         T::Err: fmt::Display,
     {
         match self.string(key)? {

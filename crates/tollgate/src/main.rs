@@ -19,12 +19,15 @@ struct Cli {
 enum Command {
     /// Run SP/1.0 decision vectors (the published format) and report each result.
     Conformance(cmd::conformance::Args),
+    /// Print the canonical JSON of a document, or with --hash its SHA-256.
+    Canonical(cmd::canonical::Args),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Conformance(args) => cmd::conformance::run(&args),
+        Command::Canonical(args) => cmd::canonical::run(&args),
     };
     match result {
         Ok(code) => code,

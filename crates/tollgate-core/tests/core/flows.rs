@@ -1,0 +1,489 @@
+//! Multi-step flows through decide and the transitions.
+
+use tollgate_core::transition::HumanDecisionRefused;
+use tollgate_core::{
+    apply_post_exec, decide, record_human_decision, GuardConfig, HitlMode, HumanDecision, Money,
+    Params, Reason, SessionState, SessionStatus, Settlement, Successor, ToolCall, Verdict,
+};
+
+use crate::support::{call, params, step, usd};
+
+/// SP/1.0 Appendix A: budget 0.50, max_repeat 3, web_search at 0.002 each, actual 0.0015.
+#[test]
+fn appendix_a_flow() {
+    let config = GuardConfig {
+        budget: usd(0.50),
+        max_repeat_calls: 3,
+        ..GuardConfig::default()
+    };
+    let mut s = SessionState::new(config.budget, 0);
+    let p = params(r#"{"q":"rust circuit breakers"}"#);
+    let mut remaining_after = Vec::new();
+    for n in 1..=3u64 {
+        let c = call("web_search", &p, 100 + n, usd(0.002));
+        let seen = s.repeat_count_for("web_search", c.params.canonical_digest().ok());
+        assert_eq!(
+            seen,
+            u32::try_from(n - 1).unwrap(),
+            "repeat_count at call {n}"
+        );
+        let d = step(&config, &mut s, &c, n, 0);
+        assert_eq!(
+            (d.verdict, d.reason),
+            (Verdict::Allow, Reason::WithinThresholds)
+        );
+        remaining_after.push(s.budget_remaining);
+        apply_post_exec(&config, &mut s, n, usd(0.0015), None, 0);
+    }
+    assert_eq!(remaining_after, vec![usd(0.498), usd(0.496), usd(0.494)]);
+    let c = call("web_search", &p, 104, usd(0.002));
+    assert_eq!(
+        s.repeat_count_for("web_search", c.params.canonical_digest().ok()),
+        3
+    );
+    let d = step(&config, &mut s, &c, 4, 0);
+    assert_eq!(
+        (d.verdict, d.reason),
+        (Verdict::Deny, Reason::MaxRepeatExceeded)
+    );
+    assert!(s.circuit_tripped);
+    assert_eq!(s.circuit_trip_reason, Some(Reason::MaxRepeatExceeded));
+    // Every later call is DENY circuit_open, whatever it is.
+    let other = params(r#"{"q":"something else"}"#);
+    let d = step(
+        &config,
+        &mut s,
+        &call("read_file", &other, 105, Money::ZERO),
+        5,
+        0,
+    );
+    assert_eq!((d.verdict, d.reason), (Verdict::Deny, Reason::CircuitOpen));
+    // The DENYs charged nothing.
+    assert_eq!(s.budget_remaining, usd(0.494));
+    assert_eq!(s.total_calls, 3);
+}
+
+#[test]
+fn settlement_policies() {
+    let mut config = GuardConfig {
+        budget: usd(1.0),
+        ..GuardConfig::default()
+    };
+    let p = params("{}");
+    for (policy, actual, want_remaining, want_spent) in [
+        (Settlement::Conservative, 0.1, 0.8, 0.2),
+        (Settlement::Conservative, 0.3, 0.7, 0.3),
+        (Settlement::Actual, 0.1, 0.9, 0.1),
+        (Settlement::Actual, 0.3, 0.7, 0.3),
+    ] {
+        config.settlement = policy;
+        let mut s = SessionState::new(config.budget, 0);
+        step(&config, &mut s, &call("t", &p, 1, usd(0.2)), 1, 0);
+        assert_eq!(s.budget_remaining, usd(0.8));
+        let settled = apply_post_exec(&config, &mut s, 1, usd(actual), None, 0);
+        assert!(settled.had_reservation);
+        assert_eq!(
+            s.budget_remaining,
+            usd(want_remaining),
+            "{policy:?} {actual}"
+        );
+        assert_eq!(s.budget_spent, usd(want_spent), "{policy:?} {actual}");
+        assert!(s.reservations.is_empty());
+    }
+    // An actual cost larger than everything left drives remaining to zero, not below.
+    let mut s = SessionState::new(config.budget, 0);
+    step(&config, &mut s, &call("t", &p, 1, usd(0.2)), 1, 0);
+    let settled = apply_post_exec(&config, &mut s, 1, usd(5.0), None, 0);
+    assert_eq!(settled.charged, usd(5.0));
+    assert_eq!(s.budget_remaining, Money::ZERO);
+    // A report for a call never reserved is still charged.
+    let settled = apply_post_exec(&config, &mut s, 99, usd(0.1), None, 0);
+    assert!(!settled.had_reservation);
+    assert_eq!(s.budget_spent, usd(5.1));
+}
+
+#[test]
+fn reservations_stop_concurrent_overspend() {
+    // Two calls decided before either reports: the second sees the first's reservation.
+    let config = GuardConfig {
+        budget: usd(1.0),
+        ..GuardConfig::default()
+    };
+    let mut s = SessionState::new(config.budget, 0);
+    let p = params(r#"{"a":1}"#);
+    let q = params(r#"{"a":2}"#);
+    let d1 = step(&config, &mut s, &call("buy", &p, 1, usd(0.6)), 1, 0);
+    let d2 = step(&config, &mut s, &call("buy", &q, 2, usd(0.6)), 2, 0);
+    assert_eq!(d1.verdict, Verdict::Allow);
+    assert_eq!(
+        (d2.verdict, d2.reason),
+        (Verdict::Deny, Reason::BudgetOverrun)
+    );
+}
+
+#[test]
+fn budget_overrun_goes_to_a_human_with_on_deny() {
+    let config = GuardConfig {
+        budget: usd(1.0),
+        hitl_mode: HitlMode::OnDeny,
+        ..GuardConfig::default()
+    };
+    let mut s = SessionState::new(config.budget, 0);
+    let d = step(
+        &config,
+        &mut s,
+        &call("buy", &params("{}"), 1, usd(2.0)),
+        1,
+        0,
+    );
+    assert_eq!(
+        (d.verdict, d.reason),
+        (Verdict::Hitl, Reason::BudgetOverrun)
+    );
+    assert_eq!(d.deny_reason, None);
+    assert_eq!(s.status, SessionStatus::Paused);
+    assert!(!s.circuit_tripped);
+}
+
+fn hitl_always() -> GuardConfig {
+    GuardConfig {
+        budget: usd(10.0),
+        hitl_mode: HitlMode::Always,
+        ..GuardConfig::default()
+    }
+}
+
+#[test]
+fn hitl_approve_releases_exactly_one_call() {
+    let config = hitl_always();
+    let mut s = SessionState::new(config.budget, 0);
+    let p = params(r#"{"amount":100,"to":"acct_1"}"#);
+    let d = step(&config, &mut s, &call("wire", &p, 7, usd(1.0)), 1, 10);
+    assert_eq!((d.verdict, d.reason), (Verdict::Hitl, Reason::HitlAllCalls));
+    assert_eq!(s.status, SessionStatus::Paused);
+    // Asking again before a human decides: still HITL, and nothing trips.
+    let d = step(&config, &mut s, &call("wire", &p, 7, usd(1.0)), 2, 11);
+    assert_eq!(
+        (d.verdict, d.reason),
+        (Verdict::Hitl, Reason::TransitionDeferEscalate)
+    );
+    record_human_decision(&mut s, HumanDecision::Approve, None, 12).unwrap();
+    // Different arguments under the same approval: refused.
+    let evil = params(r#"{"amount":100000,"to":"acct_attacker"}"#);
+    let d = decide(&config, &s, &call("wire", &evil, 7, usd(1.0)), 13, 1.0);
+    assert_eq!(d.reason, Reason::TransitionDigestMismatch);
+    // Another nonce: refused.
+    let d = decide(&config, &s, &call("wire", &p, 8, usd(1.0)), 13, 1.0);
+    assert_eq!(d.reason, Reason::TransitionNonceMismatch);
+    // The approved call: released once.
+    let d = step(&config, &mut s, &call("wire", &p, 7, usd(1.0)), 3, 14);
+    assert_eq!(
+        (d.verdict, d.reason),
+        (Verdict::Allow, Reason::TransitionApprove)
+    );
+    assert_eq!(s.status, SessionStatus::Active);
+    assert!(s.pending.is_none());
+    assert_eq!(s.budget_remaining, usd(9.0));
+    // Replaying it: DENY.
+    let d = decide(&config, &s, &call("wire", &p, 7, usd(1.0)), 15, 1.0);
+    assert_eq!(
+        (d.verdict, d.reason),
+        (Verdict::Deny, Reason::DuplicateNonce)
+    );
+    // A fresh call under ALWAYS goes back to a human.
+    let d = decide(&config, &s, &call("wire", &p, 9, usd(1.0)), 15, 1.0);
+    assert_eq!(d.reason, Reason::HitlAllCalls);
+}
+
+#[test]
+fn hitl_modify_releases_only_the_successor() {
+    let config = hitl_always();
+    let mut s = SessionState::new(config.budget, 0);
+    let original = params(r#"{"amount":5}"#);
+    let edited = params(r#"{"amount":2}"#);
+    step(
+        &config,
+        &mut s,
+        &call("buy", &original, 22, Money::ZERO),
+        1,
+        0,
+    );
+    let successor = Successor {
+        nonce: 23,
+        args_digest: Params::json(&edited).canonical_digest().unwrap(),
+    };
+    assert_eq!(
+        record_human_decision(&mut s, HumanDecision::Modify, None, 1),
+        Err(HumanDecisionRefused::ModifyWithoutSuccessor)
+    );
+    record_human_decision(&mut s, HumanDecision::Modify, Some(successor), 1).unwrap();
+    let d = decide(
+        &config,
+        &s,
+        &call("buy", &original, 22, Money::ZERO),
+        2,
+        1.0,
+    );
+    assert_eq!(d.reason, Reason::TransitionSupersededOriginal);
+    let d = decide(
+        &config,
+        &s,
+        &call("buy", &original, 23, Money::ZERO),
+        2,
+        1.0,
+    );
+    assert_eq!(d.reason, Reason::TransitionDigestMismatch);
+    let d = step(
+        &config,
+        &mut s,
+        &call("buy", &edited, 23, Money::ZERO),
+        2,
+        2,
+    );
+    assert_eq!(
+        (d.verdict, d.reason),
+        (Verdict::Allow, Reason::TransitionModifySuccessor)
+    );
+    assert!(s.pending.is_none());
+}
+
+#[test]
+fn hitl_reject_denies_and_decisions_are_final() {
+    let config = hitl_always();
+    let mut s = SessionState::new(config.budget, 0);
+    let p = params("{}");
+    step(&config, &mut s, &call("rm", &p, 1, Money::ZERO), 1, 0);
+    record_human_decision(&mut s, HumanDecision::Defer, None, 1).unwrap();
+    let d = decide(&config, &s, &call("rm", &p, 1, Money::ZERO), 2, 1.0);
+    assert_eq!(
+        (d.verdict, d.reason),
+        (Verdict::Hitl, Reason::TransitionDeferEscalate)
+    );
+    record_human_decision(&mut s, HumanDecision::Reject, None, 2).unwrap();
+    assert!(matches!(
+        record_human_decision(&mut s, HumanDecision::Approve, None, 3),
+        Err(HumanDecisionRefused::AlreadyDecided(_))
+    ));
+    let d = step(&config, &mut s, &call("rm", &p, 1, Money::ZERO), 2, 3);
+    assert_eq!(
+        (d.verdict, d.reason),
+        (Verdict::Deny, Reason::TransitionReject)
+    );
+    assert!(s.circuit_tripped);
+    assert_eq!(
+        record_human_decision(
+            &mut SessionState::default(),
+            HumanDecision::Approve,
+            None,
+            0
+        ),
+        Err(HumanDecisionRefused::NothingPending)
+    );
+}
+
+#[test]
+fn error_amplification_from_post_exec_and_from_raw_params() {
+    let config = GuardConfig {
+        max_repeat_calls: 3,
+        error_amplification: true,
+        ..GuardConfig::default()
+    };
+    let p = params(r#"{"url":"https://api.example/x"}"#);
+    let mut s = SessionState::new(Money::ZERO, 0);
+    step(&config, &mut s, &call("fetch", &p, 1, Money::ZERO), 1, 0);
+    apply_post_exec(
+        &config,
+        &mut s,
+        1,
+        Money::ZERO,
+        Some("HTTP 401 Unauthorized"),
+        0,
+    );
+    step(&config, &mut s, &call("fetch", &p, 2, Money::ZERO), 2, 0);
+    // Run of two; the limit 3 drops to 2 only while an error signal shows.
+    let next = call("fetch", &p, 3, Money::ZERO);
+    assert_eq!(
+        decide(&config, &s, &next, 0, 1.0).reason,
+        Reason::WithinThresholds
+    );
+    apply_post_exec(
+        &config,
+        &mut s,
+        2,
+        Money::ZERO,
+        Some("429 Too Many Requests"),
+        0,
+    );
+    assert_eq!(
+        decide(&config, &s, &next, 0, 1.0).reason,
+        Reason::MaxRepeatExceeded
+    );
+    // Without amplification the same state allows the call.
+    let plain = GuardConfig {
+        error_amplification: false,
+        ..config.clone()
+    };
+    assert_eq!(
+        decide(&plain, &s, &next, 0, 1.0).reason,
+        Reason::WithinThresholds
+    );
+    // The library's case: the signal is in the call's own raw params text.
+    apply_post_exec(&config, &mut s, 2, Money::ZERO, None, 0);
+    let raw = ToolCall {
+        raw_params: Some(r#"{"last_error":"503 Service Unavailable"}"#),
+        ..next
+    };
+    assert_eq!(
+        decide(&config, &s, &raw, 0, 1.0).reason,
+        Reason::MaxRepeatExceeded
+    );
+}
+
+#[test]
+fn repeat_needs_same_tool_and_same_params() {
+    let config = GuardConfig {
+        max_repeat_calls: 2,
+        ..GuardConfig::default()
+    };
+    let a = params(r#"{"x":1}"#);
+    let b = params(r#"{"x":2}"#);
+    let mut s = SessionState::default();
+    step(&config, &mut s, &call("t", &a, 1, Money::ZERO), 1, 0);
+    step(&config, &mut s, &call("t", &a, 2, Money::ZERO), 2, 0);
+    assert_eq!(
+        decide(&config, &s, &call("t", &b, 3, Money::ZERO), 0, 1.0).reason,
+        Reason::WithinThresholds
+    );
+    assert_eq!(
+        decide(&config, &s, &call("u", &a, 3, Money::ZERO), 0, 1.0).reason,
+        Reason::WithinThresholds
+    );
+    assert_eq!(
+        decide(&config, &s, &call("t", &a, 3, Money::ZERO), 0, 1.0).reason,
+        Reason::MaxRepeatExceeded
+    );
+    // A different call restarts the run.
+    step(&config, &mut s, &call("t", &b, 3, Money::ZERO), 3, 0);
+    assert_eq!(s.repeat_counts["t"], 1);
+    assert_eq!(
+        decide(&config, &s, &call("t", &a, 4, Money::ZERO), 0, 1.0).reason,
+        Reason::WithinThresholds
+    );
+}
+
+#[test]
+fn session_cap_timeout_and_window() {
+    let p = params("{}");
+    let cap = GuardConfig {
+        max_total_calls: 2,
+        ..GuardConfig::default()
+    };
+    let mut s = SessionState::default();
+    for n in 1..=2 {
+        assert_eq!(
+            step(&cap, &mut s, &call("t", &p, n, Money::ZERO), n, 0).verdict,
+            Verdict::Allow
+        );
+    }
+    assert_eq!(
+        decide(&cap, &s, &call("t", &p, 3, Money::ZERO), 0, 1.0).reason,
+        Reason::GlobalLimit
+    );
+
+    let timeout = GuardConfig {
+        timeout_seconds: 10,
+        ..GuardConfig::default()
+    };
+    let s = SessionState::new(Money::ZERO, 5_000_000_000);
+    let c = call("t", &p, 1, Money::ZERO);
+    assert_eq!(
+        decide(&timeout, &s, &c, 14_999_999_999, 1.0).reason,
+        Reason::WithinThresholds
+    );
+    assert_eq!(
+        decide(&timeout, &s, &c, 15_000_000_000, 1.0).reason,
+        Reason::Timeout
+    );
+
+    let window = GuardConfig {
+        window_duration_s: 60,
+        window_max_calls: 2,
+        ..GuardConfig::default()
+    };
+    let mut s = SessionState::default();
+    let sec = 1_000_000_000i64;
+    let q = params(r#"{"other":true}"#);
+    step(
+        &window,
+        &mut s,
+        &call("t", &p, 1, Money::ZERO),
+        1,
+        100 * sec,
+    );
+    step(
+        &window,
+        &mut s,
+        &call("t", &q, 2, Money::ZERO),
+        2,
+        110 * sec,
+    );
+    assert_eq!(
+        decide(&window, &s, &call("t", &p, 3, Money::ZERO), 159 * sec, 1.0).reason,
+        Reason::WindowExceeded
+    );
+    assert_eq!(
+        decide(&window, &s, &call("u", &p, 3, Money::ZERO), 159 * sec, 1.0).reason,
+        Reason::WithinThresholds
+    );
+    // The window restarts once `now` passes its start plus its duration.
+    let d = step(
+        &window,
+        &mut s,
+        &call("t", &p, 3, Money::ZERO),
+        3,
+        160 * sec,
+    );
+    assert_eq!(d.verdict, Verdict::Allow);
+    assert_eq!(s.window_start_ns, 160 * sec);
+    assert_eq!(s.window_counts["t"], 1);
+}
+
+#[test]
+fn probabilistic_denial_follows_the_draw() {
+    let config = GuardConfig {
+        budget: usd(1.0),
+        probabilistic_deny: true,
+        deny_jitter_ratio: tollgate_core::Ratio::from_f64(0.5).unwrap(),
+        ..GuardConfig::default()
+    };
+    let p = params("{}");
+    let c = call("t", &p, 1, Money::ZERO);
+    let mut s = SessionState::new(usd(1.0), 0);
+    s.budget_remaining = usd(0.1); // 10% left: probability 0.5 × 0.9 = 0.45
+    let d = decide(&config, &s, &c, 0, 0.44);
+    assert_eq!(
+        (d.verdict, d.reason, d.probabilistic),
+        (Verdict::Deny, Reason::BudgetExhausted, true)
+    );
+    assert_eq!(
+        decide(&config, &s, &c, 0, 0.46).reason,
+        Reason::WithinThresholds
+    );
+    s.budget_remaining = usd(0.2); // not below 20%: never
+    assert_eq!(
+        decide(&config, &s, &c, 0, 0.0).reason,
+        Reason::WithinThresholds
+    );
+}
+
+#[test]
+fn unreadable_inputs_are_denied_as_malformed() {
+    let config = GuardConfig::default();
+    let s = SessionState::default();
+    let c = ToolCall::new("t", Params::unreadable());
+    let d = decide(&config, &s, &c, 0, 1.0);
+    assert_eq!(
+        (d.verdict, d.reason),
+        (Verdict::Deny, Reason::MalformedInput)
+    );
+}

@@ -1,0 +1,14 @@
+//! The core's integration tests: one binary, one module per feature.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing,
+    missing_debug_implementations
+)]
+
+mod alloc;
+mod conformance;
+mod flows;
+mod properties;
+mod support;
