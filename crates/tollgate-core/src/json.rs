@@ -657,23 +657,90 @@ pub fn to_canonical_vec(v: &Value) -> Result<Vec<u8>, NonFinite> {
 
 /// SHA-256 over the canonical bytes of `v`, computed without allocating.
 pub fn canonical_hash(v: &Value) -> Result<Digest, NonFinite> {
-    let mut h = Sha256::new();
+    let mut h = HashSink {
+        hasher: Sha256::new(),
+        buf: [0; HASH_CHUNK],
+        len: 0,
+    };
     write_canonical(v, &mut h)?;
-    Ok(Digest(h.finalize().into()))
+    Ok(h.finish())
+}
+
+const HASH_CHUNK: usize = 512;
+
+/// Feeds the hash in chunks: the canonical writer emits many tiny pieces (`"`, `:`, `,`),
+/// and handing each to SHA-256 on its own costs more than the hashing.
+struct HashSink {
+    hasher: Sha256,
+    buf: [u8; HASH_CHUNK],
+    len: usize,
+}
+
+impl HashSink {
+    fn flush(&mut self) {
+        self.hasher
+            .update(self.buf.get(..self.len).unwrap_or_default());
+        self.len = 0;
+    }
+
+    fn finish(mut self) -> Digest {
+        self.flush();
+        Digest(self.hasher.finalize().into())
+    }
+}
+
+impl Sink for HashSink {
+    fn put(&mut self, bytes: &[u8]) {
+        if self.len + bytes.len() > HASH_CHUNK {
+            self.flush();
+            if bytes.len() > HASH_CHUNK {
+                self.hasher.update(bytes);
+                return;
+            }
+        }
+        if let Some(slot) = self.buf.get_mut(self.len..self.len + bytes.len()) {
+            slot.copy_from_slice(bytes);
+            self.len += bytes.len();
+        }
+    }
 }
 
 fn write_number<S: Sink + ?Sized>(n: &Number, out: &mut S) -> Result<(), NonFinite> {
     match n {
-        Number::Int(i) => {
-            let mut buf = StackBuf::<48>::new();
-            // 48 bytes hold any i128 in decimal, so this cannot fail.
-            let _ = fmt::Write::write_fmt(&mut buf, format_args!("{i}"));
-            out.put(buf.as_bytes());
-        }
+        Number::Int(i) => write_int(*i, out),
         Number::BigInt(digits) => out.put(digits.as_bytes()),
         Number::Float(f) => write_py_float(*f, out)?,
     }
     Ok(())
+}
+
+fn write_int<S: Sink + ?Sized>(i: i128, out: &mut S) {
+    if i < 0 {
+        out.put(b"-");
+    }
+    let mut n = i.unsigned_abs();
+    // 39 digits hold any u128.
+    let mut buf = [0u8; 40];
+    let mut at = buf.len();
+    loop {
+        at -= 1;
+        // Narrow to u64 as soon as possible: 128-bit division is slow.
+        let digit = if let Ok(small) = u64::try_from(n) {
+            n = u128::from(small / 10);
+            (small % 10) as u8
+        } else {
+            let d = (n % 10) as u8;
+            n /= 10;
+            d
+        };
+        if let Some(slot) = buf.get_mut(at) {
+            *slot = b'0' + digit;
+        }
+        if n == 0 || at == 0 {
+            break;
+        }
+    }
+    out.put(buf.get(at..).unwrap_or_default());
 }
 
 /// Python's `repr(float)`: the shortest digits that round-trip (ties broken to even, as
@@ -920,6 +987,14 @@ mod tests {
             "-1234567890123456789012345678901234567890123"
         );
         assert_eq!(canon("-0"), "0");
+        assert_eq!(
+            canon("[0,7,-7,10,-170141183460469231731687303715884105728]"),
+            "[0,7,-7,10,-170141183460469231731687303715884105728]"
+        );
+        assert_eq!(
+            canon("[18446744073709551615,18446744073709551616]"),
+            "[18446744073709551615,18446744073709551616]"
+        );
         assert_eq!(canon("1E2"), "100.0");
         assert_eq!(canon("1.0e-7"), "1e-07");
     }

@@ -11,4 +11,5 @@ mod alloc;
 mod conformance;
 mod flows;
 mod properties;
+mod robustness;
 mod support;
