@@ -1,5 +1,10 @@
 //! The `tollgate` binary, run as a user runs it.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -12,7 +17,9 @@ fn tollgate(args: &[&str]) -> Output {
 }
 
 fn repo(rel: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").join(rel)
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .join(rel)
 }
 
 fn stdout(o: &Output) -> String {
@@ -23,10 +30,13 @@ mod conformance {
     use super::*;
 
     fn published() -> Vec<String> {
-        ["tests/data/sp1/conformance.json", "tests/data/sp1/conformance-1.0.1.json"]
-            .iter()
-            .map(|p| repo(p).display().to_string())
-            .collect()
+        [
+            "tests/data/sp1/conformance.json",
+            "tests/data/sp1/conformance-1.0.1.json",
+        ]
+        .iter()
+        .map(|p| repo(p).display().to_string())
+        .collect()
     }
 
     #[test]
@@ -67,7 +77,13 @@ mod conformance {
     #[test]
     fn json_format_and_unreadable_files() {
         let files = published();
-        let out = tollgate(&["conformance", "--format", "json", &files[0], "/nonexistent/v.json"]);
+        let out = tollgate(&[
+            "conformance",
+            "--format",
+            "json",
+            &files[0],
+            "/nonexistent/v.json",
+        ]);
         assert_eq!(out.status.code(), Some(1));
         let doc = tollgate_core::json::parse_str(&stdout(&out)).unwrap();
         assert_eq!(doc.get("passed").and_then(|v| v.as_u64()), Some(15));
@@ -77,7 +93,10 @@ mod conformance {
         let first = &results[0];
         assert_eq!(first.get("status").and_then(|v| v.as_str()), Some("pass"));
         assert_eq!(
-            first.get("got").and_then(|g| g.get("reason")).and_then(|v| v.as_str()),
+            first
+                .get("got")
+                .and_then(|g| g.get("reason"))
+                .and_then(|v| v.as_str()),
             Some("within_thresholds")
         );
         let last = &results[15];
@@ -97,7 +116,11 @@ mod canonical {
     fn hash_matches_a_published_canonical_hash() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("params.json");
-        std::fs::write(&path, "{ \"tool\": \"click\",\n  \"target\": \"search_box\" }").unwrap();
+        std::fs::write(
+            &path,
+            "{ \"tool\": \"click\",\n  \"target\": \"search_box\" }",
+        )
+        .unwrap();
         let out = tollgate(&["canonical", "--hash", path.to_str().unwrap()]);
         assert_eq!(out.status.code(), Some(0));
         assert_eq!(
@@ -105,7 +128,10 @@ mod canonical {
             "f487a46f520575a76a1537f2235bd32acdefa067fc54a69d7e85962650ac7efc\n"
         );
         let out = tollgate(&["canonical", path.to_str().unwrap()]);
-        assert_eq!(stdout(&out), "{\"target\":\"search_box\",\"tool\":\"click\"}\n");
+        assert_eq!(
+            stdout(&out),
+            "{\"target\":\"search_box\",\"tool\":\"click\"}\n"
+        );
     }
 
     #[test]
