@@ -43,6 +43,7 @@ use std::path::{Path, PathBuf};
 
 pub use checkpoint::Checkpoint;
 pub use completion::Pending;
+pub use ed25519_dalek::{SigningKey, VerifyingKey};
 pub use entry::{AuditEntry, Event, VerdictRecord};
 pub use keys::KeyId;
 pub use verify::{verify, Break, BreakKind, Summary, Verifier, VerifyOptions};

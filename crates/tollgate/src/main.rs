@@ -19,12 +19,18 @@ struct Cli {
 enum Command {
     /// Run SP/1.0 decision vectors (the published format) and report each result.
     Conformance(cmd::conformance::Args),
+    /// Write an Ed25519 audit signing key (mode 0600) and its public key.
+    Keygen(cmd::keygen::Args),
+    /// Verify, export and inspect signed audit logs.
+    Audit(cmd::audit::Args),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Conformance(args) => cmd::conformance::run(&args),
+        Command::Keygen(args) => cmd::keygen::run(&args),
+        Command::Audit(args) => cmd::audit::run(&args),
     };
     match result {
         Ok(code) => code,
