@@ -10,6 +10,7 @@
 mod common;
 mod crash;
 mod export;
+mod known_answer;
 mod props;
 mod rotation;
 mod tamper;
