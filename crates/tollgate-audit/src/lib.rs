@@ -48,7 +48,7 @@ pub use entry::{AuditEntry, Event, VerdictRecord};
 pub use keys::KeyId;
 pub use verify::{verify, Break, BreakKind, Summary, Verifier, VerifyOptions};
 pub use writer::{
-    Appended, Clock, FsyncPolicy, OpenError, OpenReport, Recovered, SystemClock, WriteError,
+    Appended, Clock, FsyncPolicy, OpenError, OpenReport, Recovered, Stats, SystemClock, WriteError,
     Writer, WriterConfig,
 };
 

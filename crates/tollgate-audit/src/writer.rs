@@ -8,6 +8,7 @@ use std::io::Write;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
@@ -215,6 +216,26 @@ enum Msg {
 pub struct Writer {
     tx: SyncSender<Msg>,
     thread: Mutex<Option<JoinHandle<()>>>,
+    stats: Arc<Counters>,
+}
+
+/// Counters the writer thread keeps (for metrics and benchmarks).
+#[derive(Debug, Default)]
+struct Counters {
+    entries: AtomicU64,
+    batches: AtomicU64,
+    syncs: AtomicU64,
+}
+
+/// A snapshot of the writer's counters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Stats {
+    /// Entries written.
+    pub entries: u64,
+    /// Writes of one or more entries.
+    pub batches: u64,
+    /// fsync calls on log files.
+    pub syncs: u64,
 }
 
 impl std::fmt::Debug for Msg {
@@ -234,6 +255,7 @@ impl Writer {
     /// is moved into `torn/` and a recovery entry records it; any other break refuses.
     pub fn open(config: WriterConfig, key: SigningKey) -> Result<(Writer, OpenReport), OpenError> {
         let (state, report) = State::open(config, key)?;
+        let stats = state.stats.clone();
         let (tx, rx) = mpsc::sync_channel(state.cfg.queue_capacity.max(1));
         let thread = std::thread::Builder::new()
             .name("tollgate-audit-writer".into())
@@ -246,6 +268,7 @@ impl Writer {
             Writer {
                 tx,
                 thread: Mutex::new(Some(thread)),
+                stats,
             },
             report,
         ))
@@ -283,6 +306,15 @@ impl Writer {
                 _ => Ok(p),
             },
             Err(_) => Ok(p),
+        }
+    }
+
+    /// The writer's counters so far.
+    pub fn stats(&self) -> Stats {
+        Stats {
+            entries: self.stats.entries.load(Ordering::Relaxed),
+            batches: self.stats.batches.load(Ordering::Relaxed),
+            syncs: self.stats.syncs.load(Ordering::Relaxed),
         }
     }
 
@@ -352,6 +384,7 @@ struct State {
     background: Vec<JoinHandle<()>>,
     buf: Vec<u8>,
     done: Vec<(Completer<Appended>, Appended)>,
+    stats: Arc<Counters>,
 }
 
 fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> OpenError + '_ {
@@ -543,6 +576,7 @@ impl State {
             background: Vec::new(),
             buf: Vec::with_capacity(1 << 16),
             done: Vec::new(),
+            stats: Arc::new(Counters::default()),
             cfg,
         }
     }
@@ -691,8 +725,17 @@ impl State {
                     self.file.sync_data()
                 }
             });
+            self.stats.batches.fetch_add(1, Ordering::Relaxed);
+            if self.cfg.fsync != FsyncPolicy::Never {
+                self.stats.syncs.fetch_add(1, Ordering::Relaxed);
+            }
             match r {
-                Ok(()) => self.file_len = self.file_len.saturating_add(self.buf.len() as u64),
+                Ok(()) => {
+                    self.file_len = self.file_len.saturating_add(self.buf.len() as u64);
+                    self.stats
+                        .entries
+                        .fetch_add(self.done.len() as u64, Ordering::Relaxed);
+                }
                 Err(e) => {
                     // After a failed write or fsync the file's state is unknown: stop.
                     // The next open finds any torn tail and moves it aside.

@@ -30,7 +30,11 @@ fn many_concurrent_writers_share_batches_and_chain_in_order() {
         .into_iter()
         .flat_map(|t| t.join().unwrap())
         .collect();
+    let stats = w.stats();
     w.shutdown().unwrap();
+    // Group commit: concurrent writers share fsyncs.
+    assert_eq!(stats.entries, 1280);
+    assert!(stats.syncs < stats.entries, "{stats:?}");
     appended.sort_by_key(|a| a.index);
     assert_eq!(
         appended.iter().map(|a| a.index).collect::<Vec<_>>(),
