@@ -254,8 +254,16 @@ impl Writer {
     /// Open (or create) the log in `config.dir` and start the writer thread. A torn tail
     /// is moved into `torn/` and a recovery entry records it; any other break refuses.
     pub fn open(config: WriterConfig, key: SigningKey) -> Result<(Writer, OpenReport), OpenError> {
-        let (state, report) = State::open(config, key)?;
+        let (mut state, report) = State::open(config, key)?;
         let stats = state.stats.clone();
+        if state.cfg.fsync == FsyncPolicy::Batch {
+            state.syncer = Some(
+                Syncer::start(stats.clone()).map_err(|source| OpenError::Io {
+                    path: PathBuf::from("<fsync thread>"),
+                    source,
+                })?,
+            );
+        }
         let (tx, rx) = mpsc::sync_channel(state.cfg.queue_capacity.max(1));
         let thread = std::thread::Builder::new()
             .name("tollgate-audit-writer".into())
@@ -371,7 +379,7 @@ struct State {
     cfg: WriterConfig,
     key: SigningKey,
     key_id: KeyId,
-    file: File,
+    file: Arc<File>,
     file_path: PathBuf,
     file_seq: u64,
     file_day: i64,
@@ -384,7 +392,84 @@ struct State {
     background: Vec<JoinHandle<()>>,
     buf: Vec<u8>,
     done: Vec<(Completer<Appended>, Appended)>,
+    flushes: Vec<Completer<()>>,
     stats: Arc<Counters>,
+    /// The fsync stage of the pipeline (batch policy only).
+    syncer: Option<Syncer>,
+}
+
+/// The fsync stage: while it syncs one batch, the writer thread signs and writes the
+/// next. Completions fire here, after the sync that covers their bytes.
+#[derive(Debug)]
+struct Syncer {
+    tx: mpsc::Sender<SyncJob>,
+    thread: JoinHandle<()>,
+    failed: Arc<Mutex<Option<String>>>,
+}
+
+/// Written bytes waiting for a sync.
+#[derive(Debug)]
+struct SyncJob {
+    file: Arc<File>,
+    path: PathBuf,
+    done: Vec<(Completer<Appended>, Appended)>,
+    flushes: Vec<Completer<()>>,
+}
+
+impl Syncer {
+    fn start(stats: Arc<Counters>) -> std::io::Result<Syncer> {
+        let (tx, rx) = mpsc::channel::<SyncJob>();
+        let failed = Arc::new(Mutex::new(None::<String>));
+        let shared = failed.clone();
+        let thread = std::thread::Builder::new()
+            .name("tollgate-audit-fsync".into())
+            .spawn(move || {
+                while let Ok(first) = rx.recv() {
+                    let mut jobs = vec![first];
+                    jobs.extend(rx.try_iter());
+                    // One sync per distinct file covers every job written before it.
+                    let mut synced: Vec<&Arc<File>> = Vec::new();
+                    let mut error = shared
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .clone();
+                    for job in &jobs {
+                        if error.is_some() {
+                            break;
+                        }
+                        if synced.iter().any(|f| Arc::ptr_eq(f, &job.file)) {
+                            continue;
+                        }
+                        stats.syncs.fetch_add(1, Ordering::Relaxed);
+                        if let Err(e) = job.file.sync_data() {
+                            error = Some(format!("`{}`: {e}", job.path.display()));
+                        }
+                        synced.push(&job.file);
+                    }
+                    if let Some(e) = &error {
+                        let mut f = shared.lock().unwrap_or_else(PoisonError::into_inner);
+                        if f.is_none() {
+                            *f = Some(e.clone());
+                        }
+                    }
+                    for job in jobs {
+                        for (c, a) in job.done {
+                            c.complete(match &error {
+                                Some(e) => Err(WriteError::Io(e.clone())),
+                                None => Ok(a),
+                            });
+                        }
+                        for c in job.flushes {
+                            c.complete(match &error {
+                                Some(e) => Err(WriteError::Io(e.clone())),
+                                None => Ok(()),
+                            });
+                        }
+                    }
+                }
+            })?;
+        Ok(Syncer { tx, thread, failed })
+    }
 }
 
 fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> OpenError + '_ {
@@ -563,7 +648,7 @@ impl State {
         State {
             key_id: KeyId::of(key.verifying_key().as_bytes()),
             key,
-            file,
+            file: Arc::new(file),
             file_path: path,
             file_seq: header.file_seq,
             file_day: files::day_of(header.created_ns),
@@ -576,7 +661,9 @@ impl State {
             background: Vec::new(),
             buf: Vec::with_capacity(1 << 16),
             done: Vec::new(),
+            flushes: Vec::new(),
             stats: Arc::new(Counters::default()),
+            syncer: None,
             cfg,
         }
     }
@@ -612,7 +699,7 @@ impl State {
 
     /// Handle one batch; true when asked to shut down.
     fn process(&mut self, batch: &mut Vec<Msg>) -> bool {
-        let mut flushes = Vec::new();
+        self.take_sync_failure();
         let mut shutdown = None;
         for msg in batch.drain(..) {
             match msg {
@@ -626,12 +713,12 @@ impl State {
                         Err(e) => c.complete(Err(e)),
                     }
                     if self.cfg.fsync == FsyncPolicy::Always {
-                        self.commit();
+                        self.commit_durable();
                     }
                 }
-                Msg::Flush(c) => flushes.push(c),
+                Msg::Flush(c) => self.flushes.push(c),
                 Msg::Checkpoint(c) => {
-                    self.commit();
+                    self.commit_durable();
                     let r = match &self.failed {
                         Some(f) => Err(WriteError::Failed(f.clone())),
                         None => self.write_checkpoint(),
@@ -653,12 +740,6 @@ impl State {
             }
         }
         self.commit();
-        for c in flushes {
-            c.complete(match &self.failed {
-                Some(f) => Err(WriteError::Failed(f.clone())),
-                None => Ok(()),
-            });
-        }
         self.maybe_checkpoint();
         if let Some(c) = shutdown {
             let r = self.finish();
@@ -708,28 +789,32 @@ impl State {
         }
         let now = self.cfg.clock.now_ns();
         let a = self.stage(&event, now)?;
-        self.commit();
+        self.commit_durable();
         match &self.failed {
             Some(f) => Err(WriteError::Io(f.clone())),
             None => Ok(a),
         }
     }
 
-    /// Write the buffer, fsync per policy, and complete the staged entries.
-    fn commit(&mut self) {
-        if !self.buf.is_empty() && self.failed.is_none() {
-            let r = self.file.write_all(&self.buf).and_then(|()| {
-                if self.cfg.fsync == FsyncPolicy::Never {
-                    Ok(())
-                } else {
-                    self.file.sync_data()
-                }
-            });
-            self.stats.batches.fetch_add(1, Ordering::Relaxed);
-            if self.cfg.fsync != FsyncPolicy::Never {
-                self.stats.syncs.fetch_add(1, Ordering::Relaxed);
+    /// Adopt a failure the fsync stage found: from now on every entry fails.
+    fn take_sync_failure(&mut self) {
+        if self.failed.is_none() {
+            if let Some(s) = &self.syncer {
+                self.failed = s
+                    .failed
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .clone();
             }
-            match r {
+        }
+    }
+
+    /// Write the staged bytes with one `write`. False if that failed (or had failed).
+    fn write_out(&mut self) -> bool {
+        self.take_sync_failure();
+        if !self.buf.is_empty() && self.failed.is_none() {
+            self.stats.batches.fetch_add(1, Ordering::Relaxed);
+            match (&*self.file).write_all(&self.buf) {
                 Ok(()) => {
                     self.file_len = self.file_len.saturating_add(self.buf.len() as u64);
                     self.stats
@@ -737,19 +822,73 @@ impl State {
                         .fetch_add(self.done.len() as u64, Ordering::Relaxed);
                 }
                 Err(e) => {
-                    // After a failed write or fsync the file's state is unknown: stop.
-                    // The next open finds any torn tail and moves it aside.
+                    // After a failed write the file's state is unknown: stop. The next
+                    // open finds any torn tail and moves it aside.
                     self.failed = Some(format!("`{}`: {e}", self.file_path.display()));
                 }
             }
         }
         self.buf.clear();
+        self.failed.is_none()
+    }
+
+    /// Complete staged entries and flushes with `Ok` (or the failure).
+    fn complete_all(&mut self) {
         for (c, a) in self.done.drain(..) {
             c.complete(match &self.failed {
                 Some(f) => Err(WriteError::Io(f.clone())),
                 None => Ok(a),
             });
         }
+        for c in self.flushes.drain(..) {
+            c.complete(match &self.failed {
+                Some(f) => Err(WriteError::Io(f.clone())),
+                None => Ok(()),
+            });
+        }
+    }
+
+    /// Write the staged entries and make them durable per the policy. Under `batch`, the
+    /// sync happens in the fsync stage, which completes them; the writer goes on signing.
+    fn commit(&mut self) {
+        if self.cfg.fsync != FsyncPolicy::Batch || self.syncer.is_none() {
+            if self.cfg.fsync == FsyncPolicy::Never {
+                self.write_out();
+                self.complete_all();
+            } else {
+                self.commit_durable();
+            }
+            return;
+        }
+        if !self.write_out() {
+            self.complete_all();
+            return;
+        }
+        if self.done.is_empty() && self.flushes.is_empty() {
+            return;
+        }
+        let job = SyncJob {
+            file: self.file.clone(),
+            path: self.file_path.clone(),
+            done: std::mem::take(&mut self.done),
+            flushes: std::mem::take(&mut self.flushes),
+        };
+        if let Some(s) = &self.syncer {
+            // If the fsync stage is gone, the job's completers report WriterGone.
+            let _ = s.tx.send(job);
+        }
+    }
+
+    /// Write the staged entries and sync here, now (system entries, checkpoints,
+    /// `always`). One sync covers everything written before it, queued jobs included.
+    fn commit_durable(&mut self) {
+        if self.write_out() && self.cfg.fsync != FsyncPolicy::Never {
+            self.stats.syncs.fetch_add(1, Ordering::Relaxed);
+            if let Err(e) = self.file.sync_data() {
+                self.failed = Some(format!("`{}`: {e}", self.file_path.display()));
+            }
+        }
+        self.complete_all();
     }
 
     fn maybe_rotate(&mut self) {
@@ -783,7 +922,7 @@ impl State {
         );
         let (file, path) = create_log_file(&self.cfg.dir, &header)?;
         let old = std::mem::replace(&mut self.file_path, path);
-        self.file = file;
+        self.file = Arc::new(file);
         self.file_seq = header.file_seq;
         self.file_day = files::day_of(now);
         self.file_len = format::HEADER_LEN as u64;
@@ -849,8 +988,17 @@ impl State {
         }
     }
 
-    /// Write the latest checkpoint (everything staged must already be committed).
+    /// Write the latest checkpoint (everything staged must already be written). The
+    /// current file is synced first, so a checkpoint never counts an entry that is not
+    /// durable (files rotated out were synced when they were closed).
     fn write_checkpoint(&mut self) -> Result<Checkpoint, WriteError> {
+        if self.cfg.fsync != FsyncPolicy::Never {
+            if let Err(e) = self.file.sync_data() {
+                let msg = format!("`{}`: {e}", self.file_path.display());
+                self.failed = Some(msg.clone());
+                return Err(WriteError::Io(msg));
+            }
+        }
         let now = self.cfg.clock.now_ns();
         let cp = Checkpoint::new_signed(&self.key, self.next_index, self.last_hash, now);
         let path = self.cfg.dir.join(CHECKPOINT_FILE);
@@ -870,6 +1018,18 @@ impl State {
 
     fn finish(&mut self) -> Result<(), WriteError> {
         self.commit();
+        // Drain the fsync stage: every queued job is synced and completed.
+        if let Some(s) = self.syncer.take() {
+            drop(s.tx);
+            let _ = s.thread.join();
+            if self.failed.is_none() {
+                self.failed = s
+                    .failed
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .clone();
+            }
+        }
         let r = match &self.failed {
             Some(f) => Err(WriteError::Failed(f.clone())),
             None => {
