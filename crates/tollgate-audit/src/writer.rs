@@ -963,11 +963,19 @@ impl State {
             if today.saturating_sub(day) <= i64::from(days) {
                 continue;
             }
-            let marker = archived_marker(&f.path);
+            // The marker may name the file before or after compression.
+            let mut markers = vec![archived_marker(&f.path)];
+            if f.compressed {
+                if let Some(plain) = f.path.to_str().and_then(|p| p.strip_suffix(".zst")) {
+                    markers.push(archived_marker(Path::new(plain)));
+                }
+            }
             // INVARIANT (retention-archived): a file is deleted only when its archived
             // marker exists.
-            if marker.exists() && fs::remove_file(&f.path).is_ok() {
-                let _ = fs::remove_file(&marker);
+            if markers.iter().any(|m| m.exists()) && fs::remove_file(&f.path).is_ok() {
+                for m in &markers {
+                    let _ = fs::remove_file(m);
+                }
             }
         }
         let _ = sync_dir(&self.cfg.dir);

@@ -202,3 +202,36 @@ fn reopen_after_rotation_continues_in_the_last_file() {
         13
     );
 }
+
+#[test]
+fn retention_honours_a_marker_named_before_compression() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = TestClock::at(NOON);
+    let mut cfg = fast(config(dir.path()));
+    cfg.clock = clock.clone();
+    cfg.retention_days = Some(1);
+    let (w, report) = Writer::open(cfg, key(1)).unwrap();
+    w.append(record(0)).unwrap();
+    let first = report.file.clone();
+    clock.set(NOON + DAY_NS);
+    w.append(record(1)).unwrap();
+    // Wait for the background compression of the first file.
+    let zst = std::path::PathBuf::from(format!("{}.zst", first.display()));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !(zst.exists() && !first.exists()) {
+        assert!(std::time::Instant::now() < deadline, "not compressed");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    // The archiver marked the file under its uncompressed name.
+    fs::write(tollgate_audit::writer::archived_marker(&first), b"").unwrap();
+    clock.set(NOON + 4 * DAY_NS);
+    w.append(record(2)).unwrap();
+    w.shutdown().unwrap();
+    assert!(!zst.exists(), "archived compressed file kept");
+    assert!(!tollgate_audit::writer::archived_marker(&first).exists());
+    let o = VerifyOptions {
+        allow_head_gap: true,
+        ..opts(&key(1))
+    };
+    assert_eq!(verify_dir(dir.path(), &o).unwrap().0.entries, 2);
+}
