@@ -14,6 +14,59 @@ use crate::keys::KeyId;
 
 /// How far ahead the verifier looks to tell a deleted entry from a reordered one.
 const LOOKAHEAD: usize = 4096;
+/// Records parsed and signature-checked together (in parallel).
+const WINDOW: usize = 4096;
+/// Below this many records a window is checked on the calling thread.
+const PARALLEL_MIN: usize = 256;
+
+/// Check the signatures of a window of records, following key hand-overs inside it.
+/// Uses the machine's cores for large windows; the result is in record order.
+fn check_signatures(
+    window: &[(usize, format::Record<'_>, usize)],
+    start_key: VerifyingKey,
+) -> Vec<bool> {
+    // The key each record must verify under: hand-overs are applied in order. (A
+    // hand-over that is itself forged fails its own signature check first.)
+    let mut keys = Vec::with_capacity(window.len());
+    let mut key = start_key;
+    for (_, r, _) in window {
+        keys.push(key);
+        if let Event::KeyHandover { new_public_key } = &r.entry.event {
+            if let Ok(k) = VerifyingKey::from_bytes(new_public_key) {
+                key = k;
+            }
+        }
+    }
+    let check = |(_, r, _): &(usize, format::Record<'_>, usize), k: &VerifyingKey| {
+        let sig = ed25519_dalek::Signature::from_bytes(&r.entry.signature);
+        k.verify_strict(&r.signed_bytes(), &sig).is_ok()
+    };
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get().min(16));
+    if threads < 2 || window.len() < PARALLEL_MIN {
+        return window.iter().zip(&keys).map(|(r, k)| check(r, k)).collect();
+    }
+    let chunk = window.len().div_ceil(threads);
+    std::thread::scope(|s| {
+        let handles: Vec<_> = window
+            .chunks(chunk)
+            .zip(keys.chunks(chunk))
+            .map(|(rs, ks)| {
+                s.spawn(move || {
+                    rs.iter()
+                        .zip(ks)
+                        .map(|(r, k)| check(r, k))
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        // A checker thread that died (it cannot: no panics) counts as failures.
+        handles
+            .into_iter()
+            .zip(window.chunks(chunk))
+            .flat_map(|(h, rs)| h.join().unwrap_or_else(|_| vec![false; rs.len()]))
+            .collect()
+    })
+}
 
 /// What the verifier is told to trust and check.
 #[derive(Debug, Clone)]
@@ -376,10 +429,111 @@ impl Verifier {
         let Some(tip) = self.tip.as_mut() else {
             return Ok(());
         };
+        let mut tip_key_id = KeyId::of(tip.key.as_bytes());
         while offset < bytes.len() {
-            let rest = bytes.get(offset..).unwrap_or_default();
-            let expected = tip.next_index;
-            let (record, used) = format::parse_record(rest).map_err(|e| {
+            // Parse a window of records, check their signatures in parallel, then walk
+            // them in order. The first break in chain order is the one reported.
+            let mut window = Vec::with_capacity(WINDOW);
+            let mut parse_error = None;
+            let mut at = offset;
+            while at < bytes.len() && window.len() < WINDOW {
+                let rest = bytes.get(at..).unwrap_or_default();
+                match format::parse_record(rest) {
+                    Ok((record, used)) => {
+                        window.push((at, record, used));
+                        at = at.saturating_add(used);
+                    }
+                    Err(e) => {
+                        parse_error = Some((at, e));
+                        break;
+                    }
+                }
+            }
+            let signatures_ok = if self.opts.check_signatures {
+                check_signatures(&window, tip.key)
+            } else {
+                vec![true; window.len()]
+            };
+            for ((rec_offset, record, used), sig_ok) in window.iter().zip(signatures_ok) {
+                let rec_offset = *rec_offset;
+                let expected = tip.next_index;
+                let e = &record.entry;
+                if e.key_id != tip_key_id {
+                    return Err(brk(
+                        Some(expected),
+                        rec_offset,
+                        BreakKind::UnknownKey {
+                            expected: tip_key_id,
+                            found: e.key_id,
+                        },
+                    ));
+                }
+                if !sig_ok {
+                    return Err(brk(Some(expected), rec_offset, BreakKind::BadSignature));
+                }
+                if e.index != expected {
+                    let rest = bytes.get(rec_offset..).unwrap_or_default();
+                    let kind = if e.index > expected && !index_appears_later(rest, *used, expected)
+                    {
+                        BreakKind::MissingEntry {
+                            expected,
+                            found: e.index,
+                        }
+                    } else {
+                        BreakKind::ReorderedEntry {
+                            expected,
+                            found: e.index,
+                        }
+                    };
+                    return Err(brk(Some(expected), rec_offset, kind));
+                }
+                if e.prev_hash != tip.last_hash {
+                    return Err(brk(
+                        Some(expected),
+                        rec_offset,
+                        BreakKind::BrokenLink {
+                            expected: tip.last_hash,
+                            found: e.prev_hash,
+                        },
+                    ));
+                }
+                let hash = record.hash();
+                if let Some(cp) = &self.opts.checkpoint {
+                    if cp.count == expected.saturating_add(1) {
+                        if !self.keys_seen.iter().any(|k| cp.verify_with(k)) {
+                            return Err(brk(None, 0, BreakKind::BadCheckpoint));
+                        }
+                        if cp.last_hash != hash {
+                            return Err(brk(
+                                Some(expected),
+                                rec_offset,
+                                BreakKind::CheckpointMismatch { index: expected },
+                            ));
+                        }
+                        self.checkpoint_matched = true;
+                    }
+                }
+                if let Event::KeyHandover { new_public_key } = &e.event {
+                    let new_key = VerifyingKey::from_bytes(new_public_key).map_err(|_| {
+                        brk(
+                            Some(expected),
+                            rec_offset,
+                            BreakKind::Malformed("handover names an invalid public key"),
+                        )
+                    })?;
+                    tip.key = new_key;
+                    tip_key_id = KeyId::of(new_key.as_bytes());
+                    if !self.keys_seen.contains(&new_key) {
+                        self.keys_seen.push(new_key);
+                    }
+                }
+                visit(e);
+                tip.last_hash = hash;
+                tip.next_index = expected.saturating_add(1);
+                tip.valid_len = rec_offset.saturating_add(*used) as u64;
+                self.entries += 1;
+            }
+            if let Some((at, e)) = parse_error {
                 let kind = match e {
                     RecordError::Torn { available } => BreakKind::TornRecord { available },
                     RecordError::LengthMismatch { declared, actual } => {
@@ -388,85 +542,9 @@ impl Verifier {
                     RecordError::TooLarge(n) => BreakKind::TooLarge(n),
                     RecordError::Malformed(what) => BreakKind::Malformed(what),
                 };
-                brk(Some(expected), offset, kind)
-            })?;
-            let e = &record.entry;
-            let tip_key_id = KeyId::of(tip.key.as_bytes());
-            if e.key_id != tip_key_id {
-                return Err(brk(
-                    Some(expected),
-                    offset,
-                    BreakKind::UnknownKey {
-                        expected: tip_key_id,
-                        found: e.key_id,
-                    },
-                ));
+                return Err(brk(Some(tip.next_index), at, kind));
             }
-            if self.opts.check_signatures {
-                let sig = ed25519_dalek::Signature::from_bytes(&e.signature);
-                if tip.key.verify_strict(&record.signed_bytes(), &sig).is_err() {
-                    return Err(brk(Some(expected), offset, BreakKind::BadSignature));
-                }
-            }
-            if e.index != expected {
-                let kind = if e.index > expected && !index_appears_later(rest, used, expected) {
-                    BreakKind::MissingEntry {
-                        expected,
-                        found: e.index,
-                    }
-                } else {
-                    BreakKind::ReorderedEntry {
-                        expected,
-                        found: e.index,
-                    }
-                };
-                return Err(brk(Some(expected), offset, kind));
-            }
-            if e.prev_hash != tip.last_hash {
-                return Err(brk(
-                    Some(expected),
-                    offset,
-                    BreakKind::BrokenLink {
-                        expected: tip.last_hash,
-                        found: e.prev_hash,
-                    },
-                ));
-            }
-            let hash = record.hash();
-            if let Some(cp) = &self.opts.checkpoint {
-                if cp.count == expected.saturating_add(1) {
-                    if !self.keys_seen.iter().any(|k| cp.verify_with(k)) {
-                        return Err(brk(None, 0, BreakKind::BadCheckpoint));
-                    }
-                    if cp.last_hash != hash {
-                        return Err(brk(
-                            Some(expected),
-                            offset,
-                            BreakKind::CheckpointMismatch { index: expected },
-                        ));
-                    }
-                    self.checkpoint_matched = true;
-                }
-            }
-            if let Event::KeyHandover { new_public_key } = &e.event {
-                let new_key = VerifyingKey::from_bytes(new_public_key).map_err(|_| {
-                    brk(
-                        Some(expected),
-                        offset,
-                        BreakKind::Malformed("handover names an invalid public key"),
-                    )
-                })?;
-                tip.key = new_key;
-                if !self.keys_seen.contains(&new_key) {
-                    self.keys_seen.push(new_key);
-                }
-            }
-            visit(e);
-            tip.last_hash = hash;
-            tip.next_index = expected.saturating_add(1);
-            offset = offset.saturating_add(used);
-            tip.valid_len = offset as u64;
-            self.entries += 1;
+            offset = at;
         }
         Ok(())
     }

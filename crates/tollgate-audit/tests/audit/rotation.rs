@@ -218,7 +218,7 @@ fn retention_honours_a_marker_named_before_compression() {
     // Wait for the background compression of the first file.
     let zst = std::path::PathBuf::from(format!("{}.zst", first.display()));
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while !(zst.exists() && !first.exists()) {
+    while !zst.exists() || first.exists() {
         assert!(std::time::Instant::now() < deadline, "not compressed");
         std::thread::sleep(std::time::Duration::from_millis(10));
     }

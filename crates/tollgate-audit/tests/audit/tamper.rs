@@ -324,3 +324,39 @@ fn checkpoint_on_a_whole_log_matches() {
     let (s, _) = verify_dir(dir.path(), &o).unwrap();
     assert!(s.checkpoint_matched);
 }
+
+#[test]
+fn parallel_signature_checks_report_the_first_break_in_order() {
+    // 700 entries with a key hand-over in the middle: windows large enough to be checked
+    // on several threads.
+    let dir = tempfile::tempdir().unwrap();
+    let (w, _) = tollgate_audit::Writer::open(fast(config(dir.path())), key(1)).unwrap();
+    let pending: Vec<_> = (0..350).map(|i| w.submit(record(i))).collect();
+    for p in pending {
+        p.wait().unwrap();
+    }
+    w.rotate_key(key(2)).wait().unwrap();
+    let pending: Vec<_> = (351..700).map(|i| w.submit(record(i))).collect();
+    for p in pending {
+        p.wait().unwrap();
+    }
+    w.shutdown().unwrap();
+    let (s, _) = verify_dir(dir.path(), &opts(&key(1))).unwrap();
+    assert_eq!(s.entries, 700);
+    let path = only_file(dir.path());
+    let clean = fs::read(&path).unwrap();
+    let spans = record_spans(&clean);
+    // Two tampered records: the earlier one is reported, wherever the threads split.
+    for (first, second) in [(600, 650), (100, 500), (351, 352)] {
+        let mut bytes = clean.clone();
+        for i in [second, first] {
+            let (off, len) = spans[i];
+            bytes[off + len - 2] ^= 0x40;
+        }
+        fs::write(&path, &bytes).unwrap();
+        assert_eq!(
+            break_of(dir.path(), &opts(&key(1))),
+            (Some(first as u64), BreakKind::BadSignature)
+        );
+    }
+}
