@@ -112,5 +112,8 @@ proptest! {
         bytes.extend_from_slice(&tail);
         let r = verify(&[("f", &bytes)], &opts(&key(1)));
         prop_assert!(r.is_err());
+        // Without signature checks the index, link and hand-over paths are reached too.
+        let unsigned = VerifyOptions { check_signatures: false, ..VerifyOptions::default() };
+        let _ = verify(&[("f", &bytes), ("g", &bytes)], &unsigned);
     }
 }
