@@ -298,3 +298,22 @@ fn checkpoints_follow_the_clock() {
     assert_eq!(cp.time_ns, NOON + 1_000_000_000);
     w.shutdown().unwrap();
 }
+
+#[test]
+fn writer_is_shareable_and_completions_cross_threads() {
+    fn send_sync<T: Send + Sync>() {}
+    fn send<T: Send>() {}
+    send_sync::<Writer>();
+    send::<tollgate_audit::Pending<tollgate_audit::Appended>>();
+    send::<tollgate_audit::Pending<()>>();
+
+    let dir = tempfile::tempdir().unwrap();
+    let (w, _) = Writer::open(fast(config(dir.path())), key(1)).unwrap();
+    let p = w.try_submit(record(0)).unwrap();
+    let a = std::thread::spawn(move || p.wait())
+        .join()
+        .unwrap()
+        .unwrap();
+    assert_eq!(a.index, 0);
+    w.shutdown().unwrap();
+}
