@@ -128,6 +128,9 @@ struct DemoWriteArgs {
     fsync: String,
     #[arg(long)]
     rotate_bytes: Option<u64>,
+    /// Submit this many entries before waiting for them (large batches, large writes).
+    #[arg(long, default_value_t = 1)]
+    pipeline: u64,
     /// Timestamp of the first entry (ns); entries are 1 ms apart.
     #[arg(long, default_value_t = 1_796_040_000_000_000_000)]
     start_ns: i64,
@@ -307,6 +310,7 @@ fn demo_write(a: &DemoWriteArgs) -> anyhow::Result<ExitCode> {
     report_recovery(&report);
     let start = report.next_index;
     let mut i = start;
+    let mut pending = Vec::new();
     loop {
         if !a.forever && i >= start.saturating_add(a.count) {
             break;
@@ -342,8 +346,16 @@ fn demo_write(a: &DemoWriteArgs) -> anyhow::Result<ExitCode> {
             nonce: i,
             config_digest: None,
         };
-        w.append(rec)?;
+        pending.push(w.submit(rec));
+        if pending.len() as u64 >= a.pipeline.max(1) {
+            for p in pending.drain(..) {
+                p.wait()?;
+            }
+        }
         i = i.saturating_add(1);
+    }
+    for p in pending.drain(..) {
+        p.wait()?;
     }
     w.shutdown()?;
     println!(
