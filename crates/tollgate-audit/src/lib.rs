@@ -109,15 +109,40 @@ pub fn verify_paths(
     v.finish().map_err(PathsError::Break)
 }
 
-/// The latest checkpoint of a log directory, read and parsed (not verified).
-pub fn read_checkpoint(path: &Path) -> Result<Checkpoint, String> {
+/// Why a checkpoint file could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum ReadCheckpointError {
+    /// The file could not be read.
+    #[error("`{path}`: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The failure.
+        source: std::io::Error,
+    },
+    /// The file is not a checkpoint.
+    #[error("`{path}`: {source}")]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong with it.
+        source: checkpoint::CheckpointError,
+    },
+}
+
+/// The latest checkpoint of a log directory (or a checkpoint file), read and parsed. Its
+/// signature is not checked here: see [`Checkpoint::verify_with`].
+pub fn read_checkpoint(path: &Path) -> Result<Checkpoint, ReadCheckpointError> {
     let file = if path.is_dir() {
         path.join(files::CHECKPOINT_FILE)
     } else {
         path.to_owned()
     };
-    let text = std::fs::read_to_string(&file).map_err(|e| format!("`{}`: {e}", file.display()))?;
-    Checkpoint::parse(&text).map_err(|e| format!("`{}`: {e}", file.display()))
+    let text = std::fs::read_to_string(&file).map_err(|source| ReadCheckpointError::Io {
+        path: file.clone(),
+        source,
+    })?;
+    Checkpoint::parse(&text).map_err(|source| ReadCheckpointError::Parse { path: file, source })
 }
 
 fn display_name(path: &Path) -> String {

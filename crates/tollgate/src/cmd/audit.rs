@@ -167,7 +167,7 @@ fn options(
     Ok(VerifyOptions {
         trusted_key: key.map(|k| read_public_key(k)).transpose()?,
         checkpoint: checkpoint
-            .map(|c| tollgate_audit::read_checkpoint(c).map_err(anyhow::Error::msg))
+            .map(|c| tollgate_audit::read_checkpoint(c))
             .transpose()?,
         allow_head_gap,
         check_signatures: true,
@@ -203,7 +203,7 @@ fn verify(a: &VerifyArgs) -> anyhow::Result<ExitCode> {
 }
 
 fn checkpoint(a: &CheckpointArgs) -> anyhow::Result<ExitCode> {
-    let cp: Checkpoint = tollgate_audit::read_checkpoint(&a.path).map_err(anyhow::Error::msg)?;
+    let cp: Checkpoint = tollgate_audit::read_checkpoint(&a.path)?;
     if let Some(k) = &a.key {
         let key = read_public_key(k)?;
         if !cp.verify_with(&key) {
