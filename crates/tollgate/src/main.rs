@@ -21,6 +21,10 @@ enum Command {
     Conformance(cmd::conformance::Args),
     /// Print the canonical JSON of a document, or with --hash its SHA-256.
     Canonical(cmd::canonical::Args),
+    /// Write an Ed25519 audit signing key (mode 0600) and its public key.
+    Keygen(cmd::keygen::Args),
+    /// Verify, export and inspect signed audit logs.
+    Audit(cmd::audit::Args),
 }
 
 fn main() -> ExitCode {
@@ -28,6 +32,8 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Conformance(args) => cmd::conformance::run(&args),
         Command::Canonical(args) => cmd::canonical::run(&args),
+        Command::Keygen(args) => cmd::keygen::run(&args),
+        Command::Audit(args) => cmd::audit::run(&args),
     };
     match result {
         Ok(code) => code,

@@ -1,33 +1,7 @@
-//! The `tollgate` binary, run as a user runs it.
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::indexing_slicing
-)]
-
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
-
-fn tollgate(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_tollgate"))
-        .args(args)
-        .output()
-        .expect("run tollgate")
-}
-
-fn repo(rel: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../..")
-        .join(rel)
-}
-
-fn stdout(o: &Output) -> String {
-    String::from_utf8(o.stdout.clone()).unwrap()
-}
+//! `tollgate conformance` and `tollgate canonical`.
 
 mod conformance {
-    use super::*;
+    use crate::*;
 
     fn published() -> Vec<String> {
         [
@@ -110,7 +84,7 @@ mod conformance {
 }
 
 mod canonical {
-    use super::*;
+    use crate::*;
 
     #[test]
     fn hash_matches_a_published_canonical_hash() {

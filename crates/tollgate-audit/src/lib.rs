@@ -1,0 +1,153 @@
+//! # tollgate-audit: the signed, chain-linked, append-only audit log
+//!
+//! Every verdict the daemon gives is written here, signed with Ed25519 and linked to the
+//! entry before it by SHA-256, before the verdict is returned. Anyone with the public key
+//! can verify a log and learn exactly where and how it breaks if it was changed, cut,
+//! reordered or spliced. docs/audit-format.md is the byte-level specification.
+//!
+//! - [`format`]: the byte layout (pure): headers, records, signed bytes, hashes.
+//! - [`verify`]: the verifier (pure over bytes), plus [`verify_paths`] for files and
+//!   directories.
+//! - [`Writer`]: a dedicated thread that signs, chains, writes and fsyncs in batches
+//!   (group commit), rotates and compresses files, writes checkpoints and recovers torn
+//!   tails. Callers get a [`Pending`] they can `.await` or [`Pending::wait`] on.
+//! - [`keys`], [`checkpoint`], [`export`]: key files, signed checkpoints, auditor export.
+//!
+//! What this crate does **not** do: it decides nothing (verdicts come from
+//! `tollgate-core`), it has no async runtime dependency, and it never seeks back to write:
+//! files are opened `O_APPEND`, and the only rewrite is cutting a torn tail on open, after
+//! copying it aside. It does not lock the log directory: one writer per directory is the
+//! caller's duty.
+
+#![cfg_attr(
+    test,
+    allow(
+        clippy::unwrap_used,
+        clippy::expect_used,
+        clippy::panic,
+        clippy::indexing_slicing
+    )
+)]
+
+pub mod checkpoint;
+mod completion;
+pub mod entry;
+pub mod export;
+pub mod files;
+pub mod format;
+pub mod keys;
+pub mod verify;
+pub mod writer;
+
+use std::path::{Path, PathBuf};
+
+pub use checkpoint::Checkpoint;
+pub use completion::Pending;
+pub use ed25519_dalek::{SigningKey, VerifyingKey};
+pub use entry::{AuditEntry, Event, VerdictRecord};
+pub use keys::KeyId;
+pub use verify::{verify, Break, BreakKind, Summary, Verifier, VerifyOptions};
+pub use writer::{
+    Appended, Clock, FsyncPolicy, OpenError, OpenReport, Recovered, Stats, SystemClock, WriteError,
+    Writer, WriterConfig,
+};
+
+/// Why files could not be verified.
+#[derive(Debug, thiserror::Error)]
+pub enum PathsError {
+    /// A file or directory could not be read.
+    #[error("`{path}`: {source}")]
+    Io {
+        /// The path.
+        path: PathBuf,
+        /// The failure.
+        source: std::io::Error,
+    },
+    /// The log is not whole.
+    #[error("{0}")]
+    Break(Break),
+}
+
+/// The log files named by `paths`, in chain order: a directory stands for its log files
+/// in file-number order; files are taken in the order given.
+pub fn collect_files(paths: &[PathBuf]) -> Result<Vec<PathBuf>, PathsError> {
+    let mut out = Vec::new();
+    for p in paths {
+        let meta = std::fs::metadata(p).map_err(|source| PathsError::Io {
+            path: p.clone(),
+            source,
+        })?;
+        if meta.is_dir() {
+            let listed = files::list_log_files(p).map_err(|source| PathsError::Io {
+                path: p.clone(),
+                source,
+            })?;
+            out.extend(listed.into_iter().map(|f| f.path));
+        } else {
+            out.push(p.clone());
+        }
+    }
+    Ok(out)
+}
+
+/// Verify the log files named by `paths` (see [`collect_files`]), showing every verified
+/// entry to `visit`.
+pub fn verify_paths(
+    paths: &[PathBuf],
+    opts: &VerifyOptions,
+    visit: &mut dyn FnMut(&AuditEntry),
+) -> Result<Summary, PathsError> {
+    let mut v = Verifier::new(opts.clone());
+    for path in collect_files(paths)? {
+        let bytes = files::read_log_file(&path).map_err(|source| PathsError::Io {
+            path: path.clone(),
+            source,
+        })?;
+        v.feed_file(&display_name(&path), &bytes, visit)
+            .map_err(PathsError::Break)?;
+    }
+    v.finish().map_err(PathsError::Break)
+}
+
+/// Why a checkpoint file could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum ReadCheckpointError {
+    /// The file could not be read.
+    #[error("`{path}`: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The failure.
+        source: std::io::Error,
+    },
+    /// The file is not a checkpoint.
+    #[error("`{path}`: {source}")]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong with it.
+        source: checkpoint::CheckpointError,
+    },
+}
+
+/// The latest checkpoint of a log directory (or a checkpoint file), read and parsed. Its
+/// signature is not checked here: see [`Checkpoint::verify_with`].
+pub fn read_checkpoint(path: &Path) -> Result<Checkpoint, ReadCheckpointError> {
+    let file = if path.is_dir() {
+        path.join(files::CHECKPOINT_FILE)
+    } else {
+        path.to_owned()
+    };
+    let text = std::fs::read_to_string(&file).map_err(|source| ReadCheckpointError::Io {
+        path: file.clone(),
+        source,
+    })?;
+    Checkpoint::parse(&text).map_err(|source| ReadCheckpointError::Parse { path: file, source })
+}
+
+fn display_name(path: &Path) -> String {
+    path.file_name().map_or_else(
+        || path.display().to_string(),
+        |n| n.to_string_lossy().into_owned(),
+    )
+}

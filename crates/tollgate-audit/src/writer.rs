@@ -1,0 +1,1144 @@
+//! The writer: one dedicated thread that assigns chain positions, signs, links, writes and
+//! fsyncs entries in batches (group commit), rotates and compresses files, and writes
+//! checkpoints. Callers submit from any thread and get a [`Pending`] completion that is
+//! ready once the batch holding their entry is durable.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::Write;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender, TrySendError};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use ed25519_dalek::SigningKey;
+use tollgate_core::Digest;
+use uuid::Uuid;
+
+use crate::checkpoint::Checkpoint;
+use crate::completion::{self, Completer, Pending};
+use crate::entry::{self, Event, VerdictRecord};
+use crate::files::{self, LogFile, ARCHIVED_SUFFIX, CHECKPOINT_FILE, TORN_DIR};
+use crate::format::{self, EncodeError, FileHeader, Position};
+use crate::keys::KeyId;
+use crate::verify::{Break, BreakKind, Verifier, VerifyOptions};
+
+/// When the writer calls fsync.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum FsyncPolicy {
+    /// After every entry: one fsync each.
+    Always,
+    /// After every batch (group commit): one fsync shared by every entry in the batch.
+    #[default]
+    Batch,
+    /// Never (the OS writes back when it likes). Entries complete once written.
+    Never,
+}
+
+impl FromStr for FsyncPolicy {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "always" => Ok(FsyncPolicy::Always),
+            "batch" => Ok(FsyncPolicy::Batch),
+            "never" => Ok(FsyncPolicy::Never),
+            other => Err(format!(
+                "unknown fsync policy `{other}` (expected always, batch or never)"
+            )),
+        }
+    }
+}
+
+/// The writer's source of "now", for rotation, checkpoints and system entries. Verdict
+/// entries carry their own timestamp (the daemon's clock).
+pub trait Clock: Send + Sync + std::fmt::Debug {
+    /// Nanoseconds since the Unix epoch, UTC.
+    fn now_ns(&self) -> i64;
+}
+
+/// The system clock.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now_ns(&self) -> i64 {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
+    }
+}
+
+/// How the writer behaves.
+#[derive(Debug, Clone)]
+pub struct WriterConfig {
+    /// The log directory.
+    pub dir: PathBuf,
+    /// When to fsync (default: per batch).
+    pub fsync: FsyncPolicy,
+    /// Most entries in one batch (default 4096).
+    pub max_batch: usize,
+    /// Submissions that may wait for the writer before `submit` blocks (default 65536).
+    pub queue_capacity: usize,
+    /// Start a new file once the current one reaches this many bytes (default 64 MiB).
+    pub rotate_bytes: u64,
+    /// Start a new file when the UTC day changes (default true).
+    pub rotate_daily: bool,
+    /// zstd-compress files once rotated out (default true).
+    pub compress_rotated: bool,
+    /// Delete rotated files older than this many days, but only those marked archived
+    /// (a `NAME.archived` file beside them). `None` keeps everything (default).
+    pub retention_days: Option<u32>,
+    /// Write a checkpoint after this many entries (0: not by count). Default 10 000.
+    pub checkpoint_every: u64,
+    /// Write a checkpoint when this much time has passed and there are new entries
+    /// (default 60 s).
+    pub checkpoint_interval: Duration,
+    /// Check every signature of the tail file on open (default false: structure and
+    /// links only, which is fast).
+    pub verify_on_open: bool,
+    /// The clock.
+    pub clock: Arc<dyn Clock>,
+}
+
+impl WriterConfig {
+    /// Defaults for a log in `dir`.
+    pub fn new(dir: impl Into<PathBuf>) -> Self {
+        WriterConfig {
+            dir: dir.into(),
+            fsync: FsyncPolicy::Batch,
+            max_batch: 4096,
+            queue_capacity: 65_536,
+            rotate_bytes: 64 << 20,
+            rotate_daily: true,
+            compress_rotated: true,
+            retention_days: None,
+            checkpoint_every: 10_000,
+            checkpoint_interval: Duration::from_secs(60),
+            verify_on_open: false,
+            clock: Arc::new(SystemClock),
+        }
+    }
+}
+
+/// Why an entry was not written.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum WriteError {
+    /// The entry cannot be encoded (a field is too long). Nothing was written.
+    #[error("entry rejected: {0}")]
+    Encode(#[from] EncodeError),
+    /// Writing or syncing failed. The writer stops: every later submission fails too.
+    #[error("audit write failed: {0}")]
+    Io(String),
+    /// The writer stopped after an earlier I/O error.
+    #[error("audit writer stopped after an earlier error: {0}")]
+    Failed(String),
+    /// The writer thread is gone (shut down, or it died).
+    #[error("audit writer is shut down")]
+    WriterGone,
+}
+
+/// Why a log could not be opened for writing.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    /// A file operation failed.
+    #[error("`{path}`: {source}")]
+    Io {
+        /// The path involved.
+        path: PathBuf,
+        /// The failure.
+        source: std::io::Error,
+    },
+    /// The tail file is broken in a way other than a torn tail: refuse to continue it.
+    #[error("the log is broken: {0}")]
+    Broken(Break),
+    /// The log's current key is not the key given.
+    #[error("the log is signed by key `{log}`, not by the given key `{given}` (rotate keys with a hand-over entry)")]
+    KeyMismatch {
+        /// The log's current key.
+        log: KeyId,
+        /// The given key.
+        given: KeyId,
+    },
+}
+
+/// Where an entry landed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Appended {
+    /// Its chain index.
+    pub index: u64,
+    /// Its UUIDv7.
+    pub entry_id: Uuid,
+    /// SHA-256 of its record.
+    pub hash: Digest,
+}
+
+/// A torn tail found and moved aside on open.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Recovered {
+    /// The file it was cut from.
+    pub file: PathBuf,
+    /// Offset of the torn bytes.
+    pub offset: u64,
+    /// Their length.
+    pub length: u64,
+    /// Where they now are.
+    pub moved_to: PathBuf,
+    /// The index of the recovery entry that records this in the chain.
+    pub entry_index: u64,
+}
+
+/// What opening found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OpenReport {
+    /// The file being appended to.
+    pub file: PathBuf,
+    /// The index the next entry gets.
+    pub next_index: u64,
+    /// Whether the log was created new.
+    pub created: bool,
+    /// A torn tail that was moved aside, if any.
+    pub recovered: Option<Recovered>,
+}
+
+enum Msg {
+    Entry(Box<Event>, i64, Completer<Appended>),
+    Flush(Completer<()>),
+    Checkpoint(Completer<Checkpoint>),
+    RotateKey(Box<SigningKey>, Completer<Appended>),
+    Shutdown(Completer<()>),
+}
+
+/// The audit log writer. Share it (`Arc<Writer>`) between threads or tasks.
+#[derive(Debug)]
+pub struct Writer {
+    tx: SyncSender<Msg>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+    stats: Arc<Counters>,
+}
+
+/// Counters the writer thread keeps (for metrics and benchmarks).
+#[derive(Debug, Default)]
+struct Counters {
+    entries: AtomicU64,
+    batches: AtomicU64,
+    syncs: AtomicU64,
+}
+
+/// A snapshot of the writer's counters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Stats {
+    /// Entries written.
+    pub entries: u64,
+    /// Writes of one or more entries.
+    pub batches: u64,
+    /// fsync calls on log files.
+    pub syncs: u64,
+}
+
+impl std::fmt::Debug for Msg {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Msg::Entry(..) => "Entry",
+            Msg::Flush(_) => "Flush",
+            Msg::Checkpoint(_) => "Checkpoint",
+            Msg::RotateKey(..) => "RotateKey",
+            Msg::Shutdown(_) => "Shutdown",
+        })
+    }
+}
+
+impl Writer {
+    /// Open (or create) the log in `config.dir` and start the writer thread. A torn tail
+    /// is moved into `torn/` and a recovery entry records it; any other break refuses.
+    pub fn open(config: WriterConfig, key: SigningKey) -> Result<(Writer, OpenReport), OpenError> {
+        let (mut state, report) = State::open(config, key)?;
+        let stats = state.stats.clone();
+        if state.cfg.fsync == FsyncPolicy::Batch {
+            state.syncer = Some(
+                Syncer::start(stats.clone()).map_err(|source| OpenError::Io {
+                    path: PathBuf::from("<fsync thread>"),
+                    source,
+                })?,
+            );
+        }
+        let (tx, rx) = mpsc::sync_channel(state.cfg.queue_capacity.max(1));
+        let thread = std::thread::Builder::new()
+            .name("tollgate-audit-writer".into())
+            .spawn(move || state.run(&rx))
+            .map_err(|source| OpenError::Io {
+                path: PathBuf::from("<writer thread>"),
+                source,
+            })?;
+        Ok((
+            Writer {
+                tx,
+                thread: Mutex::new(Some(thread)),
+                stats,
+            },
+            report,
+        ))
+    }
+
+    fn send<T>(&self, make: impl FnOnce(Completer<T>) -> Msg) -> Pending<T> {
+        let (c, p) = completion::pair();
+        // A failed send drops the message and with it the completer: the pending
+        // result becomes WriterGone.
+        let _ = self.tx.send(make(c));
+        p
+    }
+
+    /// Submit a verdict. The writer assigns its index, id, previous hash and signature.
+    /// Blocks only when `queue_capacity` submissions are already waiting.
+    pub fn submit(&self, record: VerdictRecord) -> Pending<Appended> {
+        let ts = record.timestamp_ns;
+        self.send(|c| Msg::Entry(Box::new(Event::Verdict(record)), ts, c))
+    }
+
+    /// Like [`Writer::submit`] but fails instead of blocking when the queue is full.
+    pub fn try_submit(
+        &self,
+        record: VerdictRecord,
+    ) -> Result<Pending<Appended>, Box<VerdictRecord>> {
+        let (c, p) = completion::pair();
+        let ts = record.timestamp_ns;
+        match self
+            .tx
+            .try_send(Msg::Entry(Box::new(Event::Verdict(record)), ts, c))
+        {
+            Ok(()) => Ok(p),
+            Err(TrySendError::Full(Msg::Entry(ev, _, _))) => match *ev {
+                Event::Verdict(r) => Err(Box::new(r)),
+                _ => Ok(p),
+            },
+            Err(_) => Ok(p),
+        }
+    }
+
+    /// The writer's counters so far.
+    pub fn stats(&self) -> Stats {
+        Stats {
+            entries: self.stats.entries.load(Ordering::Relaxed),
+            batches: self.stats.batches.load(Ordering::Relaxed),
+            syncs: self.stats.syncs.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Submit and wait.
+    pub fn append(&self, record: VerdictRecord) -> Result<Appended, WriteError> {
+        self.submit(record).wait()
+    }
+
+    /// Ready once everything submitted before it is durable.
+    pub fn flush(&self) -> Pending<()> {
+        self.send(Msg::Flush)
+    }
+
+    /// Write a checkpoint now (after making everything before it durable).
+    pub fn checkpoint(&self) -> Pending<Checkpoint> {
+        self.send(Msg::Checkpoint)
+    }
+
+    /// Hand over to a new signing key: a hand-over entry naming `new_key`, signed by the
+    /// current key; every later entry is signed by `new_key`.
+    pub fn rotate_key(&self, new_key: SigningKey) -> Pending<Appended> {
+        self.send(|c| Msg::RotateKey(Box::new(new_key), c))
+    }
+
+    /// Drain everything submitted, write a final checkpoint, and stop the thread.
+    /// Later submissions fail with [`WriteError::WriterGone`].
+    pub fn shutdown(&self) -> Result<(), WriteError> {
+        let r = self.send(Msg::Shutdown).wait();
+        let handle = self
+            .thread
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some(h) = handle {
+            let _ = h.join();
+        }
+        match r {
+            // A second shutdown finds the thread gone: that is fine.
+            Err(WriteError::WriterGone) => Ok(()),
+            other => other,
+        }
+    }
+}
+
+impl Drop for Writer {
+    fn drop(&mut self) {
+        let _ = self.shutdown();
+    }
+}
+
+/// The writer thread's state.
+#[derive(Debug)]
+struct State {
+    cfg: WriterConfig,
+    key: SigningKey,
+    key_id: KeyId,
+    file: Arc<File>,
+    file_path: PathBuf,
+    file_seq: u64,
+    file_day: i64,
+    file_len: u64,
+    next_index: u64,
+    last_hash: Digest,
+    last_checkpoint_count: u64,
+    last_checkpoint_ns: i64,
+    failed: Option<String>,
+    background: Vec<JoinHandle<()>>,
+    buf: Vec<u8>,
+    done: Vec<(Completer<Appended>, Appended)>,
+    flushes: Vec<Completer<()>>,
+    stats: Arc<Counters>,
+    /// The fsync stage of the pipeline (batch policy only).
+    syncer: Option<Syncer>,
+}
+
+/// The fsync stage: while it syncs one batch, the writer thread signs and writes the
+/// next. Completions fire here, after the sync that covers their bytes.
+#[derive(Debug)]
+struct Syncer {
+    tx: mpsc::Sender<SyncJob>,
+    thread: JoinHandle<()>,
+    failed: Arc<Mutex<Option<String>>>,
+}
+
+/// Written bytes waiting for a sync.
+#[derive(Debug)]
+struct SyncJob {
+    file: Arc<File>,
+    path: PathBuf,
+    done: Vec<(Completer<Appended>, Appended)>,
+    flushes: Vec<Completer<()>>,
+}
+
+impl Syncer {
+    fn start(stats: Arc<Counters>) -> std::io::Result<Syncer> {
+        let (tx, rx) = mpsc::channel::<SyncJob>();
+        let failed = Arc::new(Mutex::new(None::<String>));
+        let shared = failed.clone();
+        let thread = std::thread::Builder::new()
+            .name("tollgate-audit-fsync".into())
+            .spawn(move || {
+                while let Ok(first) = rx.recv() {
+                    let mut jobs = vec![first];
+                    jobs.extend(rx.try_iter());
+                    // One sync per distinct file covers every job written before it.
+                    let mut synced: Vec<&Arc<File>> = Vec::new();
+                    let mut error = shared
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .clone();
+                    for job in &jobs {
+                        if error.is_some() {
+                            break;
+                        }
+                        if synced.iter().any(|f| Arc::ptr_eq(f, &job.file)) {
+                            continue;
+                        }
+                        stats.syncs.fetch_add(1, Ordering::Relaxed);
+                        if let Err(e) = job.file.sync_data() {
+                            error = Some(format!("`{}`: {e}", job.path.display()));
+                        }
+                        synced.push(&job.file);
+                    }
+                    if let Some(e) = &error {
+                        let mut f = shared.lock().unwrap_or_else(PoisonError::into_inner);
+                        if f.is_none() {
+                            *f = Some(e.clone());
+                        }
+                    }
+                    for job in jobs {
+                        for (c, a) in job.done {
+                            c.complete(match &error {
+                                Some(e) => Err(WriteError::Io(e.clone())),
+                                None => Ok(a),
+                            });
+                        }
+                        for c in job.flushes {
+                            c.complete(match &error {
+                                Some(e) => Err(WriteError::Io(e.clone())),
+                                None => Ok(()),
+                            });
+                        }
+                    }
+                }
+            })?;
+        Ok(Syncer { tx, thread, failed })
+    }
+}
+
+fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> OpenError + '_ {
+    move |source| OpenError::Io {
+        path: path.to_owned(),
+        source,
+    }
+}
+
+impl State {
+    fn open(cfg: WriterConfig, key: SigningKey) -> Result<(State, OpenReport), OpenError> {
+        let dir = cfg.dir.clone();
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o750)
+            .create(&dir)
+            .map_err(io_err(&dir))?;
+        remove_stale_tmp(&dir);
+        let key_id = KeyId::of(key.verifying_key().as_bytes());
+        let now = cfg.clock.now_ns();
+        let logs = files::list_log_files(&dir).map_err(io_err(&dir))?;
+        let Some(last) = logs.last().cloned() else {
+            let header = FileHeader::new_signed(&key, 0, 0, format::genesis_hash(), now);
+            let (file, path) = create_log_file(&dir, &header).map_err(io_err(&dir))?;
+            let state = State::new(
+                cfg,
+                key,
+                file,
+                path.clone(),
+                &header,
+                format::HEADER_LEN as u64,
+            );
+            let report = OpenReport {
+                file: path,
+                next_index: 0,
+                created: true,
+                recovered: None,
+            };
+            return Ok((state, report));
+        };
+        // Leftovers of a crash during compression: a .zst beside its .log.
+        for f in &logs {
+            let zst = zst_path(&f.path);
+            if !f.compressed && zst.exists() {
+                let _ = fs::remove_file(&zst);
+            }
+        }
+        let bytes = files::read_log_file(&last.path).map_err(io_err(&last.path))?;
+        let mut v = Verifier::new(VerifyOptions {
+            allow_head_gap: true,
+            check_signatures: cfg.verify_on_open,
+            ..VerifyOptions::default()
+        });
+        let name = last.path.display().to_string();
+        let result = v.feed_file(&name, &bytes, &mut |_| {});
+        let mut torn = None;
+        match result {
+            Ok(()) => {}
+            Err(Break {
+                kind: BreakKind::TornRecord { .. },
+                offset,
+                ..
+            }) if !last.compressed => torn = Some(offset),
+            Err(b) => return Err(OpenError::Broken(b)),
+        }
+        let Some(tip) = v.tip().cloned() else {
+            return Err(OpenError::Broken(Break {
+                file: name,
+                index: None,
+                offset: 0,
+                kind: BreakKind::Empty,
+            }));
+        };
+        let tip_key = KeyId::of(tip.key.as_bytes());
+        if tip_key != key_id {
+            return Err(OpenError::KeyMismatch {
+                log: tip_key,
+                given: key_id,
+            });
+        }
+        let mut moved = None;
+        if let Some(offset) = torn {
+            let tail = bytes
+                .get(usize::try_from(offset).unwrap_or(usize::MAX)..)
+                .unwrap_or_default();
+            let torn_dir = dir.join(TORN_DIR);
+            fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o750)
+                .create(&torn_dir)
+                .map_err(io_err(&torn_dir))?;
+            let file_name = last
+                .path
+                .file_name()
+                .and_then(|n| n.to_str())
+                .unwrap_or("log");
+            let rel = format!("{TORN_DIR}/{file_name}.{offset}.{now}.torn");
+            let torn_path = dir.join(&rel);
+            write_new_file(&torn_path, tail).map_err(io_err(&torn_path))?;
+            sync_dir(&torn_dir).map_err(io_err(&torn_dir))?;
+            let f = OpenOptions::new()
+                .write(true)
+                .open(&last.path)
+                .map_err(io_err(&last.path))?;
+            f.set_len(offset).map_err(io_err(&last.path))?;
+            f.sync_all().map_err(io_err(&last.path))?;
+            moved = Some((
+                Event::Recovery {
+                    file: file_name.to_owned(),
+                    offset,
+                    length: tail.len() as u64,
+                    sha256: format::sha256(tail),
+                    moved_to: rel,
+                },
+                torn_path,
+                offset,
+                tail.len() as u64,
+            ));
+        }
+        let (file, path, len, header) = if last.compressed {
+            // Every file we would append to is uncompressed; a compressed tail means the
+            // current file was lost after rotation. Continue in a fresh file.
+            let header =
+                FileHeader::new_signed(&key, tip.next_file_seq, tip.next_index, tip.last_hash, now);
+            let (file, path) = create_log_file(&dir, &header).map_err(io_err(&dir))?;
+            (file, path, format::HEADER_LEN as u64, header)
+        } else {
+            let file = OpenOptions::new()
+                .append(true)
+                .open(&last.path)
+                .map_err(io_err(&last.path))?;
+            (file, last.path.clone(), tip.valid_len, tip.header.clone())
+        };
+        let mut state = State::new(cfg, key, file, path.clone(), &header, len);
+        state.next_index = tip.next_index;
+        state.last_hash = tip.last_hash;
+        state.last_checkpoint_count = tip.next_index;
+        // Files left uncompressed by a crash during compression.
+        if state.cfg.compress_rotated {
+            for f in logs.iter().filter(|f| !f.compressed && f.path != path) {
+                state.spawn_compress(f.path.clone());
+            }
+        }
+        let mut report = OpenReport {
+            file: path,
+            next_index: state.next_index,
+            created: false,
+            recovered: None,
+        };
+        if let Some((event, moved_to, offset, length)) = moved {
+            let appended = state.append_system(event).map_err(|e| OpenError::Io {
+                path: state.file_path.clone(),
+                source: std::io::Error::other(e.to_string()),
+            })?;
+            report.recovered = Some(Recovered {
+                file: last.path,
+                offset,
+                length,
+                moved_to,
+                entry_index: appended.index,
+            });
+            report.next_index = state.next_index;
+        }
+        Ok((state, report))
+    }
+
+    fn new(
+        cfg: WriterConfig,
+        key: SigningKey,
+        file: File,
+        path: PathBuf,
+        header: &FileHeader,
+        len: u64,
+    ) -> State {
+        let now = cfg.clock.now_ns();
+        State {
+            key_id: KeyId::of(key.verifying_key().as_bytes()),
+            key,
+            file: Arc::new(file),
+            file_path: path,
+            file_seq: header.file_seq,
+            file_day: files::day_of(header.created_ns),
+            file_len: len,
+            next_index: header.first_index,
+            last_hash: header.prev_hash,
+            last_checkpoint_count: header.first_index,
+            last_checkpoint_ns: now,
+            failed: None,
+            background: Vec::new(),
+            buf: Vec::with_capacity(1 << 16),
+            done: Vec::new(),
+            flushes: Vec::new(),
+            stats: Arc::new(Counters::default()),
+            syncer: None,
+            cfg,
+        }
+    }
+
+    fn run(mut self, rx: &Receiver<Msg>) {
+        let max_batch = self.cfg.max_batch.max(1);
+        let tick = self.cfg.checkpoint_interval.min(Duration::from_secs(1));
+        let mut batch = Vec::with_capacity(max_batch);
+        loop {
+            match rx.recv_timeout(tick.max(Duration::from_millis(10))) {
+                Ok(m) => batch.push(m),
+                Err(RecvTimeoutError::Timeout) => {
+                    self.maybe_checkpoint();
+                    continue;
+                }
+                Err(RecvTimeoutError::Disconnected) => {
+                    let _ = self.finish();
+                    return;
+                }
+            }
+            while batch.len() < max_batch {
+                match rx.try_recv() {
+                    Ok(m) => batch.push(m),
+                    Err(_) => break,
+                }
+            }
+            if self.process(&mut batch) {
+                let _ = self.finish();
+                return;
+            }
+        }
+    }
+
+    /// Handle one batch; true when asked to shut down.
+    fn process(&mut self, batch: &mut Vec<Msg>) -> bool {
+        self.take_sync_failure();
+        let mut shutdown = None;
+        for msg in batch.drain(..) {
+            match msg {
+                Msg::Entry(event, ts, c) => {
+                    if let Some(f) = &self.failed {
+                        c.complete(Err(WriteError::Failed(f.clone())));
+                        continue;
+                    }
+                    match self.stage(&event, ts) {
+                        Ok(a) => self.done.push((c, a)),
+                        Err(e) => c.complete(Err(e)),
+                    }
+                    if self.cfg.fsync == FsyncPolicy::Always {
+                        self.commit_durable();
+                    }
+                }
+                Msg::Flush(c) => self.flushes.push(c),
+                Msg::Checkpoint(c) => {
+                    self.commit_durable();
+                    let r = match &self.failed {
+                        Some(f) => Err(WriteError::Failed(f.clone())),
+                        None => self.write_checkpoint(),
+                    };
+                    c.complete(r);
+                }
+                Msg::RotateKey(new_key, c) => {
+                    let event = Event::KeyHandover {
+                        new_public_key: new_key.verifying_key().to_bytes(),
+                    };
+                    let r = self.append_system(event);
+                    if r.is_ok() {
+                        self.key = *new_key;
+                        self.key_id = KeyId::of(self.key.verifying_key().as_bytes());
+                    }
+                    c.complete(r);
+                }
+                Msg::Shutdown(c) => shutdown = Some(c),
+            }
+        }
+        self.commit();
+        self.maybe_checkpoint();
+        if let Some(c) = shutdown {
+            let r = self.finish();
+            c.complete(r);
+            return true;
+        }
+        false
+    }
+
+    /// Sign and chain one entry into the batch buffer (rotating first if due).
+    fn stage(&mut self, event: &Event, ts: i64) -> Result<Appended, WriteError> {
+        self.maybe_rotate();
+        if let Some(f) = &self.failed {
+            return Err(WriteError::Failed(f.clone()));
+        }
+        let mut random = [0u8; 10];
+        if getrandom::fill(&mut random).is_err() {
+            // Still unique within the log: the index is part of the chain position.
+            for (slot, b) in random.iter_mut().zip(self.last_hash.0.iter()) {
+                *slot = *b;
+            }
+        }
+        let entry_id = entry::uuid_v7(ts, &random);
+        let pos = Position {
+            index: self.next_index,
+            timestamp_ns: ts,
+            entry_id,
+            prev_hash: &self.last_hash,
+        };
+        let record = format::encode_record(pos, event, &self.key, self.key_id)?;
+        let hash = format::sha256(&record);
+        let a = Appended {
+            index: self.next_index,
+            entry_id,
+            hash,
+        };
+        self.buf.extend_from_slice(&record);
+        self.last_hash = hash;
+        self.next_index = self.next_index.saturating_add(1);
+        Ok(a)
+    }
+
+    /// Append a system entry (recovery, hand-over) and make it durable at once.
+    fn append_system(&mut self, event: Event) -> Result<Appended, WriteError> {
+        if let Some(f) = &self.failed {
+            return Err(WriteError::Failed(f.clone()));
+        }
+        let now = self.cfg.clock.now_ns();
+        let a = self.stage(&event, now)?;
+        self.commit_durable();
+        match &self.failed {
+            Some(f) => Err(WriteError::Io(f.clone())),
+            None => Ok(a),
+        }
+    }
+
+    /// Adopt a failure the fsync stage found: from now on every entry fails.
+    fn take_sync_failure(&mut self) {
+        if self.failed.is_none() {
+            if let Some(s) = &self.syncer {
+                self.failed = s
+                    .failed
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .clone();
+            }
+        }
+    }
+
+    /// Write the staged bytes with one `write`. False if that failed (or had failed).
+    fn write_out(&mut self) -> bool {
+        self.take_sync_failure();
+        if !self.buf.is_empty() && self.failed.is_none() {
+            self.stats.batches.fetch_add(1, Ordering::Relaxed);
+            match (&*self.file).write_all(&self.buf) {
+                Ok(()) => {
+                    self.file_len = self.file_len.saturating_add(self.buf.len() as u64);
+                    self.stats
+                        .entries
+                        .fetch_add(self.done.len() as u64, Ordering::Relaxed);
+                }
+                Err(e) => {
+                    // After a failed write the file's state is unknown: stop. The next
+                    // open finds any torn tail and moves it aside.
+                    self.failed = Some(format!("`{}`: {e}", self.file_path.display()));
+                }
+            }
+        }
+        self.buf.clear();
+        self.failed.is_none()
+    }
+
+    /// Complete staged entries and flushes with `Ok` (or the failure).
+    fn complete_all(&mut self) {
+        for (c, a) in self.done.drain(..) {
+            c.complete(match &self.failed {
+                Some(f) => Err(WriteError::Io(f.clone())),
+                None => Ok(a),
+            });
+        }
+        for c in self.flushes.drain(..) {
+            c.complete(match &self.failed {
+                Some(f) => Err(WriteError::Io(f.clone())),
+                None => Ok(()),
+            });
+        }
+    }
+
+    /// Write the staged entries and make them durable per the policy. Under `batch`, the
+    /// sync happens in the fsync stage, which completes them; the writer goes on signing.
+    fn commit(&mut self) {
+        if self.cfg.fsync != FsyncPolicy::Batch || self.syncer.is_none() {
+            if self.cfg.fsync == FsyncPolicy::Never {
+                self.write_out();
+                self.complete_all();
+            } else {
+                self.commit_durable();
+            }
+            return;
+        }
+        if !self.write_out() {
+            self.complete_all();
+            return;
+        }
+        if self.done.is_empty() && self.flushes.is_empty() {
+            return;
+        }
+        let job = SyncJob {
+            file: self.file.clone(),
+            path: self.file_path.clone(),
+            done: std::mem::take(&mut self.done),
+            flushes: std::mem::take(&mut self.flushes),
+        };
+        if let Some(s) = &self.syncer {
+            // If the fsync stage is gone, the job's completers report WriterGone.
+            let _ = s.tx.send(job);
+        }
+    }
+
+    /// Write the staged entries and sync here, now (system entries, checkpoints,
+    /// `always`). One sync covers everything written before it, queued jobs included.
+    fn commit_durable(&mut self) {
+        if self.write_out() && self.cfg.fsync != FsyncPolicy::Never {
+            self.stats.syncs.fetch_add(1, Ordering::Relaxed);
+            if let Err(e) = self.file.sync_data() {
+                self.failed = Some(format!("`{}`: {e}", self.file_path.display()));
+            }
+        }
+        self.complete_all();
+    }
+
+    fn maybe_rotate(&mut self) {
+        let now = self.cfg.clock.now_ns();
+        let pending = self.buf.len() as u64;
+        let len = self.file_len.saturating_add(pending);
+        // A file holding only its header is never rotated for size.
+        let by_size = len >= self.cfg.rotate_bytes && len > format::HEADER_LEN as u64;
+        let by_day = self.cfg.rotate_daily && files::day_of(now) != self.file_day;
+        if !(by_size || by_day) {
+            return;
+        }
+        // Everything staged so far belongs to the old file.
+        self.commit();
+        if self.failed.is_some() {
+            return;
+        }
+        if let Err(e) = self.rotate(now) {
+            self.failed = Some(format!("rotation failed: {e}"));
+        }
+    }
+
+    fn rotate(&mut self, now: i64) -> std::io::Result<()> {
+        self.file.sync_all()?;
+        let header = FileHeader::new_signed(
+            &self.key,
+            self.file_seq.saturating_add(1),
+            self.next_index,
+            self.last_hash,
+            now,
+        );
+        let (file, path) = create_log_file(&self.cfg.dir, &header)?;
+        let old = std::mem::replace(&mut self.file_path, path);
+        self.file = Arc::new(file);
+        self.file_seq = header.file_seq;
+        self.file_day = files::day_of(now);
+        self.file_len = format::HEADER_LEN as u64;
+        if self.cfg.compress_rotated {
+            self.spawn_compress(old);
+        }
+        self.apply_retention(now);
+        Ok(())
+    }
+
+    fn spawn_compress(&mut self, path: PathBuf) {
+        self.background.retain(|h| !h.is_finished());
+        let spawned = std::thread::Builder::new()
+            .name("tollgate-audit-zstd".into())
+            .spawn(move || {
+                // A failure leaves the uncompressed file in place; the next open retries.
+                let _ = compress_file(&path);
+            });
+        if let Ok(h) = spawned {
+            self.background.push(h);
+        }
+    }
+
+    /// Delete rotated files older than the retention, only when marked archived.
+    fn apply_retention(&mut self, now: i64) {
+        let Some(days) = self.cfg.retention_days else {
+            return;
+        };
+        let Ok(logs) = files::list_log_files(&self.cfg.dir) else {
+            return;
+        };
+        let today = files::day_of(now);
+        for f in logs {
+            if f.path == self.file_path || f.seq >= self.file_seq {
+                continue;
+            }
+            let Some(day) = file_day(&f) else { continue };
+            if today.saturating_sub(day) <= i64::from(days) {
+                continue;
+            }
+            // The marker may name the file before or after compression.
+            let mut markers = vec![archived_marker(&f.path)];
+            if f.compressed {
+                if let Some(plain) = f.path.to_str().and_then(|p| p.strip_suffix(".zst")) {
+                    markers.push(archived_marker(Path::new(plain)));
+                }
+            }
+            // INVARIANT (retention-archived): a file is deleted only when its archived
+            // marker exists.
+            if markers.iter().any(|m| m.exists()) && fs::remove_file(&f.path).is_ok() {
+                for m in &markers {
+                    let _ = fs::remove_file(m);
+                }
+            }
+        }
+        let _ = sync_dir(&self.cfg.dir);
+    }
+
+    fn maybe_checkpoint(&mut self) {
+        if self.failed.is_some() || self.next_index == self.last_checkpoint_count {
+            return;
+        }
+        let now = self.cfg.clock.now_ns();
+        let by_count = self.cfg.checkpoint_every > 0
+            && self.next_index.saturating_sub(self.last_checkpoint_count)
+                >= self.cfg.checkpoint_every;
+        let interval = i64::try_from(self.cfg.checkpoint_interval.as_nanos()).unwrap_or(i64::MAX);
+        let by_time = now.saturating_sub(self.last_checkpoint_ns) >= interval;
+        if by_count || by_time {
+            let _ = self.write_checkpoint();
+        }
+    }
+
+    /// Write the latest checkpoint (everything staged must already be written). The
+    /// current file is synced first, so a checkpoint never counts an entry that is not
+    /// durable (files rotated out were synced when they were closed).
+    fn write_checkpoint(&mut self) -> Result<Checkpoint, WriteError> {
+        if self.cfg.fsync != FsyncPolicy::Never {
+            if let Err(e) = self.file.sync_data() {
+                let msg = format!("`{}`: {e}", self.file_path.display());
+                self.failed = Some(msg.clone());
+                return Err(WriteError::Io(msg));
+            }
+        }
+        let now = self.cfg.clock.now_ns();
+        let cp = Checkpoint::new_signed(&self.key, self.next_index, self.last_hash, now);
+        let path = self.cfg.dir.join(CHECKPOINT_FILE);
+        let tmp = self.cfg.dir.join(format!("{CHECKPOINT_FILE}.tmp"));
+        let r = write_new_file(&tmp, cp.to_text().as_bytes())
+            .and_then(|()| fs::rename(&tmp, &path))
+            .and_then(|()| sync_dir(&self.cfg.dir));
+        match r {
+            Ok(()) => {
+                self.last_checkpoint_count = self.next_index;
+                self.last_checkpoint_ns = now;
+                Ok(cp)
+            }
+            Err(e) => Err(WriteError::Io(format!("`{}`: {e}", path.display()))),
+        }
+    }
+
+    fn finish(&mut self) -> Result<(), WriteError> {
+        self.commit();
+        // Drain the fsync stage: every queued job is synced and completed.
+        if let Some(s) = self.syncer.take() {
+            drop(s.tx);
+            let _ = s.thread.join();
+            if self.failed.is_none() {
+                self.failed = s
+                    .failed
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .clone();
+            }
+        }
+        let r = match &self.failed {
+            Some(f) => Err(WriteError::Failed(f.clone())),
+            None => {
+                let sync = self
+                    .file
+                    .sync_all()
+                    .map_err(|e| WriteError::Io(e.to_string()));
+                if self.next_index != self.last_checkpoint_count {
+                    self.write_checkpoint().map(|_| ()).and(sync)
+                } else {
+                    sync
+                }
+            }
+        };
+        for h in self.background.drain(..) {
+            let _ = h.join();
+        }
+        r
+    }
+}
+
+fn file_day(f: &LogFile) -> Option<i64> {
+    let name = f.path.file_name()?.to_str()?;
+    let date = name.strip_prefix("audit-")?.split_once('-')?.1.get(..8)?;
+    let y = date.get(..4)?.parse().ok()?;
+    let m = date.get(4..6)?.parse().ok()?;
+    let d = date.get(6..8)?.parse().ok()?;
+    Some(files::days_from_civil(y, m, d))
+}
+
+/// The path of the archived marker of a log file.
+pub fn archived_marker(path: &Path) -> PathBuf {
+    let mut s = path.as_os_str().to_owned();
+    s.push(ARCHIVED_SUFFIX);
+    PathBuf::from(s)
+}
+
+fn zst_path(path: &Path) -> PathBuf {
+    let mut s = path.as_os_str().to_owned();
+    s.push(".zst");
+    PathBuf::from(s)
+}
+
+/// Create a log file with its header: written to a temporary name, synced, renamed, and
+/// the directory synced, so a file either has a whole header or does not exist. Returns
+/// the file opened for appending (O_APPEND) and its path.
+fn create_log_file(dir: &Path, header: &FileHeader) -> std::io::Result<(File, PathBuf)> {
+    let name = files::log_file_name(header.file_seq, files::day_of(header.created_ns));
+    let path = dir.join(&name);
+    let tmp = dir.join(format!("{name}.tmp"));
+    write_new_file(&tmp, &header.encode())?;
+    fs::rename(&tmp, &path)?;
+    sync_dir(dir)?;
+    let file = OpenOptions::new().append(true).open(&path)?;
+    Ok((file, path))
+}
+
+/// Create (or replace) a file with mode 0640, write it and sync it.
+fn write_new_file(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let mut f = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o640)
+        .open(path)?;
+    f.set_permissions(fs::Permissions::from_mode(0o640))?;
+    f.write_all(bytes)?;
+    f.sync_all()
+}
+
+fn sync_dir(dir: &Path) -> std::io::Result<()> {
+    File::open(dir)?.sync_all()
+}
+
+fn remove_stale_tmp(dir: &Path) {
+    let Ok(rd) = fs::read_dir(dir) else { return };
+    for ent in rd.flatten() {
+        let name = ent.file_name();
+        if name.to_str().is_some_and(|n| n.ends_with(".tmp")) {
+            let _ = fs::remove_file(ent.path());
+        }
+    }
+}
+
+/// Compress a rotated file to `NAME.zst` (checked by decompressing), then remove it.
+pub fn compress_file(path: &Path) -> std::io::Result<PathBuf> {
+    let data = fs::read(path)?;
+    let compressed = zstd::bulk::compress(&data, 3)?;
+    let back = zstd::bulk::decompress(&compressed, data.len())?;
+    if back != data {
+        return Err(std::io::Error::other("zstd round trip differs"));
+    }
+    let out = zst_path(path);
+    let mut tmp = out.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = PathBuf::from(tmp);
+    write_new_file(&tmp, &compressed)?;
+    fs::rename(&tmp, &out)?;
+    let dir = path.parent().unwrap_or(Path::new("."));
+    sync_dir(dir)?;
+    fs::remove_file(path)?;
+    sync_dir(dir)?;
+    Ok(out)
+}

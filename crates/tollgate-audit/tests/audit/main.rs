@@ -1,0 +1,17 @@
+//! The tollgate-audit integration tests: real files in temporary directories.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+
+mod common;
+mod crash;
+mod export;
+mod known_answer;
+mod props;
+mod rotation;
+mod tamper;
+mod writer;
