@@ -33,8 +33,8 @@ impl Filter {
         }
         match &e.event {
             Event::Verdict(v) => {
-                self.session.as_ref().map_or(true, |s| *s == v.session_id)
-                    && self.verdict.map_or(true, |x| x == v.verdict)
+                self.session.as_ref().is_none_or(|s| *s == v.session_id)
+                    && self.verdict.is_none_or(|x| x == v.verdict)
             }
             Event::KeyHandover { .. } | Event::Recovery { .. } => {
                 self.session.is_none() && self.verdict.is_none()
@@ -113,7 +113,7 @@ fn cells(e: &AuditEntry) -> Vec<Cell> {
             Cell::Null,
         ]),
         Event::KeyHandover { new_public_key } => {
-            row.extend(std::iter::repeat(Cell::Null).take(16));
+            row.extend(std::iter::repeat_n(Cell::Null, 16));
             row.push(t(&format!(
                 "new key {} ({})",
                 KeyId::of(new_public_key),
@@ -127,7 +127,7 @@ fn cells(e: &AuditEntry) -> Vec<Cell> {
             sha256,
             moved_to,
         } => {
-            row.extend(std::iter::repeat(Cell::Null).take(16));
+            row.extend(std::iter::repeat_n(Cell::Null, 16));
             row.push(t(&format!(
                 "torn tail of {length} bytes at offset {offset} of {file} (sha256 {sha256}) moved to {moved_to}"
             )));

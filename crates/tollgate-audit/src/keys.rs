@@ -147,7 +147,7 @@ pub(crate) fn unhex32(text: &str) -> Option<[u8; 32]> {
 /// Hex digits (either case, even count) to bytes.
 pub(crate) fn unhex(text: &str) -> Option<Vec<u8>> {
     let t = text.as_bytes();
-    if t.len() % 2 != 0 {
+    if !t.len().is_multiple_of(2) {
         return None;
     }
     t.chunks_exact(2)

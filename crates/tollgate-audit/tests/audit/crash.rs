@@ -73,7 +73,7 @@ fn zero_filled_tail_is_moved_aside() {
     // Some file systems leave zeros after a crash where the data never landed.
     torn_tail_recovers(|b, off, len| {
         let mut v = b[..off].to_vec();
-        v.extend(std::iter::repeat(0u8).take(len));
+        v.extend(std::iter::repeat_n(0u8, len));
         v
     });
 }

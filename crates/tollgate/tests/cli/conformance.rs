@@ -1,6 +1,6 @@
 //! `tollgate conformance` and `tollgate canonical`.
 
-mod conformance {
+mod vectors {
     use crate::*;
 
     fn published() -> Vec<String> {
