@@ -19,12 +19,15 @@ struct Cli {
 enum Command {
     /// Run SP/1.0 decision vectors (the published format) and report each result.
     Conformance(cmd::conformance::Args),
+    /// The board gate: check handoff-envelope record sets, compute request digests.
+    Board(cmd::board::Args),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Conformance(args) => cmd::conformance::run(&args),
+        Command::Board(args) => cmd::board::run(&args),
     };
     match result {
         Ok(code) => code,
