@@ -18,7 +18,8 @@
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use tollgate_board::{check, digest, Catalog};
 
-const REQ: &str = r#"{"kind":"principal","subject":"subject:corp-idp:7c1e9a40b2d35f68","role":"platform-owner"}"#;
+const REQ: &str =
+    r#"{"kind":"principal","subject":"subject:corp-idp:7c1e9a40b2d35f68","role":"platform-owner"}"#;
 const DECIDER: &str = r#"{"kind":"principal","subject":"subject:corp-idp:a1b2c3d4e5f60718","role":"engineering-director"}"#;
 const ARCH: &str = r#"{"kind":"agent","id":"agentic-system-architecture-review-agent"}"#;
 const SEC: &str = r#"{"kind":"agent","id":"agentic-security-review-agent"}"#;
@@ -130,7 +131,15 @@ pub fn record_set(n: usize) -> String {
         r#","challenge":{"proposal_task_id":"d-sec","round":1,"hard_gate":false,"outcome":"sustained","finding":"The connector is write-capable."}"#,
     ));
     let request = envelope(
-        "decision-request", "req-1", Some("c-sec"), 3, at + 2, ARCH, DECIDER, "completed", "pending-human-review",
+        "decision-request",
+        "req-1",
+        Some("c-sec"),
+        3,
+        at + 2,
+        ARCH,
+        DECIDER,
+        "completed",
+        "pending-human-review",
         r#","decision_request":{"decision_class":"architecture","proposer_agent":"agentic-system-architecture-review-agent","proposal_summary":"One agent with a fixed tool list.","alternatives":[{"kind":"multi-agent","summary":"Two agents.","rejected_because":"No added capability."}],"challenge_task_ids":["c-sec"],"dissent":[{"challenge_task_id":"c-sec","position":"Scope the connector."}],"recommended_outcome":"conditional-approve"}"#,
     );
     let d = digest(request.as_bytes()).unwrap();

@@ -43,6 +43,21 @@ pub struct Ctx<'a> {
     pub superseded_by: HashMap<usize, Vec<usize>>,
     /// For each request index: every decision-record naming it (decider's and co-signing).
     pub records_of: HashMap<usize, Vec<usize>>,
+    /// Per time rank j: how many envelopes of rank <= j have tier >= k (k = 0..=5), then how
+    /// many carry materiality flag bit b (b = 0..=5).
+    pub cumulative: Vec<[u32; 12]>,
+    /// Envelopes by tier (0..=5), each list sorted by time rank.
+    pub by_tier: [Vec<usize>; 6],
+    /// Envelopes by materiality flag bit (0..=5), each list sorted by time rank.
+    pub by_flag: [Vec<usize>; 6],
+    /// Agent id -> challenges whose target was sent by that agent, sorted by time rank.
+    pub challenges_on: HashMap<&'a str, Vec<usize>>,
+    /// Challenges with hard_gate true, sorted by time rank.
+    pub hard_gates: Vec<usize>,
+    /// Agent id -> HARD-gate challenges whose target was sent by that agent, by time rank.
+    pub hard_gates_on: HashMap<&'a str, Vec<usize>>,
+    /// Decider's record task id -> the co-signing records naming it.
+    pub cosigners: HashMap<&'a str, Vec<usize>>,
     /// (source, destination) -> times of that pair's exchanges (delegates, returns and
     /// challenges that did not stop), sorted.
     pub exchanges: HashMap<(u32, u32), Vec<(u32, usize)>>,
@@ -121,11 +136,7 @@ impl<'a> Ctx<'a> {
         }
         let mut exchanges: HashMap<(u32, u32), Vec<(u32, usize)>> = HashMap::new();
         for (i, e) in env.iter().enumerate() {
-            let counts = matches!(
-                e.message_type,
-                MessageType::Delegate | MessageType::Return | MessageType::Challenge
-            ) && e.status != Status::Stopped;
-            if counts {
+            if is_exchange(e) {
                 if let (Some(s), Some(d), Some(ti)) = (src.get(i), dst.get(i), t.get(i)) {
                     exchanges.entry((*s, *d)).or_default().push((*ti, i));
                 }
@@ -133,6 +144,79 @@ impl<'a> Ctx<'a> {
         }
         for v in exchanges.values_mut() {
             v.sort_unstable();
+        }
+        let ranks = times.len();
+        let mut cumulative = vec![[0u32; 12]; ranks];
+        let mut by_tier: [Vec<usize>; 6] = Default::default();
+        let mut by_flag: [Vec<usize>; 6] = Default::default();
+        let mut order: Vec<usize> = (0..n).collect();
+        order.sort_by_key(|&i| t.get(i).copied().unwrap_or(0));
+        for &i in &order {
+            let Some(e) = env.get(i) else { continue };
+            let j = t.get(i).copied().unwrap_or(0) as usize;
+            if let Some(row) = cumulative.get_mut(j) {
+                for (k, slot) in row.iter_mut().enumerate() {
+                    let hit = if k < 6 {
+                        usize::from(e.tier) >= k
+                    } else {
+                        e.flags & (1 << (k - 6)) != 0
+                    };
+                    *slot += u32::from(hit);
+                }
+            }
+            if let Some(list) = by_tier.get_mut(usize::from(e.tier)) {
+                list.push(i);
+            }
+            for (b, list) in by_flag.iter_mut().enumerate() {
+                if e.flags & (1 << b) != 0 {
+                    list.push(i);
+                }
+            }
+        }
+        for j in 1..ranks {
+            if let (Some(prev), Some(cur)) = (cumulative.get(j - 1).copied(), cumulative.get_mut(j))
+            {
+                for (c, p) in cur.iter_mut().zip(prev) {
+                    *c += p;
+                }
+            }
+        }
+        let mut challenges_on: HashMap<&'a str, Vec<usize>> = HashMap::new();
+        let mut hard_gates = Vec::new();
+        let mut hard_gates_on: HashMap<&'a str, Vec<usize>> = HashMap::new();
+        for &i in &order {
+            let Some(c) = env.get(i).and_then(|e| e.challenge.as_ref()) else {
+                continue;
+            };
+            if env.get(i).map(|e| e.message_type) != Some(MessageType::Challenge) {
+                continue;
+            }
+            if c.hard_gate {
+                hard_gates.push(i);
+            }
+            let target_sender = by_id
+                .get(c.proposal_task_id.as_str())
+                .and_then(|&tgt| env.get(tgt))
+                .and_then(|te| match &te.source {
+                    Party::Agent(id) => Some(id.as_str()),
+                    Party::Principal { .. } => None,
+                });
+            if let Some(agent) = target_sender {
+                challenges_on.entry(agent).or_default().push(i);
+                if c.hard_gate {
+                    hard_gates_on.entry(agent).or_default().push(i);
+                }
+            }
+        }
+        let mut cosigners: HashMap<&'a str, Vec<usize>> = HashMap::new();
+        for &d in &records {
+            if let Some(c) = env
+                .get(d)
+                .and_then(|e| e.record.as_ref())
+                .and_then(|p| p.co_signs_task_id.as_deref())
+            {
+                cosigners.entry(c).or_default().push(d);
+            }
         }
         Ctx {
             env,
@@ -150,6 +234,13 @@ impl<'a> Ctx<'a> {
             superseded_by,
             records_of,
             exchanges,
+            cumulative,
+            by_tier,
+            by_flag,
+            challenges_on,
+            hard_gates,
+            hard_gates_on,
+            cosigners,
         }
     }
 
@@ -188,7 +279,32 @@ impl<'a> Ctx<'a> {
         self.ancestors(d).any(|x| x == a)
     }
 
-    fn time(&self, i: usize) -> u32 {
+    /// Proper descendants of `i` within [`MAX_WALK`] levels (the inverse of [`Ctx::ancestors`]).
+    pub fn descendants(&self, i: usize) -> Vec<usize> {
+        let mut out = Vec::new();
+        let mut seen = std::collections::HashSet::new();
+        seen.insert(i);
+        let mut frontier = vec![i];
+        for _ in 0..MAX_WALK {
+            let mut next = Vec::new();
+            for f in frontier {
+                for &c in self.children.get(f).map_or(&[][..], Vec::as_slice) {
+                    if seen.insert(c) {
+                        out.push(c);
+                        next.push(c);
+                    }
+                }
+            }
+            if next.is_empty() {
+                break;
+            }
+            frontier = next;
+        }
+        out
+    }
+
+    /// The time rank of envelope `i`.
+    pub fn time(&self, i: usize) -> u32 {
         self.t.get(i).copied().unwrap_or(0)
     }
 
@@ -214,16 +330,22 @@ impl<'a> Ctx<'a> {
             return 0;
         };
         let tb = self.time(before);
-        let strictly = times.partition_point(|x| x.0 < tb);
         let upto = times.partition_point(|x| x.0 <= tb);
-        // Same-second exchanges count unless they descend from `before` (or are it).
-        let same = times
-            .get(strictly..upto)
-            .unwrap_or(&[])
-            .iter()
-            .filter(|(_, i)| self.precedes(*i, before))
-            .count();
-        strictly + same
+        // Of the pair's exchanges sent no later than `before`, those that are `before` itself
+        // or descend from it are causally after it and do not count.
+        let in_pair = |i: usize| {
+            self.time(i) <= tb
+                && self.src.get(i) == Some(&from)
+                && self.dst.get(i) == Some(&to)
+                && self.e(i).is_some_and(is_exchange)
+        };
+        let later = usize::from(in_pair(before))
+            + self
+                .descendants(before)
+                .into_iter()
+                .filter(|&d| in_pair(d))
+                .count();
+        upto.saturating_sub(later)
     }
 
     /// Record a finding about envelope `i`.
@@ -234,4 +356,12 @@ impl<'a> Ctx<'a> {
             message: msg,
         });
     }
+}
+
+/// An exchange: a delegate, return or challenge that did not stop.
+pub fn is_exchange(e: &Envelope) -> bool {
+    matches!(
+        e.message_type,
+        MessageType::Delegate | MessageType::Return | MessageType::Challenge
+    ) && e.status != Status::Stopped
 }

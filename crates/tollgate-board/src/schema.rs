@@ -67,7 +67,7 @@ struct Node {
     max_length: Option<usize>,
     minimum: Option<f64>,
     maximum: Option<f64>,
-    properties: Vec<(String, usize)>,
+    properties: HashMap<String, usize>,
     required: Vec<String>,
     closed: bool,
     items: Option<usize>,
@@ -283,9 +283,9 @@ impl Schema {
             for (key, val) in map {
                 let keep = path.len();
                 path.push('/');
-                path.push_str(&pointer_escape(key));
-                match n.properties.iter().find(|(k, _)| k == key) {
-                    Some((_, sub)) => self.check(*sub, val, path, errs),
+                push_pointer_token(path, key);
+                match n.properties.get(key) {
+                    Some(sub) => self.check(*sub, val, path, errs),
                     None if n.closed => {
                         errs.push(format!("`{}`: unknown field", show(path)));
                     }
@@ -407,7 +407,7 @@ impl Compiler {
                     let props = val.as_object().ok_or_else(|| bad(k, at))?;
                     for (name, sub) in props {
                         let idx = self.sub(sub, &format!("{at}/properties/{name}"))?;
-                        n.properties.push((name.clone(), idx));
+                        n.properties.insert(name.clone(), idx);
                     }
                 }
                 "items" => n.items = Some(self.sub(val, &format!("{at}/items"))?),
@@ -508,8 +508,12 @@ fn all_unique(items: &[Value]) -> bool {
     true
 }
 
-fn pointer_escape(key: &str) -> String {
-    key.replace('~', "~0").replace('/', "~1")
+fn push_pointer_token(path: &mut String, key: &str) {
+    if key.contains(['~', '/']) {
+        path.push_str(&key.replace('~', "~0").replace('/', "~1"));
+    } else {
+        path.push_str(key);
+    }
 }
 
 fn show(path: &str) -> &str {

@@ -8,10 +8,10 @@
 //!   (stop reasons, or status stopped), whatever its outcome.
 //! - *in force*: a request no other request supersedes.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 use crate::index::Ctx;
-use crate::model::{stop, DecisionClass, Envelope, Party, RequestP, Status};
+use crate::model::{stop, DecisionClass, Envelope, MessageType, Party, RequestP, Status};
 use crate::{Finding, RuleId};
 
 /// The designated challenger of a class, given the proposer; `None` when no valid one exists.
@@ -246,41 +246,182 @@ pub fn dr_challenge_precedes(ctx: &Ctx<'_>, out: &mut Vec<Finding>) {
     }
 }
 
+/// The envelopes a request answers for: those not causally after it and, for the request in
+/// force with records, also those not causally after every record that binds it. Kept as
+/// "time rank <= `limit`, minus `excluded`" so that membership and counts need no rescan.
+#[derive(Debug)]
+pub struct Window {
+    limit: u32,
+    excluded: HashSet<usize>,
+}
+
+impl Window {
+    /// Whether envelope `i` is in the window.
+    pub fn contains(&self, ctx: &Ctx<'_>, i: usize) -> bool {
+        ctx.time(i) <= self.limit && !self.excluded.contains(&i)
+    }
+
+    /// The window for request `r`. With `records_aside`, the records binding the request in
+    /// force are left out (DR-RISK-CARRIED's "those records aside").
+    pub fn of(ctx: &Ctx<'_>, r: usize, records_aside: bool) -> Window {
+        let tr = ctx.time(r);
+        let mut own: HashSet<usize> = ctx.descendants(r).into_iter().collect();
+        own.insert(r);
+        let bound = if in_force(ctx, r) {
+            records_of(ctx, r)
+        } else {
+            &[]
+        };
+        let Some(&last) = bound.iter().max_by_key(|&&b| ctx.time(b)) else {
+            let excluded = own.into_iter().filter(|&i| ctx.time(i) <= tr).collect();
+            return Window {
+                limit: tr,
+                excluded,
+            };
+        };
+        let tb = ctx.time(last);
+        // E is outside the records' union only when every record sent no earlier than E is
+        // one of E's ancestors; such an E descends from the latest record.
+        let mut record_ranks: Vec<u32> = bound.iter().map(|&b| ctx.time(b)).collect();
+        record_ranks.sort_unstable();
+        let bound_set: HashSet<usize> = bound.iter().copied().collect();
+        let mut outside: HashSet<usize> = HashSet::new();
+        for e in ctx
+            .descendants(last)
+            .into_iter()
+            .chain(std::iter::once(last))
+        {
+            let te = ctx.time(e);
+            if te > tb {
+                continue;
+            }
+            let no_earlier = record_ranks.len() - record_ranks.partition_point(|&x| x < te);
+            let as_ancestor = ctx
+                .ancestors(e)
+                .filter(|a| bound_set.contains(a) && ctx.time(*a) >= te)
+                .count();
+            if no_earlier == as_ancestor {
+                outside.insert(e);
+            }
+        }
+        let limit = tr.max(tb);
+        let mut excluded: HashSet<usize> = own
+            .iter()
+            .chain(outside.iter())
+            .copied()
+            .filter(|&e| {
+                let te = ctx.time(e);
+                te <= limit && (te > tr || own.contains(&e)) && (te > tb || outside.contains(&e))
+            })
+            .collect();
+        if records_aside {
+            excluded.extend(bound.iter().copied());
+        }
+        excluded.insert(r);
+        Window { limit, excluded }
+    }
+
+    /// How many envelopes in the window have tier >= k (k < 6) or flag bit k - 6.
+    fn count(&self, ctx: &Ctx<'_>, k: usize, has: impl Fn(&Envelope) -> bool) -> u32 {
+        let upto = ctx
+            .cumulative
+            .get(self.limit as usize)
+            .and_then(|row| row.get(k))
+            .copied()
+            .unwrap_or(0);
+        let minus = self
+            .excluded
+            .iter()
+            .filter(|&&i| ctx.time(i) <= self.limit && ctx.e(i).is_some_and(&has))
+            .count();
+        upto.saturating_sub(u32::try_from(minus).unwrap_or(u32::MAX))
+    }
+
+    /// The first envelope of `list` (sorted by time rank) in the window.
+    fn first_in(&self, ctx: &Ctx<'_>, list: &[usize]) -> Option<usize> {
+        list.iter()
+            .copied()
+            .take_while(|&i| ctx.time(i) <= self.limit)
+            .find(|i| !self.excluded.contains(i))
+    }
+}
+
+fn slice_of<'m>(m: &'m HashMap<&str, Vec<usize>>, key: &str) -> &'m [usize] {
+    m.get(key).map_or(&[][..], Vec::as_slice)
+}
+
+/// Missing challenges reported one by one per request; the rest are summed up in one finding.
+pub const MAX_LISTED_MISSING: usize = 50;
+
 /// DR-CHALLENGE-COMPLETE: every challenge on the proposer's envelopes, and every HARD gate
 /// in the correlation, that precedes the request is attached; for the request in force, so
 /// is every such challenge not causally after every decision-record that binds it.
 pub fn dr_challenge_complete(ctx: &Ctx<'_>, out: &mut Vec<Finding>) {
     for (r, _, p) in requests(ctx) {
         let have: HashSet<usize> = attached(ctx, p).into_iter().collect();
-        let bound = if in_force(ctx, r) {
-            records_of(ctx, r)
-        } else {
-            &[]
+        let window = Window::of(ctx, r, false);
+        let within = |list: &[usize]| list.partition_point(|&c| ctx.time(c) <= window.limit);
+        let on_proposer = slice_of(&ctx.challenges_on, &p.proposer_agent);
+        let hard_on_proposer = slice_of(&ctx.hard_gates_on, &p.proposer_agent);
+        let lp = on_proposer.get(..within(on_proposer)).unwrap_or(&[]);
+        let hg = ctx.hard_gates.get(..within(&ctx.hard_gates)).unwrap_or(&[]);
+        let is_candidate = |c: usize| {
+            ctx.e(c).is_some_and(|ce| {
+                ce.message_type == MessageType::Challenge
+                    && (is_hard_gate(ce) || targets_agent(ctx, c, &p.proposer_agent))
+            })
         };
-        for &c in &ctx.challenges {
+        // Owed = candidates in the window; count them without enumerating them all.
+        let candidates = lp.len() + hg.len() - within(hard_on_proposer).min(hg.len());
+        let excluded = window
+            .excluded
+            .iter()
+            .filter(|&&c| ctx.time(c) <= window.limit && is_candidate(c))
+            .count();
+        let attached_owed = have
+            .iter()
+            .filter(|&&c| is_candidate(c) && window.contains(ctx, c))
+            .count();
+        let owed_missing = candidates.saturating_sub(excluded + attached_owed);
+        let mut missing = Vec::new();
+        let listed = lp.iter().chain(
+            hg.iter()
+                .filter(|&&c| !targets_agent(ctx, c, &p.proposer_agent)),
+        );
+        for &c in listed {
+            if missing.len() >= MAX_LISTED_MISSING.min(owed_missing) {
+                break;
+            }
+            if !have.contains(&c) && window.contains(ctx, c) {
+                missing.push(c);
+            }
+        }
+        let more = owed_missing.saturating_sub(missing.len());
+        for c in missing {
             let Some(ce) = ctx.e(c) else { continue };
-            let owed_kind = is_hard_gate(ce) || targets_agent(ctx, c, &p.proposer_agent);
-            if !owed_kind || have.contains(&c) {
-                continue;
-            }
             let before_request = ctx.precedes(c, r);
-            let before_decision = bound.iter().any(|&b| !ctx.after(c, b));
-            if before_request || before_decision {
-                ctx.report(
-                    out,
-                    RuleId::DrChallengeComplete,
-                    Some(r),
-                    format!(
-                        "challenge `{}` precedes the {} but is not attached",
-                        ce.task_id,
-                        if before_request {
-                            "request"
-                        } else {
-                            "decision"
-                        }
-                    ),
-                );
-            }
+            ctx.report(
+                out,
+                RuleId::DrChallengeComplete,
+                Some(r),
+                format!(
+                    "challenge `{}` precedes the {} but is not attached",
+                    ce.task_id,
+                    if before_request {
+                        "request"
+                    } else {
+                        "decision"
+                    }
+                ),
+            );
+        }
+        if more > 0 {
+            ctx.report(
+                out,
+                RuleId::DrChallengeComplete,
+                Some(r),
+                format!("and {more} more owed challenges are not attached"),
+            );
         }
     }
 }
@@ -291,54 +432,52 @@ pub fn dr_challenge_complete(ctx: &Ctx<'_>, out: &mut Vec<Finding>) {
 /// records aside).
 pub fn dr_risk_carried(ctx: &Ctx<'_>, out: &mut Vec<Finding>) {
     for (r, e, _) in requests(ctx) {
-        let bound = if in_force(ctx, r) {
-            records_of(ctx, r)
-        } else {
-            &[]
-        };
-        let mut worst: Option<usize> = None;
-        let mut flags = 0u8;
-        let mut flag_from: Option<usize> = None;
-        for (i, other) in ctx.env.iter().enumerate() {
-            if i == r || bound.contains(&i) {
-                continue;
-            }
-            let counts = !ctx.after(i, r) || bound.iter().any(|&b| !ctx.after(i, b));
-            if !counts {
-                continue;
-            }
-            if other.tier > e.tier
-                && worst
-                    .and_then(|w| ctx.e(w))
-                    .map_or(true, |w| other.tier > w.tier)
-            {
-                worst = Some(i);
-            }
-            if other.flags & !e.flags != 0 {
-                flags |= other.flags & !e.flags;
-                flag_from.get_or_insert(i);
-            }
-        }
-        if let Some(w) = worst.and_then(|w| ctx.e(w)) {
+        let window = Window::of(ctx, r, true);
+        let worst = (usize::from(e.tier) + 1..6)
+            .rev()
+            .find(|&k| window.count(ctx, k, |x| usize::from(x.tier) >= k) > 0);
+        if let Some(k) = worst {
+            let example = (k..6)
+                .rev()
+                .filter_map(|tier| window.first_in(ctx, ctx.by_tier.get(tier)?))
+                .next()
+                .and_then(|i| ctx.e(i));
             ctx.report(
                 out,
                 RuleId::DrRiskCarried,
                 Some(r),
                 format!(
-                    "subject_risk_tier R{} is below R{} of `{}`",
-                    e.tier, w.tier, w.task_id
+                    "subject_risk_tier R{} is below R{k}{}",
+                    e.tier,
+                    example.map_or(String::new(), |x| format!(" of `{}`", x.task_id))
                 ),
             );
         }
-        if let Some(f) = flag_from.and_then(|f| ctx.e(f)) {
+        let mut missing = 0u8;
+        let mut example = None;
+        for b in 0..6usize {
+            let bit = 1u8 << b;
+            if e.flags & bit != 0 {
+                continue;
+            }
+            if window.count(ctx, 6 + b, |x| x.flags & bit != 0) > 0 {
+                missing |= bit;
+                if example.is_none() {
+                    example = ctx.by_flag.get(b).and_then(|l| window.first_in(ctx, l));
+                }
+            }
+        }
+        if missing != 0 {
             ctx.report(
                 out,
                 RuleId::DrRiskCarried,
                 Some(r),
                 format!(
-                    "materiality_flags miss {} flag(s) carried earlier, first by `{}`",
-                    flags.count_ones(),
-                    f.task_id
+                    "materiality_flags miss {} flag(s) carried earlier{}",
+                    missing.count_ones(),
+                    example
+                        .and_then(|i| ctx.e(i))
+                        .map_or(String::new(), |x| format!(", first by `{}`", x.task_id))
                 ),
             );
         }
@@ -413,30 +552,49 @@ pub fn dr_one_request(ctx: &Ctx<'_>, out: &mut Vec<Finding>) {
             format!("superseded by {} requests", by.len()),
         );
     }
-    // Cycles: follow supersedes links; a walk longer than the number of requests loops.
-    let limit = ctx.requests.len();
-    for &r in &ctx.requests {
-        let mut cur = r;
-        for _ in 0..=limit {
-            let next = ctx
-                .e(cur)
-                .and_then(|e| e.request.as_ref())
-                .and_then(|p| p.supersedes_task_id.as_deref())
-                .and_then(|s| ctx.find(s));
-            match next {
-                Some(n) if n == r => {
-                    ctx.report(
-                        out,
-                        RuleId::DrOneRequest,
-                        Some(r),
-                        "supersession forms a cycle".into(),
-                    );
+    // Cycles: each request has at most one supersedes link, so the links form paths and
+    // cycles; colour each request once (0 new, 1 on the current path, 2 done).
+    let mut colour: HashMap<usize, u8> = HashMap::new();
+    let link = |i: usize| {
+        ctx.e(i)
+            .and_then(|e| e.request.as_ref())
+            .and_then(|p| p.supersedes_task_id.as_deref())
+            .and_then(|s| ctx.find(s))
+            .filter(|&n| ctx.e(n).is_some_and(|ne| ne.request.is_some()))
+    };
+    let mut in_cycle: Vec<usize> = Vec::new();
+    for &start in &ctx.requests {
+        let mut path = Vec::new();
+        let mut cur = Some(start);
+        while let Some(c) = cur {
+            match colour.get(&c).copied().unwrap_or(0) {
+                0 => {
+                    colour.insert(c, 1);
+                    path.push(c);
+                    cur = link(c);
+                }
+                1 => {
+                    // Found a cycle: the path from `c` onwards.
+                    if let Some(pos) = path.iter().position(|&x| x == c) {
+                        in_cycle.extend(path.get(pos..).unwrap_or(&[]));
+                    }
                     break;
                 }
-                Some(n) => cur = n,
-                None => break,
+                _ => break,
             }
         }
+        for p in path {
+            colour.insert(p, 2);
+        }
+    }
+    in_cycle.sort_unstable();
+    for r in in_cycle {
+        ctx.report(
+            out,
+            RuleId::DrOneRequest,
+            Some(r),
+            "supersession forms a cycle".into(),
+        );
     }
 }
 
@@ -623,11 +781,12 @@ pub fn dr_alternatives(ctx: &Ctx<'_>, out: &mut Vec<Finding>) {
 /// challenger later withdrew.
 pub fn dr_unresolved_dissent(ctx: &Ctx<'_>, out: &mut Vec<Finding>) {
     for (r, _, p) in requests(ctx) {
+        let dissent: HashSet<&str> = p.dissent_ids.iter().map(String::as_str).collect();
         for c in attached(ctx, p) {
             let Some(ce) = ctx.e(c).filter(|ce| is_open(ce)) else {
                 continue;
             };
-            if !p.dissent_ids.contains(&ce.task_id) {
+            if !dissent.contains(ce.task_id.as_str()) {
                 ctx.report(
                     out,
                     RuleId::DrUnresolvedDissent,
@@ -700,5 +859,164 @@ pub fn dr_value_case_required(ctx: &Ctx<'_>, out: &mut Vec<Finding>) {
                 "an automation-investment request carries no value_case".into(),
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{ho_schema, Catalog, Limits};
+
+    /// A deterministic pseudo-random record set: random parents (earlier envelopes), random
+    /// seconds (often equal), and a mix of delegates, challenges, requests and records.
+    fn synthetic(seed: u64, n: usize) -> String {
+        let mut x = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        let mut next = move |m: u64| {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (x >> 33) % m
+        };
+        let agent = |k: u64| {
+            [
+                "agentic-system-architecture-review-agent",
+                "agentic-security-review-agent",
+                "legal-regulatory-compliance-agent",
+            ][k as usize % 3]
+        };
+        let mut msgs = Vec::new();
+        for i in 0..n {
+            let parent = if i == 0 {
+                "null".to_owned()
+            } else {
+                format!("\"t-{:03}\"", next(i as u64))
+            };
+            let kind = if i == 0 { 0 } else { next(4) };
+            let (mt, extra) = match kind {
+                0 => ("delegate", String::new()),
+                1 => (
+                    "challenge",
+                    format!(
+                        r#","challenge":{{"proposal_task_id":"t-{:03}","round":1,"hard_gate":{},"outcome":"sustained","finding":"f"}}"#,
+                        next(n as u64),
+                        next(2) == 0
+                    ),
+                ),
+                2 => (
+                    "decision-request",
+                    format!(
+                        r#","decision_request":{{"decision_class":"architecture","proposer_agent":"{}","proposal_summary":"p","alternatives":[],"challenge_task_ids":["t-{:03}"],"dissent":[],"recommended_outcome":"reject"}}"#,
+                        agent(next(3)),
+                        next(n as u64)
+                    ),
+                ),
+                _ => (
+                    "decision-record",
+                    format!(
+                        r#","decision_record":{{"request_task_id":"t-{:03}","request_digest":"sha256:{}","outcome":"reject","decided_by":{{"kind":"principal","subject":"subject:corp:0123456789abcdef","role":"r"}},"rationale":"r","dissent_acknowledged":true}}"#,
+                        next(n as u64),
+                        "0".repeat(64)
+                    ),
+                ),
+            };
+            msgs.push(format!(
+                r#"{{"schema_version":"1.0.0","message_type":"{mt}","task_id":"t-{i:03}","correlation_id":"c-1","parent_task_id":{parent},"hop_count":{},"max_hops":6,"sent_at":"2026-11-02T09:00:{:02}Z","source":{{"kind":"agent","id":"{}"}},"destination":{{"kind":"agent","id":"{}"}},"objective":"Assess whether this holds.","input_schema_version":"1.0.0","subject_risk_tier":"R{}","data_classification":"internal","materiality_flags":{},"authorized_actions":["read"],"do_not_do_list":["none"],"evidence_refs":[],"missing_evidence":[],"budget":{{"currency":"USD","limit_tool_calls":1,"spent_tool_calls":0,"limit_tokens":1,"spent_tokens":0,"limit_cost_minor":1,"spent_cost_minor":0}},"deadline":"2026-11-06T17:00:00Z","approval_state":"not-required","expected_output_schema":"x/1.0.0","status":"completed","stop_reasons":[],"synthetic":true{extra}}}"#,
+                usize::from(i != 0),
+                next(6),
+                agent(next(3)),
+                agent(next(3)),
+                next(6),
+                if next(3) == 0 { r#"["financial"]"# } else { "[]" }
+            ));
+        }
+        format!(r#"{{"messages":[{}]}}"#, msgs.join(","))
+    }
+
+    #[test]
+    fn window_matches_the_definition() {
+        let catalog = Catalog::default();
+        for seed in 0..40 {
+            let text = synthetic(seed, 40);
+            let envs = ho_schema(text.as_bytes(), Limits::default()).unwrap();
+            let ctx = Ctx::new(&envs, &catalog);
+            for (r, _, _) in requests(&ctx) {
+                let bound = if in_force(&ctx, r) {
+                    records_of(&ctx, r)
+                } else {
+                    &[]
+                };
+                for aside in [false, true] {
+                    let w = Window::of(&ctx, r, aside);
+                    for i in 0..envs.len() {
+                        let want = i != r
+                            && !(aside && bound.contains(&i))
+                            && (!ctx.after(i, r) || bound.iter().any(|&b| !ctx.after(i, b)));
+                        assert_eq!(
+                            w.contains(&ctx, i),
+                            want,
+                            "seed {seed} request {r} envelope {i}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn exchange_counts_match_the_definition() {
+        let catalog = Catalog::default();
+        for seed in 0..40 {
+            let text = synthetic(seed, 40);
+            let envs = ho_schema(text.as_bytes(), Limits::default()).unwrap();
+            let ctx = Ctx::new(&envs, &catalog);
+            for c in 0..envs.len() {
+                for (from, to) in [(0u32, 1u32), (1, 0), (1, 2), (2, 1), (0, 2)] {
+                    let want = (0..envs.len())
+                        .filter(|&i| {
+                            ctx.src[i] == from
+                                && ctx.dst[i] == to
+                                && crate::index::is_exchange(&envs[i])
+                                && ctx.precedes(i, c)
+                        })
+                        .count();
+                    assert_eq!(ctx.exchanges_before(from, to, c), want, "seed {seed} c {c}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn missing_challenge_counts_match_the_definition() {
+        let catalog = Catalog::default();
+        let mut total = 0;
+        for seed in 0..40 {
+            let text = synthetic(seed, 40);
+            let envs = ho_schema(text.as_bytes(), Limits::default()).unwrap();
+            let ctx = Ctx::new(&envs, &catalog);
+            let mut out = Vec::new();
+            dr_challenge_complete(&ctx, &mut out);
+            for (r, e, p) in requests(&ctx) {
+                let w = Window::of(&ctx, r, false);
+                let have = attached(&ctx, p);
+                let want = ctx
+                    .challenges
+                    .iter()
+                    .filter(|&&c| {
+                        (is_hard_gate(&envs[c]) || targets_agent(&ctx, c, &p.proposer_agent))
+                            && !have.contains(&c)
+                            && w.contains(&ctx, c)
+                    })
+                    .count();
+                let got = out
+                    .iter()
+                    .filter(|f| f.task_id.as_deref() == Some(e.task_id.as_str()))
+                    .count();
+                assert_eq!(got, want, "seed {seed} request {r}");
+                total += want;
+            }
+        }
+        assert!(total > 10, "the synthetic sets exercise the rule: {total}");
     }
 }

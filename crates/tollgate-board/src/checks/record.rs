@@ -3,6 +3,8 @@
 //! A *decider's record* names no co_signs_task_id; a *co-signing record* names the decider's
 //! record it co-signs.
 
+use std::collections::HashMap;
+
 use crate::checks::decision::{attached, in_force, is_open};
 use crate::index::Ctx;
 use crate::model::{Approval, Envelope, Party, RecordP, Status};
@@ -192,9 +194,7 @@ pub fn drc_one_record(ctx: &Ctx<'_>, out: &mut Vec<Finding>) {
         }
     }
     for (d, e, _) in deciders(ctx) {
-        let cosigners = records(ctx)
-            .filter(|(_, _, p)| p.co_signs_task_id.as_deref() == Some(e.task_id.as_str()))
-            .count();
+        let cosigners = ctx.cosigners.get(e.task_id.as_str()).map_or(0, Vec::len);
         if cosigners > 1 {
             ctx.report(
                 out,
@@ -260,9 +260,13 @@ pub fn drc_co_signed(ctx: &Ctx<'_>, out: &mut Vec<Finding>) {
         if !in_force(ctx, r) {
             continue;
         }
-        let cosigned = records(ctx).any(|(_, ce, cp)| {
-            cp.co_signs_task_id.as_deref() == Some(e.task_id.as_str()) && ce.source.same(sa)
-        });
+        let cosigned = ctx
+            .cosigners
+            .get(e.task_id.as_str())
+            .map_or(&[][..], Vec::as_slice)
+            .iter()
+            .filter_map(|&c| ctx.e(c))
+            .any(|ce| ce.source.same(sa));
         if !cosigned {
             ctx.report(
                 out,
@@ -337,18 +341,23 @@ pub fn drc_co_sign_binding(ctx: &Ctx<'_>, out: &mut Vec<Finding>) {
 /// DRC-HARD-GATE-ACCEPTANCE: approving (approve or conditional-approve) a request with any
 /// attached HARD-gate challenge open requires risk_acceptance_ref on the decider's record.
 pub fn drc_hard_gate_acceptance(ctx: &Ctx<'_>, out: &mut Vec<Finding>) {
+    // The open HARD gate of each request, looked up once per request.
+    let mut gate_of: HashMap<usize, Option<&Envelope>> = HashMap::new();
     for (d, _, p) in deciders(ctx) {
         if !matches!(p.outcome.as_str(), "approve" | "conditional-approve") || p.has_risk_acceptance
         {
             continue;
         }
-        let Some(rp) = request_of(ctx, p).and_then(|(_, r)| r.request.as_ref()) else {
+        let Some((r, rp)) = request_of(ctx, p).and_then(|(r, re)| Some((r, re.request.as_ref()?)))
+        else {
             continue;
         };
-        let gate = attached(ctx, rp)
-            .into_iter()
-            .filter_map(|c| ctx.e(c))
-            .find(|ce| is_open(ce) && ce.challenge.as_ref().is_some_and(|c| c.hard_gate));
+        let gate = *gate_of.entry(r).or_insert_with(|| {
+            attached(ctx, rp)
+                .into_iter()
+                .filter_map(|c| ctx.e(c))
+                .find(|ce| is_open(ce) && ce.challenge.as_ref().is_some_and(|c| c.hard_gate))
+        });
         if let Some(g) = gate {
             ctx.report(
                 out,
