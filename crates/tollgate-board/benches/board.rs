@@ -152,6 +152,61 @@ pub fn record_set(n: usize) -> String {
     format!("{{\"messages\":[{}]}}", m.join(","))
 }
 
+/// A hostile record set of `n` envelopes, all sent in the same second: a quarter HARD-gate
+/// challenges on the proposer, a quarter decision-requests that supersede nothing, the rest
+/// decision-records spread over the requests. It breaks many rules; the point is that the
+/// gate's cost stays near-linear (no rule rescans the set per request or per record).
+pub fn hostile_set(n: usize) -> String {
+    let q = n / 4;
+    let mut m = Vec::with_capacity(n);
+    m.push(envelope(
+        "delegate",
+        "root-frame",
+        None,
+        0,
+        0,
+        REQ,
+        ARCH,
+        "dispatched",
+        "not-required",
+        &format!(r#","decision_class":"architecture","decision_owner":{DECIDER}"#),
+    ));
+    m.push(envelope(
+        "delegate",
+        "d-sec",
+        Some("root-frame"),
+        1,
+        0,
+        ARCH,
+        SEC,
+        "dispatched",
+        "not-required",
+        "",
+    ));
+    for i in 0..q {
+        m.push(envelope(
+            "challenge", &format!("c-{i}"), Some("d-sec"), 2, 0, SEC, ARCH, "completed", "not-required",
+            r#","challenge":{"proposal_task_id":"d-sec","round":1,"hard_gate":true,"outcome":"sustained","finding":"f"}"#,
+        ));
+    }
+    for i in 0..q {
+        m.push(envelope(
+            "decision-request", &format!("req-{i}"), Some(&format!("c-{i}")), 3, 0, ARCH, DECIDER, "completed", "pending-human-review",
+            &format!(r#","decision_request":{{"decision_class":"architecture","proposer_agent":"agentic-system-architecture-review-agent","proposal_summary":"p","alternatives":[],"challenge_task_ids":["c-{i}"],"dissent":[],"recommended_outcome":"approve"}}"#),
+        ));
+    }
+    let mut i = 0;
+    while m.len() < n {
+        let r = i % q.max(1);
+        m.push(envelope(
+            "decision-record", &format!("rec-{i}"), Some(&format!("req-{r}")), 4, 0, DECIDER, REQ, "completed", "approved",
+            &format!(r#","decision_record":{{"request_task_id":"req-{r}","request_digest":"sha256:{}","outcome":"approve","decided_by":{DECIDER},"rationale":"r","dissent_acknowledged":true}}"#, "0".repeat(64)),
+        ));
+        i += 1;
+    }
+    format!("{{\"messages\":[{}]}}", m.join(","))
+}
+
 fn bench(c: &mut Criterion) {
     let catalog = Catalog::default();
     let mut group = c.benchmark_group("board_check");
@@ -159,6 +214,18 @@ fn bench(c: &mut Criterion) {
         let input = record_set(n);
         let report = check(input.as_bytes(), &catalog);
         assert!(report.is_clean(), "{n}: {:?}", report.findings.first());
+        group.throughput(Throughput::Elements(n as u64));
+        group.bench_with_input(BenchmarkId::from_parameter(n), &input, |b, input| {
+            b.iter(|| check(input.as_bytes(), &catalog));
+        });
+    }
+    group.finish();
+
+    let mut group = c.benchmark_group("board_check_hostile");
+    group.sample_size(10);
+    for n in [1_000usize, 10_000] {
+        let input = hostile_set(n);
+        assert!(!check(input.as_bytes(), &catalog).is_clean());
         group.throughput(Throughput::Elements(n as u64));
         group.bench_with_input(BenchmarkId::from_parameter(n), &input, |b, input| {
             b.iter(|| check(input.as_bytes(), &catalog));
