@@ -67,7 +67,9 @@ struct Node {
     max_length: Option<usize>,
     minimum: Option<f64>,
     maximum: Option<f64>,
-    properties: HashMap<String, usize>,
+    // INVARIANT (sorted-names): `properties` and `required` are sorted by name, deduplicated;
+    // `compile` sorts them and `check` merges them with an object's sorted keys.
+    properties: Vec<(String, usize)>,
     required: Vec<String>,
     closed: bool,
     items: Option<usize>,
@@ -275,23 +277,30 @@ impl Schema {
             }
         }
         if let Value::Object(map) = v {
-            for req in &n.required {
-                if !map.contains_key(req) {
+            // Keys, properties and required names are all sorted by code point (the map is a
+            // BTreeMap; `compile` sorts the other two), so one merge pass checks them all.
+            let mut required = n.required.iter().peekable();
+            let mut props = n.properties.iter().peekable();
+            for (key, val) in map {
+                while let Some(req) = required.next_if(|r| r.as_str() < key.as_str()) {
                     errs.push(format!("`{}`: missing required field `{req}`", show(path)));
                 }
-            }
-            for (key, val) in map {
+                let _ = required.next_if(|r| r.as_str() == key.as_str());
+                while props.next_if(|(k, _)| k.as_str() < key.as_str()).is_some() {}
                 let keep = path.len();
                 path.push('/');
                 push_pointer_token(path, key);
-                match n.properties.get(key) {
-                    Some(sub) => self.check(*sub, val, path, errs),
+                match props.next_if(|(k, _)| k.as_str() == key.as_str()) {
+                    Some((_, sub)) => self.check(*sub, val, path, errs),
                     None if n.closed => {
                         errs.push(format!("`{}`: unknown field", show(path)));
                     }
                     None => {}
                 }
                 path.truncate(keep);
+            }
+            for req in required {
+                errs.push(format!("`{}`: missing required field `{req}`", show(path)));
             }
         }
         if !n.one_of.is_empty() {
@@ -407,7 +416,7 @@ impl Compiler {
                     let props = val.as_object().ok_or_else(|| bad(k, at))?;
                     for (name, sub) in props {
                         let idx = self.sub(sub, &format!("{at}/properties/{name}"))?;
-                        n.properties.insert(name.clone(), idx);
+                        n.properties.push((name.clone(), idx));
                     }
                 }
                 "items" => n.items = Some(self.sub(val, &format!("{at}/items"))?),
@@ -430,6 +439,9 @@ impl Compiler {
                 _ => return Err(bad(k, at)),
             }
         }
+        n.properties.sort_by(|a, b| a.0.cmp(&b.0));
+        n.required.sort();
+        n.required.dedup();
         Ok(n)
     }
 }
@@ -594,6 +606,19 @@ mod tests {
         assert!(e[0].contains("/token"), "{e:?}");
         let e = errs(s, r#"{}"#);
         assert!(e[0].contains("`a`"), "{e:?}");
+    }
+
+    #[test]
+    fn required_and_unknown_fields_are_all_reported() {
+        let s = r#"{"type":"object","properties":{"c":{"type":"string"},"a":{"type":"string"},"b":{"type":"string"}},"required":["c","a"],"additionalProperties":false}"#;
+        let e = errs(s, r#"{"b":"x"}"#);
+        assert_eq!(e.len(), 2, "{e:?}");
+        assert!(e[0].contains("`a`") && e[1].contains("`c`"), "{e:?}");
+        let e = errs(s, r#"{"a":"x","aa":"y","c":"z","d":1}"#);
+        assert_eq!(e.len(), 2, "{e:?}");
+        assert!(e[0].contains("/aa") && e[1].contains("/d"), "{e:?}");
+        assert!(errs(s, r#"{"a":"x","b":"y","c":"z"}"#).is_empty());
+        assert_eq!(errs(s, r#"{"a":1,"c":"z"}"#).len(), 1);
     }
 
     #[test]
