@@ -323,6 +323,44 @@ def round_cap():
     ]
 
 
+def round_cap_decided():
+    """The designated challenger answers past the round cap: stopped, escalated, and still
+    counted as the designated challenge, carried as dissent into a decided request."""
+    m = [
+        root(),
+        delegate("d-sec-1", "root-frame", 1, 5, ARCH, SEC),
+        delegate("d-sec-2", "root-frame", 1, 6, ARCH, SEC),
+        delegate("d-sec-3", "root-frame", 1, 7, ARCH, SEC),
+        challenge("c-sec-3", "d-sec-3", 2, 10, SEC, ARCH, "d-sec-3", rnd=3,
+                  status="stopped", stop_reasons=["challenge-rounds-exceeded"]),
+        env("escalate", "esc-1", "c-sec-3", 3, 15, SEC, REQ,
+            "Escalate the open challenges on the claims-triage proposal to the requester.",
+            escalation={"reason": "Round cap reached with challenge c-sec-3 still open.",
+                        "route_hint": "requesting principal, to send the work back for a decision-request"}),
+        request("req-1", "root-frame", 1, 20, ARCH, DECIDER, "architecture", ARCH, ["c-sec-3"], ["c-sec-3"],
+                rec="redesign"),
+        record("rec-1", "req-1", 2, 25, DECIDER, REQ, "req-1", outcome="redesign"),
+    ]
+    return bind(m)
+
+
+def hard_gate_on_framing():
+    """A HARD gate raised on the requester's framing (not the proposer's envelope) is still
+    attached, carried as dissent, and blocks an approve recommendation."""
+    flags = ["security-critical"]
+    kw = dict(subject_risk_tier="R3", materiality_flags=flags)
+    m = [
+        root(tier="R3", flags=flags),
+        delegate("d-sec", "root-frame", 1, 5, ARCH, SEC, **kw),
+        challenge("c-frame", "d-sec", 2, 10, SEC, ARCH, "root-frame", hard=True, **kw),
+        challenge("c-sec-1", "d-sec", 2, 11, SEC, ARCH, "d-sec", outcome="withdrawn", **kw),
+        request("req-1", "c-sec-1", 3, 15, ARCH, DECIDER, "architecture", ARCH, ["c-frame", "c-sec-1"], ["c-frame"],
+                rec="redesign", **kw),
+        record("rec-1", "req-1", 4, 20, DECIDER, REQ, "req-1", outcome="redesign", **kw),
+    ]
+    return bind(m)
+
+
 VALID = {
     "v01-delegate-example": delegate_example,
     "v02-r2-architecture-decision": r2_architecture,
@@ -334,6 +372,8 @@ VALID = {
     "v08-automation-investment-value-case": automation_investment,
     "v09-round-cap-stopped-and-escalated": round_cap,
     "v10-review-only-chain": review_chain,
+    "v11-round-cap-challenge-decided": round_cap_decided,
+    "v12-hard-gate-on-framing-attached": hard_gate_on_framing,
 }
 
 # ---------------------------------------------------------------------------------------
@@ -706,6 +746,23 @@ def _():
     m = r2_architecture()
     # A challenge arrives after the request but before the decision: the decision is invalid.
     m.insert(6, challenge("c-sec-2", "d-sec", 2, 27, SEC, ARCH, "d-sec", outcome="withdrawn"))
+    return bind(m)
+
+
+@invalid("DR-CHALLENGE-COMPLETE--hard-gate-on-framing")
+def _():
+    m = hard_gate_on_framing()
+    dr = find(m, "req-1")["decision_request"]
+    dr["challenge_task_ids"] = ["c-sec-1"]
+    dr["dissent"] = []
+    return bind(m)
+
+
+@invalid("DR-DESIGNATED-CHALLENGER--stopped-for-other-reason")
+def _():
+    m = round_cap_decided()
+    c = find(m, "c-sec-3")
+    c["stop_reasons"] = ["challenge-rounds-exceeded", "missing-evidence"]
     return bind(m)
 
 
