@@ -51,6 +51,9 @@ impl ExecutionTier {
     }
 }
 
+/// Catalog files larger than this are refused.
+pub const MAX_CATALOG_BYTES: usize = 1024 * 1024;
+
 /// Why a catalog file was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum CatalogError {
@@ -112,7 +115,7 @@ impl Catalog {
         let v = json::parse(
             bytes,
             Limits {
-                max_bytes: 1024 * 1024,
+                max_bytes: MAX_CATALOG_BYTES,
                 max_depth: 3,
             },
         )

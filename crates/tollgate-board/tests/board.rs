@@ -12,7 +12,7 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 use proptest::prelude::*;
-use tollgate_board::{check, digest, Catalog, Report, RuleId};
+use tollgate_board::{check, check_with, digest, Catalog, Limits, Report, RuleId};
 
 fn data() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/board")
@@ -230,6 +230,46 @@ fn a_custom_catalog_changes_destination_tier() {
     assert_eq!(ids(&report), BTreeSet::from(["HO-DESTINATION-TIER"]));
     assert!(Catalog::from_json(b"{}").is_err());
     assert!(Catalog::from_json(br#"[{"id": "x-agent", "execution_tier": "root"}]"#).is_err());
+}
+
+#[test]
+fn size_and_count_bounds_are_schema_violations() {
+    let (_, bytes) = fixtures("valid")
+        .into_iter()
+        .find(|(n, _)| n == "v02-r2-architecture-decision")
+        .unwrap();
+    let catalog = Catalog::default();
+    let small = Limits {
+        max_bytes: bytes.len() - 1,
+        max_messages: 100,
+    };
+    let report = check_with(&bytes, &catalog, small);
+    assert_eq!(ids(&report), BTreeSet::from(["HO-SCHEMA"]));
+    assert!(
+        report.findings[0].message.contains("over the limit"),
+        "{}",
+        show(&report)
+    );
+    let few = Limits {
+        max_bytes: bytes.len(),
+        max_messages: 3,
+    };
+    let report = check_with(&bytes, &catalog, few);
+    assert_eq!(ids(&report), BTreeSet::from(["HO-SCHEMA"]));
+    assert!(
+        report.findings[0].message.contains("messages"),
+        "{}",
+        show(&report)
+    );
+    assert!(check_with(
+        &bytes,
+        &catalog,
+        Limits {
+            max_bytes: bytes.len(),
+            max_messages: 7
+        }
+    )
+    .is_clean());
 }
 
 fn all_fixture_bytes() -> Vec<Vec<u8>> {

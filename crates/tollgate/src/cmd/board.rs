@@ -64,6 +64,16 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     }
 }
 
+/// Read at most `limit + 1` bytes: enough for the library to see that an oversized file is
+/// over its bound (and say so as HO-SCHEMA), without ever holding more than that in memory.
+fn read_bounded(path: &std::path::Path, limit: usize) -> std::io::Result<Vec<u8>> {
+    use std::io::Read as _;
+    let mut out = Vec::new();
+    let cap = u64::try_from(limit).unwrap_or(u64::MAX).saturating_add(1);
+    std::fs::File::open(path)?.take(cap).read_to_end(&mut out)?;
+    Ok(out)
+}
+
 struct Line {
     path: String,
     finding: Finding,
@@ -73,7 +83,7 @@ fn check(args: &CheckArgs) -> anyhow::Result<ExitCode> {
     let catalog = match &args.catalog {
         None => Catalog::default(),
         Some(p) => {
-            let bytes = std::fs::read(p)
+            let bytes = read_bounded(p, tollgate_board::catalog::MAX_CATALOG_BYTES)
                 .with_context(|| format!("cannot read catalog `{}`", p.display()))?;
             Catalog::from_json(&bytes)
                 .with_context(|| format!("catalog `{}` is not usable", p.display()))?
@@ -83,7 +93,7 @@ fn check(args: &CheckArgs) -> anyhow::Result<ExitCode> {
     let mut unreadable = Vec::new();
     for path in &args.files {
         let shown = path.display().to_string();
-        match std::fs::read(path) {
+        match read_bounded(path, tollgate_board::Limits::default().max_bytes) {
             Ok(bytes) => {
                 let report = tollgate_board::check(&bytes, &catalog);
                 lines.extend(report.findings.into_iter().map(|finding| Line {
@@ -192,7 +202,7 @@ fn one_field(s: &str) -> String {
 }
 
 fn digest(args: &DigestArgs) -> anyhow::Result<ExitCode> {
-    let bytes = std::fs::read(&args.file)
+    let bytes = read_bounded(&args.file, tollgate_board::Limits::default().max_bytes)
         .with_context(|| format!("cannot read `{}`", args.file.display()))?;
     let d = tollgate_board::digest(&bytes)
         .with_context(|| format!("cannot digest `{}`", args.file.display()))?;
