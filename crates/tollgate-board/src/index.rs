@@ -26,6 +26,8 @@ pub struct Ctx<'a> {
     /// Each envelope's children.
     pub children: Vec<Vec<usize>>,
     /// Rank of sent_at: equal timestamps share a rank, later ones have a higher rank.
+    // INVARIANT (rank-order): t[a] < t[b] exactly when sent_at[a] < sent_at[b] (the contract
+    // makes string order time order); `cumulative` is indexed by these ranks.
     pub t: Vec<u32>,
     /// Interned source and destination party of each envelope.
     pub src: Vec<u32>,
@@ -88,6 +90,7 @@ impl<'a> Ctx<'a> {
         let mut times: Vec<&str> = env.iter().map(|e| e.sent_at.as_str()).collect();
         times.sort_unstable();
         times.dedup();
+        // INVARIANT (rank-order): ranks are positions in the sorted, deduplicated timestamps.
         let t = env
             .iter()
             .map(|e| {

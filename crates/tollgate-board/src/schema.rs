@@ -337,6 +337,7 @@ struct Compiler {
 
 impl Compiler {
     fn alloc(&mut self) -> usize {
+        // INVARIANT (node-indices): the index handed out is the slot just pushed.
         self.nodes.push(Node::default());
         self.nodes.len() - 1
     }
@@ -439,6 +440,7 @@ impl Compiler {
                 _ => return Err(bad(k, at)),
             }
         }
+        // INVARIANT (sorted-names): sorted here, merged with sorted object keys in `check`.
         n.properties.sort_by(|a, b| a.0.cmp(&b.0));
         n.required.sort();
         n.required.dedup();
