@@ -361,6 +361,24 @@ def hard_gate_on_framing():
     return bind(m)
 
 
+def principal_redelegates():
+    """A stop cured by a principal: the stopped delegate does not count towards a routing
+    loop, and the principal's own re-delegation to an agent already in the chain is never one."""
+    return [
+        root(cls=None),
+        env("delegate", "d-stopped", "root-frame", 1, 2, ARCH, LEGAL,
+            "Review whether the retention rules apply to claims metadata.",
+            status="stopped", stop_reasons=["missing-evidence"],
+            missing_evidence=[{"item": "Retention schedule for claims data", "blocking": True}]),
+        env("escalate", "esc-1", "d-stopped", 2, 3, ARCH, REQ,
+            "Escalate the missing retention schedule to the requester.",
+            escalation={"reason": "Blocking gap: retention schedule.", "route_hint": "requesting principal"}),
+        delegate("d-cure", "esc-1", 3, 10, REQ, ARCH,
+                 evidence_refs=[{"ref": "adopter-repo:policies/retention.md", "label": "user-provided-sanitized-evidence"}]),
+        delegate("d-legal", "d-cure", 4, 15, ARCH, LEGAL),
+    ]
+
+
 VALID = {
     "v01-delegate-example": delegate_example,
     "v02-r2-architecture-decision": r2_architecture,
@@ -374,6 +392,7 @@ VALID = {
     "v10-review-only-chain": review_chain,
     "v11-round-cap-challenge-decided": round_cap_decided,
     "v12-hard-gate-on-framing-attached": hard_gate_on_framing,
+    "v13-principal-redelegates": principal_redelegates,
 }
 
 # ---------------------------------------------------------------------------------------
@@ -999,6 +1018,14 @@ def _():
         ret("r-sec-1", "d-sec-1", 2, 10, SEC, ARCH),
         delegate("d-sec-2", "r-sec-1", 3, 15, ARCH, SEC),
     ]
+
+
+@invalid("STOP-ROUTING-LOOP--third-visit")
+def _():
+    m = routing_revisit()
+    m.insert(5, delegate("d-sec-3", "c-sec-2", 5, 22, ARCH, SEC))
+    del m[-1]
+    return m
 
 
 @invalid("STOP-TERMINAL")
