@@ -25,6 +25,8 @@ enum Command {
     Keygen(cmd::keygen::Args),
     /// Verify, export and inspect signed audit logs.
     Audit(cmd::audit::Args),
+    /// The board gate: check handoff-envelope record sets, compute request digests.
+    Board(cmd::board::Args),
 }
 
 fn main() -> ExitCode {
@@ -34,6 +36,7 @@ fn main() -> ExitCode {
         Command::Canonical(args) => cmd::canonical::run(&args),
         Command::Keygen(args) => cmd::keygen::run(&args),
         Command::Audit(args) => cmd::audit::run(&args),
+        Command::Board(args) => cmd::board::run(&args),
     };
     match result {
         Ok(code) => code,

@@ -1,6 +1,7 @@
 //! One module per subcommand.
 
 pub mod audit;
+pub mod board;
 pub mod canonical;
 pub mod conformance;
 pub mod keygen;

@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 mod audit;
+mod board;
 mod conformance;
 
 pub fn tollgate(args: &[&str]) -> Output {
