@@ -45,7 +45,7 @@ fn change(t: u64, s: &mut Session) -> u64 {
         },
     );
     s.state.budget_remaining = s.state.budget_remaining.saturating_sub(Money(STEP));
-    s.state.pending = (k % 5 == 0).then(|| PendingTransition {
+    s.state.pending = k.is_multiple_of(5).then(|| PendingTransition {
         original_nonce: Some(nonce(t, k)),
         ..PendingTransition::default()
     });
@@ -168,7 +168,7 @@ fn verify(path: &Path, acked: &BTreeMap<u64, u64>) -> BTreeMap<u64, u64> {
         );
         assert_eq!(
             s.state.pending.as_ref().and_then(|p| p.original_nonce),
-            (k_max % 5 == 0 && k_max > 0).then(|| nonce(t, k_max))
+            (k_max.is_multiple_of(5) && k_max > 0).then(|| nonce(t, k_max))
         );
         let want_heartbeat = if k_max == 0 {
             1_000
