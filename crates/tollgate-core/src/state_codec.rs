@@ -103,6 +103,17 @@ pub enum StateCodecError {
 
 /// The state as a JSON value (the form [`encode`] writes).
 pub fn to_value(state: &SessionState) -> Value {
+    build(state, true)
+}
+
+/// Like [`to_value`], but with `seen_nonces` written as `[]`: for stores that keep the
+/// (ever-growing) nonce set elsewhere and write only its changes. Decoding such a value
+/// gives the state with no nonces; the store adds them back.
+pub fn to_value_without_nonces(state: &SessionState) -> Value {
+    build(state, false)
+}
+
+fn build(state: &SessionState, nonces: bool) -> Value {
     let mut m = BTreeMap::new();
     put(&mut m, "v", uint(VERSION));
     put(&mut m, "status", Value::from(status_str(state.status)));
@@ -146,7 +157,11 @@ pub fn to_value(state: &SessionState) -> Value {
     put(
         &mut m,
         "seen_nonces",
-        Value::Array(state.seen_nonces.iter().map(|n| uint(*n)).collect()),
+        Value::Array(if nonces {
+            state.seen_nonces.iter().map(|n| uint(*n)).collect()
+        } else {
+            Vec::new()
+        }),
     );
     put(
         &mut m,
@@ -799,6 +814,17 @@ mod tests {
         assert!(text.starts_with("{\"budget_initial\":500000000,"), "{text}");
         assert!(text.contains("\"v\":1"), "{text}");
         assert_eq!(decode(text.as_bytes(), DecodeLimits::default()).unwrap(), s);
+    }
+
+    #[test]
+    fn nonces_can_be_left_out() {
+        let mut s = SessionState::new(Money(1), 2);
+        s.seen_nonces.extend([5, 6]);
+        let v = to_value_without_nonces(&s);
+        let back = from_value(&v).unwrap();
+        assert!(back.seen_nonces.is_empty());
+        s.seen_nonces.clear();
+        assert_eq!(back, s);
     }
 
     #[test]

@@ -43,8 +43,18 @@ fn session(id: &str) -> Session {
         Money(1_000_000_000_000_000),
         0,
     );
-    s.state.seen_nonces.extend(1_000_000_000..1_000_001_000);
+    s.state
+        .seen_nonces
+        .extend(1_000_000_000..1_000_000_000 + steady_nonces());
     s
+}
+
+/// Seen nonces each session holds (`TOLLGATE_BENCH_NONCES`, default 1,000).
+fn steady_nonces() -> u64 {
+    std::env::var("TOLLGATE_BENCH_NONCES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1_000)
 }
 
 fn config() -> GuardConfig {
@@ -77,7 +87,9 @@ fn pre_exec<'c>(
         apply_decision(config, &mut s.state, &call, &d, n, now);
         // Settle at once and forget the oldest nonce: a steady-state session.
         s.state.reservations.clear();
-        s.state.seen_nonces.pop_first();
+        if s.state.seen_nonces.len() as u64 > steady_nonces() {
+            s.state.seen_nonces.pop_first();
+        }
         Change::Commit(d)
     }
 }
@@ -116,7 +128,9 @@ fn apply_only(c: &mut Criterion) {
     g.bench_function("memory", |b| {
         b.iter(|| {
             let n = nonce.fetch_add(1, Ordering::Relaxed);
-            memory.apply_sync("m", pre_exec(&config, &params, n)).unwrap()
+            memory
+                .apply_sync("m", pre_exec(&config, &params, n))
+                .unwrap()
         });
     });
 
@@ -126,7 +140,9 @@ fn apply_only(c: &mut Criterion) {
     g.bench_function("embedded_batch", |b| {
         b.iter(|| {
             let n = nonce.fetch_add(1, Ordering::Relaxed);
-            store.apply_sync("e", pre_exec(&config, &params, n)).unwrap()
+            store
+                .apply_sync("e", pre_exec(&config, &params, n))
+                .unwrap()
         });
     });
     g.finish();
@@ -172,7 +188,9 @@ fn durable_throughput(c: &mut Criterion, threads: usize) {
                     let mut last: Option<Durable> = None;
                     for _ in 0..per_thread.load(Ordering::Acquire) {
                         let n = nonce.fetch_add(1, Ordering::Relaxed);
-                        let (_, d) = store.apply_sync(&id, pre_exec(&config, &params, n)).unwrap();
+                        let (_, d) = store
+                            .apply_sync(&id, pre_exec(&config, &params, n))
+                            .unwrap();
                         // The daemon replies only after the verdict is durable.
                         d.wait().unwrap();
                         last = Some(d);

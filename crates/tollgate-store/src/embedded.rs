@@ -1,6 +1,7 @@
 //! [`EmbeddedStore`]: sessions in memory, persisted to a redb file by one group-committing
 //! writer thread.
 
+use std::collections::{BTreeSet, HashMap};
 use std::path::Path;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
@@ -15,6 +16,8 @@ use crate::{Change, SessionStore, StoreError};
 
 const SESSIONS: TableDefinition<&str, &[u8]> = TableDefinition::new("sessions");
 const BUDGETS: TableDefinition<&str, &[u8]> = TableDefinition::new("budgets");
+/// Seen nonces, one key each: `(session_id, nonce)`.
+const NONCES: TableDefinition<(&str, u64), ()> = TableDefinition::new("nonces");
 
 /// When a [`Durable`] completes, relative to the disk.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -118,18 +121,24 @@ impl EmbeddedStore {
             let txn = db.begin_write()?;
             txn.open_table(SESSIONS)?;
             txn.open_table(BUDGETS)?;
+            txn.open_table(NONCES)?;
             txn.commit()?;
             Ok(())
         };
         init().map_err(backend("initialize"))?;
-        let (sessions, budgets) = load(&db, options.max_record_bytes)?;
+        let (sessions, budgets) = load(&db, &options)?;
+        // What the writer knows is on disk, to write only new nonces.
+        let persisted: Persisted = sessions
+            .iter()
+            .map(|s| (s.meta.session_id.clone(), s.state.seen_nonces.clone()))
+            .collect();
         let engine = Arc::new(Engine::new(options.limits(), Some(Journal::new())));
         engine.load(sessions, budgets)?;
         let writer_engine = Arc::clone(&engine);
         let durability = options.durability;
         let writer = std::thread::Builder::new()
             .name("tollgate-store-writer".into())
-            .spawn(move || writer_loop(&db, &writer_engine, durability))
+            .spawn(move || writer_loop(&db, &writer_engine, durability, persisted))
             .map_err(|e| StoreError::Backend {
                 op: "spawn writer",
                 message: e.to_string(),
@@ -216,7 +225,11 @@ impl Drop for EmbeddedStore {
 /// Everything read back at open.
 type Loaded = (Vec<Session>, Vec<(BudgetKey, Budget)>);
 
-fn load(db: &Database, max_record_bytes: usize) -> Result<Loaded, StoreError> {
+/// The nonces on disk per session, as the writer last wrote them.
+type Persisted = HashMap<String, BTreeSet<u64>>;
+
+fn load(db: &Database, options: &StoreOptions) -> Result<Loaded, StoreError> {
+    let max_record_bytes = options.max_record_bytes;
     let read = || -> Result<_, redb::Error> {
         let txn = db.begin_read()?;
         let sessions = txn.open_table(SESSIONS)?;
@@ -231,9 +244,23 @@ fn load(db: &Database, max_record_bytes: usize) -> Result<Loaded, StoreError> {
             let (k, v) = row?;
             bout.push((k.value().to_owned(), v.value().to_vec()));
         }
-        Ok((out, bout))
+        let nonces = txn.open_table(NONCES)?;
+        let mut nout: HashMap<String, BTreeSet<u64>> = HashMap::new();
+        for row in nonces.iter()? {
+            let (k, _) = row?;
+            let (id, n) = k.value();
+            match nout.get_mut(id) {
+                Some(set) => {
+                    set.insert(n);
+                }
+                None => {
+                    nout.insert(id.to_owned(), BTreeSet::from([n]));
+                }
+            }
+        }
+        Ok((out, bout, nout))
     };
-    let (raw_sessions, raw_budgets) = read().map_err(backend("load"))?;
+    let (raw_sessions, raw_budgets, mut nonces) = read().map_err(backend("load"))?;
     let corrupt = |key: &str, reason: String| StoreError::Corrupt {
         key: key.chars().take(300).collect(),
         reason,
@@ -245,7 +272,31 @@ fn load(db: &Database, max_record_bytes: usize) -> Result<Loaded, StoreError> {
         if s.meta.session_id != k {
             return Err(corrupt(&k, "record names another session".into()));
         }
+        let mut s = s;
+        if let Some(set) = nonces.remove(&k) {
+            if s.state.seen_nonces.is_empty() {
+                s.state.seen_nonces = set;
+            } else {
+                s.state.seen_nonces.extend(set);
+            }
+        }
+        if s.state_entries() > options.max_state_entries {
+            return Err(corrupt(
+                &k,
+                format!(
+                    "state holds {} entries, over the limit of {}",
+                    s.state_entries(),
+                    options.max_state_entries
+                ),
+            ));
+        }
         sessions.push(s);
+    }
+    if let Some(id) = nonces.keys().next() {
+        return Err(corrupt(
+            id,
+            "nonces of a session that does not exist".into(),
+        ));
     }
     let mut budgets = Vec::with_capacity(raw_budgets.len());
     for (k, v) in raw_budgets {
@@ -256,18 +307,26 @@ fn load(db: &Database, max_record_bytes: usize) -> Result<Loaded, StoreError> {
     Ok((sessions, budgets))
 }
 
-fn writer_loop(db: &Database, engine: &Engine, durability: Durability) -> Result<(), StoreError> {
+fn writer_loop(
+    db: &Database,
+    engine: &Engine,
+    durability: Durability,
+    mut persisted: Persisted,
+) -> Result<(), StoreError> {
     let Some(journal) = engine.journal() else {
         return Ok(());
     };
     let mut failed = None;
     while let Some(batch) = journal.take() {
-        let outcome = write_batch(db, &batch, durability);
+        let outcome = write_batch(db, &batch, durability, &mut persisted);
+        // Release the snapshots before waking anyone, so that the next change of a
+        // session usually finds its snapshot unshared.
+        let Pending { batch: done, .. } = batch;
         if let Err(e) = &outcome {
             journal.fail(e.clone());
             failed.get_or_insert_with(|| e.clone());
         }
-        batch.batch.complete(outcome);
+        done.complete(outcome);
     }
     if let Some(e) = failed {
         return Err(e);
@@ -285,12 +344,75 @@ fn writer_loop(db: &Database, engine: &Engine, durability: Durability) -> Result
     Ok(())
 }
 
-fn write_batch(db: &Database, batch: &Pending, durability: Durability) -> Result<(), StoreError> {
+/// The nonces in `now` but not in `old` (added) and in `old` but not in `now` (removed),
+/// by one merge walk over both sorted sets (a few microseconds for a thousand).
+fn nonce_diff(old: &BTreeSet<u64>, now: &BTreeSet<u64>) -> (Vec<u64>, Vec<u64>) {
+    let (mut added, mut removed) = (Vec::new(), Vec::new());
+    let mut a = old.iter().peekable();
+    let mut b = now.iter().peekable();
+    loop {
+        match (a.peek(), b.peek()) {
+            (Some(x), Some(y)) if x == y => {
+                a.next();
+                b.next();
+            }
+            (Some(x), Some(y)) if x < y => {
+                removed.push(**x);
+                a.next();
+            }
+            (Some(_), Some(y)) => {
+                added.push(**y);
+                b.next();
+            }
+            (Some(x), None) => {
+                removed.push(**x);
+                a.next();
+            }
+            (None, Some(y)) => {
+                added.push(**y);
+                b.next();
+            }
+            (None, None) => break,
+        }
+    }
+    (added, removed)
+}
+
+fn write_batch(
+    db: &Database,
+    batch: &Pending,
+    durability: Durability,
+    persisted: &mut Persisted,
+) -> Result<(), StoreError> {
     // Encode outside the transaction; the snapshots are immutable.
-    let sessions: Vec<(&str, Option<Vec<u8>>)> = batch
+    struct SessionWrite<'b> {
+        id: &'b str,
+        record: Option<Vec<u8>>,
+        added: Vec<u64>,
+        removed: Vec<u64>,
+    }
+    let empty = BTreeSet::new();
+    let sessions: Vec<SessionWrite<'_>> = batch
         .sessions
         .iter()
-        .map(|(id, s)| (id.as_str(), s.as_deref().map(record::encode_session)))
+        .map(|(id, s)| match s {
+            Some(s) => {
+                let old = persisted.get(id.as_str()).unwrap_or(&empty);
+                let (added, removed) = nonce_diff(old, &s.state.seen_nonces);
+                SessionWrite {
+                    id: id.as_str(),
+                    record: Some(record::encode_session_without_nonces(s)),
+                    added,
+                    removed,
+                }
+            }
+            None => SessionWrite {
+                id: id.as_str(),
+                record: None,
+                added: Vec::new(),
+                removed: Vec::new(),
+            },
+        })
         .collect();
     let budgets: Vec<(String, Vec<u8>)> = batch
         .budgets
@@ -305,13 +427,21 @@ fn write_batch(db: &Database, batch: &Pending, durability: Durability) -> Result
         })?;
         {
             let mut t = txn.open_table(SESSIONS)?;
-            for (id, bytes) in &sessions {
-                match bytes {
+            let mut nt = txn.open_table(NONCES)?;
+            for w in &sessions {
+                match &w.record {
                     Some(b) => {
-                        t.insert(*id, b.as_slice())?;
+                        t.insert(w.id, b.as_slice())?;
+                        for n in &w.removed {
+                            nt.remove((w.id, *n))?;
+                        }
+                        for n in &w.added {
+                            nt.insert((w.id, *n), ())?;
+                        }
                     }
                     None => {
-                        t.remove(*id)?;
+                        t.remove(w.id)?;
+                        nt.retain_in((w.id, 0)..=(w.id, u64::MAX), |_, ()| false)?;
                     }
                 }
             }
@@ -323,7 +453,23 @@ fn write_batch(db: &Database, batch: &Pending, durability: Durability) -> Result
         txn.commit()?;
         Ok(())
     };
-    write().map_err(backend("commit"))
+    write().map_err(backend("commit"))?;
+    // Only now, with the transaction committed, does the disk hold these nonces.
+    for w in sessions {
+        match batch.sessions.get(w.id) {
+            Some(Some(_)) => {
+                let set = persisted.entry(w.id.to_owned()).or_default();
+                for n in w.removed {
+                    set.remove(&n);
+                }
+                set.extend(w.added);
+            }
+            _ => {
+                persisted.remove(w.id);
+            }
+        }
+    }
+    Ok(())
 }
 
 impl SessionStore for EmbeddedStore {

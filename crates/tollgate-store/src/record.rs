@@ -8,6 +8,11 @@
 //! budget   {"v":1,"initial":..,"remaining":..,"spent":..}
 //! key      ["agent","org-1","agent-7"] | ["organization","org-1"] | ["session","s-1"]
 //! ```
+//!
+//! The embedded store writes session records without their nonces
+//! ([`encode_session_without_nonces`]) and keeps each seen nonce as a key
+//! `(session_id, nonce)` of its own table, so a change writes one small record and its
+//! new nonces rather than the whole ever-growing set.
 
 use std::collections::BTreeMap;
 
@@ -62,8 +67,18 @@ fn canonical(v: &Value) -> Vec<u8> {
     out
 }
 
-/// The record bytes of a session.
+/// The record bytes of a session, every field inline.
 pub fn encode_session(s: &Session) -> Vec<u8> {
+    encode_session_with(s, true)
+}
+
+/// The record bytes of a session with `state.seen_nonces` written as `[]`, for a store
+/// that keeps nonces in a table of their own and writes only the new ones.
+pub fn encode_session_without_nonces(s: &Session) -> Vec<u8> {
+    encode_session_with(s, false)
+}
+
+fn encode_session_with(s: &Session, nonces: bool) -> Vec<u8> {
     let mut m = BTreeMap::new();
     let mut put = |k: &str, v: Value| {
         m.insert(k.to_owned(), v);
@@ -83,7 +98,14 @@ pub fn encode_session(s: &Session) -> Vec<u8> {
     );
     put("last_call_number", uint(s.last_call_number));
     put("last_heartbeat_ns", int(s.last_heartbeat_ns));
-    put("state", state_codec::to_value(&s.state));
+    put(
+        "state",
+        if nonces {
+            state_codec::to_value(&s.state)
+        } else {
+            state_codec::to_value_without_nonces(&s.state)
+        },
+    );
     canonical(&Value::Object(m))
 }
 

@@ -237,3 +237,72 @@ fn durable_acknowledgement_implies_all_earlier_changes() {
     all.last().unwrap().wait().unwrap();
     assert!(all.iter().all(|d| d.try_result() == Some(Ok(()))));
 }
+
+#[test]
+fn nonces_are_written_incrementally_and_removed_with_their_session() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.redb");
+    {
+        let store = open(&path);
+        store.create_sync(session("n", 1)).unwrap();
+        store.create_sync(session("gone", 1)).unwrap();
+        for batch in [vec![5, 1, 9], vec![2], vec![u64::MAX, 0]] {
+            for id in ["n", "gone"] {
+                let b = batch.clone();
+                let (_, d) = store
+                    .apply_sync(id, move |s| {
+                        s.state.seen_nonces.extend(b);
+                        Change::Commit(())
+                    })
+                    .unwrap();
+                d.wait().unwrap();
+            }
+        }
+        // A closure may also drop nonces; the table follows.
+        let (_, d) = store
+            .apply_sync("n", |s| {
+                s.state.seen_nonces.remove(&9);
+                s.state.seen_nonces.remove(&0);
+                Change::Commit(())
+            })
+            .unwrap();
+        d.wait().unwrap();
+        store.remove_sync("gone").unwrap().wait().unwrap();
+        // Same id again: it must not inherit the old session's nonces.
+        store
+            .create_sync(session("gone", 1))
+            .unwrap()
+            .wait()
+            .unwrap();
+    }
+    let store = open(&path);
+    let n = store.get_sync("n").unwrap().unwrap();
+    assert_eq!(
+        n.state.seen_nonces.iter().copied().collect::<Vec<_>>(),
+        [1, 2, 5, u64::MAX]
+    );
+    assert!(store
+        .get_sync("gone")
+        .unwrap()
+        .unwrap()
+        .state
+        .seen_nonces
+        .is_empty());
+    drop(store);
+
+    // Nonces with no session are a damaged file.
+    let db = redb::Database::create(&path).unwrap();
+    let def: redb::TableDefinition<(&str, u64), ()> = redb::TableDefinition::new("nonces");
+    let txn = db.begin_write().unwrap();
+    txn.open_table(def)
+        .unwrap()
+        .insert(("ghost", 1), ())
+        .unwrap();
+    txn.commit().unwrap();
+    drop(db);
+    let e = EmbeddedStore::open(&path, StoreOptions::default()).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "stored record `ghost` is corrupt: nonces of a session that does not exist"
+    );
+}
