@@ -6,9 +6,10 @@
 //!   concurrent submitter threads, each on its own session, with fsync'd group commit.
 //!   Criterion's throughput line is durable verdicts per second.
 //!
-//! Each session holds 1,000 seen nonces throughout (the closure drops the oldest after
-//! recording the new one), so clone and encode costs are those of a session well into
-//! its life rather than of an empty one.
+//! Each session starts with 1,000 seen nonces (`TOLLGATE_BENCH_NONCES` to change), so
+//! clone and encode costs are those of a session well into its life rather than of an
+//! empty one. In `apply_only` the closure also drops the oldest nonce, keeping the size
+//! constant; in `apply_durable` nonces only accumulate, as in a real session.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -65,11 +66,13 @@ fn config() -> GuardConfig {
     }
 }
 
-/// The daemon's closure: decide, number, apply; then keep the state's size constant.
+/// The daemon's closure: decide, number, apply, settle. With `steady`, also forget the
+/// oldest nonce so the state keeps its size however long the bench runs.
 fn pre_exec<'c>(
     config: &'c GuardConfig,
     params: &Params,
     nonce: u64,
+    steady: bool,
 ) -> impl FnOnce(&mut Session) -> Change<Decision> + 'c {
     let params = *params;
     move |s: &mut Session| {
@@ -87,7 +90,7 @@ fn pre_exec<'c>(
         apply_decision(config, &mut s.state, &call, &d, n, now);
         // Settle at once and forget the oldest nonce: a steady-state session.
         s.state.reservations.clear();
-        if s.state.seen_nonces.len() as u64 > steady_nonces() {
+        if steady && s.state.seen_nonces.len() as u64 > steady_nonces() {
             s.state.seen_nonces.pop_first();
         }
         Change::Commit(d)
@@ -129,7 +132,7 @@ fn apply_only(c: &mut Criterion) {
         b.iter(|| {
             let n = nonce.fetch_add(1, Ordering::Relaxed);
             memory
-                .apply_sync("m", pre_exec(&config, &params, n))
+                .apply_sync("m", pre_exec(&config, &params, n, true))
                 .unwrap()
         });
     });
@@ -141,7 +144,7 @@ fn apply_only(c: &mut Criterion) {
         b.iter(|| {
             let n = nonce.fetch_add(1, Ordering::Relaxed);
             store
-                .apply_sync("e", pre_exec(&config, &params, n))
+                .apply_sync("e", pre_exec(&config, &params, n, true))
                 .unwrap()
         });
     });
@@ -189,7 +192,7 @@ fn durable_throughput(c: &mut Criterion, threads: usize) {
                     for _ in 0..per_thread.load(Ordering::Acquire) {
                         let n = nonce.fetch_add(1, Ordering::Relaxed);
                         let (_, d) = store
-                            .apply_sync(&id, pre_exec(&config, &params, n))
+                            .apply_sync(&id, pre_exec(&config, &params, n, false))
                             .unwrap();
                         // The daemon replies only after the verdict is durable.
                         d.wait().unwrap();
