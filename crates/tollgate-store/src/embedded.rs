@@ -37,6 +37,8 @@ pub enum Durability {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StoreOptions {
     /// Live sessions allowed; `create` fails with [`StoreError::SessionCap`] beyond it.
+    /// Sessions loaded at open count toward it but are never refused (lowering the cap
+    /// below what is stored only blocks new sessions).
     pub max_sessions: usize,
     /// When writes count as done.
     pub durability: Durability,
@@ -96,6 +98,10 @@ fn backend(op: &'static str) -> impl Fn(redb::Error) -> StoreError {
 ///   every later change is refused with [`StoreError::Failed`]; reopen to recover the
 ///   last committed state.
 /// - Opening takes redb's file lock: a second process opening the same file fails.
+///
+/// The trait methods do their work when called and return futures that are already
+/// ready (only [`Durable`] ever waits); the `*_sync` methods are the same without a
+/// future. Nothing here blocks on I/O except `close`, `open` and [`Durable::wait`].
 #[derive(Debug)]
 pub struct EmbeddedStore {
     engine: Arc<Engine>,
@@ -316,11 +322,17 @@ fn writer_loop(
     let Some(journal) = engine.journal() else {
         return Ok(());
     };
-    let mut failed = None;
+    let mut failed: Option<StoreError> = None;
     while let Some(batch) = journal.take() {
-        let outcome = write_batch(db, &batch, durability, &mut persisted);
-        // Release the snapshots before waking anyone, so that the next change of a
-        // session usually finds its snapshot unshared.
+        // After a failure nothing more is written: a later batch on disk without the
+        // failed one would break the prefix guarantee.
+        let outcome = match &failed {
+            Some(e) => Err(StoreError::Failed {
+                message: e.to_string(),
+            }),
+            None => write_batch(db, &batch, durability, &mut persisted),
+        };
+        // Release the snapshots before waking anyone.
         let Pending { batch: done, .. } = batch;
         if let Err(e) = &outcome {
             journal.fail(e.clone());
