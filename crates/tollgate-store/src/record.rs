@@ -291,6 +291,33 @@ mod tests {
         );
     }
 
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(512))]
+
+        #[test]
+        fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..400)) {
+            let _ = decode_session(&bytes, 1 << 20);
+            let _ = decode_budget(&bytes);
+            if let Ok(text) = std::str::from_utf8(&bytes) {
+                let _ = parse_budget_key(text);
+            }
+        }
+
+        #[test]
+        fn mutated_records_never_panic(
+            flips in proptest::collection::vec((proptest::prelude::any::<proptest::sample::Index>(), proptest::prelude::any::<u8>()), 1..4),
+        ) {
+            let mut bytes = encode_session(&session());
+            for (i, b) in flips {
+                let at = i.index(bytes.len());
+                bytes[at] = b;
+            }
+            if let Ok(s) = decode_session(&bytes, 1 << 20) {
+                proptest::prop_assert_eq!(decode_session(&encode_session(&s), 1 << 20).unwrap(), s);
+            }
+        }
+    }
+
     #[test]
     fn budgets_and_keys_round_trip() {
         let b = Budget {
