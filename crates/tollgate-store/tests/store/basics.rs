@@ -289,3 +289,26 @@ fn keep_waits_for_the_state_it_read() {
         assert!(kept.batch_seq() == 0 || kept.batch_seq() >= committed.batch_seq());
     }
 }
+
+/// The daemon spawns these futures on a multi-threaded runtime: they must be `Send`,
+/// and so must `Durable` (which must also be awaitable after the store call returns).
+#[test]
+fn futures_and_handles_are_send() {
+    fn send<T: Send + 'static>(_: &T) {}
+    fn borrowed_send<T: Send>(_: &T) {}
+    fn check<S: SessionStore>(store: &S) {
+        borrowed_send(&store.apply("a", |s| Change::Commit(s.last_call_number)));
+        borrowed_send(&store.get("a"));
+        borrowed_send(&store.create(session("z", 1)));
+        borrowed_send(&store.pending_hitl(None));
+        borrowed_send(&store.close());
+    }
+    let store = MemoryStore::default();
+    store.create_sync(session("a", 1)).unwrap();
+    check(&store);
+    let (n, durable) =
+        block_on(store.apply("a", |s| Change::Commit(s.next_call_number()))).unwrap();
+    assert_eq!(n, 1);
+    send(&durable);
+    assert_eq!(durable.try_result(), Some(Ok(())));
+}
