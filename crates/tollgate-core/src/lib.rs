@@ -34,6 +34,7 @@ pub mod digest;
 pub mod json;
 pub mod signals;
 pub mod state;
+pub mod state_codec;
 pub mod transition;
 pub mod types;
 pub mod vectors;

@@ -1,0 +1,242 @@
+//! Store benchmarks: what one pre_exec costs the store.
+//!
+//! - `apply_only/*`: one check-and-apply running `decide` + `apply_decision`, without
+//!   waiting for the disk (the latency the daemon adds before it can sign);
+//! - `apply_durable/batch/{1,64}`: apply, then wait for the `Durable`, from 1 and from 64
+//!   concurrent submitter threads, each on its own session, with fsync'd group commit.
+//!   Criterion's throughput line is durable verdicts per second.
+//!
+//! Each session starts with 1,000 seen nonces (`TOLLGATE_BENCH_NONCES` to change), so
+//! clone and encode costs are those of a session well into its life rather than of an
+//! empty one. In `apply_only` the closure also drops the oldest nonce, keeping the size
+//! constant; in `apply_durable` nonces only accumulate, as in a real session.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing,
+    missing_docs
+)]
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use tollgate_core::json::Value;
+use tollgate_core::{
+    apply_decision, decide, BudgetScope, Decision, GuardConfig, Money, Params, ToolCall,
+};
+use tollgate_store::{
+    Change, Durability, Durable, EmbeddedStore, MemoryStore, Session, SessionMeta, StoreOptions,
+};
+
+fn session(id: &str) -> Session {
+    let mut s = Session::new(
+        SessionMeta {
+            session_id: id.into(),
+            agent_id: format!("agent-{id}"),
+            organization_id: "org".into(),
+            budget_scope: BudgetScope::PerSession,
+            created_at_ns: 0,
+            config: None,
+        },
+        Money(1_000_000_000_000_000),
+        0,
+    );
+    s.state
+        .seen_nonces
+        .extend(1_000_000_000..1_000_000_000 + steady_nonces());
+    s
+}
+
+/// Seen nonces each session holds (`TOLLGATE_BENCH_NONCES`, default 1,000).
+fn steady_nonces() -> u64 {
+    std::env::var("TOLLGATE_BENCH_NONCES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1_000)
+}
+
+fn config() -> GuardConfig {
+    GuardConfig {
+        budget: Money(1_000_000_000_000_000),
+        max_repeat_calls: 1_000_000,
+        ..GuardConfig::default()
+    }
+}
+
+/// The daemon's closure: decide, number, apply, settle. With `steady`, also forget the
+/// oldest nonce so the state keeps its size however long the bench runs.
+fn pre_exec<'c>(
+    config: &'c GuardConfig,
+    params: &Params,
+    nonce: u64,
+    steady: bool,
+) -> impl FnOnce(&mut Session) -> Change<Decision> + 'c {
+    let params = *params;
+    move |s: &mut Session| {
+        let call = ToolCall {
+            tool_name: "search",
+            params,
+            nonce: Some(nonce),
+            estimated_cost: Money(1_000),
+            raw_params: None,
+        };
+        #[allow(clippy::cast_possible_wrap)]
+        let now = nonce as i64;
+        let d = decide(config, &s.state, &call, now, 0.5);
+        let n = s.next_call_number();
+        apply_decision(config, &mut s.state, &call, &d, n, now);
+        // Settle at once and forget the oldest nonce: a steady-state session.
+        s.state.reservations.clear();
+        if steady && s.state.seen_nonces.len() as u64 > steady_nonces() {
+            s.state.seen_nonces.pop_first();
+        }
+        Change::Commit(d)
+    }
+}
+
+fn params() -> Params {
+    let v = Value::Object(
+        [
+            ("query".to_owned(), Value::from("tollgate benchmarks")),
+            ("limit".to_owned(), Value::from(10_i64)),
+        ]
+        .into(),
+    );
+    Params::json(&v)
+}
+
+fn open(dir: &tempfile::TempDir, durability: Durability) -> EmbeddedStore {
+    EmbeddedStore::open(
+        dir.path().join("bench.redb"),
+        StoreOptions {
+            durability,
+            ..StoreOptions::default()
+        },
+    )
+    .unwrap()
+}
+
+fn apply_only(c: &mut Criterion) {
+    let config = config();
+    let params = params();
+    let mut g = c.benchmark_group("apply_only");
+    g.throughput(Throughput::Elements(1));
+
+    let memory = MemoryStore::default();
+    memory.create_sync(session("m")).unwrap();
+    let nonce = AtomicU64::new(1);
+    g.bench_function("memory", |b| {
+        b.iter(|| {
+            let n = nonce.fetch_add(1, Ordering::Relaxed);
+            memory
+                .apply_sync("m", pre_exec(&config, &params, n, true))
+                .unwrap()
+        });
+    });
+
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(&dir, Durability::Batch);
+    store.create_sync(session("e")).unwrap().wait().unwrap();
+    g.bench_function("embedded_batch", |b| {
+        b.iter(|| {
+            let n = nonce.fetch_add(1, Ordering::Relaxed);
+            store
+                .apply_sync("e", pre_exec(&config, &params, n, true))
+                .unwrap()
+        });
+    });
+    g.finish();
+    store.close_sync().unwrap();
+}
+
+/// `threads` submitters, one session each, kept alive across samples; each sample asks
+/// every worker for `iters / threads` apply-and-wait rounds.
+fn durable_throughput(c: &mut Criterion, threads: usize) {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(open(&dir, Durability::Batch));
+    for t in 0..threads {
+        store
+            .create_sync(session(&format!("s{t}")))
+            .unwrap()
+            .wait()
+            .unwrap();
+    }
+    let start = Arc::new(Barrier::new(threads + 1));
+    let done = Arc::new(Barrier::new(threads + 1));
+    let per_thread = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let nonce = Arc::new(AtomicU64::new(1));
+    let workers: Vec<_> = (0..threads)
+        .map(|t| {
+            let (store, start, done, per_thread, stop, nonce) = (
+                Arc::clone(&store),
+                Arc::clone(&start),
+                Arc::clone(&done),
+                Arc::clone(&per_thread),
+                Arc::clone(&stop),
+                Arc::clone(&nonce),
+            );
+            std::thread::spawn(move || {
+                let config = config();
+                let params = params();
+                let id = format!("s{t}");
+                loop {
+                    start.wait();
+                    if stop.load(Ordering::Acquire) {
+                        return;
+                    }
+                    let mut last: Option<Durable> = None;
+                    for _ in 0..per_thread.load(Ordering::Acquire) {
+                        let n = nonce.fetch_add(1, Ordering::Relaxed);
+                        let (_, d) = store
+                            .apply_sync(&id, pre_exec(&config, &params, n, false))
+                            .unwrap();
+                        // The daemon replies only after the verdict is durable.
+                        d.wait().unwrap();
+                        last = Some(d);
+                    }
+                    drop(last);
+                    done.wait();
+                }
+            })
+        })
+        .collect();
+
+    let mut g = c.benchmark_group("apply_durable");
+    g.throughput(Throughput::Elements(1));
+    g.bench_function(format!("batch/{threads}"), |b| {
+        b.iter_custom(|iters| {
+            let each = iters.div_ceil(threads as u64).max(1);
+            per_thread.store(each, Ordering::Release);
+            let t0 = Instant::now();
+            start.wait();
+            done.wait();
+            let elapsed = t0.elapsed();
+            // Report per verdict actually made (each * threads may exceed iters).
+            #[allow(clippy::cast_precision_loss)]
+            let scale = iters as f64 / (each * threads as u64) as f64;
+            Duration::from_secs_f64(elapsed.as_secs_f64() * scale)
+        });
+    });
+    g.finish();
+    stop.store(true, Ordering::Release);
+    start.wait();
+    for w in workers {
+        w.join().unwrap();
+    }
+    store.close_sync().unwrap();
+}
+
+fn durable_1(c: &mut Criterion) {
+    durable_throughput(c, 1);
+}
+
+fn durable_64(c: &mut Criterion) {
+    durable_throughput(c, 64);
+}
+
+criterion_group!(benches, apply_only, durable_1, durable_64);
+criterion_main!(benches);

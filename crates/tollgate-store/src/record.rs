@@ -1,0 +1,339 @@
+//! The bytes a persistent store writes: session records, budget records and budget keys,
+//! all canonical JSON with exact integers, decoded strictly and within bounds.
+//!
+//! ```text
+//! session  {"v":1,"session_id":..,"agent_id":..,"organization_id":..,
+//!           "budget_scope":"per_agent","created_at_ns":..,"config":null,
+//!           "last_call_number":..,"last_heartbeat_ns":..,"state":{state_codec}}
+//! budget   {"v":1,"initial":..,"remaining":..,"spent":..}
+//! key      ["agent","org-1","agent-7"] | ["organization","org-1"] | ["session","s-1"]
+//! ```
+//!
+//! The embedded store writes session records without their nonces
+//! ([`encode_session_without_nonces`]) and keeps each seen nonce as a key
+//! `(session_id, nonce)` of its own table, so a change writes one small record and its
+//! new nonces rather than the whole ever-growing set.
+
+use std::collections::BTreeMap;
+
+use tollgate_core::json::{self, Limits, Number, Value};
+use tollgate_core::state_codec;
+use tollgate_core::{BudgetScope, Money};
+
+use crate::session::{Budget, BudgetKey, Session, SessionMeta};
+
+/// The record format version.
+pub const RECORD_VERSION: u64 = 1;
+
+/// Why stored bytes are not a record (the store wraps this with the record's key).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RecordError {
+    /// Not JSON within the limits.
+    #[error("not valid json: {0}")]
+    Json(#[from] json::ParseError),
+    /// The session state inside is not valid.
+    #[error("state: {0}")]
+    State(#[from] state_codec::StateCodecError),
+    /// The record version is not one this code reads.
+    #[error("record version is not {RECORD_VERSION}")]
+    Version,
+    /// A key this version does not have.
+    #[error("unknown key `{0}`")]
+    UnknownKey(String),
+    /// A required key is missing.
+    #[error("missing key `{0}`")]
+    MissingKey(&'static str),
+    /// A value of the wrong type or range.
+    #[error("`{0}` has the wrong type or is out of range")]
+    Invalid(&'static str),
+}
+
+fn int(i: i64) -> Value {
+    Value::Number(Number::Int(i128::from(i)))
+}
+
+fn uint(u: u64) -> Value {
+    Value::Number(Number::Int(i128::from(u)))
+}
+
+fn scope_str(s: BudgetScope) -> &'static str {
+    s.as_str()
+}
+
+fn canonical(v: &Value) -> Vec<u8> {
+    let mut out = Vec::with_capacity(512);
+    // Records hold no floats, so the canonical writer cannot fail.
+    let _ = json::write_canonical(v, &mut out);
+    out
+}
+
+/// The record bytes of a session, every field inline.
+pub fn encode_session(s: &Session) -> Vec<u8> {
+    encode_session_with(s, true)
+}
+
+/// The record bytes of a session with `state.seen_nonces` written as `[]`, for a store
+/// that keeps nonces in a table of their own and writes only the new ones.
+pub fn encode_session_without_nonces(s: &Session) -> Vec<u8> {
+    encode_session_with(s, false)
+}
+
+fn encode_session_with(s: &Session, nonces: bool) -> Vec<u8> {
+    let mut m = BTreeMap::new();
+    let mut put = |k: &str, v: Value| {
+        m.insert(k.to_owned(), v);
+    };
+    put("v", uint(RECORD_VERSION));
+    put("session_id", Value::from(s.meta.session_id.as_str()));
+    put("agent_id", Value::from(s.meta.agent_id.as_str()));
+    put(
+        "organization_id",
+        Value::from(s.meta.organization_id.as_str()),
+    );
+    put("budget_scope", Value::from(scope_str(s.meta.budget_scope)));
+    put("created_at_ns", int(s.meta.created_at_ns));
+    put(
+        "config",
+        s.meta.config.as_deref().map_or(Value::Null, Value::from),
+    );
+    put("last_call_number", uint(s.last_call_number));
+    put("last_heartbeat_ns", int(s.last_heartbeat_ns));
+    put(
+        "state",
+        if nonces {
+            state_codec::to_value(&s.state)
+        } else {
+            state_codec::to_value_without_nonces(&s.state)
+        },
+    );
+    canonical(&Value::Object(m))
+}
+
+const SESSION_KEYS: &[&str] = &[
+    "v",
+    "session_id",
+    "agent_id",
+    "organization_id",
+    "budget_scope",
+    "created_at_ns",
+    "config",
+    "last_call_number",
+    "last_heartbeat_ns",
+    "state",
+];
+
+/// Decode a session record of at most `max_bytes`.
+pub fn decode_session(bytes: &[u8], max_bytes: usize) -> Result<Session, RecordError> {
+    let v = parse(bytes, max_bytes)?;
+    let m = fields(&v, SESSION_KEYS)?;
+    let get = |k: &'static str| m.get(k).ok_or(RecordError::MissingKey(k));
+    let string = |k: &'static str| -> Result<String, RecordError> {
+        get(k)?
+            .as_str()
+            .map(str::to_owned)
+            .ok_or(RecordError::Invalid(k))
+    };
+    let i64_of = |k: &'static str| get(k)?.as_i64().ok_or(RecordError::Invalid(k));
+    let budget_scope = match get("budget_scope")?.as_str() {
+        Some("per_session") => BudgetScope::PerSession,
+        Some("per_agent") => BudgetScope::PerAgent,
+        Some("per_organization") => BudgetScope::PerOrganization,
+        _ => return Err(RecordError::Invalid("budget_scope")),
+    };
+    let config = match get("config")? {
+        Value::Null => None,
+        Value::String(s) => Some(s.clone()),
+        _ => return Err(RecordError::Invalid("config")),
+    };
+    Ok(Session {
+        meta: SessionMeta {
+            session_id: string("session_id")?,
+            agent_id: string("agent_id")?,
+            organization_id: string("organization_id")?,
+            budget_scope,
+            created_at_ns: i64_of("created_at_ns")?,
+            config,
+        },
+        last_call_number: get("last_call_number")?
+            .as_u64()
+            .ok_or(RecordError::Invalid("last_call_number"))?,
+        last_heartbeat_ns: i64_of("last_heartbeat_ns")?,
+        state: state_codec::from_value(get("state")?)?,
+    })
+}
+
+/// The record bytes of a budget.
+pub fn encode_budget(b: &Budget) -> Vec<u8> {
+    let mut m = BTreeMap::new();
+    m.insert("v".to_owned(), uint(RECORD_VERSION));
+    m.insert("initial".to_owned(), int(b.initial.0));
+    m.insert("remaining".to_owned(), int(b.remaining.0));
+    m.insert("spent".to_owned(), int(b.spent.0));
+    canonical(&Value::Object(m))
+}
+
+/// Decode a budget record.
+pub fn decode_budget(bytes: &[u8]) -> Result<Budget, RecordError> {
+    let v = parse(bytes, 4096)?;
+    let m = fields(&v, &["v", "initial", "remaining", "spent"])?;
+    let money = |k: &'static str| {
+        m.get(k)
+            .ok_or(RecordError::MissingKey(k))?
+            .as_i64()
+            .map(Money)
+            .ok_or(RecordError::Invalid(k))
+    };
+    Ok(Budget {
+        initial: money("initial")?,
+        remaining: money("remaining")?,
+        spent: money("spent")?,
+    })
+}
+
+/// The text key of a budget record: a canonical JSON array, unambiguous for any ids.
+pub fn budget_key_string(k: &BudgetKey) -> String {
+    let parts: Vec<Value> = match k {
+        BudgetKey::Session(s) => vec!["session".into(), s.as_str().into()],
+        BudgetKey::Agent(o, a) => vec!["agent".into(), o.as_str().into(), a.as_str().into()],
+        BudgetKey::Organization(o) => vec!["organization".into(), o.as_str().into()],
+    };
+    String::from_utf8(canonical(&Value::Array(parts))).unwrap_or_default()
+}
+
+/// Parse a key written by [`budget_key_string`].
+pub fn parse_budget_key(text: &str) -> Result<BudgetKey, RecordError> {
+    let v = parse(text.as_bytes(), 4096)?;
+    let bad = RecordError::Invalid("budget key");
+    let items = v.as_array().ok_or(bad.clone())?;
+    let strs: Option<Vec<&str>> = items.iter().map(Value::as_str).collect();
+    match strs.ok_or(bad.clone())?.as_slice() {
+        ["session", s] => Ok(BudgetKey::Session((*s).to_owned())),
+        ["agent", o, a] => Ok(BudgetKey::Agent((*o).to_owned(), (*a).to_owned())),
+        ["organization", o] => Ok(BudgetKey::Organization((*o).to_owned())),
+        _ => Err(bad),
+    }
+}
+
+fn parse(bytes: &[u8], max_bytes: usize) -> Result<Value, RecordError> {
+    Ok(json::parse(
+        bytes,
+        Limits {
+            max_bytes,
+            max_depth: state_codec::MAX_DEPTH,
+        },
+    )?)
+}
+
+/// The record's object after checking its version and that it has no unknown key.
+fn fields<'v>(v: &'v Value, known: &[&str]) -> Result<&'v BTreeMap<String, Value>, RecordError> {
+    let m = v.as_object().ok_or(RecordError::Invalid("record"))?;
+    if let Some(k) = m.keys().find(|k| !known.contains(&k.as_str())) {
+        return Err(RecordError::UnknownKey(k.chars().take(80).collect()));
+    }
+    match m.get("v") {
+        None => Err(RecordError::MissingKey("v")),
+        Some(v) if v.as_u64() == Some(RECORD_VERSION) => Ok(m),
+        Some(_) => Err(RecordError::Version),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tollgate_core::PendingTransition;
+
+    fn session() -> Session {
+        let mut s = Session::new(
+            SessionMeta {
+                session_id: "s-1".into(),
+                agent_id: "agent \"7\"".into(),
+                organization_id: "org/1".into(),
+                budget_scope: BudgetScope::PerAgent,
+                created_at_ns: 42,
+                config: Some("default".into()),
+            },
+            Money(500_000_000),
+            42,
+        );
+        s.last_call_number = u64::MAX;
+        s.last_heartbeat_ns = -1;
+        s.state.seen_nonces.insert(9);
+        s.state.pending = Some(PendingTransition::default());
+        s
+    }
+
+    #[test]
+    fn session_records_round_trip() {
+        let s = session();
+        let bytes = encode_session(&s);
+        assert_eq!(decode_session(&bytes, 1 << 20).unwrap(), s);
+        assert!(decode_session(&bytes, bytes.len() - 1).is_err());
+    }
+
+    #[test]
+    fn session_records_are_strict() {
+        let text = String::from_utf8(encode_session(&session())).unwrap();
+        let extra = text.replacen("{", "{\"zz\":1,", 1);
+        assert_eq!(
+            decode_session(extra.as_bytes(), 1 << 20).unwrap_err(),
+            RecordError::UnknownKey("zz".into())
+        );
+        // The record's own version is its last key ("state" sorts before "v").
+        let v2 = format!("{}\"v\":2}}", text.strip_suffix("\"v\":1}").unwrap());
+        assert_eq!(
+            decode_session(v2.as_bytes(), 1 << 20).unwrap_err(),
+            RecordError::Version
+        );
+        let scope = text.replace("per_agent", "per_galaxy");
+        assert_eq!(
+            decode_session(scope.as_bytes(), 1 << 20).unwrap_err(),
+            RecordError::Invalid("budget_scope")
+        );
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(512))]
+
+        #[test]
+        fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..400)) {
+            let _ = decode_session(&bytes, 1 << 20);
+            let _ = decode_budget(&bytes);
+            if let Ok(text) = std::str::from_utf8(&bytes) {
+                let _ = parse_budget_key(text);
+            }
+        }
+
+        #[test]
+        fn mutated_records_never_panic(
+            flips in proptest::collection::vec((proptest::prelude::any::<proptest::sample::Index>(), proptest::prelude::any::<u8>()), 1..4),
+        ) {
+            let mut bytes = encode_session(&session());
+            for (i, b) in flips {
+                let at = i.index(bytes.len());
+                bytes[at] = b;
+            }
+            if let Ok(s) = decode_session(&bytes, 1 << 20) {
+                proptest::prop_assert_eq!(decode_session(&encode_session(&s), 1 << 20).unwrap(), s);
+            }
+        }
+    }
+
+    #[test]
+    fn budgets_and_keys_round_trip() {
+        let b = Budget {
+            initial: Money(10),
+            remaining: Money(-3),
+            spent: Money(i64::MAX),
+        };
+        assert_eq!(decode_budget(&encode_budget(&b)).unwrap(), b);
+        for k in [
+            BudgetKey::Session("a\"b".into()),
+            BudgetKey::Agent("o,1".into(), "a]".into()),
+            BudgetKey::Organization("ü".into()),
+        ] {
+            assert_eq!(parse_budget_key(&budget_key_string(&k)).unwrap(), k);
+        }
+        assert!(parse_budget_key("[\"agent\",\"o\"]").is_err());
+        assert!(decode_budget(b"{\"v\":1,\"initial\":1,\"remaining\":1}").is_err());
+    }
+}

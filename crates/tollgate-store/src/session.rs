@@ -1,0 +1,165 @@
+//! What a store keeps: sessions (metadata, decision state, call numbering) and shared
+//! budgets.
+
+use tollgate_core::{BudgetScope, Money, SessionState, UnixNanos};
+
+use crate::StoreError;
+
+/// The longest session, agent or organization id a store accepts, in bytes.
+pub const MAX_ID_BYTES: usize = 256;
+
+/// Who a session belongs to and how its budget is shared. Fixed at creation: a closure
+/// given to [`crate::SessionStore::apply`] must not change it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionMeta {
+    /// The session's id (the store's key).
+    pub session_id: String,
+    /// The agent the session runs.
+    pub agent_id: String,
+    /// The organization the agent belongs to.
+    pub organization_id: String,
+    /// Whose budget the session spends.
+    pub budget_scope: BudgetScope,
+    /// When the session was registered.
+    pub created_at_ns: UnixNanos,
+    /// Which configuration the session was registered under (a name or fingerprint the
+    /// daemon chooses; carried, not interpreted).
+    pub config: Option<String>,
+}
+
+impl SessionMeta {
+    /// The key of the budget this session spends.
+    pub fn budget_key(&self) -> BudgetKey {
+        match self.budget_scope {
+            BudgetScope::PerSession => BudgetKey::Session(self.session_id.clone()),
+            BudgetScope::PerAgent => {
+                BudgetKey::Agent(self.organization_id.clone(), self.agent_id.clone())
+            }
+            BudgetScope::PerOrganization => BudgetKey::Organization(self.organization_id.clone()),
+        }
+    }
+
+    /// The key of the shared budget record, or `None` for a per-session budget (which
+    /// lives in the session's own state).
+    pub fn shared_budget_key(&self) -> Option<BudgetKey> {
+        match self.budget_key() {
+            BudgetKey::Session(_) => None,
+            k => Some(k),
+        }
+    }
+
+    pub(crate) fn validate(&self) -> Result<(), StoreError> {
+        check_id("session_id", &self.session_id)?;
+        check_id("agent_id", &self.agent_id)?;
+        check_id("organization_id", &self.organization_id)?;
+        if let Some(c) = &self.config {
+            if c.len() > MAX_ID_BYTES {
+                return Err(StoreError::InvalidId {
+                    field: "config",
+                    reason: "longer than 256 bytes",
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+fn check_id(field: &'static str, id: &str) -> Result<(), StoreError> {
+    let reason = if id.is_empty() {
+        "empty"
+    } else if id.len() > MAX_ID_BYTES {
+        "longer than 256 bytes"
+    } else if id.chars().any(char::is_control) {
+        "contains a control character"
+    } else {
+        return Ok(());
+    };
+    Err(StoreError::InvalidId { field, reason })
+}
+
+/// One session as stored: its metadata, the decision state `decide` reads, and what the
+/// daemon needs besides.
+///
+/// For a shared budget (per agent or organization), `state.budget_initial`,
+/// `budget_remaining` and `budget_spent` are the shared record's amounts whenever a store
+/// hands out a `Session` (in `apply`, `get`, `list`), and writing them in `apply` writes
+/// the shared record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Session {
+    /// Who the session belongs to.
+    pub meta: SessionMeta,
+    /// The decision state.
+    pub state: SessionState,
+    /// The number of the last call taken.
+    ///
+    /// INVARIANT (call-numbers-increase): never decreases, across restarts too; a store
+    /// refuses a commit that would lower it. Take numbers with [`Session::next_call_number`].
+    pub last_call_number: u64,
+    /// The last heartbeat (or registration), for stale detection.
+    pub last_heartbeat_ns: UnixNanos,
+}
+
+impl Session {
+    /// A new session: fresh state with the configuration's `budget`, started at `now`.
+    pub fn new(meta: SessionMeta, budget: Money, now: UnixNanos) -> Session {
+        Session {
+            meta,
+            state: SessionState::new(budget, now),
+            last_call_number: 0,
+            last_heartbeat_ns: now,
+        }
+    }
+
+    /// Take the next call number (one more than the last).
+    pub fn next_call_number(&mut self) -> u64 {
+        self.last_call_number = self.last_call_number.saturating_add(1);
+        self.last_call_number
+    }
+
+    /// How many entries the state's growing collections hold (nonces, reservations,
+    /// per-tool counts): what [`crate::StoreOptions::max_state_entries`] bounds.
+    pub fn state_entries(&self) -> usize {
+        let s = &self.state;
+        s.seen_nonces.len() + s.reservations.len() + s.repeat_counts.len() + s.window_counts.len()
+    }
+}
+
+/// Whose budget a record is.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum BudgetKey {
+    /// One session's own budget (kept in the session's state, not in a shared record).
+    Session(String),
+    /// Shared by every session of one agent: (organization, agent).
+    Agent(String, String),
+    /// Shared by every session of one organization.
+    Organization(String),
+}
+
+/// A budget's amounts, exact in nano-dollars.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Budget {
+    /// What the budget started with.
+    pub initial: Money,
+    /// What is left, net of outstanding reservations.
+    pub remaining: Money,
+    /// What settled calls have been charged.
+    pub spent: Money,
+}
+
+impl Budget {
+    /// The amounts in a session state.
+    pub fn of(state: &SessionState) -> Budget {
+        Budget {
+            initial: state.budget_initial,
+            remaining: state.budget_remaining,
+            spent: state.budget_spent,
+        }
+    }
+
+    /// Put these amounts into a session state.
+    pub fn load_into(self, state: &mut SessionState) {
+        state.budget_initial = self.initial;
+        state.budget_remaining = self.remaining;
+        state.budget_spent = self.spent;
+    }
+}

@@ -1,0 +1,218 @@
+//! A real kill -9: a child process (this same test binary, re-run with an environment
+//! variable) streams changes into an `EmbeddedStore` from four threads and prints each
+//! change once its `Durable` completes; the parent SIGKILLs it mid-stream, reopens the
+//! file, and checks that every acknowledged change is there and that the state is a
+//! consistent cut (no gaps, budgets balance to the nano-dollar).
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use tollgate_core::state::Reservation;
+use tollgate_core::{Money, PendingTransition, Reason};
+use tollgate_store::{BudgetKey, Change, EmbeddedStore, Session, StoreOptions};
+
+use crate::support::{agent_session, session};
+
+const CHILD_ENV: &str = "TOLLGATE_STORE_CRASH_CHILD";
+const THREADS: u64 = 4;
+const BUDGET: i64 = 1_000_000_000_000;
+const STEP: i64 = 10;
+/// Session `s3` trips its circuit at this change.
+const TRIP_AT: u64 = 10;
+
+fn id(t: u64) -> String {
+    format!("s{t}")
+}
+
+fn nonce(t: u64, k: u64) -> u64 {
+    k * THREADS + t
+}
+
+/// Change `k` of thread `t`: one call number, one nonce, one reservation of `STEP`,
+/// a pending transition on every fifth change (cleared on the others), and `s3`'s
+/// circuit trips at change `TRIP_AT`.
+fn change(t: u64, s: &mut Session) -> u64 {
+    let k = s.next_call_number();
+    s.state.seen_nonces.insert(nonce(t, k));
+    s.state.reservations.insert(
+        k,
+        Reservation {
+            estimated: Money(STEP),
+            deducted: Money(STEP),
+        },
+    );
+    s.state.budget_remaining = s.state.budget_remaining.saturating_sub(Money(STEP));
+    s.state.pending = k.is_multiple_of(5).then(|| PendingTransition {
+        original_nonce: Some(nonce(t, k)),
+        ..PendingTransition::default()
+    });
+    if t == 3 && k == TRIP_AT {
+        s.state.circuit_tripped = true;
+        s.state.circuit_trip_reason = Some(Reason::BudgetOverrun);
+        s.state.circuit_tripped_at_ns = i64::try_from(k).unwrap();
+    }
+    s.last_heartbeat_ns = i64::try_from(k).unwrap();
+    k
+}
+
+/// The child's body. Not a test of its own: it does nothing unless the parent set
+/// `TOLLGATE_STORE_CRASH_CHILD` to the store's path.
+#[test]
+fn crash_child_process() {
+    let Ok(path) = std::env::var(CHILD_ENV) else {
+        return;
+    };
+    let store = EmbeddedStore::open(&path, StoreOptions::default()).unwrap();
+    for t in 0..THREADS {
+        // s0 and s1 share an agent budget; s2 and s3 have their own.
+        let s = if t < 2 {
+            agent_session(&id(t), "crash-bot", BUDGET)
+        } else {
+            session(&id(t), BUDGET)
+        };
+        if store.get_sync(&id(t)).unwrap().is_none() {
+            store.create_sync(s).unwrap().wait().unwrap();
+        }
+    }
+    println!("ready");
+    std::thread::scope(|scope| {
+        for t in 0..THREADS {
+            let store = &store;
+            scope.spawn(move || loop {
+                let (k, durable) = store
+                    .apply_sync(&id(t), |s| Change::Commit(change(t, s)))
+                    .unwrap();
+                durable.wait().unwrap();
+                println!("ack {t} {k}");
+            });
+        }
+    });
+}
+
+/// Run the child until it has acknowledged `acks` changes, SIGKILL it, and return the
+/// highest acknowledged change per thread (including lines flushed before the kill).
+fn run_and_kill(path: &Path, acks: usize) -> BTreeMap<u64, u64> {
+    let exe = std::env::current_exe().unwrap();
+    let mut child = Command::new(exe)
+        .args(["--exact", "crash::crash_child_process", "--nocapture"])
+        .args(["--test-threads", "1"])
+        .env(CHILD_ENV, path)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let mut lines = BufReader::new(stdout).lines();
+    let mut acked: BTreeMap<u64, u64> = BTreeMap::new();
+    let mut seen = 0;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while seen < acks {
+        assert!(Instant::now() < deadline, "child too slow");
+        let Some(line) = lines.next() else {
+            panic!("child exited early: {:?}", child.wait());
+        };
+        let line = line.unwrap();
+        if let Some(rest) = line.strip_prefix("ack ") {
+            let (t, k) = rest.split_once(' ').unwrap();
+            let (t, k): (u64, u64) = (t.parse().unwrap(), k.parse().unwrap());
+            let e = acked.entry(t).or_default();
+            *e = (*e).max(k);
+            seen += 1;
+        }
+    }
+    // SIGKILL: no destructor, no close, no flush.
+    child.kill().unwrap();
+    // Lines the child printed before it died were acknowledged too.
+    for line in lines {
+        let Ok(line) = line else { break };
+        if let Some(rest) = line.strip_prefix("ack ") {
+            if let Some((t, k)) = rest.split_once(' ') {
+                if let (Ok(t), Ok(k)) = (t.parse::<u64>(), k.parse::<u64>()) {
+                    let e = acked.entry(t).or_default();
+                    *e = (*e).max(k);
+                }
+            }
+        }
+    }
+    let status = child.wait().unwrap();
+    assert!(!status.success(), "the child was killed, not finished");
+    acked
+}
+
+/// Reopen and check every acknowledged change is present and the state is consistent.
+fn verify(path: &Path, acked: &BTreeMap<u64, u64>) -> BTreeMap<u64, u64> {
+    let store = EmbeddedStore::open(path, StoreOptions::default()).unwrap();
+    let mut have = BTreeMap::new();
+    let mut shared_reserved = 0;
+    for t in 0..THREADS {
+        let s = store.get_sync(&id(t)).unwrap().unwrap();
+        let k_max = s.last_call_number;
+        let acked_k = acked.get(&t).copied().unwrap_or(0);
+        assert!(
+            k_max >= acked_k,
+            "{}: acknowledged change {acked_k} lost (disk has {k_max})",
+            id(t)
+        );
+        // A consistent prefix: exactly changes 1..=k_max, nothing skipped.
+        let want_nonces: Vec<u64> = (1..=k_max).map(|k| nonce(t, k)).collect();
+        assert_eq!(
+            s.state.seen_nonces.iter().copied().collect::<Vec<_>>(),
+            want_nonces
+        );
+        assert_eq!(
+            s.state.reservations.keys().copied().collect::<Vec<_>>(),
+            (1..=k_max).collect::<Vec<_>>()
+        );
+        assert_eq!(
+            s.state.pending.as_ref().and_then(|p| p.original_nonce),
+            (k_max.is_multiple_of(5) && k_max > 0).then(|| nonce(t, k_max))
+        );
+        let want_heartbeat = if k_max == 0 {
+            1_000
+        } else {
+            i64::try_from(k_max).unwrap()
+        };
+        assert_eq!(s.last_heartbeat_ns, want_heartbeat);
+        if t == 3 {
+            assert_eq!(s.state.circuit_tripped, k_max >= TRIP_AT);
+        }
+        let reserved = i64::try_from(k_max).unwrap() * STEP;
+        if t < 2 {
+            shared_reserved += reserved;
+        } else {
+            assert_eq!(s.state.budget_remaining, Money(BUDGET - reserved));
+        }
+        have.insert(t, k_max);
+    }
+    // The shared budget balances exactly with both sessions' reservations.
+    let b = store
+        .budget_sync(&BudgetKey::Agent("org-1".into(), "crash-bot".into()))
+        .unwrap()
+        .unwrap();
+    assert_eq!(b.remaining, Money(BUDGET - shared_reserved));
+    store.close_sync().unwrap();
+    have
+}
+
+#[test]
+fn kill_9_loses_no_acknowledged_change() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("crash.redb");
+    // Two rounds: the second child continues from what the first left on disk.
+    let mut floor: BTreeMap<u64, u64> = BTreeMap::new();
+    for round in 0..2 {
+        let acked = run_and_kill(&path, 400);
+        assert_eq!(acked.len(), THREADS as usize, "round {round}: {acked:?}");
+        let have = verify(&path, &acked);
+        for (t, k) in &have {
+            assert!(*k >= floor.get(t).copied().unwrap_or(0));
+            assert!(*k > 0);
+        }
+        floor = have;
+    }
+    // Enough changes to have tripped s3's circuit and crossed pending transitions.
+    assert!(floor.get(&3).copied().unwrap_or(0) >= TRIP_AT);
+}
