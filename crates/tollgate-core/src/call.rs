@@ -89,6 +89,15 @@ impl Params {
         }
     }
 
+    /// Params known by their canonical hash, which the agent's library (which saw them)
+    /// classified as carrying opaque context. Rule 10 then sends the call to a human.
+    pub const fn digest_with_opaque_context(digest: Digest) -> Params {
+        Params {
+            digest: Ok(digest),
+            opaque: true,
+        }
+    }
+
     /// Inputs the edge could not read. `decide` denies such a call as malformed.
     pub const fn unreadable() -> Params {
         Params {

@@ -27,16 +27,41 @@ enum Command {
     Audit(cmd::audit::Args),
     /// The board gate: check handoff-envelope record sets, compute request digests.
     Board(cmd::board::Args),
+    /// Run the daemon (embedded defaults without --config).
+    Serve(cmd::serve::Args),
+    /// Resolve pending human (HITL) decisions over the daemon's socket.
+    #[command(subcommand)]
+    Hitl(cmd::hitl::Args),
+    /// Start a daemon on a temporary socket, run SP/1.0 Appendix A, verify the audit log.
+    Demo(cmd::demo::Args),
+    /// Load generator: throughput and latency percentiles of pre_exec round trips.
+    Bench(cmd::bench::Args),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // Logs go to standard error; RUST_LOG (default `info` for serve, `warn` otherwise).
+    let default = if matches!(cli.command, Command::Serve(_)) {
+        "info"
+    } else {
+        "warn"
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
     let result = match cli.command {
         Command::Conformance(args) => cmd::conformance::run(&args),
         Command::Canonical(args) => cmd::canonical::run(&args),
         Command::Keygen(args) => cmd::keygen::run(&args),
         Command::Audit(args) => cmd::audit::run(&args),
         Command::Board(args) => cmd::board::run(&args),
+        Command::Serve(args) => cmd::serve::run(&args),
+        Command::Hitl(args) => cmd::hitl::run(&args),
+        Command::Demo(args) => cmd::demo::run(&args),
+        Command::Bench(args) => cmd::bench::run(&args),
     };
     match result {
         Ok(code) => code,

@@ -1,7 +1,11 @@
 //! One module per subcommand.
 
 pub mod audit;
+pub mod bench;
 pub mod board;
 pub mod canonical;
 pub mod conformance;
+pub mod demo;
+pub mod hitl;
 pub mod keygen;
+pub mod serve;

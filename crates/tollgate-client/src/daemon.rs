@@ -1,0 +1,511 @@
+//! `DaemonClient`: an agent's connection to the daemon. Fails closed: when the daemon
+//! cannot be reached, does not answer in time, answers with a bad MAC or with something
+//! unreadable, the verdict is DENY with a reason saying which.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::unix::OwnedWriteHalf;
+use tokio::net::UnixStream;
+use tokio::sync::{oneshot, Mutex};
+use tollgate_core::json::Value;
+use tollgate_core::{Digest, Params};
+use tollgate_proto::auth::{self, Unverified};
+use tollgate_proto::frame::{self, HEADER_LEN};
+use tollgate_proto::sp1::{self, envelope::Payload, Envelope};
+use tollgate_proto::{MessageKey, SUPPORTED_VERSIONS};
+
+/// How to reach and identify to the daemon.
+#[derive(Debug, Clone)]
+pub struct ClientConfig {
+    /// The daemon's socket.
+    pub socket: PathBuf,
+    /// The organization, as configured in the daemon.
+    pub organization_id: String,
+    /// The organization's secret (the daemon's `secrets/<org>.secret`, or its config).
+    pub secret: Vec<u8>,
+    /// This agent's id.
+    pub agent_id: String,
+    /// This agent's version.
+    pub agent_version: String,
+    /// The agent framework.
+    pub framework: String,
+    /// How long to wait for any reply before failing closed.
+    pub timeout: Duration,
+}
+
+impl ClientConfig {
+    /// A config for `agent_id` of `organization_id` on `socket`, with a 2 s timeout.
+    pub fn new(
+        socket: impl Into<PathBuf>,
+        organization_id: &str,
+        secret: &[u8],
+        agent_id: &str,
+    ) -> Self {
+        ClientConfig {
+            socket: socket.into(),
+            organization_id: organization_id.to_owned(),
+            secret: secret.to_vec(),
+            agent_id: agent_id.to_owned(),
+            agent_version: env!("CARGO_PKG_VERSION").to_owned(),
+            framework: "rust".to_owned(),
+            timeout: Duration::from_secs(2),
+        }
+    }
+}
+
+/// Why a request got no trustworthy answer.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ClientError {
+    /// The socket could not be reached, or the connection broke.
+    #[error("daemon unreachable: {0}")]
+    Unreachable(String),
+    /// No reply within the timeout.
+    #[error("daemon did not answer within {0:?}")]
+    Timeout(Duration),
+    /// The reply's MAC did not verify.
+    #[error("reply failed authentication")]
+    BadMac,
+    /// The reply could not be read, or was the wrong kind.
+    #[error("malformed reply: {0}")]
+    Malformed(String),
+    /// The daemon answered with an error.
+    #[error("daemon refused: {code:?}: {message}")]
+    Refused {
+        /// The error code.
+        code: sp1::ErrorCode,
+        /// Its message.
+        message: String,
+    },
+}
+
+impl ClientError {
+    /// The fail-closed reason string reported with the DENY.
+    pub fn reason(&self) -> String {
+        match self {
+            ClientError::Unreachable(_) => "fail_closed:daemon_unreachable".into(),
+            ClientError::Timeout(_) => "fail_closed:timeout".into(),
+            ClientError::BadMac => "fail_closed:bad_mac".into(),
+            ClientError::Malformed(_) => "fail_closed:malformed_reply".into(),
+            ClientError::Refused { code, .. } => {
+                format!("fail_closed:{}", code.as_str_name().to_ascii_lowercase())
+            }
+        }
+    }
+}
+
+/// A verdict as the agent sees it: the daemon's, or a fail-closed DENY.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ClientVerdict {
+    /// ALLOW, DENY or HITL. Anything but ALLOW means: do not run the tool.
+    pub verdict: tollgate_core::Verdict,
+    /// The stable reason (`within_thresholds`, `max_repeat_exceeded`, or
+    /// `fail_closed:...` when the daemon gave no usable answer).
+    pub reason: String,
+    /// The call number this verdict is for (pass it to `post_exec`).
+    pub call_number: u64,
+    /// The daemon's response, when there was one.
+    pub response: Option<sp1::PreExecResponse>,
+    /// Why the client failed closed, when it did.
+    pub error: Option<ClientError>,
+}
+
+impl ClientVerdict {
+    /// Whether the tool may run.
+    pub fn allowed(&self) -> bool {
+        self.verdict == tollgate_core::Verdict::Allow
+    }
+
+    fn fail_closed(call_number: u64, e: ClientError) -> ClientVerdict {
+        ClientVerdict {
+            verdict: tollgate_core::Verdict::Deny,
+            reason: e.reason(),
+            call_number,
+            response: None,
+            error: Some(e),
+        }
+    }
+}
+
+type Waiters =
+    Arc<std::sync::Mutex<HashMap<String, oneshot::Sender<Result<Envelope, ClientError>>>>>;
+
+/// A registered session with the daemon. Cheap to share (`Arc`) across tasks: requests
+/// are pipelined on one connection and matched to replies by correlation id.
+pub struct DaemonClient {
+    config: ClientConfig,
+    key: MessageKey,
+    writer: Mutex<Option<OwnedWriteHalf>>,
+    waiters: Waiters,
+    session_id: String,
+    next_call: AtomicU64,
+    registration: sp1::RegisterResponse,
+}
+
+impl std::fmt::Debug for DaemonClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DaemonClient")
+            .field("session_id", &self.session_id)
+            .finish_non_exhaustive()
+    }
+}
+
+fn lock_waiters(
+    w: &Waiters,
+) -> std::sync::MutexGuard<'_, HashMap<String, oneshot::Sender<Result<Envelope, ClientError>>>> {
+    w.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+fn now_ns() -> i64 {
+    let d = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    i64::try_from(d.as_nanos()).unwrap_or(0)
+}
+
+/// A random non-zero nonce.
+fn random_nonce() -> u64 {
+    let mut b = [0u8; 8];
+    let _ = getrandom::fill(&mut b);
+    u64::from_le_bytes(b).max(1)
+}
+
+impl DaemonClient {
+    /// Connect and register a new session.
+    pub async fn connect(config: ClientConfig) -> Result<DaemonClient, ClientError> {
+        Self::connect_inner(config, String::new()).await
+    }
+
+    /// Connect and resume an existing session.
+    pub async fn resume(
+        config: ClientConfig,
+        session_id: &str,
+    ) -> Result<DaemonClient, ClientError> {
+        Self::connect_inner(config, session_id.to_owned()).await
+    }
+
+    async fn connect_inner(
+        config: ClientConfig,
+        session_id: String,
+    ) -> Result<DaemonClient, ClientError> {
+        let stream = tokio::time::timeout(config.timeout, UnixStream::connect(&config.socket))
+            .await
+            .map_err(|_| ClientError::Timeout(config.timeout))?
+            .map_err(|e| ClientError::Unreachable(format!("{}: {e}", config.socket.display())))?;
+        let (mut read, write) = stream.into_split();
+        let key = MessageKey::derive(&config.secret);
+        let waiters: Waiters = Arc::default();
+        let reader_waiters = waiters.clone();
+        let reader_key = key.clone();
+        tokio::spawn(async move {
+            let failure = loop {
+                let mut header = [0u8; HEADER_LEN];
+                if let Err(e) = read.read_exact(&mut header).await {
+                    break ClientError::Unreachable(format!("connection closed: {e}"));
+                }
+                let len = match frame::body_len(header) {
+                    Ok(n) => n,
+                    Err(e) => break ClientError::Malformed(e.to_string()),
+                };
+                let mut body = vec![0u8; len];
+                if let Err(e) = read.read_exact(&mut body).await {
+                    break ClientError::Unreachable(format!("connection closed: {e}"));
+                }
+                deliver(&reader_waiters, &reader_key, &body);
+            };
+            // Everyone still waiting fails closed.
+            for (_, tx) in lock_waiters(&reader_waiters).drain() {
+                let _ = tx.send(Err(failure.clone()));
+            }
+        });
+        let mut client = DaemonClient {
+            key,
+            writer: Mutex::new(Some(write)),
+            waiters,
+            session_id: String::new(),
+            next_call: AtomicU64::new(1),
+            registration: sp1::RegisterResponse::default(),
+            config,
+        };
+        let reply = client
+            .request(Payload::Register(sp1::RegisterRequest {
+                agent_id: client.config.agent_id.clone(),
+                agent_version: client.config.agent_version.clone(),
+                framework: client.config.framework.clone(),
+                session_id,
+                organization_id: client.config.organization_id.clone(),
+                runtime: "tollgate-client-rust".into(),
+                metadata: HashMap::new(),
+                supported_versions: SUPPORTED_VERSIONS.iter().map(|v| (*v).to_owned()).collect(),
+            }))
+            .await?;
+        let Payload::RegisterResponse(r) = reply else {
+            return Err(ClientError::Malformed(
+                "expected a register response".into(),
+            ));
+        };
+        client.session_id = r.session_id.clone();
+        let last = r.state.as_ref().map_or(0, |s| s.last_call_number);
+        client.next_call = AtomicU64::new(last + 1);
+        client.registration = r;
+        Ok(client)
+    }
+
+    /// The session id.
+    pub fn session_id(&self) -> &str {
+        &self.session_id
+    }
+
+    /// The registration response (negotiated protocol, active config, state).
+    pub fn registration(&self) -> &sp1::RegisterResponse {
+        &self.registration
+    }
+
+    async fn send(
+        &self,
+        payload: Payload,
+        expect_reply: bool,
+    ) -> Result<Option<oneshot::Receiver<Result<Envelope, ClientError>>>, ClientError> {
+        let message_id = uuid::Uuid::now_v7().to_string();
+        let env = Envelope {
+            protocol_version: SUPPORTED_VERSIONS
+                .first()
+                .copied()
+                .unwrap_or("1.0.0")
+                .into(),
+            message_id: message_id.clone(),
+            correlation_id: String::new(),
+            client_timestamp_ns: now_ns(),
+            server_timestamp_ns: 0,
+            hmac: Vec::new(),
+            payload: Some(payload),
+        };
+        let body =
+            auth::seal(&self.key, &env).map_err(|e| ClientError::Malformed(e.to_string()))?;
+        let bytes = frame::frame_bytes(&body).map_err(|e| ClientError::Malformed(e.to_string()))?;
+        let rx = if expect_reply {
+            let (tx, rx) = oneshot::channel();
+            lock_waiters(&self.waiters).insert(message_id.clone(), tx);
+            Some(rx)
+        } else {
+            None
+        };
+        let mut w = self.writer.lock().await;
+        let Some(stream) = w.as_mut() else {
+            lock_waiters(&self.waiters).remove(&message_id);
+            return Err(ClientError::Unreachable("connection closed".into()));
+        };
+        if let Err(e) = stream.write_all(&bytes).await {
+            *w = None;
+            lock_waiters(&self.waiters).remove(&message_id);
+            return Err(ClientError::Unreachable(e.to_string()));
+        }
+        Ok(rx)
+    }
+
+    async fn request(&self, payload: Payload) -> Result<Payload, ClientError> {
+        let Some(rx) = self.send(payload, true).await? else {
+            return Err(ClientError::Malformed("no reply channel".into()));
+        };
+        let env = match tokio::time::timeout(self.config.timeout, rx).await {
+            Err(_) => return Err(ClientError::Timeout(self.config.timeout)),
+            Ok(Err(_)) => return Err(ClientError::Unreachable("connection closed".into())),
+            Ok(Ok(r)) => r?,
+        };
+        match env.payload {
+            Some(Payload::Error(e)) => Err(ClientError::Refused {
+                code: sp1::ErrorCode::try_from(e.code).unwrap_or(sp1::ErrorCode::Unspecified),
+                message: e.message,
+            }),
+            Some(p) => Ok(p),
+            None => Err(ClientError::Malformed("reply has no payload".into())),
+        }
+    }
+
+    /// Ask whether `tool` may run with `params`. Never errors: any failure is a DENY whose
+    /// reason starts with `fail_closed:`.
+    pub async fn pre_exec(
+        &self,
+        tool: &str,
+        params: &Value,
+        estimated_cost_usd: f64,
+    ) -> ClientVerdict {
+        let call_number = self.next_call.fetch_add(1, Ordering::SeqCst);
+        let classified = Params::json(params);
+        let (hash, noncanonical) = match classified.canonical_digest() {
+            Ok(d) => (d, false),
+            Err(_) => (Digest::default(), true),
+        };
+        let req = sp1::PreExecRequest {
+            session_id: self.session_id.clone(),
+            call_number,
+            tool_name: tool.to_owned(),
+            tool_params_hash: hash.0.to_vec(),
+            estimated_cost_usd,
+            parent_guard_id: String::new(),
+            nonce: random_nonce(),
+            tags: HashMap::new(),
+            params_noncanonical: noncanonical,
+            params_opaque_context: classified.has_opaque_context(),
+        };
+        self.pre_exec_request(req).await
+    }
+
+    /// Send a prepared request (nonce, call number and hash chosen by the caller), for
+    /// re-dispatching a call a human approved with its original nonce.
+    pub async fn pre_exec_request(&self, req: sp1::PreExecRequest) -> ClientVerdict {
+        let call_number = req.call_number;
+        match self.request(Payload::PreExec(req)).await {
+            Ok(Payload::PreExecResponse(r)) => {
+                let verdict = match sp1::Verdict::try_from(r.verdict) {
+                    Ok(sp1::Verdict::Allow) => tollgate_core::Verdict::Allow,
+                    Ok(sp1::Verdict::Hitl) => tollgate_core::Verdict::Hitl,
+                    // DENY, and anything unknown or unspecified: fail closed.
+                    _ => tollgate_core::Verdict::Deny,
+                };
+                if r.call_number != call_number {
+                    return ClientVerdict::fail_closed(
+                        call_number,
+                        ClientError::Malformed("reply is for another call".into()),
+                    );
+                }
+                ClientVerdict {
+                    verdict,
+                    reason: r.reason.clone(),
+                    call_number,
+                    response: Some(r),
+                    error: None,
+                }
+            }
+            Ok(_) => ClientVerdict::fail_closed(
+                call_number,
+                ClientError::Malformed("expected a pre_exec response".into()),
+            ),
+            Err(e) => ClientVerdict::fail_closed(call_number, e),
+        }
+    }
+
+    /// The next call number this client will use.
+    pub fn next_call_number(&self) -> u64 {
+        self.next_call.fetch_add(1, Ordering::SeqCst)
+    }
+
+    /// Report a call's outcome (fire-and-forget).
+    pub async fn post_exec(
+        &self,
+        call_number: u64,
+        actual_cost_usd: f64,
+        success: bool,
+        error_message: &str,
+    ) -> Result<(), ClientError> {
+        self.send(
+            Payload::PostExec(sp1::PostExecNotification {
+                session_id: self.session_id.clone(),
+                call_number,
+                actual_cost_usd,
+                success,
+                error_message: error_message.to_owned(),
+                ..sp1::PostExecNotification::default()
+            }),
+            false,
+        )
+        .await
+        .map(|_| ())
+    }
+
+    /// Send a heartbeat with the agent's local view of its budget.
+    pub async fn heartbeat(
+        &self,
+        local_budget_remaining: f64,
+    ) -> Result<sp1::HeartbeatAck, ClientError> {
+        match self
+            .request(Payload::Heartbeat(sp1::Heartbeat {
+                session_id: self.session_id.clone(),
+                last_call_number: self.next_call.load(Ordering::SeqCst).saturating_sub(1),
+                local_budget_remaining,
+            }))
+            .await?
+        {
+            Payload::HeartbeatAck(a) => Ok(a),
+            _ => Err(ClientError::Malformed("expected a heartbeat ack".into())),
+        }
+    }
+
+    /// The daemon's view of this session.
+    pub async fn session_state(&self) -> Result<sp1::SessionState, ClientError> {
+        self.state_of(&self.session_id.clone()).await
+    }
+
+    /// The daemon's view of any session of this organization.
+    pub async fn state_of(&self, session_id: &str) -> Result<sp1::SessionState, ClientError> {
+        match self
+            .request(Payload::GetSessionState(sp1::GetSessionStateRequest {
+                session_id: session_id.to_owned(),
+            }))
+            .await?
+        {
+            Payload::SessionState(s) => Ok(s),
+            _ => Err(ClientError::Malformed("expected a session state".into())),
+        }
+    }
+
+    /// Pending HITL transitions of this organization (operator use).
+    pub async fn hitl_list(&self) -> Result<Vec<sp1::HitlPending>, ClientError> {
+        match self
+            .request(Payload::HitlList(sp1::HitlListRequest {
+                organization_id: self.config.organization_id.clone(),
+            }))
+            .await?
+        {
+            Payload::HitlListResponse(r) => Ok(r.pending),
+            _ => Err(ClientError::Malformed("expected a HITL list".into())),
+        }
+    }
+
+    /// Record a human decision on a session's pending transition (operator use).
+    pub async fn hitl_decide(
+        &self,
+        req: sp1::HitlDecideRequest,
+    ) -> Result<sp1::HitlDecideResponse, ClientError> {
+        match self.request(Payload::HitlDecide(req)).await? {
+            Payload::HitlDecideResponse(r) => Ok(r),
+            _ => Err(ClientError::Malformed(
+                "expected a HITL decision response".into(),
+            )),
+        }
+    }
+}
+
+/// Route a reply to its waiter, if it verifies.
+fn deliver(waiters: &Waiters, key: &MessageKey, body: &[u8]) {
+    let Ok(unverified) = Unverified::decode(body) else {
+        return; // unreadable: whoever waits times out, failing closed
+    };
+    let correlation = unverified.envelope().correlation_id.clone();
+    let Some(tx) = lock_waiters(waiters).remove(&correlation) else {
+        return;
+    };
+    let result = match unverified.verify(key) {
+        Ok(v) => Ok(v.into_inner()),
+        Err(_) => {
+            // Unauthenticated errors (sent before the daemon knew our key) are still
+            // failures; anything else unauthenticated is a forgery.
+            let env = Unverified::decode(body).map(|u| u.envelope().clone());
+            match env {
+                Ok(Envelope {
+                    payload: Some(Payload::Error(e)),
+                    ..
+                }) => Err(ClientError::Refused {
+                    code: sp1::ErrorCode::try_from(e.code).unwrap_or(sp1::ErrorCode::Unspecified),
+                    message: e.message,
+                }),
+                _ => Err(ClientError::BadMac),
+            }
+        }
+    };
+    let _ = tx.send(result);
+}

@@ -1,0 +1,549 @@
+//! The daemon's configuration: a TOML file, every key optional. With no file at all the
+//! daemon runs on embedded defaults (see [`DaemonConfig::default`]).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+use tollgate_core::{BudgetScope, GuardConfig, HitlMode, Money, Ratio, Settlement};
+
+/// The largest configuration file read.
+pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
+/// The organization a zero-configuration daemon serves.
+pub const DEFAULT_ORG: &str = "default";
+
+/// Why a configuration cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file cannot be read.
+    #[error("cannot read `{path}`: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The file is larger than [`MAX_CONFIG_BYTES`].
+    #[error("`{0}` is larger than 1 MiB")]
+    TooLarge(PathBuf),
+    /// Not valid TOML for this schema (unknown keys are errors).
+    #[error("invalid configuration: {0}")]
+    Toml(#[from] toml::de::Error),
+    /// A value out of range.
+    #[error("invalid configuration: `{key}`: {message}")]
+    Value {
+        /// The key.
+        key: String,
+        /// What is wrong.
+        message: String,
+    },
+}
+
+fn bad(key: impl Into<String>, message: impl Into<String>) -> ConfigError {
+    ConfigError::Value {
+        key: key.into(),
+        message: message.into(),
+    }
+}
+
+/// The file's shape. Unknown keys are rejected so a typo cannot silently weaken a policy.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct File {
+    #[serde(default)]
+    daemon: DaemonSection,
+    #[serde(default)]
+    limits: LimitsSection,
+    #[serde(default)]
+    audit: AuditSection,
+    #[serde(default, rename = "organization")]
+    organizations: Vec<OrgSection>,
+    #[serde(default)]
+    guard: GuardSection,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DaemonSection {
+    data_dir: Option<PathBuf>,
+    socket: Option<PathBuf>,
+    socket_mode: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LimitsSection {
+    pre_exec_per_second_per_session: Option<u32>,
+    registrations_per_second_per_peer: Option<u32>,
+    max_sessions: Option<usize>,
+    max_connections: Option<usize>,
+    idle_timeout_secs: Option<u64>,
+    frame_timeout_ms: Option<u64>,
+    heartbeat_interval_secs: Option<u64>,
+    missed_heartbeats_for_stale: Option<u32>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AuditSection {
+    dir: Option<PathBuf>,
+    key: Option<PathBuf>,
+    fsync: Option<String>,
+    rotate_bytes: Option<u64>,
+    rotate_daily: Option<bool>,
+    retention_days: Option<u32>,
+    checkpoint_every_entries: Option<u64>,
+    checkpoint_every_secs: Option<u64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct OrgSection {
+    id: String,
+    secret: Option<String>,
+    secret_file: Option<PathBuf>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct GuardSection {
+    #[serde(default)]
+    default: GuardTable,
+    #[serde(default)]
+    agents: BTreeMap<String, GuardTable>,
+}
+
+/// One guard configuration in TOML; every key optional, falling back to the default guard.
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct GuardTable {
+    budget_usd: Option<f64>,
+    budget_scope: Option<String>,
+    max_repeat_calls: Option<u32>,
+    error_amplification: Option<bool>,
+    timeout_seconds: Option<u32>,
+    window_duration_s: Option<u32>,
+    window_max_calls: Option<u32>,
+    max_total_calls: Option<u64>,
+    probabilistic_deny: Option<bool>,
+    deny_jitter_ratio: Option<f64>,
+    hitl_mode: Option<String>,
+    hitl_budget_threshold: Option<f64>,
+    settlement: Option<String>,
+}
+
+/// An organization the daemon serves.
+#[derive(Debug, Clone)]
+pub struct Organization {
+    /// Its id, as agents send it in `RegisterRequest.organization_id`.
+    pub id: String,
+    /// Its secret, from which message keys are derived. `None`: generate one on first
+    /// start and keep it in the data directory (`<data_dir>/secrets/<id>.secret`).
+    pub secret: Option<Vec<u8>>,
+}
+
+/// Rate limits, caps and timeouts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Limits {
+    /// PreExec requests per second per session (token bucket, burst of one second's worth).
+    pub pre_exec_per_second_per_session: u32,
+    /// Registrations per second per peer (Unix socket peer uid).
+    pub registrations_per_second_per_peer: u32,
+    /// Live sessions at most.
+    pub max_sessions: usize,
+    /// Open connections at most.
+    pub max_connections: usize,
+    /// A connection with no complete frame for this long is closed.
+    pub idle_timeout: Duration,
+    /// A frame whose header has arrived must complete within this.
+    pub frame_timeout: Duration,
+    /// The heartbeat interval agents are expected to keep.
+    pub heartbeat_interval: Duration,
+    /// Missed intervals after which a session is STALE.
+    pub missed_heartbeats_for_stale: u32,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            pre_exec_per_second_per_session: 1000,
+            registrations_per_second_per_peer: 10,
+            max_sessions: 100_000,
+            max_connections: 1024,
+            idle_timeout: Duration::from_secs(300),
+            frame_timeout: Duration::from_secs(5),
+            heartbeat_interval: Duration::from_secs(30),
+            missed_heartbeats_for_stale: 3,
+        }
+    }
+}
+
+/// Audit log settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AuditSettings {
+    /// Directory of the log; default `<data_dir>/audit`.
+    pub dir: Option<PathBuf>,
+    /// Signing key file; default `<data_dir>/audit.key`, created on first start.
+    pub key: Option<PathBuf>,
+    /// `always`, `batch` or `never`.
+    pub fsync: String,
+    /// Rotate when a file reaches this size.
+    pub rotate_bytes: u64,
+    /// Rotate at UTC midnight.
+    pub rotate_daily: bool,
+    /// Delete archived files older than this many days; 0 keeps everything.
+    pub retention_days: u32,
+    /// Signed checkpoint every N entries.
+    pub checkpoint_every_entries: u64,
+    /// Signed checkpoint every T seconds.
+    pub checkpoint_every_secs: u64,
+}
+
+impl Default for AuditSettings {
+    fn default() -> Self {
+        AuditSettings {
+            dir: None,
+            key: None,
+            fsync: "batch".into(),
+            rotate_bytes: 256 * 1024 * 1024,
+            rotate_daily: true,
+            retention_days: 0,
+            checkpoint_every_entries: 10_000,
+            checkpoint_every_secs: 60,
+        }
+    }
+}
+
+/// The whole configuration.
+#[derive(Debug, Clone)]
+pub struct DaemonConfig {
+    /// Where state, keys, secrets and the audit log live.
+    pub data_dir: PathBuf,
+    /// The Unix socket; default `<data_dir>/tollgate.sock`.
+    pub socket: Option<PathBuf>,
+    /// The socket's permission bits; default 0o660.
+    pub socket_mode: u32,
+    /// Limits.
+    pub limits: Limits,
+    /// Audit settings.
+    pub audit: AuditSettings,
+    /// The organizations served; never empty.
+    pub organizations: Vec<Organization>,
+    /// The guard every agent gets unless overridden.
+    pub default_guard: GuardConfig,
+    /// Per-agent guards (complete configs: the default with the agent's keys applied).
+    pub agent_guards: BTreeMap<String, GuardConfig>,
+}
+
+impl Default for DaemonConfig {
+    /// Embedded defaults: data in `./tollgate-data`, one organization `default` with a
+    /// generated secret, a guard of $1.00 budget, 3 repeats, HITL never.
+    fn default() -> Self {
+        DaemonConfig {
+            data_dir: PathBuf::from("tollgate-data"),
+            socket: None,
+            socket_mode: 0o660,
+            limits: Limits::default(),
+            audit: AuditSettings::default(),
+            organizations: vec![Organization {
+                id: DEFAULT_ORG.into(),
+                secret: None,
+            }],
+            default_guard: default_guard(),
+            agent_guards: BTreeMap::new(),
+        }
+    }
+}
+
+/// The embedded default guard.
+pub fn default_guard() -> GuardConfig {
+    GuardConfig {
+        budget: Money(1_000_000_000),
+        max_repeat_calls: 3,
+        ..GuardConfig::default()
+    }
+}
+
+impl DaemonConfig {
+    /// Read a configuration file.
+    pub fn load(path: &Path) -> Result<DaemonConfig, ConfigError> {
+        let meta = std::fs::metadata(path).map_err(|source| ConfigError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        if meta.len() > MAX_CONFIG_BYTES {
+            return Err(ConfigError::TooLarge(path.to_owned()));
+        }
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        let base = path.parent().unwrap_or(Path::new("."));
+        DaemonConfig::from_toml(&text, base)
+    }
+
+    /// Parse configuration text; relative `secret_file` paths resolve against `base`.
+    pub fn from_toml(text: &str, base: &Path) -> Result<DaemonConfig, ConfigError> {
+        let file: File = toml::from_str(text)?;
+        let mut c = DaemonConfig::default();
+        if let Some(d) = file.daemon.data_dir {
+            c.data_dir = d;
+        }
+        c.socket = file.daemon.socket;
+        if let Some(m) = file.daemon.socket_mode {
+            c.socket_mode = u32::from_str_radix(m.trim_start_matches("0o"), 8)
+                .ok()
+                .filter(|m| *m <= 0o777)
+                .ok_or_else(|| bad("daemon.socket_mode", format!("`{m}` is not an octal mode")))?;
+        }
+        let l = file.limits;
+        let d = Limits::default();
+        c.limits = Limits {
+            pre_exec_per_second_per_session: positive(
+                "limits.pre_exec_per_second_per_session",
+                l.pre_exec_per_second_per_session,
+                d.pre_exec_per_second_per_session,
+            )?,
+            registrations_per_second_per_peer: positive(
+                "limits.registrations_per_second_per_peer",
+                l.registrations_per_second_per_peer,
+                d.registrations_per_second_per_peer,
+            )?,
+            max_sessions: positive("limits.max_sessions", l.max_sessions, d.max_sessions)?,
+            max_connections: positive(
+                "limits.max_connections",
+                l.max_connections,
+                d.max_connections,
+            )?,
+            idle_timeout: l
+                .idle_timeout_secs
+                .map_or(d.idle_timeout, Duration::from_secs),
+            frame_timeout: l
+                .frame_timeout_ms
+                .map_or(d.frame_timeout, Duration::from_millis),
+            heartbeat_interval: l
+                .heartbeat_interval_secs
+                .map_or(d.heartbeat_interval, Duration::from_secs),
+            missed_heartbeats_for_stale: positive(
+                "limits.missed_heartbeats_for_stale",
+                l.missed_heartbeats_for_stale,
+                d.missed_heartbeats_for_stale,
+            )?,
+        };
+        let a = file.audit;
+        let da = AuditSettings::default();
+        c.audit = AuditSettings {
+            dir: a.dir,
+            key: a.key,
+            fsync: match a.fsync {
+                None => da.fsync,
+                Some(f) if ["always", "batch", "never"].contains(&f.as_str()) => f,
+                Some(f) => {
+                    return Err(bad(
+                        "audit.fsync",
+                        format!("`{f}` is not always, batch or never"),
+                    ))
+                }
+            },
+            rotate_bytes: a.rotate_bytes.unwrap_or(da.rotate_bytes),
+            rotate_daily: a.rotate_daily.unwrap_or(da.rotate_daily),
+            retention_days: a.retention_days.unwrap_or(da.retention_days),
+            checkpoint_every_entries: a
+                .checkpoint_every_entries
+                .unwrap_or(da.checkpoint_every_entries),
+            checkpoint_every_secs: a.checkpoint_every_secs.unwrap_or(da.checkpoint_every_secs),
+        };
+        if !file.organizations.is_empty() {
+            let mut orgs = Vec::new();
+            for (i, o) in file.organizations.into_iter().enumerate() {
+                let key = format!("organization[{i}]");
+                if o.id.is_empty() || o.id.len() > 128 {
+                    return Err(bad(format!("{key}.id"), "must be 1 to 128 characters"));
+                }
+                if orgs.iter().any(|x: &Organization| x.id == o.id) {
+                    return Err(bad(
+                        format!("{key}.id"),
+                        format!("`{}` appears twice", o.id),
+                    ));
+                }
+                let secret = match (o.secret, o.secret_file) {
+                    (Some(_), Some(_)) => {
+                        return Err(bad(key, "give `secret` or `secret_file`, not both"))
+                    }
+                    (Some(s), None) => Some(s.into_bytes()),
+                    (None, Some(f)) => {
+                        let path = base.join(f);
+                        let text = std::fs::read_to_string(&path)
+                            .map_err(|source| ConfigError::Read { path, source })?;
+                        Some(text.trim().as_bytes().to_vec())
+                    }
+                    (None, None) => None,
+                };
+                if secret.as_ref().is_some_and(|s| s.len() < 16) {
+                    return Err(bad(format!("{key}.secret"), "must be at least 16 bytes"));
+                }
+                orgs.push(Organization { id: o.id, secret });
+            }
+            c.organizations = orgs;
+        }
+        c.default_guard = guard(&file.guard.default, &default_guard(), "guard.default")?;
+        for (agent, table) in &file.guard.agents {
+            let g = guard(table, &c.default_guard, &format!("guard.agents.{agent}"))?;
+            c.agent_guards.insert(agent.clone(), g);
+        }
+        Ok(c)
+    }
+
+    /// The socket path.
+    pub fn socket_path(&self) -> PathBuf {
+        self.socket
+            .clone()
+            .unwrap_or_else(|| self.data_dir.join("tollgate.sock"))
+    }
+
+    /// The guard for `agent`.
+    pub fn guard_for(&self, agent: &str) -> &GuardConfig {
+        self.agent_guards.get(agent).unwrap_or(&self.default_guard)
+    }
+}
+
+fn positive<T: PartialOrd + Default + Copy>(
+    key: &str,
+    v: Option<T>,
+    default: T,
+) -> Result<T, ConfigError> {
+    match v {
+        None => Ok(default),
+        Some(x) if x > T::default() => Ok(x),
+        Some(_) => Err(bad(key, "must be greater than zero")),
+    }
+}
+
+fn guard(t: &GuardTable, base: &GuardConfig, key: &str) -> Result<GuardConfig, ConfigError> {
+    let k = |name: &str| format!("{key}.{name}");
+    let mut g = base.clone();
+    if let Some(b) = t.budget_usd {
+        g.budget =
+            Money::from_usd_non_negative(b).map_err(|e| bad(k("budget_usd"), e.to_string()))?;
+    }
+    if let Some(s) = &t.budget_scope {
+        g.budget_scope = s
+            .parse::<BudgetScope>()
+            .map_err(|e| bad(k("budget_scope"), e.to_string()))?;
+    }
+    if let Some(v) = t.max_repeat_calls {
+        g.max_repeat_calls = v;
+    }
+    if let Some(v) = t.error_amplification {
+        g.error_amplification = v;
+    }
+    if let Some(v) = t.timeout_seconds {
+        g.timeout_seconds = v;
+    }
+    if let Some(v) = t.window_duration_s {
+        g.window_duration_s = v;
+    }
+    if let Some(v) = t.window_max_calls {
+        g.window_max_calls = v;
+    }
+    if let Some(v) = t.max_total_calls {
+        g.max_total_calls = v;
+    }
+    if let Some(v) = t.probabilistic_deny {
+        g.probabilistic_deny = v;
+    }
+    if let Some(v) = t.deny_jitter_ratio {
+        g.deny_jitter_ratio =
+            Ratio::from_f64(v).map_err(|e| bad(k("deny_jitter_ratio"), e.to_string()))?;
+    }
+    if let Some(s) = &t.hitl_mode {
+        g.hitl_mode = s
+            .parse::<HitlMode>()
+            .map_err(|e| bad(k("hitl_mode"), e.to_string()))?;
+    }
+    if let Some(v) = t.hitl_budget_threshold {
+        g.hitl_budget_threshold =
+            Ratio::from_f64(v).map_err(|e| bad(k("hitl_budget_threshold"), e.to_string()))?;
+    }
+    if let Some(s) = &t.settlement {
+        g.settlement = s
+            .parse::<Settlement>()
+            .map_err(|e| bad(k("settlement"), e.to_string()))?;
+    }
+    Ok(g)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_file_is_the_embedded_defaults() {
+        let c = DaemonConfig::from_toml("", Path::new(".")).unwrap();
+        assert_eq!(c.limits, Limits::default());
+        assert_eq!(c.default_guard, default_guard());
+        assert_eq!(c.organizations.len(), 1);
+        assert_eq!(
+            c.socket_path(),
+            PathBuf::from("tollgate-data/tollgate.sock")
+        );
+    }
+
+    #[test]
+    fn a_full_file() {
+        let c = DaemonConfig::from_toml(
+            r#"
+            [daemon]
+            data_dir = "/var/lib/tollgate"
+            socket = "/run/tollgate.sock"
+            socket_mode = "0600"
+            [limits]
+            pre_exec_per_second_per_session = 50
+            heartbeat_interval_secs = 5
+            [audit]
+            fsync = "always"
+            [[organization]]
+            id = "acme"
+            secret = "0123456789abcdef0123"
+            [guard.default]
+            budget_usd = 0.5
+            hitl_mode = "on_threshold"
+            hitl_budget_threshold = 0.2
+            [guard.agents.research-bot]
+            max_repeat_calls = 5
+            budget_scope = "per_agent"
+            "#,
+            Path::new("."),
+        )
+        .unwrap();
+        assert_eq!(c.socket_mode, 0o600);
+        assert_eq!(c.limits.pre_exec_per_second_per_session, 50);
+        assert_eq!(c.audit.fsync, "always");
+        assert_eq!(
+            c.organizations[0].secret.as_deref(),
+            Some(&b"0123456789abcdef0123"[..])
+        );
+        let g = c.guard_for("research-bot");
+        assert_eq!(g.budget, Money(500_000_000));
+        assert_eq!(g.max_repeat_calls, 5);
+        assert_eq!(g.budget_scope, BudgetScope::PerAgent);
+        assert_eq!(g.hitl_mode, HitlMode::OnThreshold);
+        assert_eq!(c.guard_for("other").max_repeat_calls, 3);
+    }
+
+    #[test]
+    fn mistakes_are_named() {
+        let err = |t: &str| {
+            DaemonConfig::from_toml(t, Path::new("."))
+                .unwrap_err()
+                .to_string()
+        };
+        assert!(err("[guard.default]\nbudget_usdd = 1").contains("budget_usdd"));
+        assert!(err("[guard.default]\nbudget_usd = -1").contains("guard.default.budget_usd"));
+        assert!(err("[guard.default]\nhitl_mode = \"often\"").contains("often"));
+        assert!(err("[limits]\nmax_sessions = 0").contains("limits.max_sessions"));
+        assert!(err("[[organization]]\nid = \"a\"\nsecret = \"short\"").contains("at least 16"));
+        assert!(err("[audit]\nfsync = \"sometimes\"").contains("audit.fsync"));
+    }
+}

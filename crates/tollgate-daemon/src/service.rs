@@ -1,0 +1,967 @@
+//! The protocol, independent of the transport: a verified request in, a response out.
+//!
+//! Every request is authenticated before anything else happens; every verdict is decided
+//! by `tollgate_core::decide`, applied to the store atomically, written to the audit log,
+//! and returned only once both the state change and the audit entry are durable.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Instant;
+
+use tollgate_audit::VerdictRecord;
+use tollgate_core::{
+    apply_decision, apply_post_exec, decide, record_human_decision, Decision, Digest, GuardConfig,
+    HumanDecision, Money, Params, Reason, SessionState, SessionStatus, Successor, ToolCall,
+    UnixNanos, Verdict,
+};
+use tollgate_proto::auth::{self, AuthError, Unverified};
+use tollgate_proto::sp1::{self, envelope::Payload, Envelope, ErrorCode};
+use tollgate_proto::{MessageKey, Verified, SUPPORTED_VERSIONS};
+use tollgate_store::{Change, Session, SessionMeta, SessionStore};
+
+use crate::config::{DaemonConfig, DEFAULT_ORG};
+use crate::convert;
+use crate::ratelimit::RateLimiter;
+
+/// The daemon's version, reported at registration.
+pub const DAEMON_VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// Who is on the other end of a connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Peer {
+    /// The peer's uid (Unix sockets), or 0 when unknown.
+    pub uid: u32,
+}
+
+/// The daemon's clock: the sole time authority.
+pub trait Clock: Send + Sync + 'static {
+    /// Nanoseconds since the Unix epoch.
+    fn now_ns(&self) -> UnixNanos;
+}
+
+/// The system clock.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now_ns(&self) -> UnixNanos {
+        let d = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        i64::try_from(d.as_nanos()).unwrap_or(i64::MAX)
+    }
+}
+
+/// What the daemon remembers of a live session, beside the store: the guard deciding it
+/// and its organization's key.
+#[derive(Debug, Clone)]
+struct SessionInfo {
+    organization_id: String,
+    agent_id: String,
+    guard: Arc<GuardConfig>,
+}
+
+/// The protocol engine.
+pub struct Service<S> {
+    config: Arc<DaemonConfig>,
+    store: S,
+    audit: tollgate_audit::Writer,
+    clock: Arc<dyn Clock>,
+    keys: HashMap<String, MessageKey>,
+    sessions: Mutex<HashMap<String, SessionInfo>>,
+    pre_exec_limits: Mutex<RateLimiter<String>>,
+    register_limits: Mutex<RateLimiter<Peer>>,
+}
+
+impl<S> std::fmt::Debug for Service<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Service").finish_non_exhaustive()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// A failure answered with an `Error` message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    /// The Appendix B code (or one of ours).
+    pub code: ErrorCode,
+    /// A human-readable explanation.
+    pub message: String,
+    /// For RATE_LIMITED.
+    pub retry_after_ms: u64,
+}
+
+fn refuse(code: ErrorCode, message: impl Into<String>) -> Refusal {
+    Refusal {
+        code,
+        message: message.into(),
+        retry_after_ms: 0,
+    }
+}
+
+/// What to send back, if anything.
+#[derive(Debug)]
+pub enum Reply {
+    /// A response frame body (sealed when the peer authenticated).
+    Frame(Vec<u8>),
+    /// Nothing (post-exec is fire-and-forget).
+    Nothing,
+}
+
+impl<S: SessionStore> Service<S> {
+    /// A service over `store`, writing to `audit`, with message keys derived from the
+    /// organizations' secrets (`secrets` has one per organization id).
+    pub fn new(
+        config: Arc<DaemonConfig>,
+        store: S,
+        audit: tollgate_audit::Writer,
+        clock: Arc<dyn Clock>,
+        secrets: &HashMap<String, Vec<u8>>,
+    ) -> Service<S> {
+        let keys = secrets
+            .iter()
+            .map(|(org, secret)| (org.clone(), MessageKey::derive(secret)))
+            .collect();
+        let limits = &config.limits;
+        Service {
+            pre_exec_limits: Mutex::new(RateLimiter::new(limits.pre_exec_per_second_per_session)),
+            register_limits: Mutex::new(RateLimiter::new(limits.registrations_per_second_per_peer)),
+            config,
+            store,
+            audit,
+            clock,
+            keys,
+            sessions: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The store.
+    pub fn store(&self) -> &S {
+        &self.store
+    }
+
+    /// The audit writer.
+    pub fn audit(&self) -> &tollgate_audit::Writer {
+        &self.audit
+    }
+
+    /// Handle one frame body from `peer`.
+    pub async fn handle(&self, body: &[u8], peer: Peer) -> Reply {
+        let received_ns = self.clock.now_ns();
+        let unverified = match Unverified::decode(body) {
+            Ok(u) => u,
+            Err(e) => {
+                return self.error_reply(
+                    None,
+                    "",
+                    received_ns,
+                    refuse(ErrorCode::MalformedMessage, e.to_string()),
+                )
+            }
+        };
+        let message_id = unverified.envelope().message_id.clone();
+        let key = match self.key_for(unverified.envelope()).await {
+            Ok(k) => k,
+            Err(r) => return self.error_reply(None, &message_id, received_ns, r),
+        };
+        let verified = match unverified.verify(&key) {
+            Ok(v) => v,
+            Err(e) => {
+                let message = match e {
+                    AuthError::BadMac => "message authentication failed".to_owned(),
+                    other => other.to_string(),
+                };
+                tracing::warn!(%message_id, "authentication failed: {message}");
+                return self.error_reply(
+                    None,
+                    &message_id,
+                    received_ns,
+                    refuse(ErrorCode::AuthenticationFailed, message),
+                );
+            }
+        };
+        let result = self.dispatch(verified, peer, received_ns).await;
+        match result {
+            Ok(Some(payload)) => self.reply(&key, &message_id, received_ns, payload),
+            Ok(None) => Reply::Nothing,
+            Err(r) => self.error_reply(Some(&key), &message_id, received_ns, r),
+        }
+    }
+
+    fn reply(
+        &self,
+        key: &MessageKey,
+        correlation: &str,
+        received_ns: i64,
+        payload: Payload,
+    ) -> Reply {
+        let env = Envelope {
+            protocol_version: SUPPORTED_VERSIONS
+                .first()
+                .copied()
+                .unwrap_or("1.0.0")
+                .to_owned(),
+            message_id: uuid::Uuid::now_v7().to_string(),
+            correlation_id: correlation.to_owned(),
+            client_timestamp_ns: 0,
+            server_timestamp_ns: received_ns,
+            hmac: Vec::new(),
+            payload: Some(payload),
+        };
+        match auth::seal(key, &env) {
+            Ok(body) => Reply::Frame(body),
+            Err(e) => {
+                tracing::error!("response too large to send: {e}");
+                Reply::Nothing
+            }
+        }
+    }
+
+    /// An error reply: sealed with the peer's key once it is authenticated, plain before.
+    fn error_reply(
+        &self,
+        key: Option<&MessageKey>,
+        correlation: &str,
+        received_ns: i64,
+        r: Refusal,
+    ) -> Reply {
+        let payload = Payload::Error(sp1::Error {
+            code: r.code as i32,
+            message: r.message,
+            retry_after_ms: r.retry_after_ms,
+        });
+        match key {
+            Some(k) => self.reply(k, correlation, received_ns, payload),
+            None => {
+                let env = Envelope {
+                    protocol_version: "1.0.0".into(),
+                    message_id: uuid::Uuid::now_v7().to_string(),
+                    correlation_id: correlation.to_owned(),
+                    server_timestamp_ns: received_ns,
+                    payload: Some(payload),
+                    ..Envelope::default()
+                };
+                Reply::Frame(prost::Message::encode_to_vec(&env))
+            }
+        }
+    }
+
+    /// The key that must have sealed this envelope: its organization's.
+    async fn key_for(&self, env: &Envelope) -> Result<MessageKey, Refusal> {
+        let org = match &env.payload {
+            Some(Payload::Register(r)) => {
+                if r.organization_id.is_empty() {
+                    DEFAULT_ORG.to_owned()
+                } else {
+                    r.organization_id.clone()
+                }
+            }
+            Some(Payload::HitlList(r)) => {
+                if r.organization_id.is_empty() {
+                    DEFAULT_ORG.to_owned()
+                } else {
+                    r.organization_id.clone()
+                }
+            }
+            Some(Payload::PreExec(r)) => self.session_info(&r.session_id).await?.organization_id,
+            Some(Payload::PostExec(r)) => self.session_info(&r.session_id).await?.organization_id,
+            Some(Payload::Heartbeat(r)) => self.session_info(&r.session_id).await?.organization_id,
+            Some(Payload::GetSessionState(r)) => {
+                self.session_info(&r.session_id).await?.organization_id
+            }
+            Some(Payload::HitlDecide(r)) => self.session_info(&r.session_id).await?.organization_id,
+            Some(_) => {
+                return Err(refuse(
+                    ErrorCode::InvalidRequest,
+                    "the daemon does not accept responses",
+                ))
+            }
+            None => {
+                return Err(refuse(
+                    ErrorCode::MalformedMessage,
+                    "envelope has no payload",
+                ))
+            }
+        };
+        self.keys.get(&org).cloned().ok_or_else(|| {
+            // Same answer as a bad MAC: do not reveal which organizations exist.
+            refuse(
+                ErrorCode::AuthenticationFailed,
+                "message authentication failed",
+            )
+        })
+    }
+
+    async fn session_info(&self, id: &str) -> Result<SessionInfo, Refusal> {
+        if let Some(info) = lock(&self.sessions).get(id) {
+            return Ok(info.clone());
+        }
+        let not_found = || {
+            refuse(
+                ErrorCode::SessionNotFound,
+                format!("unknown session `{id}`"),
+            )
+        };
+        if id.is_empty() || id.len() > 128 {
+            return Err(not_found());
+        }
+        let session = self
+            .store
+            .get(id)
+            .await
+            .map_err(|e| refuse(ErrorCode::DaemonUnavailable, e.to_string()))?
+            .ok_or_else(not_found)?;
+        let info = self.info_for(&session.meta);
+        lock(&self.sessions).insert(id.to_owned(), info.clone());
+        Ok(info)
+    }
+
+    fn info_for(&self, meta: &SessionMeta) -> SessionInfo {
+        SessionInfo {
+            organization_id: meta.organization_id.clone(),
+            agent_id: meta.agent_id.clone(),
+            guard: Arc::new(self.config.guard_for(&meta.agent_id).clone()),
+        }
+    }
+
+    async fn dispatch(
+        &self,
+        env: Verified<Envelope>,
+        peer: Peer,
+        now: i64,
+    ) -> Result<Option<Payload>, Refusal> {
+        let env = env.into_inner();
+        if !matches!(env.payload, Some(Payload::Register(_))) {
+            check_major(&env.protocol_version)?;
+        }
+        match env.payload {
+            Some(Payload::Register(r)) => self
+                .register(r, &env.protocol_version, peer, now)
+                .await
+                .map(Some),
+            Some(Payload::PreExec(r)) => self.pre_exec(r, now).await.map(Some),
+            Some(Payload::PostExec(r)) => {
+                self.post_exec(r, now).await?;
+                Ok(None)
+            }
+            Some(Payload::Heartbeat(r)) => self.heartbeat(r, now).await.map(Some),
+            Some(Payload::GetSessionState(r)) => self.get_state(&r.session_id).await.map(Some),
+            Some(Payload::HitlList(r)) => self.hitl_list(r).await.map(Some),
+            Some(Payload::HitlDecide(r)) => self.hitl_decide(r, now).await.map(Some),
+            _ => Err(refuse(ErrorCode::InvalidRequest, "not a request")),
+        }
+    }
+
+    async fn register(
+        &self,
+        r: sp1::RegisterRequest,
+        envelope_version: &str,
+        peer: Peer,
+        now: i64,
+    ) -> Result<Payload, Refusal> {
+        if let Err(wait) = lock(&self.register_limits).check(&peer, Instant::now()) {
+            return Err(Refusal {
+                code: ErrorCode::RateLimited,
+                message: "too many registrations from this peer".into(),
+                retry_after_ms: wait,
+            });
+        }
+        let negotiated = negotiate(envelope_version, &r.supported_versions)?;
+        let org = if r.organization_id.is_empty() {
+            DEFAULT_ORG.to_owned()
+        } else {
+            r.organization_id.clone()
+        };
+        if r.agent_id.is_empty() || r.agent_id.len() > 128 {
+            return Err(refuse(
+                ErrorCode::InvalidRequest,
+                "agent_id must be 1 to 128 bytes",
+            ));
+        }
+        let store_err =
+            |e: tollgate_store::StoreError| refuse(ErrorCode::DaemonUnavailable, e.to_string());
+
+        // Resume: the session must exist and belong to this organization and agent.
+        if !r.session_id.is_empty() {
+            let info = self.session_info(&r.session_id).await?;
+            if info.organization_id != org || info.agent_id != r.agent_id {
+                return Err(refuse(
+                    ErrorCode::SessionNotFound,
+                    format!("unknown session `{}`", r.session_id),
+                ));
+            }
+            let ((state, last), durable) = self
+                .store
+                .apply(&r.session_id, move |s: &mut Session| {
+                    s.last_heartbeat_ns = now;
+                    if s.state.status == SessionStatus::Stale {
+                        s.state.status = live_status(&s.state);
+                    }
+                    Change::Commit((s.state.clone(), s.last_call_number))
+                })
+                .await
+                .map_err(store_err)?;
+            durable.await.map_err(store_err)?;
+            let id = convert::Identity {
+                session_id: &r.session_id,
+                agent_id: &info.agent_id,
+                organization_id: &info.organization_id,
+            };
+            return Ok(Payload::RegisterResponse(sp1::RegisterResponse {
+                session_id: r.session_id.clone(),
+                daemon_version: DAEMON_VERSION.into(),
+                negotiated_protocol: negotiated,
+                active_config: Some(convert::guard(&info.guard)),
+                daemon_time_ns: now,
+                resumed: true,
+                state: Some(convert::session_state(id, &state, &info.guard, last)),
+            }));
+        }
+
+        let guard = self.config.guard_for(&r.agent_id).clone();
+        let session_id = new_session_id();
+        let meta = SessionMeta {
+            session_id: session_id.clone(),
+            agent_id: r.agent_id.clone(),
+            organization_id: org.clone(),
+            budget_scope: guard.budget_scope,
+            created_at_ns: now,
+            config: None,
+        };
+        let session = Session::new(meta.clone(), guard.budget, now);
+        let durable = self.store.create(session).await.map_err(|e| match e {
+            tollgate_store::StoreError::SessionCap { .. } => {
+                refuse(ErrorCode::OrganizationQuotaExceeded, e.to_string())
+            }
+            other => refuse(ErrorCode::DaemonUnavailable, other.to_string()),
+        })?;
+        durable.await.map_err(store_err)?;
+        let stored = self.store.get(&session_id).await.map_err(store_err)?;
+        let state = stored.map(|s| s.state).unwrap_or_default();
+        let info = self.info_for(&meta);
+        lock(&self.sessions).insert(session_id.clone(), info);
+        tracing::info!(%session_id, agent = %r.agent_id, %org, "session registered");
+        let id = convert::Identity {
+            session_id: &session_id,
+            agent_id: &r.agent_id,
+            organization_id: &org,
+        };
+        Ok(Payload::RegisterResponse(sp1::RegisterResponse {
+            session_id: session_id.clone(),
+            daemon_version: DAEMON_VERSION.into(),
+            negotiated_protocol: negotiated,
+            active_config: Some(convert::guard(&guard)),
+            daemon_time_ns: now,
+            resumed: false,
+            state: Some(convert::session_state(id, &state, &guard, 0)),
+        }))
+    }
+
+    fn stale_after_ns(&self) -> i64 {
+        let l = &self.config.limits;
+        let ns = l.heartbeat_interval.as_nanos() * u128::from(l.missed_heartbeats_for_stale);
+        i64::try_from(ns).unwrap_or(i64::MAX)
+    }
+
+    async fn pre_exec(&self, r: sp1::PreExecRequest, now: i64) -> Result<Payload, Refusal> {
+        let info = self.session_info(&r.session_id).await?;
+        if let Err(wait) = lock(&self.pre_exec_limits).check(&r.session_id, Instant::now()) {
+            return Err(Refusal {
+                code: ErrorCode::RateLimited,
+                message: "too many pre_exec requests for this session".into(),
+                retry_after_ms: wait,
+            });
+        }
+        let rng = random_unit();
+        let stale_after = self.stale_after_ns();
+        let guard = info.guard.clone();
+        let req = r.clone();
+        let (outcome, durable) = self
+            .store
+            .apply(&r.session_id, move |s: &mut Session| {
+                if now.saturating_sub(s.last_heartbeat_ns) > stale_after {
+                    if s.state.status == SessionStatus::Stale {
+                        return Change::Keep(Err(PreExecRefusal::Stale));
+                    }
+                    s.state.status = SessionStatus::Stale;
+                    return Change::Commit(Err(PreExecRefusal::Stale));
+                }
+                if s.state.status == SessionStatus::Stale {
+                    return Change::Keep(Err(PreExecRefusal::Stale));
+                }
+                if req.call_number <= s.last_call_number {
+                    return Change::Keep(Err(PreExecRefusal::CallNumber(s.last_call_number)));
+                }
+                let call = to_call(&req);
+                let before = s.state.budget_remaining;
+                let repeat = s
+                    .state
+                    .repeat_count_for(call.tool_name, call.params.canonical_digest().ok());
+                let d = decide(&guard, &s.state, &call, now, rng);
+                apply_decision(&guard, &mut s.state, &call, &d, req.call_number, now);
+                s.last_call_number = req.call_number;
+                Change::Commit(Ok(Decided {
+                    decision: d,
+                    before,
+                    after: s.state.budget_remaining,
+                    repeat,
+                    params_hash: call.params.canonical_digest().unwrap_or_default(),
+                    estimated: call.estimated_cost,
+                }))
+            })
+            .await
+            .map_err(|e| refuse(ErrorCode::DaemonUnavailable, e.to_string()))?;
+        let decided = match outcome {
+            Ok(d) => d,
+            Err(PreExecRefusal::Stale) => {
+                durable
+                    .await
+                    .map_err(|e| refuse(ErrorCode::DaemonUnavailable, e.to_string()))?;
+                return Err(refuse(
+                    ErrorCode::SessionStale,
+                    "session is stale: it missed its heartbeats; send a heartbeat to resume",
+                ));
+            }
+            Err(PreExecRefusal::CallNumber(last)) => {
+                return Err(refuse(
+                    ErrorCode::InvalidRequest,
+                    format!("call_number {} is not greater than {last}", r.call_number),
+                ))
+            }
+        };
+        let record = VerdictRecord {
+            timestamp_ns: now,
+            session_id: r.session_id.clone(),
+            agent_id: info.agent_id.clone(),
+            organization_id: info.organization_id.clone(),
+            call_number: r.call_number,
+            tool_name: r.tool_name.clone(),
+            params_hash: decided.params_hash,
+            verdict: decided.decision.verdict,
+            deny_reason: decided.decision.deny_reason,
+            reason: decided.decision.reason,
+            probabilistic: decided.decision.probabilistic,
+            budget_before: decided.before,
+            budget_after: decided.after,
+            operator_id: None,
+            estimated_cost: decided.estimated,
+            nonce: r.nonce,
+            config_digest: None,
+        };
+        let appended = self.audit.submit(record);
+        let (stored, logged) = futures_join(durable, appended).await;
+        stored.map_err(|e| {
+            refuse(
+                ErrorCode::DaemonUnavailable,
+                format!("state not durable: {e}"),
+            )
+        })?;
+        let entry = logged.map_err(|e| {
+            refuse(
+                ErrorCode::DaemonUnavailable,
+                format!("audit not durable: {e}"),
+            )
+        })?;
+        let d = decided.decision;
+        Ok(Payload::PreExecResponse(sp1::PreExecResponse {
+            session_id: r.session_id,
+            call_number: r.call_number,
+            verdict: convert::verdict(d.verdict) as i32,
+            deny_reason: convert::deny_reason(d.deny_reason) as i32,
+            human_readable_reason: explain(&d),
+            budget_remaining_usd: decided.after.to_usd(),
+            repeat_count: i32::try_from(decided.repeat).unwrap_or(i32::MAX),
+            daemon_time_ns: now,
+            probabilistic_deny: d.probabilistic,
+            reason: d.reason.as_str().to_owned(),
+            budget_remaining_nanos: decided.after.0,
+            audit_entry_id: entry.entry_id.to_string(),
+        }))
+    }
+
+    async fn post_exec(&self, r: sp1::PostExecNotification, now: i64) -> Result<(), Refusal> {
+        let info = self.session_info(&r.session_id).await?;
+        // A cost that is not a finite non-negative amount is charged as zero and logged:
+        // post-exec is a report, not a request, so there is nothing to deny.
+        let actual = Money::from_usd_non_negative(r.actual_cost_usd).unwrap_or_else(|e| {
+            tracing::warn!(session = %r.session_id, "post_exec cost ignored: {e}");
+            Money::ZERO
+        });
+        let guard = info.guard.clone();
+        let error = (!r.success || !r.error_message.is_empty()).then(|| r.error_message.clone());
+        let (_, durable) = self
+            .store
+            .apply(&r.session_id, move |s: &mut Session| {
+                apply_post_exec(
+                    &guard,
+                    &mut s.state,
+                    r.call_number,
+                    actual,
+                    error.as_deref(),
+                    now,
+                );
+                Change::Commit(())
+            })
+            .await
+            .map_err(|e| refuse(ErrorCode::DaemonUnavailable, e.to_string()))?;
+        durable
+            .await
+            .map_err(|e| refuse(ErrorCode::DaemonUnavailable, e.to_string()))
+    }
+
+    async fn heartbeat(&self, r: sp1::Heartbeat, now: i64) -> Result<Payload, Refusal> {
+        self.session_info(&r.session_id).await?;
+        let local = Money::from_usd(r.local_budget_remaining).ok();
+        let ((remaining, status), durable) = self
+            .store
+            .apply(&r.session_id, move |s: &mut Session| {
+                s.last_heartbeat_ns = now;
+                s.state.last_activity_ns = now;
+                if s.state.status == SessionStatus::Stale {
+                    s.state.status = live_status(&s.state);
+                }
+                Change::Commit((s.state.budget_remaining, s.state.status))
+            })
+            .await
+            .map_err(|e| refuse(ErrorCode::DaemonUnavailable, e.to_string()))?;
+        durable
+            .await
+            .map_err(|e| refuse(ErrorCode::DaemonUnavailable, e.to_string()))?;
+        Ok(Payload::HeartbeatAck(sp1::HeartbeatAck {
+            session_id: r.session_id,
+            daemon_budget_remaining: remaining.to_usd(),
+            drift_detected: local != Some(remaining),
+            daemon_time_ns: now,
+            status: convert::status(status) as i32,
+        }))
+    }
+
+    async fn get_state(&self, id: &str) -> Result<Payload, Refusal> {
+        let info = self.session_info(id).await?;
+        let s = self
+            .store
+            .get(id)
+            .await
+            .map_err(|e| refuse(ErrorCode::DaemonUnavailable, e.to_string()))?
+            .ok_or_else(|| {
+                refuse(
+                    ErrorCode::SessionNotFound,
+                    format!("unknown session `{id}`"),
+                )
+            })?;
+        let ident = convert::Identity {
+            session_id: id,
+            agent_id: &info.agent_id,
+            organization_id: &info.organization_id,
+        };
+        Ok(Payload::SessionState(convert::session_state(
+            ident,
+            &s.state,
+            &info.guard,
+            s.last_call_number,
+        )))
+    }
+
+    async fn hitl_list(&self, r: sp1::HitlListRequest) -> Result<Payload, Refusal> {
+        let org = if r.organization_id.is_empty() {
+            DEFAULT_ORG.to_owned()
+        } else {
+            r.organization_id
+        };
+        let sessions = self
+            .store
+            .pending_hitl(Some(&org))
+            .await
+            .map_err(|e| refuse(ErrorCode::DaemonUnavailable, e.to_string()))?;
+        let pending = sessions
+            .iter()
+            .filter_map(|s| {
+                s.state.pending.as_ref().map(|p| sp1::HitlPending {
+                    session_id: s.meta.session_id.clone(),
+                    agent_id: s.meta.agent_id.clone(),
+                    organization_id: s.meta.organization_id.clone(),
+                    transition: Some(convert::pending(p)),
+                })
+            })
+            .collect();
+        Ok(Payload::HitlListResponse(sp1::HitlListResponse { pending }))
+    }
+
+    async fn hitl_decide(&self, r: sp1::HitlDecideRequest, now: i64) -> Result<Payload, Refusal> {
+        let info = self.session_info(&r.session_id).await?;
+        if r.operator_id.trim().is_empty() || r.operator_id.len() > 256 {
+            return Err(refuse(
+                ErrorCode::InvalidRequest,
+                "operator_id must be 1 to 256 bytes",
+            ));
+        }
+        let decision = HumanDecision::parse(&r.decision);
+        let successor = match decision {
+            HumanDecision::Modify => {
+                let digest = Digest::from_slice(&r.successor_args_digest).ok_or_else(|| {
+                    refuse(
+                        ErrorCode::HitlRefused,
+                        "modify needs a 32-byte successor_args_digest",
+                    )
+                })?;
+                Some(Successor {
+                    nonce: r.successor_nonce,
+                    args_digest: digest,
+                })
+            }
+            _ => None,
+        };
+        let d2 = decision.clone();
+        let (outcome, durable) = self
+            .store
+            .apply(
+                &r.session_id,
+                move |s: &mut Session| match record_human_decision(&mut s.state, d2, successor, now)
+                {
+                    Ok(()) => Change::Commit(Ok((
+                        s.state.pending.clone(),
+                        s.state.budget_remaining,
+                        s.last_call_number,
+                    ))),
+                    Err(e) => Change::Keep(Err(e)),
+                },
+            )
+            .await
+            .map_err(|e| refuse(ErrorCode::DaemonUnavailable, e.to_string()))?;
+        let (pending, remaining, last_call) =
+            outcome.map_err(|e| refuse(ErrorCode::HitlRefused, e.to_string()))?;
+        let (verdict, reason) = match decision {
+            HumanDecision::Approve => (Verdict::Allow, Reason::TransitionApprove),
+            HumanDecision::Modify => (Verdict::Allow, Reason::TransitionModifySuccessor),
+            HumanDecision::Reject => (Verdict::Deny, Reason::TransitionReject),
+            _ => (Verdict::Hitl, Reason::TransitionDeferEscalate),
+        };
+        let p = pending.clone().unwrap_or_default();
+        let record = VerdictRecord {
+            timestamp_ns: now,
+            session_id: r.session_id.clone(),
+            agent_id: info.agent_id.clone(),
+            organization_id: info.organization_id.clone(),
+            call_number: last_call,
+            tool_name: p.tool_name.clone().unwrap_or_default(),
+            params_hash: p.original_args_digest.unwrap_or_default(),
+            verdict,
+            deny_reason: reason.deny_reason().filter(|_| verdict == Verdict::Deny),
+            reason,
+            probabilistic: false,
+            budget_before: remaining,
+            budget_after: remaining,
+            operator_id: Some(r.operator_id.clone()),
+            estimated_cost: Money::ZERO,
+            nonce: p.original_nonce.unwrap_or(0),
+            config_digest: None,
+        };
+        let appended = self.audit.submit(record);
+        let (stored, logged) = futures_join(durable, appended).await;
+        stored.map_err(|e| refuse(ErrorCode::DaemonUnavailable, e.to_string()))?;
+        let entry = logged.map_err(|e| refuse(ErrorCode::DaemonUnavailable, e.to_string()))?;
+        tracing::info!(session = %r.session_id, operator = %r.operator_id, decision = %r.decision, "human decision recorded");
+        Ok(Payload::HitlDecideResponse(sp1::HitlDecideResponse {
+            session_id: r.session_id,
+            transition: pending.as_ref().map(convert::pending),
+            audit_entry_id: entry.entry_id.to_string(),
+        }))
+    }
+}
+
+/// What a pre-exec closure decided.
+#[derive(Debug, Clone, Copy)]
+struct Decided {
+    decision: Decision,
+    before: Money,
+    after: Money,
+    repeat: u32,
+    params_hash: Digest,
+    estimated: Money,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum PreExecRefusal {
+    Stale,
+    CallNumber(u64),
+}
+
+/// The status a session returns to when it heartbeats again.
+fn live_status(s: &SessionState) -> SessionStatus {
+    if s.pending.is_some() {
+        SessionStatus::Paused
+    } else {
+        SessionStatus::Active
+    }
+}
+
+/// The core's view of a wire request. Inputs the core cannot trust are mapped to
+/// `Params::unreadable()`, which `decide` denies as malformed input.
+fn to_call(r: &sp1::PreExecRequest) -> ToolCall<'_> {
+    let cost = Money::from_usd_non_negative(r.estimated_cost_usd);
+    let params = match (Digest::from_slice(&r.tool_params_hash), &cost) {
+        _ if r.params_noncanonical => Params::unreadable(),
+        (Some(d), Ok(_)) => {
+            if r.params_opaque_context {
+                Params::digest_with_opaque_context(d)
+            } else {
+                Params::digest(d)
+            }
+        }
+        _ => Params::unreadable(),
+    };
+    ToolCall {
+        tool_name: &r.tool_name,
+        params,
+        nonce: (r.nonce != 0).then_some(r.nonce),
+        estimated_cost: cost.unwrap_or(Money::ZERO),
+        raw_params: None,
+    }
+}
+
+fn explain(d: &Decision) -> String {
+    let what = match d.reason {
+        Reason::WithinThresholds => "within every configured limit",
+        Reason::CircuitOpen => "the session's circuit is open after an earlier denial",
+        Reason::BudgetExhausted if d.probabilistic => "budget exhausted",
+        Reason::BudgetExhausted => "budget exhausted",
+        Reason::BudgetOverrun => "the estimated cost exceeds the remaining budget",
+        Reason::MaxRepeatExceeded => "the same call repeated past the limit",
+        Reason::MalformedInput => "the call's inputs cannot be canonicalized",
+        Reason::DuplicateNonce => "the nonce was already used (replay)",
+        Reason::DuplicateResumeNoEffect => "re-dispatch of a decided transition has no effect",
+        Reason::TransitionApprove => "released by a human approval",
+        Reason::TransitionModifySuccessor => "released as the human-modified call",
+        Reason::TransitionReject => "a human rejected the call",
+        Reason::TransitionSupersededOriginal => {
+            "a human modified the call; the original cannot run"
+        }
+        Reason::TransitionTerminalNoEffect => "the approval was already used or withdrawn",
+        Reason::TransitionNonceMismatch => "not the call a human approved (nonce)",
+        Reason::TransitionDigestMismatch => "not the arguments a human approved",
+        Reason::TransitionUnboundAuthorization => "the approval binds no call",
+        Reason::TransitionUnknownDecision => "the human decision is not understood",
+        Reason::TransitionDeferEscalate => "awaiting a human decision",
+        Reason::HitlAllCalls => "every call needs a human decision",
+        Reason::BudgetThreshold => "budget at or below the human-review threshold",
+        Reason::OpaqueContext => "context cannot be evaluated; a human must decide",
+        Reason::WindowExceeded => "too many calls of this tool in the current window",
+        Reason::GlobalLimit => "the session's call limit is reached",
+        Reason::Timeout => "the session's time limit has passed",
+    };
+    what.to_owned()
+}
+
+/// SemVer negotiation: the same MAJOR is compatible, and the lower of the two versions is
+/// spoken. The client offers `supported` (or just its envelope's version).
+fn negotiate(envelope_version: &str, supported: &[String]) -> Result<String, Refusal> {
+    let offered: Vec<&str> = if supported.is_empty() {
+        vec![envelope_version]
+    } else {
+        supported.iter().map(String::as_str).collect()
+    };
+    let mut best: Option<(u64, u64, u64)> = None;
+    for o in &offered {
+        let Some(theirs) = parse_semver(o) else {
+            continue;
+        };
+        for ours in SUPPORTED_VERSIONS.iter().filter_map(|v| parse_semver(v)) {
+            if theirs.0 == ours.0 {
+                let pick = theirs.min(ours);
+                if best.is_none_or(|b| pick > b) {
+                    best = Some(pick);
+                }
+            }
+        }
+    }
+    best.map(|(a, b, c)| format!("{a}.{b}.{c}")).ok_or_else(|| {
+        refuse(
+            ErrorCode::ProtocolVersionMismatch,
+            format!(
+                "no common protocol version: offered {offered:?}, daemon speaks {SUPPORTED_VERSIONS:?}"
+            ),
+        )
+    })
+}
+
+fn check_major(version: &str) -> Result<(), Refusal> {
+    let ours = SUPPORTED_VERSIONS.iter().filter_map(|v| parse_semver(v));
+    match parse_semver(version) {
+        Some(v) if ours.clone().any(|o| o.0 == v.0) => Ok(()),
+        _ => Err(refuse(
+            ErrorCode::ProtocolVersionMismatch,
+            format!("protocol version `{version}` is not spoken here"),
+        )),
+    }
+}
+
+fn parse_semver(v: &str) -> Option<(u64, u64, u64)> {
+    let mut it = v.trim().splitn(3, '.');
+    let a = it.next()?.parse().ok()?;
+    let b = it.next()?.parse().ok()?;
+    let c = it.next()?.split(['-', '+']).next()?.parse().ok()?;
+    Some((a, b, c))
+}
+
+fn new_session_id() -> String {
+    let mut b = [0u8; 16];
+    let _ = getrandom::fill(&mut b);
+    let hex: String = b.iter().map(|x| format!("{x:02x}")).collect();
+    format!("s_{hex}")
+}
+
+/// A uniform draw in [0, 1) for the probabilistic layer. If the system cannot supply
+/// randomness the draw is 0.0, which denies whenever the layer is armed (fail closed).
+fn random_unit() -> f64 {
+    let mut b = [0u8; 8];
+    if getrandom::fill(&mut b).is_err() {
+        return 0.0;
+    }
+    #[allow(clippy::cast_precision_loss)]
+    let x = (u64::from_le_bytes(b) >> 11) as f64;
+    x / (1u64 << 53) as f64
+}
+
+/// Await two futures concurrently.
+async fn futures_join<A: std::future::Future, B: std::future::Future>(
+    a: A,
+    b: B,
+) -> (A::Output, B::Output) {
+    tokio::join!(a, b)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn version_negotiation() {
+        assert_eq!(negotiate("1.0.0", &[]).unwrap(), "1.0.0");
+        assert_eq!(negotiate("1.2.0", &[]).unwrap(), "1.0.0");
+        assert_eq!(
+            negotiate("x", &["2.0.0".into(), "1.1.0".into()]).unwrap(),
+            "1.0.0"
+        );
+        assert_eq!(
+            negotiate("2.0.0", &[]).unwrap_err().code,
+            ErrorCode::ProtocolVersionMismatch
+        );
+        assert_eq!(
+            negotiate("garbage", &[]).unwrap_err().code,
+            ErrorCode::ProtocolVersionMismatch
+        );
+        assert!(check_major("1.9.3").is_ok());
+        assert!(check_major("").is_err());
+    }
+
+    #[test]
+    fn random_draws_are_in_range() {
+        for _ in 0..1000 {
+            let x = random_unit();
+            assert!((0.0..1.0).contains(&x));
+        }
+    }
+}

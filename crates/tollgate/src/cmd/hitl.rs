@@ -1,0 +1,144 @@
+//! `tollgate hitl list|decide`: resolve pending human decisions over the socket.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use tollgate_client::{ClientConfig, DaemonClient};
+use tollgate_core::Digest;
+use tollgate_proto::sp1;
+
+/// Where the daemon is and which organization to act for.
+#[derive(Debug, clap::Args)]
+pub struct Conn {
+    /// The daemon's data directory (for the default socket and secret).
+    #[arg(long, default_value = "tollgate-data")]
+    pub data_dir: PathBuf,
+    /// The socket (default: DATA_DIR/tollgate.sock).
+    #[arg(long)]
+    pub socket: Option<PathBuf>,
+    /// The organization.
+    #[arg(long, default_value = "default")]
+    pub org: String,
+    /// A file holding the organization's secret (default: DATA_DIR/secrets/ORG.secret).
+    #[arg(long)]
+    pub secret_file: Option<PathBuf>,
+}
+
+/// `tollgate hitl`.
+#[derive(Debug, clap::Subcommand)]
+pub enum Args {
+    /// List sessions waiting for a human decision.
+    List {
+        #[command(flatten)]
+        conn: Conn,
+    },
+    /// Record a human decision on a session's pending call.
+    Decide {
+        #[command(flatten)]
+        conn: Conn,
+        /// The session.
+        session: String,
+        /// approve, reject, modify, defer or escalate.
+        #[arg(value_parser = ["approve", "reject", "modify", "defer", "escalate"])]
+        decision: String,
+        /// Who decides (recorded in the audit log).
+        #[arg(long)]
+        operator: String,
+        /// For modify: the successor call's nonce.
+        #[arg(long)]
+        successor_nonce: Option<u64>,
+        /// For modify: the successor's canonical params hash (64 hex digits).
+        #[arg(long)]
+        successor_digest: Option<String>,
+    },
+}
+
+async fn connect(c: &Conn) -> anyhow::Result<DaemonClient> {
+    let socket = c
+        .socket
+        .clone()
+        .unwrap_or_else(|| c.data_dir.join("tollgate.sock"));
+    let secret_path = c
+        .secret_file
+        .clone()
+        .unwrap_or_else(|| c.data_dir.join("secrets").join(format!("{}.secret", c.org)));
+    let secret = std::fs::read_to_string(&secret_path)
+        .with_context(|| format!("reading {}", secret_path.display()))?;
+    let cfg = ClientConfig::new(
+        socket,
+        &c.org,
+        secret.trim().as_bytes(),
+        "tollgate-operator",
+    );
+    Ok(DaemonClient::connect(cfg).await?)
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// Run.
+pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async {
+        match args {
+            Args::List { conn } => {
+                let client = connect(conn).await?;
+                let pending = client.hitl_list().await?;
+                if pending.is_empty() {
+                    println!("no pending decisions");
+                }
+                for p in pending {
+                    let t = p.transition.unwrap_or_default();
+                    println!(
+                        "{}\tagent={}\ttool={}\tnonce={}\tdigest={}\tdecision={}\tstatus={}",
+                        p.session_id,
+                        p.agent_id,
+                        t.tool_name,
+                        t.original_nonce,
+                        hex(&t.original_args_digest),
+                        if t.decision.is_empty() {
+                            "awaiting"
+                        } else {
+                            &t.decision
+                        },
+                        t.terminal_status
+                    );
+                }
+                Ok(ExitCode::SUCCESS)
+            }
+            Args::Decide {
+                conn,
+                session,
+                decision,
+                operator,
+                successor_nonce,
+                successor_digest,
+            } => {
+                let client = connect(conn).await?;
+                let digest = match successor_digest {
+                    Some(d) => Digest::from_hex(d)?.0.to_vec(),
+                    None => Vec::new(),
+                };
+                let r = client
+                    .hitl_decide(sp1::HitlDecideRequest {
+                        session_id: session.clone(),
+                        decision: decision.clone(),
+                        operator_id: operator.clone(),
+                        successor_nonce: successor_nonce.unwrap_or(0),
+                        successor_args_digest: digest,
+                        note: String::new(),
+                    })
+                    .await?;
+                println!(
+                    "{session}: {decision} recorded by {operator} (audit entry {})",
+                    r.audit_entry_id
+                );
+                Ok(ExitCode::SUCCESS)
+            }
+        }
+    })
+}
