@@ -1,0 +1,410 @@
+//! Bad input, wrong keys and broken peers: every one refused, nothing else happens, and
+//! the client fails closed.
+
+use std::path::Path;
+use std::time::Duration;
+
+use prost::Message;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{UnixListener, UnixStream};
+use tollgate_client::{ClientConfig, DaemonClient};
+use tollgate_core::{json, Verdict};
+use tollgate_proto::auth::{seal, MessageKey};
+use tollgate_proto::frame;
+use tollgate_proto::sp1::{self, envelope::Payload, Envelope, ErrorCode};
+
+use crate::{audited, config, connect, start, SECRET};
+
+/// Send one frame body, read one reply envelope (None if the daemon closed instead).
+async fn exchange(stream: &mut UnixStream, body: &[u8]) -> Option<Envelope> {
+    stream
+        .write_all(&frame::frame_bytes(body).unwrap())
+        .await
+        .unwrap();
+    read_reply(stream).await
+}
+
+async fn read_reply(stream: &mut UnixStream) -> Option<Envelope> {
+    let mut header = [0u8; 4];
+    tokio::time::timeout(Duration::from_secs(5), stream.read_exact(&mut header))
+        .await
+        .ok()?
+        .ok()?;
+    let mut body = vec![0u8; frame::body_len(header).ok()?];
+    stream.read_exact(&mut body).await.ok()?;
+    Envelope::decode(body.as_slice()).ok()
+}
+
+fn error_code(env: &Option<Envelope>) -> Option<ErrorCode> {
+    match env.as_ref()?.payload.as_ref()? {
+        Payload::Error(e) => ErrorCode::try_from(e.code).ok(),
+        _ => None,
+    }
+}
+
+fn pre_exec_envelope(session: &str, call: u64) -> Envelope {
+    Envelope {
+        protocol_version: "1.0.0".into(),
+        message_id: format!("m{call}"),
+        payload: Some(Payload::PreExec(sp1::PreExecRequest {
+            session_id: session.to_owned(),
+            call_number: call,
+            tool_name: "t".into(),
+            tool_params_hash: vec![7; 32],
+            nonce: call,
+            ..Default::default()
+        })),
+        ..Default::default()
+    }
+}
+
+async fn still_serving(socket: &Path) {
+    let c = connect(socket, "research-bot").await;
+    let v = c.pre_exec("t", &json::parse_str("{}").unwrap(), 0.0).await;
+    assert_eq!(
+        v.verdict,
+        Verdict::Allow,
+        "the daemon stopped serving others"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_or_missing_hmac_is_refused_and_changes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = start(config(dir.path())).await;
+    let c = connect(&d.socket, "research-bot").await;
+    let session = c.session_id().to_owned();
+    let mut raw = UnixStream::connect(&d.socket).await.unwrap();
+    // Sealed with another organization's key.
+    let wrong = seal(
+        &MessageKey::derive(b"not the organization secret!!"),
+        &pre_exec_envelope(&session, 1),
+    )
+    .unwrap();
+    assert_eq!(
+        error_code(&exchange(&mut raw, &wrong).await),
+        Some(ErrorCode::AuthenticationFailed)
+    );
+    // No MAC at all.
+    let plain = pre_exec_envelope(&session, 1).encode_to_vec();
+    assert_eq!(
+        error_code(&exchange(&mut raw, &plain).await),
+        Some(ErrorCode::AuthenticationFailed)
+    );
+    // Right key, one flipped bit in the MAC, and one in the call number.
+    let good = seal(&MessageKey::derive(SECRET), &pre_exec_envelope(&session, 1)).unwrap();
+    let mut flipped = good.clone();
+    *flipped.last_mut().unwrap() ^= 0x01;
+    assert_eq!(
+        error_code(&exchange(&mut raw, &flipped).await),
+        Some(ErrorCode::AuthenticationFailed)
+    );
+    let mut flipped = good.clone();
+    let at = flipped.windows(2).position(|w| w == [0x10, 0x01]).unwrap() + 1; // call_number = 1
+    flipped[at] = 0x02;
+    assert_eq!(
+        error_code(&exchange(&mut raw, &flipped).await),
+        Some(ErrorCode::AuthenticationFailed)
+    );
+    // Nothing happened: no call counted, nothing audited.
+    let s = c.session_state().await.unwrap();
+    assert_eq!((s.total_calls, s.last_call_number), (0, 0));
+    d.stop().await;
+    assert!(audited(dir.path()).is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversize_frame_gets_message_too_large_and_the_connection_closes() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = start(config(dir.path())).await;
+    let mut raw = UnixStream::connect(&d.socket).await.unwrap();
+    raw.write_all(&((1u32 << 20) + 1).to_be_bytes())
+        .await
+        .unwrap();
+    let reply = read_reply(&mut raw).await;
+    assert_eq!(error_code(&reply), Some(ErrorCode::MessageTooLarge));
+    let mut rest = Vec::new();
+    let n = tokio::time::timeout(Duration::from_secs(5), raw.read_to_end(&mut rest))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(n, 0, "connection should be closed");
+    still_serving(&d.socket).await;
+    d.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn garbage_bytes_get_an_error_and_others_are_still_served() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = start(config(dir.path())).await;
+    let mut raw = UnixStream::connect(&d.socket).await.unwrap();
+    let reply = exchange(&mut raw, &[0xff, 0xfe, 0x00, 0x13, 0x37, 0xff, 0xff, 0xff]).await;
+    assert_eq!(error_code(&reply), Some(ErrorCode::MalformedMessage));
+    // A half-sent frame times out on its own without blocking anyone.
+    let mut half = UnixStream::connect(&d.socket).await.unwrap();
+    half.write_all(&100u32.to_be_bytes()).await.unwrap();
+    half.write_all(b"only part").await.unwrap();
+    still_serving(&d.socket).await;
+    // An envelope without a payload.
+    let empty = seal(&MessageKey::derive(SECRET), &Envelope::default()).unwrap();
+    assert_eq!(
+        error_code(&exchange(&mut raw, &empty).await),
+        Some(ErrorCode::MalformedMessage)
+    );
+    d.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_session_and_bad_call_numbers() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = start(config(dir.path())).await;
+    let mut raw = UnixStream::connect(&d.socket).await.unwrap();
+    let key = MessageKey::derive(SECRET);
+    let reply = exchange(
+        &mut raw,
+        &seal(&key, &pre_exec_envelope("s_nope", 1)).unwrap(),
+    )
+    .await;
+    assert_eq!(error_code(&reply), Some(ErrorCode::SessionNotFound));
+
+    let c = connect(&d.socket, "research-bot").await;
+    let ok = exchange(
+        &mut raw,
+        &seal(&key, &pre_exec_envelope(c.session_id(), 5)).unwrap(),
+    )
+    .await;
+    assert!(matches!(
+        ok.and_then(|e| e.payload),
+        Some(Payload::PreExecResponse(_))
+    ));
+    for stale in [5, 4] {
+        let r = exchange(
+            &mut raw,
+            &seal(&key, &pre_exec_envelope(c.session_id(), stale)).unwrap(),
+        )
+        .await;
+        assert_eq!(
+            error_code(&r),
+            Some(ErrorCode::InvalidRequest),
+            "call_number {stale}"
+        );
+    }
+    d.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn protocol_version_mismatch() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = start(config(dir.path())).await;
+    let mut raw = UnixStream::connect(&d.socket).await.unwrap();
+    let env = Envelope {
+        protocol_version: "2.0.0".into(),
+        message_id: "m".into(),
+        payload: Some(Payload::Register(sp1::RegisterRequest {
+            agent_id: "a".into(),
+            organization_id: "acme".into(),
+            ..Default::default()
+        })),
+        ..Default::default()
+    };
+    let r = exchange(&mut raw, &seal(&MessageKey::derive(SECRET), &env).unwrap()).await;
+    assert_eq!(error_code(&r), Some(ErrorCode::ProtocolVersionMismatch));
+    d.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pre_exec_rate_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(dir.path());
+    cfg.limits.pre_exec_per_second_per_session = 5;
+    let d = start(cfg).await;
+    let c = connect(&d.socket, "research-bot").await;
+    let mut limited = 0;
+    for i in 0..20 {
+        let p = json::parse_str(&format!(r#"{{"i":{i}}}"#)).unwrap();
+        let v = c.pre_exec("t", &p, 0.0).await;
+        if v.reason == "fail_closed:rate_limited" {
+            assert_eq!(v.verdict, Verdict::Deny);
+            limited += 1;
+        }
+    }
+    assert!(
+        limited >= 10,
+        "only {limited} of 20 were rate limited at 5/s"
+    );
+    d.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn registration_rate_limit_per_peer() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(dir.path());
+    cfg.limits.registrations_per_second_per_peer = 3;
+    let d = start(cfg).await;
+    let mut refused = 0;
+    for _ in 0..10 {
+        if let Err(e) = DaemonClient::connect(crate::client_config(&d.socket, "research-bot")).await
+        {
+            assert!(
+                matches!(
+                    e,
+                    tollgate_client::ClientError::Refused {
+                        code: ErrorCode::RateLimited,
+                        ..
+                    }
+                ),
+                "{e:?}"
+            );
+            refused += 1;
+        }
+    }
+    assert!(refused >= 6, "{refused}");
+    d.stop().await;
+}
+
+fn cfg_for(socket: &Path) -> ClientConfig {
+    let mut c = ClientConfig::new(socket, "acme", SECRET, "agent");
+    c.timeout = Duration::from_millis(300);
+    c
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_fails_closed_when_the_daemon_is_down() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = start(config(dir.path())).await;
+    let c = connect(&d.socket, "research-bot").await;
+    d.stop().await;
+    let v = c.pre_exec("t", &json::parse_str("{}").unwrap(), 0.0).await;
+    assert_eq!(
+        (v.verdict, v.reason.as_str()),
+        (Verdict::Deny, "fail_closed:daemon_unreachable")
+    );
+    // And a fresh client cannot even connect.
+    let e = DaemonClient::connect(cfg_for(&dir.path().join("tollgate.sock")))
+        .await
+        .unwrap_err();
+    assert_eq!(e.reason(), "fail_closed:daemon_unreachable");
+}
+
+/// A fake daemon: registers the client properly, then answers pre_exec with `answer`.
+async fn imposter(socket: &Path, answer: fn(&MessageKey, &Envelope) -> Option<Vec<u8>>) {
+    let listener = UnixListener::bind(socket).unwrap();
+    tokio::spawn(async move {
+        let (mut s, _) = listener.accept().await.unwrap();
+        let key = MessageKey::derive(SECRET);
+        loop {
+            let mut header = [0u8; 4];
+            if s.read_exact(&mut header).await.is_err() {
+                return;
+            }
+            let mut body = vec![0u8; frame::body_len(header).unwrap()];
+            s.read_exact(&mut body).await.unwrap();
+            let req = Envelope::decode(body.as_slice()).unwrap();
+            let reply = match &req.payload {
+                Some(Payload::Register(_)) => Some(
+                    seal(
+                        &key,
+                        &Envelope {
+                            protocol_version: "1.0.0".into(),
+                            correlation_id: req.message_id.clone(),
+                            payload: Some(Payload::RegisterResponse(sp1::RegisterResponse {
+                                session_id: "s_fake".into(),
+                                negotiated_protocol: "1.0.0".into(),
+                                ..Default::default()
+                            })),
+                            ..Default::default()
+                        },
+                    )
+                    .unwrap(),
+                ),
+                _ => answer(&key, &req),
+            };
+            if let Some(body) = reply {
+                s.write_all(&frame::frame_bytes(&body).unwrap())
+                    .await
+                    .unwrap();
+            }
+        }
+    });
+}
+
+fn allow_response(req: &Envelope) -> Envelope {
+    let call = match &req.payload {
+        Some(Payload::PreExec(p)) => p.call_number,
+        _ => 0,
+    };
+    Envelope {
+        protocol_version: "1.0.0".into(),
+        correlation_id: req.message_id.clone(),
+        payload: Some(Payload::PreExecResponse(sp1::PreExecResponse {
+            call_number: call,
+            verdict: sp1::Verdict::Allow as i32,
+            reason: "within_thresholds".into(),
+            ..Default::default()
+        })),
+        ..Default::default()
+    }
+}
+
+async fn verdict_from_imposter(
+    answer: fn(&MessageKey, &Envelope) -> Option<Vec<u8>>,
+) -> tollgate_client::ClientVerdict {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("fake.sock");
+    imposter(&socket, answer).await;
+    let c = DaemonClient::connect(cfg_for(&socket)).await.unwrap();
+    c.pre_exec("t", &json::parse_str("{}").unwrap(), 0.0).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_fails_closed_on_timeout_bad_mac_and_malformed_replies() {
+    // The imposter is honest: its ALLOW is accepted (so the checks below can fail).
+    let v = verdict_from_imposter(|k, req| seal(k, &allow_response(req)).ok()).await;
+    assert_eq!(v.verdict, Verdict::Allow);
+    // Silence.
+    let v = verdict_from_imposter(|_, _| None).await;
+    assert_eq!(
+        (v.verdict, v.reason.as_str()),
+        (Verdict::Deny, "fail_closed:timeout")
+    );
+    // An ALLOW sealed with the wrong key.
+    let v = verdict_from_imposter(|_, req| {
+        seal(
+            &MessageKey::derive(b"some other secret entirely"),
+            &allow_response(req),
+        )
+        .ok()
+    })
+    .await;
+    assert_eq!(
+        (v.verdict, v.reason.as_str()),
+        (Verdict::Deny, "fail_closed:bad_mac")
+    );
+    // An unsealed ALLOW.
+    let v = verdict_from_imposter(|_, req| Some(allow_response(req).encode_to_vec())).await;
+    assert_eq!(
+        (v.verdict, v.reason.as_str()),
+        (Verdict::Deny, "fail_closed:bad_mac")
+    );
+    // A properly sealed reply of the wrong kind.
+    let v = verdict_from_imposter(|k, req| {
+        let mut e = allow_response(req);
+        e.payload = Some(Payload::HeartbeatAck(sp1::HeartbeatAck::default()));
+        seal(k, &e).ok()
+    })
+    .await;
+    assert_eq!(
+        (v.verdict, v.reason.as_str()),
+        (Verdict::Deny, "fail_closed:malformed_reply")
+    );
+    // A verdict of zero (unspecified) is not an ALLOW.
+    let v = verdict_from_imposter(|k, req| {
+        let mut e = allow_response(req);
+        if let Some(Payload::PreExecResponse(r)) = &mut e.payload {
+            r.verdict = 0;
+        }
+        seal(k, &e).ok()
+    })
+    .await;
+    assert_eq!(v.verdict, Verdict::Deny);
+}

@@ -1,0 +1,132 @@
+//! Heartbeats and staleness, restarts, shutdown.
+
+use std::time::Duration;
+
+use tollgate_core::{json, Verdict};
+use tollgate_proto::sp1::{self, ErrorCode};
+
+use crate::{audited, config, connect, start};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_that_misses_three_heartbeats_is_stale_until_it_heartbeats() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(dir.path());
+    cfg.limits.heartbeat_interval = Duration::from_millis(100);
+    let d = start(cfg).await;
+    let c = connect(&d.socket, "research-bot").await;
+    let p = json::parse_str("{}").unwrap();
+    assert!(c.pre_exec("t", &p, 0.0).await.allowed());
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let v = c
+        .pre_exec("t", &json::parse_str(r#"{"a":1}"#).unwrap(), 0.0)
+        .await;
+    assert_eq!(
+        (v.verdict, v.reason.as_str()),
+        (Verdict::Deny, "fail_closed:session_stale")
+    );
+    let s = c.session_state().await.unwrap();
+    assert_eq!(s.status, sp1::SessionStatus::Stale as i32);
+    // Refused, not denied: the circuit did not trip.
+    assert!(!s.circuit_tripped);
+    let ack = c.heartbeat(0.5).await.unwrap();
+    assert_eq!(ack.status, sp1::SessionStatus::Active as i32);
+    assert!(c
+        .pre_exec("t", &json::parse_str(r#"{"a":2}"#).unwrap(), 0.0)
+        .await
+        .allowed());
+    d.stop().await;
+}
+
+/// Budgets, tripped circuits, seen nonces and pending transitions survive a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restart_keeps_every_kind_of_state() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = start(config(dir.path())).await;
+    let spender = connect(&d.socket, "research-bot").await;
+    let p = json::parse_str(r#"{"q":1}"#).unwrap();
+    let hash = tollgate_core::Params::json(&p)
+        .canonical_digest()
+        .unwrap()
+        .0
+        .to_vec();
+    let allowed = spender
+        .pre_exec_request(sp1::PreExecRequest {
+            session_id: spender.session_id().to_owned(),
+            call_number: 1,
+            tool_name: "t".into(),
+            tool_params_hash: hash.clone(),
+            estimated_cost_usd: 0.2,
+            nonce: 4242,
+            ..Default::default()
+        })
+        .await;
+    assert!(allowed.allowed());
+    let tripped = connect(&d.socket, "research-bot").await;
+    let v = tripped
+        .pre_exec("t", &json::parse_str("{}").unwrap(), 5.0)
+        .await;
+    assert_eq!(v.reason, "budget_overrun");
+    let paused = connect(&d.socket, "reviewed").await;
+    assert_eq!(paused.pre_exec("t", &p, 0.0).await.verdict, Verdict::Hitl);
+    let ids = (
+        spender.session_id().to_owned(),
+        tripped.session_id().to_owned(),
+        paused.session_id().to_owned(),
+    );
+    drop((spender, tripped, paused));
+    d.stop().await;
+
+    let d = start(config(dir.path())).await;
+    let c = connect(&d.socket, "research-bot").await;
+    let s = c.state_of(&ids.0).await.unwrap();
+    assert_eq!(
+        (s.budget_remaining_nanos, s.total_calls, s.last_call_number),
+        (300_000_000, 1, 1)
+    );
+    // The nonce is remembered: replaying call 1 under a new number is refused.
+    let spender = tollgate_client::DaemonClient::resume(
+        crate::client_config(&d.socket, "research-bot"),
+        &ids.0,
+    )
+    .await
+    .unwrap();
+    let replay = spender
+        .pre_exec_request(sp1::PreExecRequest {
+            session_id: ids.0.clone(),
+            call_number: 2,
+            tool_name: "t".into(),
+            tool_params_hash: hash,
+            nonce: 4242,
+            ..Default::default()
+        })
+        .await;
+    assert_eq!(replay.reason, "policy_violation:duplicate_nonce");
+    let s = c.state_of(&ids.1).await.unwrap();
+    assert!(s.circuit_tripped);
+    assert_eq!(s.circuit_trip_reason, "budget_overrun");
+    let s = c.state_of(&ids.2).await.unwrap();
+    assert_eq!(s.status, sp1::SessionStatus::Paused as i32);
+    assert_eq!(s.pending_transition.unwrap().tool_name, "t");
+    d.stop().await;
+
+    // Both runs wrote one verifiable chain.
+    let log = audited(dir.path());
+    assert_eq!(log.len(), 4);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refusals_are_errors_not_verdicts() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = start(config(dir.path())).await;
+    let c = connect(&d.socket, "research-bot").await;
+    let e = c.state_of("s_missing").await.unwrap_err();
+    assert!(matches!(
+        e,
+        tollgate_client::ClientError::Refused {
+            code: ErrorCode::SessionNotFound,
+            ..
+        }
+    ));
+    d.stop().await;
+    assert!(audited(dir.path()).is_empty());
+}
