@@ -13,6 +13,7 @@ use std::process::{Command, Output};
 mod audit;
 mod board;
 mod conformance;
+mod daemon;
 
 pub fn tollgate(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_tollgate"))

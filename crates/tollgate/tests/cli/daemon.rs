@@ -1,0 +1,212 @@
+//! `tollgate serve` as a real process: embedded defaults, `tollgate hitl`, kill -9 and
+//! restart with state intact, SIGTERM for a graceful stop, then `tollgate audit verify`.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use tollgate_client::{ClientConfig, DaemonClient};
+use tollgate_core::{json, Verdict};
+
+use crate::{code, s, text, tollgate};
+
+struct Serve {
+    child: Child,
+    dir: PathBuf,
+}
+
+impl Serve {
+    fn start(dir: &Path) -> Serve {
+        let child = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+            .args(["serve", "--data-dir", s(dir)])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let socket = dir.join("tollgate.sock");
+        let t = Instant::now();
+        while std::os::unix::net::UnixStream::connect(&socket).is_err() {
+            assert!(
+                t.elapsed() < Duration::from_secs(20),
+                "daemon did not start"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Serve {
+            child,
+            dir: dir.to_owned(),
+        }
+    }
+
+    fn client_config(&self, agent: &str) -> ClientConfig {
+        let secret = std::fs::read_to_string(self.dir.join("secrets/default.secret")).unwrap();
+        let mut c = ClientConfig::new(
+            self.dir.join("tollgate.sock"),
+            "default",
+            secret.trim().as_bytes(),
+            agent,
+        );
+        c.timeout = Duration::from_secs(5);
+        c
+    }
+
+    fn kill_9(mut self) {
+        self.child.kill().unwrap(); // SIGKILL
+        self.child.wait().unwrap();
+    }
+
+    fn terminate(mut self) -> std::process::ExitStatus {
+        let ok = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(ok.success());
+        let t = Instant::now();
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(
+                t.elapsed() < Duration::from_secs(20),
+                "daemon did not stop on SIGTERM"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn serve_hitl_kill_9_restart_sigterm_verify() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let daemon = Serve::start(dir);
+    // Embedded defaults created the secret (0600), the audit key (0600) and the socket (0660).
+    use std::os::unix::fs::PermissionsExt;
+    let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&dir.join("secrets/default.secret")), 0o600);
+    assert_eq!(mode(&dir.join("audit.key")), 0o600);
+    assert_eq!(mode(&dir.join("tollgate.sock")), 0o660);
+
+    let rt = rt();
+    let (spender, tripped, paused) = rt.block_on(async {
+        let a = DaemonClient::connect(daemon.client_config("agent-a"))
+            .await
+            .unwrap();
+        let v = a
+            .pre_exec("search", &json::parse_str(r#"{"q":1}"#).unwrap(), 0.25)
+            .await;
+        assert!(v.allowed(), "{v:?}");
+        let b = DaemonClient::connect(daemon.client_config("agent-b"))
+            .await
+            .unwrap();
+        let v = b
+            .pre_exec("buy", &json::parse_str("{}").unwrap(), 9.0)
+            .await;
+        assert_eq!(v.reason, "budget_overrun");
+        let c = DaemonClient::connect(daemon.client_config("agent-c"))
+            .await
+            .unwrap();
+        let opaque = json::parse_str(r#"{"ctx":"opaque"}"#).unwrap();
+        let v = c.pre_exec("read", &opaque, 0.0).await;
+        assert_eq!(
+            (v.verdict, v.reason.as_str()),
+            (Verdict::Hitl, "fail_closed:opaque_context")
+        );
+        (
+            a.session_id().to_owned(),
+            b.session_id().to_owned(),
+            c.session_id().to_owned(),
+        )
+    });
+
+    // The operator sees the pending decision.
+    let list = tollgate(&["hitl", "list", "--data-dir", s(dir)]);
+    assert_eq!(code(&list), 0, "{}", text(&list));
+    assert!(text(&list).contains(&paused), "{}", text(&list));
+    assert!(text(&list).contains("tool=read"), "{}", text(&list));
+
+    // kill -9, restart: everything acknowledged is still there.
+    daemon.kill_9();
+    let daemon = Serve::start(dir);
+    rt.block_on(async {
+        let o = DaemonClient::connect(daemon.client_config("observer"))
+            .await
+            .unwrap();
+        let a = o.state_of(&spender).await.unwrap();
+        assert_eq!((a.budget_remaining_nanos, a.total_calls), (750_000_000, 1));
+        let b = o.state_of(&tripped).await.unwrap();
+        assert!(b.circuit_tripped);
+        let c = o.state_of(&paused).await.unwrap();
+        assert_eq!(c.pending_transition.unwrap().tool_name, "read");
+    });
+
+    let decide = tollgate(&[
+        "hitl",
+        "decide",
+        "--data-dir",
+        s(dir),
+        &paused,
+        "reject",
+        "--operator",
+        "carol",
+    ]);
+    assert_eq!(code(&decide), 0, "{}", text(&decide));
+    assert!(
+        text(&decide).contains("reject recorded by carol"),
+        "{}",
+        text(&decide)
+    );
+    let again = tollgate(&[
+        "hitl",
+        "decide",
+        "--data-dir",
+        s(dir),
+        &paused,
+        "approve",
+        "--operator",
+        "dave",
+    ]);
+    assert_eq!(
+        code(&again),
+        2,
+        "a decided transition cannot be decided again: {}",
+        text(&again)
+    );
+
+    // SIGTERM: a clean stop, the socket removed, the log whole and verifiable by anyone.
+    let status = daemon.terminate();
+    assert!(status.success(), "{status:?}");
+    assert!(!dir.join("tollgate.sock").exists());
+    let verify = tollgate(&[
+        "audit",
+        "verify",
+        "--key",
+        s(&dir.join("audit.pub")),
+        s(&dir.join("audit")),
+    ]);
+    assert_eq!(code(&verify), 0, "{}", text(&verify));
+}
+
+#[test]
+fn demo_runs_appendix_a_as_written() {
+    let out = tollgate(&["demo"]);
+    assert_eq!(code(&out), 0, "{}", text(&out));
+    let t = text(&out);
+    for want in [
+        "PRE_EXEC_RESPONSE(verdict=ALLOW, reason=within_thresholds, budget_remaining=0.498, repeat_count=0)",
+        "PRE_EXEC_RESPONSE(verdict=ALLOW, reason=within_thresholds, budget_remaining=0.496, repeat_count=1)",
+        "PRE_EXEC_RESPONSE(verdict=DENY, reason=max_repeat_exceeded, budget_remaining=0.494, repeat_count=3)",
+        "any further call -> DENY circuit_open",
+        "audit log verified with the public key: 5 entries",
+        "Appendix A flow: as written",
+    ] {
+        assert!(t.contains(want), "missing `{want}` in:\n{t}");
+    }
+}
