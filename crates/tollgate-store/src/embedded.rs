@@ -9,7 +9,7 @@ use std::thread::JoinHandle;
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 
 use crate::durable::Durable;
-use crate::engine::{Engine, EngineLimits, Journal, Pending};
+use crate::engine::{Engine, EngineLimits, Journal, Pending, SessionChange};
 use crate::record;
 use crate::session::{Budget, BudgetKey, Session};
 use crate::{Change, SessionStore, StoreError};
@@ -133,18 +133,13 @@ impl EmbeddedStore {
         };
         init().map_err(backend("initialize"))?;
         let (sessions, budgets) = load(&db, &options)?;
-        // What the writer knows is on disk, to write only new nonces.
-        let persisted: Persisted = sessions
-            .iter()
-            .map(|s| (s.meta.session_id.clone(), s.state.seen_nonces.clone()))
-            .collect();
         let engine = Arc::new(Engine::new(options.limits(), Some(Journal::new())));
         engine.load(sessions, budgets)?;
         let writer_engine = Arc::clone(&engine);
         let durability = options.durability;
         let writer = std::thread::Builder::new()
             .name("tollgate-store-writer".into())
-            .spawn(move || writer_loop(&db, &writer_engine, durability, persisted))
+            .spawn(move || writer_loop(&db, &writer_engine, durability))
             .map_err(|e| StoreError::Backend {
                 op: "spawn writer",
                 message: e.to_string(),
@@ -231,9 +226,6 @@ impl Drop for EmbeddedStore {
 /// Everything read back at open.
 type Loaded = (Vec<Session>, Vec<(BudgetKey, Budget)>);
 
-/// The nonces on disk per session, as the writer last wrote them.
-type Persisted = HashMap<String, BTreeSet<u64>>;
-
 fn load(db: &Database, options: &StoreOptions) -> Result<Loaded, StoreError> {
     let max_record_bytes = options.max_record_bytes;
     let read = || -> Result<_, redb::Error> {
@@ -313,12 +305,7 @@ fn load(db: &Database, options: &StoreOptions) -> Result<Loaded, StoreError> {
     Ok((sessions, budgets))
 }
 
-fn writer_loop(
-    db: &Database,
-    engine: &Engine,
-    durability: Durability,
-    mut persisted: Persisted,
-) -> Result<(), StoreError> {
+fn writer_loop(db: &Database, engine: &Engine, durability: Durability) -> Result<(), StoreError> {
     let Some(journal) = engine.journal() else {
         return Ok(());
     };
@@ -330,7 +317,7 @@ fn writer_loop(
             Some(e) => Err(StoreError::Failed {
                 message: e.to_string(),
             }),
-            None => write_batch(db, &batch, durability, &mut persisted),
+            None => write_batch(db, &batch, durability),
         };
         // Release the snapshots before waking anyone.
         let Pending { batch: done, .. } = batch;
@@ -356,63 +343,17 @@ fn writer_loop(
     Ok(())
 }
 
-/// The nonces in `now` but not in `old` (added) and in `old` but not in `now` (removed).
-///
-/// Linear in the sets' size, with a fast path for the usual change (nonces added above
-/// the old largest one): skip the common prefix, then whatever is left of `now` is new.
-fn nonce_diff(old: &BTreeSet<u64>, now: &BTreeSet<u64>) -> (Vec<u64>, Vec<u64>) {
-    if let Some(&last) = old.last() {
-        if now.len() >= old.len() && now.range(..=last).count() == old.len() {
-            // `now` has as many nonces up to `last` as `old` has in all: equal there iff
-            // every one matches.
-            if now.range(..=last).zip(old.iter()).all(|(a, b)| a == b) {
-                let added = now.range(last.saturating_add(1)..).copied().collect();
-                return (added, Vec::new());
-            }
-        }
-    } else {
-        return (now.iter().copied().collect(), Vec::new());
-    }
-    (
-        now.difference(old).copied().collect(),
-        old.difference(now).copied().collect(),
-    )
-}
-
-fn write_batch(
-    db: &Database,
-    batch: &Pending,
-    durability: Durability,
-    persisted: &mut Persisted,
-) -> Result<(), StoreError> {
+fn write_batch(db: &Database, batch: &Pending, durability: Durability) -> Result<(), StoreError> {
     // Encode outside the transaction; the snapshots are immutable.
-    struct SessionWrite<'b> {
-        id: &'b str,
-        record: Option<Vec<u8>>,
-        added: Vec<u64>,
-        removed: Vec<u64>,
-    }
-    let empty = BTreeSet::new();
-    let sessions: Vec<SessionWrite<'_>> = batch
+    let sessions: Vec<(&str, Option<Vec<u8>>, &SessionChange)> = batch
         .sessions
         .iter()
-        .map(|(id, s)| match s {
-            Some(s) => {
-                let old = persisted.get(id.as_str()).unwrap_or(&empty);
-                let (added, removed) = nonce_diff(old, &s.state.seen_nonces);
-                SessionWrite {
-                    id: id.as_str(),
-                    record: Some(record::encode_session_without_nonces(s)),
-                    added,
-                    removed,
-                }
-            }
-            None => SessionWrite {
-                id: id.as_str(),
-                record: None,
-                added: Vec::new(),
-                removed: Vec::new(),
-            },
+        .map(|(id, c)| {
+            let record = c
+                .snapshot
+                .as_deref()
+                .map(record::encode_session_without_nonces);
+            (id.as_str(), record, c)
         })
         .collect();
     let budgets: Vec<(String, Vec<u8>)> = batch
@@ -429,20 +370,22 @@ fn write_batch(
         {
             let mut t = txn.open_table(SESSIONS)?;
             let mut nt = txn.open_table(NONCES)?;
-            for w in &sessions {
-                match &w.record {
+            for (id, record, change) in &sessions {
+                if change.reset {
+                    nt.retain_in((*id, 0)..=(*id, u64::MAX), |_, ()| false)?;
+                }
+                for n in &change.removed {
+                    nt.remove((*id, *n))?;
+                }
+                for n in &change.added {
+                    nt.insert((*id, *n), ())?;
+                }
+                match record {
                     Some(b) => {
-                        t.insert(w.id, b.as_slice())?;
-                        for n in &w.removed {
-                            nt.remove((w.id, *n))?;
-                        }
-                        for n in &w.added {
-                            nt.insert((w.id, *n), ())?;
-                        }
+                        t.insert(*id, b.as_slice())?;
                     }
                     None => {
-                        t.remove(w.id)?;
-                        nt.retain_in((w.id, 0)..=(w.id, u64::MAX), |_, ()| false)?;
+                        t.remove(*id)?;
                     }
                 }
             }
@@ -454,23 +397,7 @@ fn write_batch(
         txn.commit()?;
         Ok(())
     };
-    write().map_err(backend("commit"))?;
-    // Only now, with the transaction committed, does the disk hold these nonces.
-    for w in sessions {
-        match batch.sessions.get(w.id) {
-            Some(Some(_)) => {
-                let set = persisted.entry(w.id.to_owned()).or_default();
-                for n in w.removed {
-                    set.remove(&n);
-                }
-                set.extend(w.added);
-            }
-            _ => {
-                persisted.remove(w.id);
-            }
-        }
-    }
-    Ok(())
+    write().map_err(backend("commit"))
 }
 
 impl SessionStore for EmbeddedStore {

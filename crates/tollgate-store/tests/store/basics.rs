@@ -78,6 +78,8 @@ fn contract<S: SessionStore>(store: &S) {
     // Keep discards every edit.
     let (r, durable) = block_on(store.apply("a", |s| {
         s.state.seen_nonces.insert(99);
+        s.state.seen_nonces.insert(1);
+        s.state.seen_nonces.remove(&7);
         s.state.budget_remaining = Money(0);
         s.last_call_number = 50;
         Change::Keep(42)
@@ -93,6 +95,8 @@ fn contract<S: SessionStore>(store: &S) {
     // Refused commits write nothing.
     let e = block_on(store.apply("a", |s| {
         s.meta.agent_id = "someone-else".into();
+        s.state.seen_nonces.remove(&7);
+        s.state.seen_nonces.insert(1234);
         Change::Commit(())
     }))
     .unwrap_err();
