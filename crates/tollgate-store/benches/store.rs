@@ -6,10 +6,11 @@
 //!   concurrent submitter threads, each on its own session, with fsync'd group commit.
 //!   Criterion's throughput line is durable verdicts per second.
 //!
-//! Each session starts with 1,000 seen nonces (`TOLLGATE_BENCH_NONCES` to change), so
-//! clone and encode costs are those of a session well into its life rather than of an
-//! empty one. In `apply_only` the closure also drops the oldest nonce, keeping the size
-//! constant; in `apply_durable` nonces only accumulate, as in a real session.
+//! Every session holds 1,000 seen nonces throughout (`TOLLGATE_BENCH_NONCES` to change):
+//! each call records its nonce and the closure then forgets the oldest, so the costs are
+//! those of a session well into its life, at a fixed size. (A check-and-apply walks the
+//! nonce set once, so its cost grows linearly with it.) `apply_only` rotates over 64
+//! sessions.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -44,14 +45,15 @@ fn session(id: &str) -> Session {
         Money(1_000_000_000_000_000),
         0,
     );
-    s.state
-        .seen_nonces
-        .extend(1_000_000_000..1_000_000_000 + steady_nonces());
+    s.state.seen_nonces.extend(0..initial_nonces());
     s
 }
 
+/// Nonces of new calls start above every preloaded one (nonces grow, as a client's do).
+const FIRST_NONCE: u64 = 1 << 40;
+
 /// Seen nonces each session holds (`TOLLGATE_BENCH_NONCES`, default 1,000).
-fn steady_nonces() -> u64 {
+fn initial_nonces() -> u64 {
     std::env::var("TOLLGATE_BENCH_NONCES")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -66,13 +68,11 @@ fn config() -> GuardConfig {
     }
 }
 
-/// The daemon's closure: decide, number, apply, settle. With `steady`, also forget the
-/// oldest nonce so the state keeps its size however long the bench runs.
+/// The daemon's closure: decide, number, apply, settle.
 fn pre_exec<'c>(
     config: &'c GuardConfig,
     params: &Params,
     nonce: u64,
-    steady: bool,
 ) -> impl FnOnce(&mut Session) -> Change<Decision> + 'c {
     let params = *params;
     move |s: &mut Session| {
@@ -88,9 +88,10 @@ fn pre_exec<'c>(
         let d = decide(config, &s.state, &call, now, 0.5);
         let n = s.next_call_number();
         apply_decision(config, &mut s.state, &call, &d, n, now);
-        // Settle at once and forget the oldest nonce: a steady-state session.
+        // Settle at once, and forget the oldest nonce: the session stays at exactly
+        // `initial_nonces()` seen nonces however long the bench runs.
         s.state.reservations.clear();
-        if steady && s.state.seen_nonces.len() as u64 > steady_nonces() {
+        if s.state.seen_nonces.len() as u64 > initial_nonces() {
             s.state.seen_nonces.pop_first();
         }
         Change::Commit(d)
@@ -119,33 +120,41 @@ fn open(dir: &tempfile::TempDir, durability: Durability) -> EmbeddedStore {
     .unwrap()
 }
 
+/// Sessions the apply-only benches rotate through (the 64 of the throughput target).
+const ROTATION: usize = 64;
+
 fn apply_only(c: &mut Criterion) {
     let config = config();
     let params = params();
+    let ids: Vec<String> = (0..ROTATION).map(|i| format!("r{i}")).collect();
     let mut g = c.benchmark_group("apply_only");
     g.throughput(Throughput::Elements(1));
 
     let memory = MemoryStore::default();
-    memory.create_sync(session("m")).unwrap();
-    let nonce = AtomicU64::new(1);
+    for id in &ids {
+        memory.create_sync(session(id)).unwrap();
+    }
+    let nonce = AtomicU64::new(FIRST_NONCE);
     g.bench_function("memory", |b| {
         b.iter(|| {
             let n = nonce.fetch_add(1, Ordering::Relaxed);
+            let id = &ids[n as usize % ROTATION];
             memory
-                .apply_sync("m", pre_exec(&config, &params, n, true))
+                .apply_sync(id, pre_exec(&config, &params, n))
                 .unwrap()
         });
     });
 
     let dir = tempfile::tempdir().unwrap();
     let store = open(&dir, Durability::Batch);
-    store.create_sync(session("e")).unwrap().wait().unwrap();
+    for id in &ids {
+        store.create_sync(session(id)).unwrap().wait().unwrap();
+    }
     g.bench_function("embedded_batch", |b| {
         b.iter(|| {
             let n = nonce.fetch_add(1, Ordering::Relaxed);
-            store
-                .apply_sync("e", pre_exec(&config, &params, n, true))
-                .unwrap()
+            let id = &ids[n as usize % ROTATION];
+            store.apply_sync(id, pre_exec(&config, &params, n)).unwrap()
         });
     });
     g.finish();
@@ -168,7 +177,7 @@ fn durable_throughput(c: &mut Criterion, threads: usize) {
     let done = Arc::new(Barrier::new(threads + 1));
     let per_thread = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));
-    let nonce = Arc::new(AtomicU64::new(1));
+    let nonce = Arc::new(AtomicU64::new(FIRST_NONCE));
     let workers: Vec<_> = (0..threads)
         .map(|t| {
             let (store, start, done, per_thread, stop, nonce) = (
@@ -192,7 +201,7 @@ fn durable_throughput(c: &mut Criterion, threads: usize) {
                     for _ in 0..per_thread.load(Ordering::Acquire) {
                         let n = nonce.fetch_add(1, Ordering::Relaxed);
                         let (_, d) = store
-                            .apply_sync(&id, pre_exec(&config, &params, n, false))
+                            .apply_sync(&id, pre_exec(&config, &params, n))
                             .unwrap();
                         // The daemon replies only after the verdict is durable.
                         d.wait().unwrap();

@@ -86,16 +86,34 @@ impl SlotState {
 
 /// The nonces in `now` and not in `old`, and those in `old` and not in `now`.
 ///
-/// One walk; no allocation unless something changed. The usual edit (nonces added above
-/// the largest) is found by comparing the shared prefix.
+/// One merge walk over both sets; no allocation unless something changed. This walk is
+/// the cost of a check-and-apply that grows with the session: O(seen nonces).
 pub(crate) fn nonce_diff(old: &BTreeSet<u64>, now: &BTreeSet<u64>) -> (Vec<u64>, Vec<u64>) {
-    if now.len() >= old.len() && old.iter().zip(now.iter()).all(|(a, b)| a == b) {
-        return (now.iter().skip(old.len()).copied().collect(), Vec::new());
+    let (mut added, mut removed) = (Vec::new(), Vec::new());
+    let mut a = old.iter().copied();
+    let mut b = now.iter().copied();
+    let (mut x, mut y) = (a.next(), b.next());
+    loop {
+        match (x, y) {
+            (Some(p), Some(q)) if p == q => {
+                x = a.next();
+                y = b.next();
+            }
+            (Some(p), Some(q)) if p < q => {
+                removed.push(p);
+                x = a.next();
+            }
+            (Some(_), Some(q)) | (None, Some(q)) => {
+                added.push(q);
+                y = b.next();
+            }
+            (Some(p), None) => {
+                removed.push(p);
+                x = a.next();
+            }
+            (None, None) => return (added, removed),
+        }
     }
-    (
-        now.difference(old).copied().collect(),
-        old.difference(now).copied().collect(),
-    )
 }
 
 type Slot = Mutex<SlotState>;
