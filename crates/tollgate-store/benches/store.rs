@@ -5,6 +5,9 @@
 //! - `apply_durable/batch/{1,64}`: apply, then wait for the `Durable`, from 1 and from 64
 //!   concurrent submitter threads, each on its own session, with fsync'd group commit.
 //!   Criterion's throughput line is durable verdicts per second.
+//! - `apply_durable/batch/64_sessions_2_threads`: the same 64 sessions driven by two
+//!   threads as an async daemon would (one call in flight per session; a thread blocks
+//!   only when none of its sessions can go on), without 64 OS threads' context switches.
 //!
 //! Every session holds 1,000 seen nonces throughout (`TOLLGATE_BENCH_NONCES` to change):
 //! each call records its nonce and the closure then forgets the oldest, so the costs are
@@ -231,12 +234,102 @@ fn durable_throughput(c: &mut Criterion, threads: usize) {
         });
     });
     g.finish();
+    report(&store);
     stop.store(true, Ordering::Release);
     start.wait();
     for w in workers {
         w.join().unwrap();
     }
     store.close_sync().unwrap();
+}
+
+/// 64 sessions driven by 2 threads, the way an async daemon on a 2-core machine drives
+/// them: each thread round-robins over its 32 sessions, submits the next call of every
+/// session whose last verdict is durable, and blocks only when none is.
+fn durable_64_sessions_2_threads(c: &mut Criterion) {
+    const SESSIONS: usize = 64;
+    const THREADS: usize = 2;
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(&dir, Durability::Batch);
+    for t in 0..SESSIONS {
+        store
+            .create_sync(session(&format!("s{t}")))
+            .unwrap()
+            .wait()
+            .unwrap();
+    }
+    let nonce = AtomicU64::new(FIRST_NONCE);
+    let config = config();
+    let params = params();
+    let mut g = c.benchmark_group("apply_durable");
+    g.throughput(Throughput::Elements(1));
+    g.bench_function("batch/64_sessions_2_threads", |b| {
+        b.iter_custom(|iters| {
+            let each = iters.div_ceil(THREADS as u64).max(1);
+            let t0 = Instant::now();
+            std::thread::scope(|scope| {
+                for t in 0..THREADS {
+                    let (store, nonce, config, params) = (&store, &nonce, &config, &params);
+                    scope.spawn(move || {
+                        let ids: Vec<String> = (0..SESSIONS / THREADS)
+                            .map(|i| format!("s{}", i * THREADS + t))
+                            .collect();
+                        let mut inflight: Vec<Option<Durable>> = vec![None; ids.len()];
+                        let (mut submitted, mut done) = (0_u64, 0_u64);
+                        while done < each {
+                            let mut progress = false;
+                            for (id, slot) in ids.iter().zip(inflight.iter_mut()) {
+                                if let Some(d) = slot {
+                                    if d.try_result().is_none() {
+                                        continue;
+                                    }
+                                    d.wait().unwrap();
+                                    *slot = None;
+                                    done += 1;
+                                    progress = true;
+                                }
+                                if submitted < each {
+                                    let n = nonce.fetch_add(1, Ordering::Relaxed);
+                                    let (_, d) =
+                                        store.apply_sync(id, pre_exec(config, params, n)).unwrap();
+                                    *slot = Some(d);
+                                    submitted += 1;
+                                    progress = true;
+                                }
+                            }
+                            if !progress {
+                                // Block on the oldest batch: everything before it completes too.
+                                if let Some(d) =
+                                    inflight.iter().flatten().min_by_key(|d| d.batch_seq())
+                                {
+                                    d.wait().unwrap();
+                                }
+                            }
+                        }
+                    });
+                }
+            });
+            let elapsed = t0.elapsed();
+            #[allow(clippy::cast_precision_loss)]
+            let scale = iters as f64 / (each * THREADS as u64) as f64;
+            Duration::from_secs_f64(elapsed.as_secs_f64() * scale)
+        });
+    });
+    g.finish();
+    report(&store);
+    store.close_sync().unwrap();
+}
+
+/// Print how the group commit went: changes per batch, time per batch.
+fn report(store: &EmbeddedStore) {
+    let st = store.writer_stats();
+    #[allow(clippy::cast_precision_loss)]
+    let per = st.sessions_written as f64 / st.batches.max(1) as f64;
+    let each = st.write_time / u32::try_from(st.batches.max(1)).unwrap_or(u32::MAX);
+    eprintln!(
+        "writer: {} batches, {per:.1} sessions per batch, {each:?} per batch (encode+write+fsync)",
+        st.batches
+    );
 }
 
 fn durable_1(c: &mut Criterion) {
@@ -247,5 +340,11 @@ fn durable_64(c: &mut Criterion) {
     durable_throughput(c, 64);
 }
 
-criterion_group!(benches, apply_only, durable_1, durable_64);
+criterion_group!(
+    benches,
+    apply_only,
+    durable_1,
+    durable_64,
+    durable_64_sessions_2_threads
+);
 criterion_main!(benches);

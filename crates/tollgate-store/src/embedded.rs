@@ -3,6 +3,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::path::Path;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 
@@ -76,6 +77,19 @@ fn backend(op: &'static str) -> impl Fn(redb::Error) -> StoreError {
         op,
         message: e.to_string(),
     }
+}
+
+/// What the writer thread has done since the store was opened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct WriterStats {
+    /// Transactions committed (group commits).
+    pub batches: u64,
+    /// Session records written (after coalescing: one per session per batch).
+    pub sessions_written: u64,
+    /// Shared budget records written.
+    pub budgets_written: u64,
+    /// Time spent encoding, writing and committing (fsync included).
+    pub write_time: std::time::Duration,
 }
 
 /// A session store in one redb file.
@@ -153,6 +167,20 @@ impl EmbeddedStore {
     /// How many sessions are live.
     pub fn len(&self) -> usize {
         self.engine.len()
+    }
+
+    /// The writer's counters so far (for metrics and benchmarks).
+    pub fn writer_stats(&self) -> WriterStats {
+        let Some(j) = self.engine.journal() else {
+            return WriterStats::default();
+        };
+        let st = &j.stats;
+        WriterStats {
+            batches: st.batches.load(Ordering::Relaxed),
+            sessions_written: st.sessions.load(Ordering::Relaxed),
+            budgets_written: st.budgets.load(Ordering::Relaxed),
+            write_time: std::time::Duration::from_nanos(st.write_nanos.load(Ordering::Relaxed)),
+        }
     }
 
     /// Whether no session is live.
@@ -317,7 +345,19 @@ fn writer_loop(db: &Database, engine: &Engine, durability: Durability) -> Result
             Some(e) => Err(StoreError::Failed {
                 message: e.to_string(),
             }),
-            None => write_batch(db, &batch, durability),
+            None => {
+                let t0 = std::time::Instant::now();
+                let r = write_batch(db, &batch, durability);
+                let st = &journal.stats;
+                st.batches.fetch_add(1, Ordering::Relaxed);
+                st.sessions
+                    .fetch_add(batch.sessions.len() as u64, Ordering::Relaxed);
+                st.budgets
+                    .fetch_add(batch.budgets.len() as u64, Ordering::Relaxed);
+                let nanos = u64::try_from(t0.elapsed().as_nanos()).unwrap_or(u64::MAX);
+                st.write_nanos.fetch_add(nanos, Ordering::Relaxed);
+                r
+            }
         };
         // Release the snapshots before waking anyone.
         let Pending { batch: done, .. } = batch;

@@ -31,7 +31,7 @@
 use std::collections::hash_map::{DefaultHasher, Entry};
 use std::collections::{BTreeSet, HashMap};
 use std::hash::{Hash, Hasher};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, RwLock};
 
 use crate::durable::{Batch, Durable};
@@ -189,6 +189,17 @@ impl Pending {
 pub(crate) struct Journal {
     pending: Mutex<Pending>,
     cv: Condvar,
+    /// Batches committed, sessions and budgets written, and time spent writing.
+    pub(crate) stats: WriterStats,
+}
+
+/// Counters kept by the writer.
+#[derive(Debug, Default)]
+pub(crate) struct WriterStats {
+    pub batches: AtomicU64,
+    pub sessions: AtomicU64,
+    pub budgets: AtomicU64,
+    pub write_nanos: AtomicU64,
 }
 
 impl Journal {
@@ -202,6 +213,7 @@ impl Journal {
                 failed: None,
             }),
             cv: Condvar::new(),
+            stats: WriterStats::default(),
         }
     }
 

@@ -39,7 +39,7 @@ mod session;
 use std::future::Future;
 
 pub use durable::Durable;
-pub use embedded::{Durability, EmbeddedStore, StoreOptions};
+pub use embedded::{Durability, EmbeddedStore, StoreOptions, WriterStats};
 pub use memory::MemoryStore;
 pub use session::{Budget, BudgetKey, Session, SessionMeta, MAX_ID_BYTES};
 
