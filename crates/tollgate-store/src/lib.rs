@@ -11,7 +11,9 @@
 //!
 //! Two stores:
 //! - [`EmbeddedStore`]: in-memory sessions persisted to one redb file by a single
-//!   group-committing writer thread; survives kill -9 ([`Durability::Batch`]);
+//!   group-committing writer thread; survives kill -9 ([`Durability::Batch`]): every
+//!   change whose [`Durable`] completed is on disk, and the disk always holds a
+//!   consistent cut (some prefix of all changes, budgets balanced with their sessions);
 //! - [`MemoryStore`]: the same engine without a disk, for library mode and tests.
 //!
 //! What this crate does **not** do: no async runtime (futures here are ready at once
