@@ -344,8 +344,26 @@ fn writer_loop(db: &Database, engine: &Engine, durability: Durability) -> Result
     let Some(journal) = engine.journal() else {
         return Ok(());
     };
+    /// Completes the batch in hand and the one filling with an error if the writer
+    /// unwinds, so that no `Durable` waits forever on a dead thread.
+    struct OnUnwind<'j>(&'j Journal, Option<Arc<crate::durable::Batch>>);
+    impl Drop for OnUnwind<'_> {
+        fn drop(&mut self) {
+            if std::thread::panicking() {
+                let e = StoreError::Failed {
+                    message: "the writer thread panicked".into(),
+                };
+                if let Some(b) = self.1.take() {
+                    b.complete(Err(e.clone()));
+                }
+                self.0.abandon(e);
+            }
+        }
+    }
+    let mut guard = OnUnwind(journal, None);
     let mut failed: Option<StoreError> = None;
     while let Some(batch) = journal.take() {
+        guard.1 = Some(Arc::clone(&batch.batch));
         // After a failure nothing more is written: a later batch on disk without the
         // failed one would break the prefix guarantee.
         let outcome = match &failed {
@@ -373,6 +391,7 @@ fn writer_loop(db: &Database, engine: &Engine, durability: Durability) -> Result
             failed.get_or_insert_with(|| e.clone());
         }
         done.complete(outcome);
+        guard.1 = None;
     }
     if let Some(e) = failed {
         return Err(e);

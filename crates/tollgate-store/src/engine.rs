@@ -314,6 +314,18 @@ impl Journal {
         self.cv.notify_all();
     }
 
+    /// The writer is gone (it panicked): fail the batch now filling, so nobody waits
+    /// forever, and refuse every later change.
+    pub(crate) fn abandon(&self, e: StoreError) {
+        let mut p = lock(&self.pending);
+        if p.failed.is_none() {
+            p.failed = Some(e.clone());
+        }
+        let batch = Arc::clone(&p.batch);
+        drop(p);
+        batch.complete(Err(e));
+    }
+
     /// A batch failed: refuse every later change (memory is now ahead of disk).
     pub(crate) fn fail(&self, e: StoreError) {
         let mut p = lock(&self.pending);
@@ -611,9 +623,24 @@ impl Engine {
         if let Some(b) = &bst {
             b.budget.load_into(&mut work.state);
         }
-        let change = f(&mut work);
+        // A panicking closure must not leave the slot without its nonces: catch it,
+        // put the set back as it was, and let the panic go on.
+        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&mut work)));
         let mut nonces = std::mem::take(&mut work.state.seen_nonces);
         let (added, removed) = nonce_diff(&st.written, &nonces);
+        let change = match outcome {
+            Ok(change) => change,
+            Err(payload) => {
+                for n in &added {
+                    nonces.remove(n);
+                }
+                nonces.extend(removed.iter().copied());
+                st.nonces = nonces;
+                drop(bst);
+                drop(guard);
+                std::panic::resume_unwind(payload);
+            }
+        };
         let verdict = match change {
             Change::Keep(r) => Err(Ok(r)),
             Change::Commit(r) => self

@@ -316,3 +316,61 @@ fn futures_and_handles_are_send() {
     send(&durable);
     assert_eq!(durable.try_result(), Some(Ok(())));
 }
+
+fn survives_panics<S: SessionStore>(store: &S) {
+    block_on(store.create(session("p", 100))).unwrap();
+    block_on(store.apply("p", |s| {
+        s.state.seen_nonces.extend([1, 2, 3]);
+        Change::Commit(())
+    }))
+    .unwrap();
+    let before = block_on(store.get("p")).unwrap().unwrap();
+    let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        block_on(store.apply("p", |s| {
+            s.state.seen_nonces.remove(&2);
+            s.state.seen_nonces.insert(9);
+            s.state.budget_remaining = Money(0);
+            if s.state.seen_nonces.contains(&9) {
+                panic!("closure failed");
+            }
+            Change::Commit(())
+        }))
+    }));
+    assert!(caught.is_err());
+    // Nothing of the panicking closure stuck, and the session goes on.
+    assert_eq!(block_on(store.get("p")).unwrap().unwrap(), before);
+    let (_, d) = block_on(store.apply("p", |s| {
+        s.state.seen_nonces.insert(4);
+        Change::Commit(())
+    }))
+    .unwrap();
+    block_on(d).unwrap();
+    let after = block_on(store.get("p")).unwrap().unwrap();
+    assert_eq!(
+        after.state.seen_nonces.iter().copied().collect::<Vec<_>>(),
+        [1, 2, 3, 4]
+    );
+}
+
+#[test]
+fn a_panicking_closure_changes_nothing() {
+    survives_panics(&MemoryStore::default());
+    let (dir, store) = embedded(StoreOptions::default());
+    survives_panics(&store);
+    store.close_sync().unwrap();
+    drop(store);
+    let store =
+        EmbeddedStore::open(dir.path().join("state.redb"), StoreOptions::default()).unwrap();
+    assert_eq!(
+        store
+            .get_sync("p")
+            .unwrap()
+            .unwrap()
+            .state
+            .seen_nonces
+            .iter()
+            .copied()
+            .collect::<Vec<_>>(),
+        [1, 2, 3, 4]
+    );
+}
