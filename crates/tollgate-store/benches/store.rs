@@ -126,6 +126,23 @@ fn open(dir: &tempfile::TempDir, durability: Durability) -> EmbeddedStore {
 /// Sessions the apply-only benches rotate through (the 64 of the throughput target).
 const ROTATION: usize = 64;
 
+/// What the writer spends per session per batch on encoding its record.
+fn encode(c: &mut Criterion) {
+    let config = config();
+    let params = params();
+    let store = MemoryStore::default();
+    store.create_sync(session("x")).unwrap();
+    for n in 0..20 {
+        store
+            .apply_sync("x", pre_exec(&config, &params, FIRST_NONCE + n))
+            .unwrap();
+    }
+    let s = store.get_sync("x").unwrap().unwrap();
+    c.bench_function("record/encode_session_without_nonces", |b| {
+        b.iter(|| tollgate_store::record::encode_session_without_nonces(&s));
+    });
+}
+
 fn apply_only(c: &mut Criterion) {
     let config = config();
     let params = params();
@@ -342,6 +359,7 @@ fn durable_64(c: &mut Criterion) {
 
 criterion_group!(
     benches,
+    encode,
     apply_only,
     durable_1,
     durable_64,
