@@ -7,18 +7,17 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 
-use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+use redb::{Database, ReadableDatabase, ReadableTable};
 
 use crate::durable::Durable;
-use crate::engine::{Engine, EngineLimits, Journal, Pending, SessionChange};
+use crate::engine::{Engine, EngineLimits, Journal, Pending};
 use crate::record;
 use crate::session::{Budget, BudgetKey, Session};
+use crate::wal::{self, Dirty, BUDGETS, LOG, NONCES, SESSIONS};
 use crate::{Change, SessionStore, StoreError};
 
-const SESSIONS: TableDefinition<&str, &[u8]> = TableDefinition::new("sessions");
-const BUDGETS: TableDefinition<&str, &[u8]> = TableDefinition::new("budgets");
-/// Seen nonces, one key each: `(session_id, nonce)`.
-const NONCES: TableDefinition<(&str, u64), ()> = TableDefinition::new("nonces");
+/// Fold the log into the main tables after this many bytes of log at most.
+const CHECKPOINT_BYTES: usize = 8 * 1024 * 1024;
 
 /// When a [`Durable`] completes, relative to the disk.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -50,6 +49,10 @@ pub struct StoreOptions {
     /// state may hold; a commit beyond it is [`StoreError::StateTooLarge`]. Keeps every
     /// record well under `max_record_bytes`.
     pub max_state_entries: usize,
+    /// Group commits between checkpoints (folding the write-ahead log into the main
+    /// tables; also done after 8 MiB of log and at `close`). More means fewer, larger
+    /// checkpoints and a longer replay at open after a crash.
+    pub checkpoint_entries: u64,
 }
 
 impl Default for StoreOptions {
@@ -59,6 +62,7 @@ impl Default for StoreOptions {
             durability: Durability::Batch,
             max_record_bytes: 16 * 1024 * 1024,
             max_state_entries: 200_000,
+            checkpoint_entries: 1024,
         }
     }
 }
@@ -90,6 +94,8 @@ pub struct WriterStats {
     pub budgets_written: u64,
     /// Time spent encoding, writing and committing (fsync included).
     pub write_time: std::time::Duration,
+    /// Checkpoints (log folded into the main tables).
+    pub checkpoints: u64,
 }
 
 /// A session store in one redb file.
@@ -149,18 +155,21 @@ impl EmbeddedStore {
             txn.open_table(SESSIONS)?;
             txn.open_table(BUDGETS)?;
             txn.open_table(NONCES)?;
+            txn.open_table(LOG)?;
             txn.commit()?;
             Ok(())
         };
         init().map_err(backend("initialize"))?;
+        recover(&db)?;
         let (sessions, budgets) = load(&db, &options)?;
         let engine = Arc::new(Engine::new(options.limits(), Some(Journal::new())));
         engine.load(sessions, budgets)?;
         let writer_engine = Arc::clone(&engine);
         let durability = options.durability;
+        let checkpoint_entries = options.checkpoint_entries.max(1);
         let writer = std::thread::Builder::new()
             .name("tollgate-store-writer".into())
-            .spawn(move || writer_loop(&db, &writer_engine, durability))
+            .spawn(move || writer_loop(&db, &writer_engine, durability, checkpoint_entries))
             .map_err(|e| StoreError::Backend {
                 op: "spawn writer",
                 message: e.to_string(),
@@ -187,6 +196,7 @@ impl EmbeddedStore {
             sessions_written: st.sessions.load(Ordering::Relaxed),
             budgets_written: st.budgets.load(Ordering::Relaxed),
             write_time: std::time::Duration::from_nanos(st.write_nanos.load(Ordering::Relaxed)),
+            checkpoints: st.checkpoints.load(Ordering::Relaxed),
         }
     }
 
@@ -340,7 +350,118 @@ fn load(db: &Database, options: &StoreOptions) -> Result<Loaded, StoreError> {
     Ok((sessions, budgets))
 }
 
-fn writer_loop(db: &Database, engine: &Engine, durability: Durability) -> Result<(), StoreError> {
+/// Replay the write-ahead log left by a crash into the main tables (one transaction,
+/// durable), so that loading reads only the main tables.
+fn recover(db: &Database) -> Result<(), StoreError> {
+    let read = || -> Result<Vec<(u64, Vec<u8>)>, redb::Error> {
+        let txn = db.begin_read()?;
+        let log = txn.open_table(LOG)?;
+        let mut out = Vec::new();
+        for row in log.iter()? {
+            let (k, v) = row?;
+            out.push((k.value(), v.value().to_vec()));
+        }
+        Ok(out)
+    };
+    let entries = read().map_err(backend("read log"))?;
+    if entries.is_empty() {
+        return Ok(());
+    }
+    let mut dirty = Dirty::default();
+    for (seq, bytes) in entries {
+        let batch = wal::decode_batch(&bytes).map_err(|e| StoreError::Corrupt {
+            key: format!("log/{seq}"),
+            reason: e.to_string(),
+        })?;
+        dirty.absorb(batch);
+    }
+    checkpoint(db, &dirty, redb::Durability::Immediate).map_err(backend("replay log"))
+}
+
+/// Fold `dirty` into the main tables and empty the log, in one transaction.
+fn checkpoint(
+    db: &Database,
+    dirty: &Dirty,
+    durability: redb::Durability,
+) -> Result<(), redb::Error> {
+    let mut txn = db.begin_write()?;
+    txn.set_durability(durability)?;
+    {
+        let mut sessions = txn.open_table(SESSIONS)?;
+        let mut nonces = txn.open_table(NONCES)?;
+        let mut budgets = txn.open_table(BUDGETS)?;
+        dirty.apply(&mut sessions, &mut nonces, &mut budgets)?;
+        let mut log = txn.open_table(LOG)?;
+        log.retain(|_, _| false)?;
+    }
+    txn.commit()?;
+    Ok(())
+}
+
+/// The writer thread's state: the changes logged since the last checkpoint.
+struct Writer<'d> {
+    db: &'d Database,
+    durability: Durability,
+    dirty: Dirty,
+    next_seq: u64,
+    log_entries: u64,
+    log_bytes: usize,
+    checkpoint_entries: u64,
+}
+
+impl Writer<'_> {
+    fn redb_durability(&self) -> redb::Durability {
+        match self.durability {
+            Durability::Batch => redb::Durability::Immediate,
+            Durability::Never => redb::Durability::None,
+        }
+    }
+
+    /// Append the batch to the log and commit: one small write however many sessions it
+    /// holds. Then checkpoint if the log has grown.
+    fn commit(
+        &mut self,
+        batch: &Pending,
+        stats: &crate::engine::WriterStats,
+    ) -> Result<(), StoreError> {
+        let (entry, changes) = wal::encode_batch(batch);
+        let seq = self.next_seq;
+        let append = || -> Result<(), redb::Error> {
+            let mut txn = self.db.begin_write()?;
+            txn.set_durability(self.redb_durability())?;
+            txn.open_table(LOG)?.insert(seq, entry.as_slice())?;
+            txn.commit()?;
+            Ok(())
+        };
+        append().map_err(backend("commit"))?;
+        self.next_seq = seq.saturating_add(1);
+        self.dirty.absorb(changes);
+        self.log_entries += 1;
+        self.log_bytes = self.log_bytes.saturating_add(entry.len());
+        if self.log_entries >= self.checkpoint_entries || self.log_bytes >= CHECKPOINT_BYTES {
+            // Without fsync: until the next durable commit, a crash finds the log intact
+            // and replays it; after it, the checkpoint is durable too.
+            self.checkpoint(redb::Durability::None)?;
+            stats.checkpoints.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    fn checkpoint(&mut self, durability: redb::Durability) -> Result<(), StoreError> {
+        checkpoint(self.db, &self.dirty, durability).map_err(backend("checkpoint"))?;
+        self.dirty = Dirty::default();
+        self.log_entries = 0;
+        self.log_bytes = 0;
+        Ok(())
+    }
+}
+
+fn writer_loop(
+    db: &Database,
+    engine: &Engine,
+    durability: Durability,
+    checkpoint_entries: u64,
+) -> Result<(), StoreError> {
     let Some(journal) = engine.journal() else {
         return Ok(());
     };
@@ -361,6 +482,15 @@ fn writer_loop(db: &Database, engine: &Engine, durability: Durability) -> Result
         }
     }
     let mut guard = OnUnwind(journal, None);
+    let mut writer = Writer {
+        db,
+        durability,
+        dirty: Dirty::default(),
+        next_seq: 1,
+        log_entries: 0,
+        log_bytes: 0,
+        checkpoint_entries,
+    };
     let mut failed: Option<StoreError> = None;
     while let Some(batch) = journal.take() {
         guard.1 = Some(Arc::clone(&batch.batch));
@@ -372,8 +502,8 @@ fn writer_loop(db: &Database, engine: &Engine, durability: Durability) -> Result
             }),
             None => {
                 let t0 = std::time::Instant::now();
-                let r = write_batch(db, &batch, durability);
                 let st = &journal.stats;
+                let r = writer.commit(&batch, st);
                 st.batches.fetch_add(1, Ordering::Relaxed);
                 st.sessions
                     .fetch_add(batch.sessions.len() as u64, Ordering::Relaxed);
@@ -396,74 +526,9 @@ fn writer_loop(db: &Database, engine: &Engine, durability: Durability) -> Result
     if let Some(e) = failed {
         return Err(e);
     }
-    if durability == Durability::Never {
-        // Make everything committed without fsync durable before stopping.
-        let flush = || -> Result<(), redb::Error> {
-            let mut txn = db.begin_write()?;
-            txn.set_durability(redb::Durability::Immediate)?;
-            txn.commit()?;
-            Ok(())
-        };
-        flush().map_err(backend("final flush"))?;
-    }
-    Ok(())
-}
-
-fn write_batch(db: &Database, batch: &Pending, durability: Durability) -> Result<(), StoreError> {
-    // Encode outside the transaction; the snapshots are immutable.
-    let sessions: Vec<(&str, Option<Vec<u8>>, &SessionChange)> = batch
-        .sessions
-        .iter()
-        .map(|(id, c)| {
-            let record = c
-                .snapshot
-                .as_deref()
-                .map(record::encode_session_without_nonces);
-            (id.as_str(), record, c)
-        })
-        .collect();
-    let budgets: Vec<(String, Vec<u8>)> = batch
-        .budgets
-        .iter()
-        .map(|(k, b)| (record::budget_key_string(k), record::encode_budget(b)))
-        .collect();
-    let write = || -> Result<(), redb::Error> {
-        let mut txn = db.begin_write()?;
-        txn.set_durability(match durability {
-            Durability::Batch => redb::Durability::Immediate,
-            Durability::Never => redb::Durability::None,
-        })?;
-        {
-            let mut t = txn.open_table(SESSIONS)?;
-            let mut nt = txn.open_table(NONCES)?;
-            for (id, record, change) in &sessions {
-                if change.reset {
-                    nt.retain_in((*id, 0)..=(*id, u64::MAX), |_, ()| false)?;
-                }
-                for n in &change.removed {
-                    nt.remove((*id, *n))?;
-                }
-                for n in &change.added {
-                    nt.insert((*id, *n), ())?;
-                }
-                match record {
-                    Some(b) => {
-                        t.insert(*id, b.as_slice())?;
-                    }
-                    None => {
-                        t.remove(*id)?;
-                    }
-                }
-            }
-            let mut t = txn.open_table(BUDGETS)?;
-            for (k, b) in &budgets {
-                t.insert(k.as_str(), b.as_slice())?;
-            }
-        }
-        txn.commit()?;
-        Ok(())
-    };
-    write().map_err(backend("commit"))
+    // Graceful stop: fold the log into the tables, durably (this also makes everything
+    // a `Durability::Never` store committed without fsync durable).
+    writer.checkpoint(redb::Durability::Immediate)
 }
 
 impl SessionStore for EmbeddedStore {

@@ -179,6 +179,17 @@ pub(crate) struct Pending {
 }
 
 impl Pending {
+    #[cfg(test)]
+    pub(crate) fn empty_for_tests() -> Pending {
+        Pending {
+            sessions: HashMap::new(),
+            budgets: HashMap::new(),
+            batch: Arc::new(Batch::new(1)),
+            closed: false,
+            failed: None,
+        }
+    }
+
     fn is_empty(&self) -> bool {
         self.sessions.is_empty() && self.budgets.is_empty()
     }
@@ -200,6 +211,7 @@ pub(crate) struct WriterStats {
     pub sessions: AtomicU64,
     pub budgets: AtomicU64,
     pub write_nanos: AtomicU64,
+    pub checkpoints: AtomicU64,
 }
 
 impl Journal {

@@ -37,6 +37,7 @@ mod engine;
 mod memory;
 pub mod record;
 mod session;
+mod wal;
 
 use std::future::Future;
 
