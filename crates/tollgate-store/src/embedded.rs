@@ -105,14 +105,19 @@ pub struct WriterStats {
 /// set to find what the closure changed: microseconds, no I/O. Every committed change is
 /// queued for a single writer thread, which **group-commits**: it takes everything queued
 /// (only the latest state of each session and budget, plus the nonces added and removed),
-/// writes it in one redb write transaction, commits it durably, then completes every
-/// [`Durable`] of that batch. While one batch is being fsynced the next one fills, so any
-/// number of concurrent sessions share one fsync. With one call in flight per session,
-/// durable throughput is about `sessions in flight / (2 × commit time)`: the sessions
-/// fall into two cohorts that alternate between filling a batch and waiting for one.
+/// appends it as one entry to a write-ahead log table in one redb write transaction,
+/// commits it durably, then completes every [`Durable`] of that batch. While one batch is
+/// being fsynced the next one fills, so any number of concurrent sessions share one fsync.
+/// With one call in flight per session, durable throughput is about
+/// `sessions in flight / (2 × commit time)`: the sessions fall into two cohorts that
+/// alternate between filling a batch and waiting for one.
 ///
-/// On disk (redb tables): `sessions` (id → session record without nonces, see
-/// [`crate::record`]), `nonces` ((id, nonce) → ()), `budgets` (budget key → amounts).
+/// On disk (redb tables): `log` (batch number → entry, see the `wal` module), and the
+/// main tables `sessions` (id → session record without nonces, see [`crate::record`]),
+/// `nonces` ((id, nonce) → ()) and `budgets` (budget key → amounts). Every
+/// [`StoreOptions::checkpoint_entries`] group commits (or 8 MiB of log, or at `close`)
+/// the writer folds the log into the main tables and empties it in one transaction; at
+/// open, a log left by a crash is replayed the same way before anything is loaded.
 ///
 /// Guarantees:
 /// - *Atomicity per change*: a session and its shared budget are written in the same
