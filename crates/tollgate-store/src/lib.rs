@@ -58,7 +58,7 @@ pub enum Change<R> {
 /// Why a store operation failed. Every variant says when it happens.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum StoreError {
-    /// `get`-free operations on a session id the store does not hold.
+    /// `apply` or `remove` named a session the store does not hold (`get` returns `None`).
     #[error("no session `{id}`")]
     NotFound {
         /// The id asked for.
