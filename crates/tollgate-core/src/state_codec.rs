@@ -191,10 +191,179 @@ fn build(state: &SessionState, nonces: bool) -> Value {
 /// The canonical bytes of the state.
 pub fn encode(state: &SessionState) -> Vec<u8> {
     let mut out = Vec::with_capacity(512);
-    // The value holds only integers, strings, booleans and null: never a float, so the
-    // canonical writer cannot fail. Should that ever change, the error surfaces on decode.
-    let _ = json::write_canonical(&to_value(state), &mut out);
+    write_state(state, true, &mut out);
     out
+}
+
+/// Append the canonical bytes of the state to `out`: exactly the bytes of
+/// [`to_value`] (or, without nonces, [`to_value_without_nonces`]) through the canonical
+/// writer, written directly, without building the value. For stores on a hot path.
+pub fn write_state(state: &SessionState, nonces: bool, out: &mut Vec<u8>) {
+    // Keys in byte order, as the canonical writer sorts them.
+    out.push(b'{');
+    key(out, "budget_initial", true);
+    num(out, i128::from(state.budget_initial.0));
+    key(out, "budget_remaining", false);
+    num(out, i128::from(state.budget_remaining.0));
+    key(out, "budget_spent", false);
+    num(out, i128::from(state.budget_spent.0));
+    key(out, "circuit_trip_reason", false);
+    match state.circuit_trip_reason {
+        Some(r) => string(out, r.as_str()),
+        None => out.extend_from_slice(b"null"),
+    }
+    key(out, "circuit_tripped", false);
+    boolean(out, state.circuit_tripped);
+    key(out, "circuit_tripped_at_ns", false);
+    num(out, i128::from(state.circuit_tripped_at_ns));
+    key(out, "last_activity_ns", false);
+    num(out, i128::from(state.last_activity_ns));
+    key(out, "last_error_signal", false);
+    boolean(out, state.last_error_signal);
+    key(out, "last_params_hash", false);
+    digest(out, state.last_params_hash);
+    key(out, "last_tool_name", false);
+    opt_string(out, state.last_tool_name.as_deref());
+    key(out, "pending", false);
+    match &state.pending {
+        None => out.extend_from_slice(b"null"),
+        Some(p) => {
+            out.push(b'{');
+            key(out, "decision", true);
+            match &p.decision {
+                HumanDecision::Unknown(w) => other(out, w),
+                d => string(out, d.as_str()),
+            }
+            key(out, "original_args_digest", false);
+            digest(out, p.original_args_digest);
+            key(out, "original_nonce", false);
+            opt_num(out, p.original_nonce);
+            key(out, "requested_at_ns", false);
+            num(out, i128::from(p.requested_at_ns));
+            key(out, "resume_attempt", false);
+            boolean(out, p.resume_attempt);
+            key(out, "successor_args_digest", false);
+            digest(out, p.successor_args_digest);
+            key(out, "successor_nonce", false);
+            opt_num(out, p.successor_nonce);
+            key(out, "terminal_status", false);
+            match &p.terminal_status {
+                TransitionStatus::Other(w) => other(out, w),
+                t => string(out, t.as_str()),
+            }
+            key(out, "tool_name", false);
+            opt_string(out, p.tool_name.as_deref());
+            out.push(b'}');
+        }
+    }
+    key(out, "repeat_counts", false);
+    count_map(out, &state.repeat_counts);
+    key(out, "reservations", false);
+    out.push(b'[');
+    for (i, (call, r)) in state.reservations.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        out.push(b'[');
+        num(out, i128::from(*call));
+        out.push(b',');
+        num(out, i128::from(r.estimated.0));
+        out.push(b',');
+        num(out, i128::from(r.deducted.0));
+        out.push(b']');
+    }
+    out.push(b']');
+    key(out, "seen_nonces", false);
+    out.push(b'[');
+    if nonces {
+        for (i, n) in state.seen_nonces.iter().enumerate() {
+            if i > 0 {
+                out.push(b',');
+            }
+            num(out, i128::from(*n));
+        }
+    }
+    out.push(b']');
+    key(out, "started_at_ns", false);
+    num(out, i128::from(state.started_at_ns));
+    key(out, "status", false);
+    string(out, state.status.as_str());
+    key(out, "total_calls", false);
+    num(out, i128::from(state.total_calls));
+    key(out, "v", false);
+    num(out, i128::from(VERSION));
+    key(out, "window_counts", false);
+    count_map(out, &state.window_counts);
+    key(out, "window_start_ns", false);
+    num(out, i128::from(state.window_start_ns));
+    out.push(b'}');
+}
+
+/// `"k":`, preceded by a comma unless first. Keys here are plain ASCII.
+fn key(out: &mut Vec<u8>, k: &str, first: bool) {
+    if !first {
+        out.push(b',');
+    }
+    out.push(b'"');
+    out.extend_from_slice(k.as_bytes());
+    out.extend_from_slice(b"\":");
+}
+
+fn num(out: &mut Vec<u8>, n: i128) {
+    // The canonical writer's integer form is plain decimal; reuse it for exactness.
+    let _ = json::write_canonical(&Value::Number(Number::Int(n)), out);
+}
+
+fn string(out: &mut Vec<u8>, s: &str) {
+    let _ = json::write_canonical(&Value::String(s.to_owned()), out);
+}
+
+fn opt_string(out: &mut Vec<u8>, s: Option<&str>) {
+    match s {
+        Some(s) => string(out, s),
+        None => out.extend_from_slice(b"null"),
+    }
+}
+
+fn opt_num(out: &mut Vec<u8>, n: Option<u64>) {
+    match n {
+        Some(n) => num(out, i128::from(n)),
+        None => out.extend_from_slice(b"null"),
+    }
+}
+
+fn boolean(out: &mut Vec<u8>, b: bool) {
+    out.extend_from_slice(if b { b"true" } else { b"false" });
+}
+
+fn digest(out: &mut Vec<u8>, d: Option<Digest>) {
+    match d {
+        Some(d) => {
+            out.push(b'"');
+            out.extend_from_slice(d.to_string().as_bytes());
+            out.push(b'"');
+        }
+        None => out.extend_from_slice(b"null"),
+    }
+}
+
+fn other(out: &mut Vec<u8>, w: &str) {
+    out.extend_from_slice(b"{\"other\":");
+    string(out, w);
+    out.push(b'}');
+}
+
+fn count_map(out: &mut Vec<u8>, m: &BTreeMap<String, u32>) {
+    out.push(b'{');
+    for (i, (k, c)) in m.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        string(out, k);
+        out.push(b':');
+        num(out, i128::from(*c));
+    }
+    out.push(b'}');
 }
 
 /// Decode bytes written by [`encode`].
@@ -762,6 +931,18 @@ mod tests {
 
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(512))]
+
+        #[test]
+        fn direct_writer_matches_the_canonical_writer(s in state()) {
+            let via_value = json::to_canonical_vec(&to_value(&s)).unwrap();
+            let mut direct = Vec::new();
+            write_state(&s, true, &mut direct);
+            prop_assert_eq!(&direct, &via_value);
+            let via_value = json::to_canonical_vec(&to_value_without_nonces(&s)).unwrap();
+            let mut direct = Vec::new();
+            write_state(&s, false, &mut direct);
+            prop_assert_eq!(direct, via_value);
+        }
 
         #[test]
         fn round_trips_exactly(s in state()) {

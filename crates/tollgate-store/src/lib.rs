@@ -11,7 +11,9 @@
 //!
 //! Two stores:
 //! - [`EmbeddedStore`]: in-memory sessions persisted to one redb file by a single
-//!   group-committing writer thread; survives kill -9 ([`Durability::Batch`]);
+//!   group-committing writer thread; survives kill -9 ([`Durability::Batch`]): every
+//!   change whose [`Durable`] completed is on disk, and the disk always holds a
+//!   consistent cut (some prefix of all changes, budgets balanced with their sessions);
 //! - [`MemoryStore`]: the same engine without a disk, for library mode and tests.
 //!
 //! What this crate does **not** do: no async runtime (futures here are ready at once
@@ -35,11 +37,12 @@ mod engine;
 mod memory;
 pub mod record;
 mod session;
+mod wal;
 
 use std::future::Future;
 
 pub use durable::Durable;
-pub use embedded::{Durability, EmbeddedStore, StoreOptions};
+pub use embedded::{Durability, EmbeddedStore, StoreOptions, WriterStats};
 pub use memory::MemoryStore;
 pub use session::{Budget, BudgetKey, Session, SessionMeta, MAX_ID_BYTES};
 
@@ -55,7 +58,7 @@ pub enum Change<R> {
 /// Why a store operation failed. Every variant says when it happens.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum StoreError {
-    /// `get`-free operations on a session id the store does not hold.
+    /// `apply` or `remove` named a session the store does not hold (`get` returns `None`).
     #[error("no session `{id}`")]
     NotFound {
         /// The id asked for.

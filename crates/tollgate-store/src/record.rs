@@ -79,6 +79,45 @@ pub fn encode_session_without_nonces(s: &Session) -> Vec<u8> {
 }
 
 fn encode_session_with(s: &Session, nonces: bool) -> Vec<u8> {
+    // Written directly in canonical key order (the writer's hot path); the tests check
+    // it against the canonical writer over a `Value`.
+    let mut out = Vec::with_capacity(768);
+    let text = |out: &mut Vec<u8>, t: &str| {
+        let _ = json::write_canonical(&Value::String(t.to_owned()), out);
+    };
+    let number = |out: &mut Vec<u8>, n: i128| {
+        let _ = json::write_canonical(&Value::Number(Number::Int(n)), out);
+    };
+    out.extend_from_slice(b"{\"agent_id\":");
+    text(&mut out, &s.meta.agent_id);
+    out.extend_from_slice(b",\"budget_scope\":");
+    text(&mut out, scope_str(s.meta.budget_scope));
+    out.extend_from_slice(b",\"config\":");
+    match &s.meta.config {
+        Some(c) => text(&mut out, c),
+        None => out.extend_from_slice(b"null"),
+    }
+    out.extend_from_slice(b",\"created_at_ns\":");
+    number(&mut out, i128::from(s.meta.created_at_ns));
+    out.extend_from_slice(b",\"last_call_number\":");
+    number(&mut out, i128::from(s.last_call_number));
+    out.extend_from_slice(b",\"last_heartbeat_ns\":");
+    number(&mut out, i128::from(s.last_heartbeat_ns));
+    out.extend_from_slice(b",\"organization_id\":");
+    text(&mut out, &s.meta.organization_id);
+    out.extend_from_slice(b",\"session_id\":");
+    text(&mut out, &s.meta.session_id);
+    out.extend_from_slice(b",\"state\":");
+    state_codec::write_state(&s.state, nonces, &mut out);
+    out.extend_from_slice(b",\"v\":");
+    number(&mut out, i128::from(RECORD_VERSION));
+    out.push(b'}');
+    out
+}
+
+/// The session record as a value (the reference form of the record bytes).
+#[cfg(test)]
+fn session_value(s: &Session, nonces: bool) -> Value {
     let mut m = BTreeMap::new();
     let mut put = |k: &str, v: Value| {
         m.insert(k.to_owned(), v);
@@ -106,7 +145,7 @@ fn encode_session_with(s: &Session, nonces: bool) -> Vec<u8> {
             state_codec::to_value_without_nonces(&s.state)
         },
     );
-    canonical(&Value::Object(m))
+    Value::Object(m)
 }
 
 const SESSION_KEYS: &[&str] = &[
@@ -263,6 +302,20 @@ mod tests {
     }
 
     #[test]
+    fn direct_records_match_the_canonical_writer() {
+        let mut s = session();
+        for config in [None, Some("a\u{0}\"b\u{1F600}".to_owned())] {
+            s.meta.config = config;
+            for nonces in [true, false] {
+                assert_eq!(
+                    encode_session_with(&s, nonces),
+                    canonical(&session_value(&s, nonces))
+                );
+            }
+        }
+    }
+
+    #[test]
     fn session_records_round_trip() {
         let s = session();
         let bytes = encode_session(&s);
@@ -313,6 +366,7 @@ mod tests {
                 bytes[at] = b;
             }
             if let Ok(s) = decode_session(&bytes, 1 << 20) {
+                proptest::prop_assert_eq!(encode_session(&s), canonical(&session_value(&s, true)));
                 proptest::prop_assert_eq!(decode_session(&encode_session(&s), 1 << 20).unwrap(), s);
             }
         }

@@ -78,6 +78,8 @@ fn contract<S: SessionStore>(store: &S) {
     // Keep discards every edit.
     let (r, durable) = block_on(store.apply("a", |s| {
         s.state.seen_nonces.insert(99);
+        s.state.seen_nonces.insert(1);
+        s.state.seen_nonces.remove(&7);
         s.state.budget_remaining = Money(0);
         s.last_call_number = 50;
         Change::Keep(42)
@@ -93,6 +95,8 @@ fn contract<S: SessionStore>(store: &S) {
     // Refused commits write nothing.
     let e = block_on(store.apply("a", |s| {
         s.meta.agent_id = "someone-else".into();
+        s.state.seen_nonces.remove(&7);
+        s.state.seen_nonces.insert(1234);
         Change::Commit(())
     }))
     .unwrap_err();
@@ -311,4 +315,62 @@ fn futures_and_handles_are_send() {
     assert_eq!(n, 1);
     send(&durable);
     assert_eq!(durable.try_result(), Some(Ok(())));
+}
+
+fn survives_panics<S: SessionStore>(store: &S) {
+    block_on(store.create(session("p", 100))).unwrap();
+    block_on(store.apply("p", |s| {
+        s.state.seen_nonces.extend([1, 2, 3]);
+        Change::Commit(())
+    }))
+    .unwrap();
+    let before = block_on(store.get("p")).unwrap().unwrap();
+    let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        block_on(store.apply("p", |s| {
+            s.state.seen_nonces.remove(&2);
+            s.state.seen_nonces.insert(9);
+            s.state.budget_remaining = Money(0);
+            if s.state.seen_nonces.contains(&9) {
+                panic!("closure failed");
+            }
+            Change::Commit(())
+        }))
+    }));
+    assert!(caught.is_err());
+    // Nothing of the panicking closure stuck, and the session goes on.
+    assert_eq!(block_on(store.get("p")).unwrap().unwrap(), before);
+    let (_, d) = block_on(store.apply("p", |s| {
+        s.state.seen_nonces.insert(4);
+        Change::Commit(())
+    }))
+    .unwrap();
+    block_on(d).unwrap();
+    let after = block_on(store.get("p")).unwrap().unwrap();
+    assert_eq!(
+        after.state.seen_nonces.iter().copied().collect::<Vec<_>>(),
+        [1, 2, 3, 4]
+    );
+}
+
+#[test]
+fn a_panicking_closure_changes_nothing() {
+    survives_panics(&MemoryStore::default());
+    let (dir, store) = embedded(StoreOptions::default());
+    survives_panics(&store);
+    store.close_sync().unwrap();
+    drop(store);
+    let store =
+        EmbeddedStore::open(dir.path().join("state.redb"), StoreOptions::default()).unwrap();
+    assert_eq!(
+        store
+            .get_sync("p")
+            .unwrap()
+            .unwrap()
+            .state
+            .seen_nonces
+            .iter()
+            .copied()
+            .collect::<Vec<_>>(),
+        [1, 2, 3, 4]
+    );
 }

@@ -17,6 +17,8 @@ use tollgate_store::{BudgetKey, Change, EmbeddedStore, Session, StoreOptions};
 use crate::support::{agent_session, session};
 
 const CHILD_ENV: &str = "TOLLGATE_STORE_CRASH_CHILD";
+/// Group commits between checkpoints in the child (small, so kills land around them).
+const CHECKPOINT_ENV: &str = "TOLLGATE_STORE_CRASH_CHECKPOINT";
 const THREADS: u64 = 4;
 const BUDGET: i64 = 1_000_000_000_000;
 const STEP: i64 = 10;
@@ -65,7 +67,15 @@ fn crash_child_process() {
     let Ok(path) = std::env::var(CHILD_ENV) else {
         return;
     };
-    let store = EmbeddedStore::open(&path, StoreOptions::default()).unwrap();
+    let checkpoint_entries = std::env::var(CHECKPOINT_ENV)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(StoreOptions::default().checkpoint_entries);
+    let options = StoreOptions {
+        checkpoint_entries,
+        ..StoreOptions::default()
+    };
+    let store = EmbeddedStore::open(&path, options).unwrap();
     for t in 0..THREADS {
         // s0 and s1 share an agent budget; s2 and s3 have their own.
         let s = if t < 2 {
@@ -94,12 +104,13 @@ fn crash_child_process() {
 
 /// Run the child until it has acknowledged `acks` changes, SIGKILL it, and return the
 /// highest acknowledged change per thread (including lines flushed before the kill).
-fn run_and_kill(path: &Path, acks: usize) -> BTreeMap<u64, u64> {
+fn run_and_kill(path: &Path, acks: usize, checkpoint_entries: u64) -> BTreeMap<u64, u64> {
     let exe = std::env::current_exe().unwrap();
     let mut child = Command::new(exe)
         .args(["--exact", "crash::crash_child_process", "--nocapture"])
         .args(["--test-threads", "1"])
         .env(CHILD_ENV, path)
+        .env(CHECKPOINT_ENV, checkpoint_entries.to_string())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
@@ -201,10 +212,13 @@ fn verify(path: &Path, acked: &BTreeMap<u64, u64>) -> BTreeMap<u64, u64> {
 fn kill_9_loses_no_acknowledged_change() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("crash.redb");
-    // Two rounds: the second child continues from what the first left on disk.
+    // Three rounds, each child continuing from what the last left on disk: with the
+    // default checkpoint interval (the kill finds a long write-ahead log to replay), and
+    // with checkpoints every few group commits (kills land before, during and after
+    // checkpoints).
     let mut floor: BTreeMap<u64, u64> = BTreeMap::new();
-    for round in 0..2 {
-        let acked = run_and_kill(&path, 400);
+    for (round, checkpoint_entries) in [1024, 3, 1].into_iter().enumerate() {
+        let acked = run_and_kill(&path, 400, checkpoint_entries);
         assert_eq!(acked.len(), THREADS as usize, "round {round}: {acked:?}");
         let have = verify(&path, &acked);
         for (t, k) in &have {

@@ -306,3 +306,43 @@ fn nonces_are_written_incrementally_and_removed_with_their_session() {
         "stored record `ghost` is corrupt: nonces of a session that does not exist"
     );
 }
+
+#[test]
+fn a_corrupt_log_entry_is_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.redb");
+    drop(open(&path));
+    let db = redb::Database::create(&path).unwrap();
+    let def: redb::TableDefinition<u64, &[u8]> = redb::TableDefinition::new("log");
+    let txn = db.begin_write().unwrap();
+    txn.open_table(def)
+        .unwrap()
+        .insert(5, &[1_u8, 0, 0][..])
+        .unwrap();
+    txn.commit().unwrap();
+    drop(db);
+    let e = EmbeddedStore::open(&path, StoreOptions::default()).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "stored record `log/5` is corrupt: log entry is truncated"
+    );
+}
+
+#[test]
+fn frequent_checkpoints_keep_everything() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.redb");
+    let options = StoreOptions {
+        checkpoint_entries: 1,
+        ..StoreOptions::default()
+    };
+    let before = {
+        let store = EmbeddedStore::open(&path, options).unwrap();
+        let b = eventful(&store);
+        let st = store.writer_stats();
+        assert!(st.batches >= 1);
+        assert_eq!(st.checkpoints, st.batches);
+        b
+    };
+    assert_eq!(open(&path).list_sync(None).unwrap(), before);
+}
