@@ -44,7 +44,8 @@ pub use config::{BudgetScope, GuardConfig, HitlMode, Ratio, Settlement};
 pub use decide::decide;
 pub use digest::Digest;
 pub use state::{
-    HumanDecision, PendingTransition, SessionState, SessionStatus, TransitionStatus, UnixNanos,
+    HumanDecision, NonceSet, PendingTransition, SessionState, SessionStatus, TransitionStatus,
+    UnixNanos,
 };
 pub use transition::{apply_decision, apply_post_exec, record_human_decision, Successor};
 pub use types::{Decision, DenyReason, Money, Reason, Verdict};

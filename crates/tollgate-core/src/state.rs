@@ -204,6 +204,141 @@ pub struct Reservation {
     pub deducted: Money,
 }
 
+/// The nonces a session has seen: a set that also remembers what was inserted or removed
+/// since its changes were last taken, so a store can persist a change of one nonce without
+/// comparing whole sets (sessions see many thousands).
+///
+/// Equality and the encoding look only at the set; the change log is bookkeeping.
+#[derive(Debug, Clone, Default)]
+pub struct NonceSet {
+    set: BTreeSet<u64>,
+    /// Every nonce inserted or removed since the changes were last taken, with whether it
+    /// was in the set before the first of those edits.
+    touched: BTreeMap<u64, bool>,
+}
+
+impl PartialEq for NonceSet {
+    fn eq(&self, other: &Self) -> bool {
+        self.set == other.set
+    }
+}
+
+impl Eq for NonceSet {}
+
+impl NonceSet {
+    /// An empty set.
+    pub fn new() -> NonceSet {
+        NonceSet::default()
+    }
+
+    /// Whether `n` was seen.
+    pub fn contains(&self, n: &u64) -> bool {
+        self.set.contains(n)
+    }
+
+    /// Record `n`; true if it was new.
+    pub fn insert(&mut self, n: u64) -> bool {
+        let new = self.set.insert(n);
+        if new {
+            self.touched.entry(n).or_insert(false);
+        }
+        new
+    }
+
+    /// Forget `n`; true if it was there.
+    pub fn remove(&mut self, n: &u64) -> bool {
+        let was = self.set.remove(n);
+        if was {
+            self.touched.entry(*n).or_insert(true);
+        }
+        was
+    }
+
+    /// Forget the smallest nonce.
+    pub fn pop_first(&mut self) -> Option<u64> {
+        let n = self.set.pop_first()?;
+        self.touched.entry(n).or_insert(true);
+        Some(n)
+    }
+
+    /// Forget every nonce.
+    pub fn clear(&mut self) {
+        let old = std::mem::take(&mut self.set);
+        for n in old {
+            self.touched.entry(n).or_insert(true);
+        }
+    }
+
+    /// How many nonces are remembered.
+    pub fn len(&self) -> usize {
+        self.set.len()
+    }
+
+    /// Whether none are.
+    pub fn is_empty(&self) -> bool {
+        self.set.is_empty()
+    }
+
+    /// The nonces in ascending order.
+    pub fn iter(&self) -> std::collections::btree_set::Iter<'_, u64> {
+        self.set.iter()
+    }
+
+    /// The underlying set.
+    pub fn as_set(&self) -> &BTreeSet<u64> {
+        &self.set
+    }
+
+    /// The net changes since the last call, `(added, removed)`, and forget them. A nonce
+    /// added and then removed (or the reverse) in between appears in neither list.
+    pub fn take_changes(&mut self) -> (Vec<u64>, Vec<u64>) {
+        let (mut added, mut removed) = (Vec::new(), Vec::new());
+        for (n, was) in std::mem::take(&mut self.touched) {
+            match (was, self.set.contains(&n)) {
+                (false, true) => added.push(n),
+                (true, false) => removed.push(n),
+                _ => {}
+            }
+        }
+        (added, removed)
+    }
+}
+
+impl Extend<u64> for NonceSet {
+    fn extend<I: IntoIterator<Item = u64>>(&mut self, iter: I) {
+        for n in iter {
+            self.insert(n);
+        }
+    }
+}
+
+impl FromIterator<u64> for NonceSet {
+    /// A set built whole: it starts with no pending changes.
+    fn from_iter<I: IntoIterator<Item = u64>>(iter: I) -> Self {
+        NonceSet {
+            set: iter.into_iter().collect(),
+            touched: BTreeMap::new(),
+        }
+    }
+}
+
+impl From<BTreeSet<u64>> for NonceSet {
+    fn from(set: BTreeSet<u64>) -> Self {
+        NonceSet {
+            set,
+            touched: BTreeMap::new(),
+        }
+    }
+}
+
+impl<'a> IntoIterator for &'a NonceSet {
+    type Item = &'a u64;
+    type IntoIter = std::collections::btree_set::Iter<'a, u64>;
+    fn into_iter(self) -> Self::IntoIter {
+        self.set.iter()
+    }
+}
+
 /// One session's state (SP/1.0 §5.1, with exact money and the HITL transition).
 ///
 /// INVARIANT (budget-floor): `budget_remaining >= 0` after every transition.
@@ -235,7 +370,7 @@ pub struct SessionState {
     /// When it tripped.
     pub circuit_tripped_at_ns: UnixNanos,
     /// Nonces of allowed calls.
-    pub seen_nonces: BTreeSet<u64>,
+    pub seen_nonces: NonceSet,
     /// The last allowed call's tool.
     pub last_tool_name: Option<String>,
     /// The last allowed call's params hash; `None` when unknown, which the repeat rule
@@ -281,5 +416,30 @@ impl SessionState {
         } else {
             0
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nonce_set_reports_net_changes_once() {
+        let mut s: NonceSet = [1, 2, 3].into_iter().collect();
+        assert_eq!(s.take_changes(), (vec![], vec![]));
+        assert!(s.insert(9));
+        assert!(!s.insert(9));
+        assert!(s.insert(4));
+        assert!(s.remove(&2));
+        assert!(s.insert(7));
+        assert!(s.remove(&7)); // added then removed: no net change
+        assert_eq!(s.take_changes(), (vec![4, 9], vec![2]));
+        assert_eq!(s.take_changes(), (vec![], vec![]));
+        assert!(s.remove(&9));
+        assert!(s.insert(9)); // removed then added back: no net change
+        assert_eq!(s.take_changes(), (vec![], vec![]));
+        assert_eq!(s.iter().copied().collect::<Vec<_>>(), vec![1, 3, 4, 9]);
+        let t: NonceSet = [1, 3, 4, 9].into_iter().collect();
+        assert_eq!(s, t);
     }
 }

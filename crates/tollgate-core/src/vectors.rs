@@ -580,7 +580,7 @@ fn read_state(s: &Obj<'_>, config: &GuardConfig) -> Result<SessionState, VectorE
             .string("circuit_trip_reason")?
             .and_then(|r| r.parse::<Reason>().ok()),
         circuit_tripped_at_ns: s.i64("circuit_tripped_at_ns")?,
-        seen_nonces,
+        seen_nonces: seen_nonces.into(),
         last_tool_name: s.string("last_tool_name")?,
         last_params_hash: s.digest("last_tool_params_hash")?,
         last_error_signal: s.bool("last_error_signal")?,

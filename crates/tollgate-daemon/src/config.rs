@@ -57,6 +57,8 @@ struct File {
     limits: LimitsSection,
     #[serde(default)]
     audit: AuditSection,
+    #[serde(default)]
+    state: StateSection,
     #[serde(default, rename = "organization")]
     organizations: Vec<OrgSection>,
     #[serde(default)]
@@ -95,6 +97,12 @@ struct AuditSection {
     retention_days: Option<u32>,
     checkpoint_every_entries: Option<u64>,
     checkpoint_every_secs: Option<u64>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StateSection {
+    fsync: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -228,6 +236,9 @@ pub struct DaemonConfig {
     pub limits: Limits,
     /// Audit settings.
     pub audit: AuditSettings,
+    /// State store durability: `batch` (group commit with fsync, the default) or `never`
+    /// (no fsync: a crash loses changes since the last clean stop; for tests and benches).
+    pub state_fsync: String,
     /// The organizations served; never empty.
     pub organizations: Vec<Organization>,
     /// The guard every agent gets unless overridden.
@@ -246,6 +257,7 @@ impl Default for DaemonConfig {
             socket_mode: 0o660,
             limits: Limits::default(),
             audit: AuditSettings::default(),
+            state_fsync: "batch".into(),
             organizations: vec![Organization {
                 id: DEFAULT_ORG.into(),
                 secret: None,
@@ -353,6 +365,11 @@ impl DaemonConfig {
                 .checkpoint_every_entries
                 .unwrap_or(da.checkpoint_every_entries),
             checkpoint_every_secs: a.checkpoint_every_secs.unwrap_or(da.checkpoint_every_secs),
+        };
+        c.state_fsync = match file.state.fsync {
+            None => "batch".into(),
+            Some(f) if f == "batch" || f == "never" => f,
+            Some(f) => return Err(bad("state.fsync", format!("`{f}` is not batch or never"))),
         };
         if !file.organizations.is_empty() {
             let mut orgs = Vec::new();

@@ -146,6 +146,11 @@ impl Daemon {
             data.join("state.redb"),
             StoreOptions {
                 max_sessions: config.limits.max_sessions,
+                durability: if config.state_fsync == "never" {
+                    tollgate_store::Durability::Never
+                } else {
+                    tollgate_store::Durability::Batch
+                },
                 ..StoreOptions::default()
             },
         )

@@ -323,7 +323,7 @@ fn load(db: &Database, options: &StoreOptions) -> Result<Loaded, StoreError> {
         let mut s = s;
         if let Some(set) = nonces.remove(&k) {
             if s.state.seen_nonces.is_empty() {
-                s.state.seen_nonces = set;
+                s.state.seen_nonces = set.into();
             } else {
                 s.state.seen_nonces.extend(set);
             }

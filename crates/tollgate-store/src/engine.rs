@@ -34,6 +34,8 @@ use std::hash::{Hash, Hasher};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, RwLock};
 
+use tollgate_core::NonceSet;
+
 use crate::durable::{Batch, Durable};
 use crate::session::{Budget, BudgetKey, Session};
 use crate::{Change, StoreError};
@@ -56,8 +58,8 @@ struct SlotState {
     /// `None` once removed (a racing `apply` that already holds the `Arc<Slot>` sees it).
     /// `state.seen_nonces` is always empty here: the nonces live in `nonces`.
     session: Option<Arc<Session>>,
-    /// The live set of seen nonces.
-    nonces: BTreeSet<u64>,
+    /// The live set of seen nonces. Its change log is empty whenever the slot lock is free.
+    nonces: NonceSet,
     /// INVARIANT (nonce-shadow): equal to `nonces` whenever the slot lock is free; the
     /// reference that closure edits are diffed against.
     written: BTreeSet<u64>,
@@ -67,10 +69,11 @@ struct SlotState {
 
 impl SlotState {
     fn new(mut session: Session, last: Option<Arc<Batch>>) -> SlotState {
-        let nonces = std::mem::take(&mut session.state.seen_nonces);
+        let mut nonces = std::mem::take(&mut session.state.seen_nonces);
+        nonces.take_changes(); // what is given here is what is written
         SlotState {
             session: Some(Arc::new(session)),
-            written: nonces.clone(),
+            written: nonces.as_set().clone(),
             nonces,
             last,
         }
@@ -464,7 +467,7 @@ impl Engine {
             return Err(StoreError::SessionCap { max });
         }
         let nonces = std::mem::take(&mut session.state.seen_nonces);
-        match self.create_locked(&id, &mut session, &nonces) {
+        match self.create_locked(&id, &mut session, nonces.as_set()) {
             Ok(batch) => {
                 session.state.seen_nonces = nonces;
                 map.insert(
@@ -639,7 +642,19 @@ impl Engine {
         // put the set back as it was, and let the panic go on.
         let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&mut work)));
         let mut nonces = std::mem::take(&mut work.state.seen_nonces);
-        let (added, removed) = nonce_diff(&st.written, &nonces);
+        // The set's own change log says what the closure did, in O(changes). A closure that
+        // replaced the set wholesale has a log that does not add up; then compare sets.
+        let (added, removed) = {
+            let (added, removed) = nonces.take_changes();
+            if st.written.len() + added.len() == nonces.len() + removed.len()
+                && added.iter().all(|n| !st.written.contains(n))
+                && removed.iter().all(|n| st.written.contains(n))
+            {
+                (added, removed)
+            } else {
+                nonce_diff(&st.written, nonces.as_set())
+            }
+        };
         let change = match outcome {
             Ok(change) => change,
             Err(payload) => {
@@ -647,6 +662,7 @@ impl Engine {
                     nonces.remove(n);
                 }
                 nonces.extend(removed.iter().copied());
+                nonces.take_changes(); // the undo itself is not a change
                 st.nonces = nonces;
                 drop(bst);
                 drop(guard);
@@ -669,6 +685,7 @@ impl Engine {
                     nonces.remove(n);
                 }
                 nonces.extend(removed.iter().copied());
+                nonces.take_changes(); // the undo itself is not a change
                 st.nonces = nonces;
                 let r = outcome?;
                 // Nothing to write, but what the closure read may not be on disk yet:
@@ -707,6 +724,7 @@ impl Engine {
                     nonces.remove(n);
                 }
                 nonces.extend(removed.iter().copied());
+                nonces.take_changes(); // the undo itself is not a change
                 st.nonces = nonces;
                 return Err(e);
             }

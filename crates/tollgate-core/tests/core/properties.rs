@@ -245,7 +245,7 @@ fn state() -> impl Strategy<Value = SessionState> {
                         .collect(),
                     window_start_ns: wstart,
                     circuit_tripped: tripped,
-                    seen_nonces: seen,
+                    seen_nonces: seen.into(),
                     last_tool_name: last.map(str::to_owned),
                     last_params_hash: hash,
                     last_error_signal: err,

@@ -36,6 +36,10 @@ pub struct Args {
     /// With --socket: the organization's secret file.
     #[arg(long)]
     pub secret_file: Option<PathBuf>,
+    /// For the daemon the bench starts: fsync policy of the audit log and the state store
+    /// (`batch`: every verdict durable before its reply; `never`: written, not synced).
+    #[arg(long, default_value = "batch", value_parser = ["batch", "never"])]
+    pub fsync: String,
     /// The agent id to register as.
     #[arg(long, default_value = "bench-agent")]
     pub agent: String,
@@ -84,6 +88,8 @@ async fn load(args: &Args) -> anyhow::Result<()> {
                 }],
                 ..DaemonConfig::default()
             };
+            config.audit.fsync = args.fsync.clone();
+            config.state_fsync = args.fsync.clone();
             config.limits.pre_exec_per_second_per_session = 1_000_000;
             config.limits.registrations_per_second_per_peer = 1_000_000;
             let mut guard = config.default_guard.clone();
@@ -171,7 +177,14 @@ async fn load(args: &Args) -> anyhow::Result<()> {
         all.len(),
         denied
     );
-    println!("throughput {rate:.0} pre_exec/s (each verdict signed, audited and durable before the reply)");
+    let how = if args.socket.is_some() {
+        "as the external daemon is configured"
+    } else if args.fsync == "batch" {
+        "each verdict signed, audited and fsync'd before the reply"
+    } else {
+        "each verdict signed and audited; no fsync"
+    };
+    println!("throughput {rate:.0} pre_exec/s ({how})");
     println!(
         "latency us: p50 {}  p99 {}  p99.9 {}  max {}",
         pct(0.50),
