@@ -144,6 +144,8 @@ pub struct DaemonClient {
     session_id: String,
     next_call: AtomicU64,
     registration: sp1::RegisterResponse,
+    /// The last remaining budget the daemon reported, in nano-dollars (for heartbeats).
+    last_remaining: std::sync::atomic::AtomicI64,
 }
 
 impl std::fmt::Debug for DaemonClient {
@@ -229,6 +231,7 @@ impl DaemonClient {
             session_id: String::new(),
             next_call: AtomicU64::new(1),
             registration: sp1::RegisterResponse::default(),
+            last_remaining: std::sync::atomic::AtomicI64::new(0),
             config,
         };
         let reply = client
@@ -251,6 +254,8 @@ impl DaemonClient {
         client.session_id = r.session_id.clone();
         let last = r.state.as_ref().map_or(0, |s| s.last_call_number);
         client.next_call = AtomicU64::new(last + 1);
+        let remaining = r.state.as_ref().map_or(0, |s| s.budget_remaining_nanos);
+        client.last_remaining = std::sync::atomic::AtomicI64::new(remaining);
         client.registration = r;
         Ok(client)
     }
@@ -367,6 +372,8 @@ impl DaemonClient {
                     // DENY, and anything unknown or unspecified: fail closed.
                     _ => tollgate_core::Verdict::Deny,
                 };
+                self.last_remaining
+                    .store(r.budget_remaining_nanos, Ordering::Relaxed);
                 if r.call_number != call_number {
                     return ClientVerdict::fail_closed(
                         call_number,
@@ -433,6 +440,27 @@ impl DaemonClient {
             Payload::HeartbeatAck(a) => Ok(a),
             _ => Err(ClientError::Malformed("expected a heartbeat ack".into())),
         }
+    }
+
+    /// Heartbeat every `interval` in the background, reporting the last budget the daemon
+    /// told this client, until the client is dropped. The daemon marks a session that
+    /// misses three intervals STALE and refuses its calls until it heartbeats again.
+    pub fn spawn_heartbeats(self: &Arc<Self>, interval: Duration) -> tokio::task::JoinHandle<()> {
+        let weak = Arc::downgrade(self);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(interval);
+            tick.tick().await;
+            loop {
+                tick.tick().await;
+                let Some(c) = weak.upgrade() else { return };
+                #[allow(clippy::cast_precision_loss)]
+                let local = c.last_remaining.load(Ordering::Relaxed) as f64 / 1e9;
+                if let Err(e) = c.heartbeat(local).await {
+                    // A missed heartbeat is not fatal here: calls fail closed on their own.
+                    let _ = e;
+                }
+            }
+        })
     }
 
     /// The daemon's view of this session.

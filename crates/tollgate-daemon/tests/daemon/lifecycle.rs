@@ -130,3 +130,85 @@ async fn refusals_are_errors_not_verdicts() {
     d.stop().await;
     assert!(audited(dir.path()).is_empty());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn background_heartbeats_keep_a_session_live() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(dir.path());
+    cfg.limits.heartbeat_interval = Duration::from_millis(100);
+    let d = start(cfg).await;
+    let c = std::sync::Arc::new(connect(&d.socket, "research-bot").await);
+    let hb = c.spawn_heartbeats(Duration::from_millis(50));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let v = c.pre_exec("t", &json::parse_str("{}").unwrap(), 0.0).await;
+    assert!(v.allowed(), "{v:?}");
+    hb.abort();
+    d.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn session_and_connection_caps() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(dir.path());
+    cfg.limits.max_sessions = 2;
+    cfg.limits.max_connections = 3;
+    let d = start(cfg).await;
+    let a = connect(&d.socket, "research-bot").await;
+    let _b = connect(&d.socket, "research-bot").await;
+    let third =
+        tollgate_client::DaemonClient::connect(crate::client_config(&d.socket, "research-bot"))
+            .await;
+    assert!(
+        matches!(
+            third,
+            Err(tollgate_client::ClientError::Refused {
+                code: ErrorCode::OrganizationQuotaExceeded,
+                ..
+            })
+        ),
+        "{third:?}"
+    );
+    // Two clients and the refused one's connection: the fourth connection is turned away.
+    let _c = tokio::net::UnixStream::connect(&d.socket).await.unwrap();
+    let fourth =
+        tollgate_client::DaemonClient::connect(crate::client_config(&d.socket, "research-bot"))
+            .await;
+    assert!(fourth.is_err(), "{fourth:?}");
+    // Existing sessions are unaffected.
+    assert!(a
+        .pre_exec("t", &json::parse_str("{}").unwrap(), 0.0)
+        .await
+        .allowed());
+    d.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_budget_is_shared_by_its_sessions() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(dir.path());
+    let mut g = cfg.guard_for("research-bot").clone();
+    g.budget_scope = tollgate_core::BudgetScope::PerAgent;
+    g.budget = tollgate_core::Money::from_usd(1.0).unwrap();
+    cfg.agent_guards.insert("team".into(), g);
+    let d = start(cfg).await;
+    let a = connect(&d.socket, "team").await;
+    let b = connect(&d.socket, "team").await;
+    let v = a
+        .pre_exec("buy", &json::parse_str(r#"{"n":1}"#).unwrap(), 0.6)
+        .await;
+    assert!(v.allowed());
+    // The other session of the same agent sees what the first reserved.
+    let v = b
+        .pre_exec("buy", &json::parse_str(r#"{"n":2}"#).unwrap(), 0.6)
+        .await;
+    assert_eq!(
+        (v.verdict, v.reason.as_str()),
+        (Verdict::Deny, "budget_overrun")
+    );
+    let v = connect(&d.socket, "team")
+        .await
+        .pre_exec("buy", &json::parse_str(r#"{"n":3}"#).unwrap(), 0.4)
+        .await;
+    assert!(v.allowed(), "{v:?}");
+    d.stop().await;
+}

@@ -1,0 +1,103 @@
+//! Library mode: the in-process guard, with and without a local audit log.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+
+use tollgate_client::{AuditIdentity, Guard};
+use tollgate_core::{json, GuardConfig, HitlMode, HumanDecision, Money, Reason, Verdict};
+
+fn appendix_a() -> GuardConfig {
+    GuardConfig {
+        budget: Money::from_usd(0.50).unwrap(),
+        max_repeat_calls: 3,
+        ..GuardConfig::default()
+    }
+}
+
+#[test]
+fn library_mode_runs_appendix_a() {
+    let g = Guard::new(appendix_a());
+    let p = json::parse_str(r#"{"q":"rust"}"#).unwrap();
+    let mut got = Vec::new();
+    for _ in 0..4 {
+        let c = g.check("web_search", &p, Money::from_usd(0.002).unwrap());
+        got.push((c.decision.verdict, c.decision.reason));
+        if c.allowed() {
+            g.post_exec(c.call_number, Money::from_usd(0.0015).unwrap(), None);
+        }
+    }
+    assert_eq!(
+        got,
+        vec![
+            (Verdict::Allow, Reason::WithinThresholds),
+            (Verdict::Allow, Reason::WithinThresholds),
+            (Verdict::Allow, Reason::WithinThresholds),
+            (Verdict::Deny, Reason::MaxRepeatExceeded),
+        ]
+    );
+    assert_eq!(g.state().budget_remaining, Money(494_000_000));
+    assert!(g.state().circuit_tripped);
+}
+
+#[test]
+fn library_mode_hitl_release_with_the_original_nonce() {
+    let g = Guard::new(GuardConfig {
+        hitl_mode: HitlMode::Always,
+        ..appendix_a()
+    });
+    let p = json::parse_str(r#"{"to":"acct_1"}"#).unwrap();
+    let held = g.check("pay", &p, Money::ZERO);
+    assert_eq!(held.decision.verdict, Verdict::Hitl);
+    g.decide_human(HumanDecision::Approve, None).unwrap();
+    let other = json::parse_str(r#"{"to":"acct_2"}"#).unwrap();
+    let released = g.check_with_nonce("pay", &p, Money::ZERO, held.nonce);
+    assert_eq!(released.decision.reason, Reason::TransitionApprove);
+    // Single use: the nonce is spent, whatever the arguments.
+    let replay = g.check_with_nonce("pay", &other, Money::ZERO, held.nonce);
+    assert_eq!(replay.decision.reason, Reason::DuplicateNonce);
+}
+
+#[test]
+fn library_mode_writes_a_verifiable_local_audit_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = tollgate_audit::keys::generate().unwrap();
+    let public = key.verifying_key();
+    let (writer, _) =
+        tollgate_audit::Writer::open(tollgate_audit::WriterConfig::new(dir.path()), key).unwrap();
+    let g = Guard::new(appendix_a()).with_audit(
+        writer,
+        AuditIdentity {
+            session_id: "local-1".into(),
+            agent_id: "bot".into(),
+            organization_id: "me".into(),
+        },
+    );
+    let p = json::parse_str(r#"{"q":1}"#).unwrap();
+    for _ in 0..4 {
+        g.check("t", &p, Money::ZERO);
+    }
+    drop(g);
+    let opts = tollgate_audit::VerifyOptions {
+        trusted_key: Some(public),
+        ..Default::default()
+    };
+    let mut reasons = Vec::new();
+    tollgate_audit::verify_paths(&[dir.path().to_owned()], &opts, &mut |e| {
+        if let tollgate_audit::Event::Verdict(v) = &e.event {
+            reasons.push(v.reason);
+        }
+    })
+    .unwrap();
+    assert_eq!(
+        reasons,
+        vec![
+            Reason::WithinThresholds,
+            Reason::WithinThresholds,
+            Reason::WithinThresholds,
+            Reason::MaxRepeatExceeded
+        ]
+    );
+}
