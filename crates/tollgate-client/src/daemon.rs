@@ -19,6 +19,8 @@ use tollgate_proto::frame::{self, HEADER_LEN};
 use tollgate_proto::sp1::{self, envelope::Payload, Envelope};
 use tollgate_proto::{MessageKey, SUPPORTED_VERSIONS};
 
+use crate::util::{now_ns, random_nonce};
+
 /// How to reach and identify to the daemon.
 #[derive(Debug, Clone)]
 pub struct ClientConfig {
@@ -160,20 +162,6 @@ fn lock_waiters(
     w: &Waiters,
 ) -> std::sync::MutexGuard<'_, HashMap<String, oneshot::Sender<Result<Envelope, ClientError>>>> {
     w.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
-fn now_ns() -> i64 {
-    let d = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default();
-    i64::try_from(d.as_nanos()).unwrap_or(0)
-}
-
-/// A random non-zero nonce.
-fn random_nonce() -> u64 {
-    let mut b = [0u8; 8];
-    let _ = getrandom::fill(&mut b);
-    u64::from_le_bytes(b).max(1)
 }
 
 impl DaemonClient {

@@ -6,8 +6,10 @@ use std::sync::{Mutex, PoisonError};
 use tollgate_core::json::{self, Value};
 use tollgate_core::{
     apply_decision, apply_post_exec, decide, record_human_decision, Decision, GuardConfig,
-    HumanDecision, Money, Params, SessionState, Successor, ToolCall, UnixNanos,
+    HumanDecision, Money, Params, SessionState, Successor, ToolCall,
 };
+
+use crate::util::{now_ns, random_draw, random_nonce};
 
 /// A decision for one call, with the call number to report its outcome under.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -56,29 +58,6 @@ impl std::fmt::Debug for Guard {
             .field("config", &self.config)
             .finish_non_exhaustive()
     }
-}
-
-fn now_ns() -> UnixNanos {
-    let d = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default();
-    i64::try_from(d.as_nanos()).unwrap_or(0)
-}
-
-fn random_unit() -> f64 {
-    let mut b = [0u8; 8];
-    if getrandom::fill(&mut b).is_err() {
-        return 0.0;
-    }
-    #[allow(clippy::cast_precision_loss)]
-    let x = (u64::from_le_bytes(b) >> 11) as f64;
-    x / (1u64 << 53) as f64
-}
-
-fn random_nonce() -> u64 {
-    let mut b = [0u8; 8];
-    let _ = getrandom::fill(&mut b);
-    u64::from_le_bytes(b).max(1)
 }
 
 impl Guard {
@@ -136,7 +115,7 @@ impl Guard {
             let call_number = g.next_call;
             g.next_call += 1;
             let before = g.state.budget_remaining;
-            let d = decide(&self.config, &g.state, &call, now, random_unit());
+            let d = decide(&self.config, &g.state, &call, now, random_draw());
             apply_decision(&self.config, &mut g.state, &call, &d, call_number, now);
             (d, call_number, before, g.state.budget_remaining)
         };

@@ -21,6 +21,7 @@
 
 pub mod daemon;
 pub mod guard;
+mod util;
 
 pub use daemon::{ClientConfig, ClientError, ClientVerdict, DaemonClient};
 pub use guard::{AuditIdentity, Checked, Guard};

@@ -7,6 +7,14 @@ use crate::signals::has_error_signal;
 use crate::state::{HumanDecision, PendingTransition, SessionState, TransitionStatus, UnixNanos};
 use crate::types::{Decision, Reason, Verdict};
 
+/// The `rng` argument of [`decide`] from 8 random bytes: a uniform draw in [0, 1) with 53
+/// bits of precision. The core draws no randomness; callers bring the bytes.
+pub fn draw_from_bytes(bytes: [u8; 8]) -> f64 {
+    #[allow(clippy::cast_precision_loss)]
+    let x = (u64::from_le_bytes(bytes) >> 11) as f64;
+    x / 9_007_199_254_740_992.0 // 2^53
+}
+
 /// Below this remaining-budget fraction (in ppm) the probabilistic layer may deny.
 const PROBABILISTIC_BELOW_PPM: u32 = 200_000;
 
@@ -261,4 +269,17 @@ fn resolve_transition(p: &PendingTransition, nonce: Option<u64>, digest: Digest)
         return Decision::of(Reason::TransitionDigestMismatch);
     }
     Decision::of(ok_reason)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::draw_from_bytes;
+
+    #[test]
+    fn draws_span_the_unit_interval() {
+        assert_eq!(draw_from_bytes([0; 8]), 0.0);
+        let top = draw_from_bytes([0xff; 8]);
+        assert!(top < 1.0 && top > 0.999_999_999);
+        assert_eq!(draw_from_bytes((1u64 << 63).to_le_bytes()), 0.5);
+    }
 }

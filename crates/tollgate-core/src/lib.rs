@@ -41,7 +41,7 @@ pub mod vectors;
 
 pub use call::{NonCanonical, Params, ToolCall};
 pub use config::{BudgetScope, GuardConfig, HitlMode, Ratio, Settlement};
-pub use decide::decide;
+pub use decide::{decide, draw_from_bytes};
 pub use digest::Digest;
 pub use state::{
     HumanDecision, NonceSet, PendingTransition, SessionState, SessionStatus, TransitionStatus,

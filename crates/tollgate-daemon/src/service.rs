@@ -920,9 +920,7 @@ fn random_unit() -> f64 {
     if getrandom::fill(&mut b).is_err() {
         return 0.0;
     }
-    #[allow(clippy::cast_precision_loss)]
-    let x = (u64::from_le_bytes(b) >> 11) as f64;
-    x / (1u64 << 53) as f64
+    tollgate_core::draw_from_bytes(b)
 }
 
 /// Await two futures concurrently.
