@@ -33,12 +33,65 @@ use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use anyhow::Context;
 use tokio::net::UnixListener;
 use tollgate_store::{EmbeddedStore, SessionStore, StoreOptions};
 
 pub use config::DaemonConfig;
 pub use service::{Clock, Service, SystemClock};
+
+/// Why the daemon could not start or stop cleanly.
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    /// A file or directory operation failed.
+    #[error("{what} `{path}`: {source}")]
+    Io {
+        /// What was being done.
+        what: &'static str,
+        /// On what.
+        path: PathBuf,
+        /// Why it failed.
+        source: std::io::Error,
+    },
+    /// The system has no randomness to offer.
+    #[error("no system randomness: {0}")]
+    Randomness(String),
+    /// An organization without a configured secret whose id cannot name a file.
+    #[error("organization `{0}` has no secret, and its id cannot name a secret file")]
+    OrganizationId(String),
+    /// The audit key file cannot be read.
+    #[error("audit key `{path}`: {message}")]
+    AuditKey {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        message: String,
+    },
+    /// A setting the audit log does not accept.
+    #[error("audit.fsync: {0}")]
+    AuditSetting(String),
+    /// The audit log cannot be opened.
+    #[error("opening the audit log in `{path}`: {source}")]
+    AuditOpen {
+        /// Its directory.
+        path: PathBuf,
+        /// Why.
+        source: tollgate_audit::OpenError,
+    },
+    /// The audit log could not be flushed at shutdown.
+    #[error("flushing the audit log: {0}")]
+    AuditFlush(tollgate_audit::WriteError),
+    /// The state store failed to open or close.
+    #[error("state store: {0}")]
+    Store(#[from] tollgate_store::StoreError),
+    /// Another daemon is serving the socket.
+    #[error("another daemon is listening on `{0}`")]
+    SocketInUse(PathBuf),
+}
+
+fn io(what: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> DaemonError {
+    let path = path.to_owned();
+    move |source| DaemonError::Io { what, path, source }
+}
 
 /// A prepared daemon: data directory ready, socket bound, store and audit log open.
 pub struct Daemon {
@@ -57,28 +110,22 @@ impl std::fmt::Debug for Daemon {
 }
 
 /// Read an organization secret, creating it (32 random bytes, hex, mode 0600) if absent.
-pub fn org_secret(data_dir: &Path, org: &str) -> anyhow::Result<Vec<u8>> {
+pub fn org_secret(data_dir: &Path, org: &str) -> Result<Vec<u8>, DaemonError> {
     let dir = data_dir.join("secrets");
-    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))?;
+    std::fs::create_dir_all(&dir).map_err(io("creating", &dir))?;
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))
+        .map_err(io("setting the mode of", &dir))?;
     let path = dir.join(format!("{org}.secret"));
     match std::fs::read_to_string(&path) {
         Ok(text) => Ok(text.trim().as_bytes().to_vec()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             let mut b = [0u8; 32];
-            getrandom::fill(&mut b).map_err(|e| anyhow::anyhow!("no system randomness: {e}"))?;
+            getrandom::fill(&mut b).map_err(|e| DaemonError::Randomness(e.to_string()))?;
             let hex: String = b.iter().map(|x| format!("{x:02x}")).collect();
-            let mut f = std::fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode(0o600)
-                .open(&path)
-                .with_context(|| format!("creating {}", path.display()))?;
-            writeln!(f, "{hex}")?;
-            f.sync_all()?;
+            write_new(&path, &format!("{hex}\n"), 0o600)?;
             Ok(hex.into_bytes())
         }
-        Err(e) => Err(e).with_context(|| format!("reading {}", path.display())),
+        Err(e) => Err(io("reading", &path)(e)),
     }
 }
 
@@ -94,21 +141,19 @@ impl Daemon {
     /// Prepare everything: the data directory, secrets, the audit key and log, the store,
     /// and the socket (mode from the config, 0660 by default). A stale socket file left by
     /// a crashed daemon is replaced; a live one is an error.
-    pub async fn start(config: DaemonConfig) -> anyhow::Result<Daemon> {
+    pub async fn start(config: DaemonConfig) -> Result<Daemon, DaemonError> {
         let config = Arc::new(config);
         let data = &config.data_dir;
-        std::fs::create_dir_all(data).with_context(|| format!("creating {}", data.display()))?;
+        std::fs::create_dir_all(data).map_err(io("creating", data))?;
 
         let mut secrets = HashMap::new();
         for org in &config.organizations {
             let secret = match &org.secret {
                 Some(s) => s.clone(),
                 None => {
-                    anyhow::ensure!(
-                        org_name_ok(&org.id),
-                        "organization `{}` has no secret, and its id cannot name a secret file",
-                        org.id
-                    );
+                    if !org_name_ok(&org.id) {
+                        return Err(DaemonError::OrganizationId(org.id.clone()));
+                    }
                     org_secret(data, &org.id)?
                 }
             };
@@ -131,15 +176,19 @@ impl Daemon {
             .audit
             .fsync
             .parse()
-            .map_err(|e| anyhow::anyhow!("audit.fsync: {e}"))?;
+            .map_err(|e| DaemonError::AuditSetting(format!("{e}")))?;
         wc.rotate_bytes = config.audit.rotate_bytes;
         wc.rotate_daily = config.audit.rotate_daily;
         wc.retention_days =
             (config.audit.retention_days > 0).then_some(config.audit.retention_days);
         wc.checkpoint_every = config.audit.checkpoint_every_entries;
         wc.checkpoint_interval = std::time::Duration::from_secs(config.audit.checkpoint_every_secs);
-        let (audit, report) = tollgate_audit::Writer::open(wc, signing_key)
-            .with_context(|| format!("opening the audit log in {}", audit_dir.display()))?;
+        let (audit, report) = tollgate_audit::Writer::open(wc, signing_key).map_err(|source| {
+            DaemonError::AuditOpen {
+                path: audit_dir.clone(),
+                source,
+            }
+        })?;
         tracing::info!(?report, "audit log open");
 
         let store = EmbeddedStore::open(
@@ -153,8 +202,7 @@ impl Daemon {
                 },
                 ..StoreOptions::default()
             },
-        )
-        .context("opening the state store")?;
+        )?;
 
         let socket = config.socket_path();
         let listener = bind(&socket, config.socket_mode).await?;
@@ -185,7 +233,10 @@ impl Daemon {
 
     /// Serve until `shutdown`; then finish in-flight calls, flush the audit log and the
     /// store, and remove the socket.
-    pub async fn run(self, shutdown: impl std::future::Future<Output = ()>) -> anyhow::Result<()> {
+    pub async fn run(
+        self,
+        shutdown: impl std::future::Future<Output = ()>,
+    ) -> Result<(), DaemonError> {
         let Daemon {
             config,
             listener,
@@ -194,39 +245,40 @@ impl Daemon {
         } = self;
         server::serve(listener, service.clone(), config.limits.clone(), shutdown).await;
         let _ = std::fs::remove_file(&socket);
-        service.store().close().await.context("closing the store")?;
+        service.store().close().await?;
         service
             .audit()
             .shutdown()
-            .context("flushing the audit log")?;
+            .map_err(DaemonError::AuditFlush)?;
         tracing::info!("stopped cleanly");
         Ok(())
     }
 }
 
-fn write_new(path: &Path, text: &str, mode: u32) -> anyhow::Result<()> {
+fn write_new(path: &Path, text: &str, mode: u32) -> Result<(), DaemonError> {
     let mut f = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
         .mode(mode)
         .open(path)
-        .with_context(|| format!("creating {}", path.display()))?;
-    f.write_all(text.as_bytes())?;
-    f.sync_all()?;
-    Ok(())
+        .map_err(io("creating", path))?;
+    f.write_all(text.as_bytes())
+        .and_then(|()| f.sync_all())
+        .map_err(io("writing", path))
 }
 
 /// Read the audit signing key, or create it (mode 0600) and its public key (mode 0644,
 /// beside it with the `.pub` extension) on first start.
-fn load_or_create_key(path: &Path) -> anyhow::Result<tollgate_audit::SigningKey> {
+fn load_or_create_key(path: &Path) -> Result<tollgate_audit::SigningKey, DaemonError> {
     use tollgate_audit::keys;
     if path.exists() {
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("reading the audit key {}", path.display()))?;
-        return keys::parse_secret_key(&text)
-            .with_context(|| format!("reading the audit key {}", path.display()));
+        let text = std::fs::read_to_string(path).map_err(io("reading the audit key", path))?;
+        return keys::parse_secret_key(&text).map_err(|e| DaemonError::AuditKey {
+            path: path.to_owned(),
+            message: e.to_string(),
+        });
     }
-    let key = keys::generate().map_err(|e| anyhow::anyhow!("no system randomness: {e}"))?;
+    let key = keys::generate().map_err(|e| DaemonError::Randomness(e.to_string()))?;
     write_new(path, &keys::secret_key_text(&key), 0o600)?;
     let public = path.with_extension("pub");
     if !public.exists() {
@@ -236,21 +288,21 @@ fn load_or_create_key(path: &Path) -> anyhow::Result<tollgate_audit::SigningKey>
     Ok(key)
 }
 
-async fn bind(path: &Path, mode: u32) -> anyhow::Result<UnixListener> {
+async fn bind(path: &Path, mode: u32) -> Result<UnixListener, DaemonError> {
     if let Some(dir) = path.parent() {
         if !dir.as_os_str().is_empty() {
-            std::fs::create_dir_all(dir)?;
+            std::fs::create_dir_all(dir).map_err(io("creating", dir))?;
         }
     }
     if path.exists() {
         if tokio::net::UnixStream::connect(path).await.is_ok() {
-            anyhow::bail!("another daemon is listening on {}", path.display());
+            return Err(DaemonError::SocketInUse(path.to_owned()));
         }
-        std::fs::remove_file(path).with_context(|| format!("removing stale {}", path.display()))?;
+        std::fs::remove_file(path).map_err(io("removing the stale socket", path))?;
     }
-    let listener =
-        UnixListener::bind(path).with_context(|| format!("binding {}", path.display()))?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))?;
+    let listener = UnixListener::bind(path).map_err(io("binding", path))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+        .map_err(io("setting the mode of", path))?;
     Ok(listener)
 }
 

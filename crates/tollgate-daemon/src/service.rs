@@ -348,7 +348,7 @@ impl<S: SessionStore> Service<S> {
                 Ok(None)
             }
             Some(Payload::Heartbeat(r)) => self.heartbeat(r, now).await.map(Some),
-            Some(Payload::GetSessionState(r)) => self.get_state(&r.session_id).await.map(Some),
+            Some(Payload::GetSessionState(r)) => self.get_state(&r.session_id, now).await.map(Some),
             Some(Payload::HitlList(r)) => self.hitl_list(r).await.map(Some),
             Some(Payload::HitlDecide(r)) => self.hitl_decide(r, now).await.map(Some),
             _ => Err(refuse(ErrorCode::InvalidRequest, "not a request")),
@@ -639,9 +639,9 @@ impl<S: SessionStore> Service<S> {
         }))
     }
 
-    async fn get_state(&self, id: &str) -> Result<Payload, Refusal> {
+    async fn get_state(&self, id: &str, now: i64) -> Result<Payload, Refusal> {
         let info = self.session_info(id).await?;
-        let s = self
+        let mut s = self
             .store
             .get(id)
             .await
@@ -652,6 +652,10 @@ impl<S: SessionStore> Service<S> {
                     format!("unknown session `{id}`"),
                 )
             })?;
+        // Staleness is recorded when the session next calls; report it as of now.
+        if now.saturating_sub(s.last_heartbeat_ns) > self.stale_after_ns() {
+            s.state.status = SessionStatus::Stale;
+        }
         let ident = convert::Identity {
             session_id: id,
             agent_id: &info.agent_id,

@@ -30,7 +30,7 @@ pub struct Running {
     pub dir: PathBuf,
     pub socket: PathBuf,
     stop: Option<oneshot::Sender<()>>,
-    task: Option<JoinHandle<anyhow::Result<()>>>,
+    task: Option<JoinHandle<Result<(), tollgate_daemon::DaemonError>>>,
 }
 
 impl Running {
