@@ -75,7 +75,7 @@ pub enum DaemonError {
         /// Its directory.
         path: PathBuf,
         /// Why.
-        source: tollgate_audit::OpenError,
+        source: Box<tollgate_audit::OpenError>,
     },
     /// The audit log could not be flushed at shutdown.
     #[error("flushing the audit log: {0}")]
@@ -175,8 +175,8 @@ impl Daemon {
         wc.fsync = config
             .audit
             .fsync
-            .parse()
-            .map_err(|e| DaemonError::AuditSetting(format!("{e}")))?;
+            .parse::<tollgate_audit::FsyncPolicy>()
+            .map_err(|e| DaemonError::AuditSetting(e.to_string()))?;
         wc.rotate_bytes = config.audit.rotate_bytes;
         wc.rotate_daily = config.audit.rotate_daily;
         wc.retention_days =
@@ -186,7 +186,7 @@ impl Daemon {
         let (audit, report) = tollgate_audit::Writer::open(wc, signing_key).map_err(|source| {
             DaemonError::AuditOpen {
                 path: audit_dir.clone(),
-                source,
+                source: Box::new(source),
             }
         })?;
         tracing::info!(?report, "audit log open");
