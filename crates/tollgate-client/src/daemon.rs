@@ -167,7 +167,7 @@ fn lock_waiters(
 impl DaemonClient {
     /// Connect and register a new session.
     pub async fn connect(config: ClientConfig) -> Result<DaemonClient, ClientError> {
-        Self::connect_inner(config, String::new()).await
+        Self::connect_inner(config, Some(String::new())).await
     }
 
     /// Connect and resume an existing session.
@@ -175,12 +175,19 @@ impl DaemonClient {
         config: ClientConfig,
         session_id: &str,
     ) -> Result<DaemonClient, ClientError> {
-        Self::connect_inner(config, session_id.to_owned()).await
+        Self::connect_inner(config, Some(session_id.to_owned())).await
+    }
+
+    /// Connect as an operator, without registering a session: for `hitl_list`,
+    /// `hitl_decide` and `state_of` (operator messages are authenticated by the
+    /// organization's key alone).
+    pub async fn operator(config: ClientConfig) -> Result<DaemonClient, ClientError> {
+        Self::connect_inner(config, None).await
     }
 
     async fn connect_inner(
         config: ClientConfig,
-        session_id: String,
+        session_id: Option<String>,
     ) -> Result<DaemonClient, ClientError> {
         let stream = tokio::time::timeout(config.timeout, UnixStream::connect(&config.socket))
             .await
@@ -221,6 +228,9 @@ impl DaemonClient {
             registration: sp1::RegisterResponse::default(),
             last_remaining: std::sync::atomic::AtomicI64::new(0),
             config,
+        };
+        let Some(session_id) = session_id else {
+            return Ok(client);
         };
         let reply = client
             .request(Payload::Register(sp1::RegisterRequest {

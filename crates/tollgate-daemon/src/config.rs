@@ -111,6 +111,8 @@ struct OrgSection {
     id: String,
     secret: Option<String>,
     secret_file: Option<PathBuf>,
+    operator_secret: Option<String>,
+    operator_secret_file: Option<PathBuf>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -149,6 +151,11 @@ pub struct Organization {
     /// Its secret, from which message keys are derived. `None`: generate one on first
     /// start and keep it in the data directory (`<data_dir>/secrets/<id>.secret`).
     pub secret: Option<Vec<u8>>,
+    /// The operators' secret: human decisions (`hitl_list`, `hitl_decide`) must be sealed
+    /// with a key derived from it, so an agent holding the organization secret cannot
+    /// approve its own held calls. `None`: generated on first start and kept in
+    /// `<data_dir>/secrets/<id>.operator.secret`.
+    pub operator_secret: Option<Vec<u8>>,
 }
 
 /// Rate limits, caps and timeouts.
@@ -261,6 +268,7 @@ impl Default for DaemonConfig {
             organizations: vec![Organization {
                 id: DEFAULT_ORG.into(),
                 secret: None,
+                operator_secret: None,
             }],
             default_guard: default_guard(),
             agent_guards: BTreeMap::new(),
@@ -384,23 +392,25 @@ impl DaemonConfig {
                         format!("`{}` appears twice", o.id),
                     ));
                 }
-                let secret = match (o.secret, o.secret_file) {
-                    (Some(_), Some(_)) => {
-                        return Err(bad(key, "give `secret` or `secret_file`, not both"))
-                    }
-                    (Some(s), None) => Some(s.into_bytes()),
-                    (None, Some(f)) => {
-                        let path = base.join(f);
-                        let text = std::fs::read_to_string(&path)
-                            .map_err(|source| ConfigError::Read { path, source })?;
-                        Some(text.trim().as_bytes().to_vec())
-                    }
-                    (None, None) => None,
-                };
-                if secret.as_ref().is_some_and(|s| s.len() < 16) {
-                    return Err(bad(format!("{key}.secret"), "must be at least 16 bytes"));
+                let secret = read_secret(&key, "secret", o.secret, o.secret_file, base)?;
+                let operator_secret = read_secret(
+                    &key,
+                    "operator_secret",
+                    o.operator_secret,
+                    o.operator_secret_file,
+                    base,
+                )?;
+                if secret.is_some() && secret == operator_secret {
+                    return Err(bad(
+                        format!("{key}.operator_secret"),
+                        "must differ from the agents' secret",
+                    ));
                 }
-                orgs.push(Organization { id: o.id, secret });
+                orgs.push(Organization {
+                    id: o.id,
+                    secret,
+                    operator_secret,
+                });
             }
             c.organizations = orgs;
         }
@@ -423,6 +433,36 @@ impl DaemonConfig {
     pub fn guard_for(&self, agent: &str) -> &GuardConfig {
         self.agent_guards.get(agent).unwrap_or(&self.default_guard)
     }
+}
+
+/// A secret given inline or in a file (relative to `base`), at least 16 bytes.
+fn read_secret(
+    key: &str,
+    name: &str,
+    inline: Option<String>,
+    file: Option<PathBuf>,
+    base: &Path,
+) -> Result<Option<Vec<u8>>, ConfigError> {
+    let secret = match (inline, file) {
+        (Some(_), Some(_)) => {
+            return Err(bad(
+                key,
+                format!("give `{name}` or `{name}_file`, not both"),
+            ))
+        }
+        (Some(s), None) => Some(s.into_bytes()),
+        (None, Some(f)) => {
+            let path = base.join(f);
+            let text = std::fs::read_to_string(&path)
+                .map_err(|source| ConfigError::Read { path, source })?;
+            Some(text.trim().as_bytes().to_vec())
+        }
+        (None, None) => None,
+    };
+    if secret.as_ref().is_some_and(|s| s.len() < 16) {
+        return Err(bad(format!("{key}.{name}"), "must be at least 16 bytes"));
+    }
+    Ok(secret)
 }
 
 fn positive<T: PartialOrd + Default + Copy>(

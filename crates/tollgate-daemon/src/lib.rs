@@ -109,13 +109,15 @@ impl std::fmt::Debug for Daemon {
     }
 }
 
-/// Read an organization secret, creating it (32 random bytes, hex, mode 0600) if absent.
-pub fn org_secret(data_dir: &Path, org: &str) -> Result<Vec<u8>, DaemonError> {
+/// Read the secret `<data_dir>/secrets/<name>.secret`, creating it (32 random bytes as 64
+/// hex characters, mode 0600) if absent. Organizations' agent secrets are named after the
+/// organization, operator secrets `<org>.operator`.
+pub fn org_secret(data_dir: &Path, name: &str) -> Result<Vec<u8>, DaemonError> {
     let dir = data_dir.join("secrets");
     std::fs::create_dir_all(&dir).map_err(io("creating", &dir))?;
     std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))
         .map_err(io("setting the mode of", &dir))?;
-    let path = dir.join(format!("{org}.secret"));
+    let path = dir.join(format!("{name}.secret"));
     match std::fs::read_to_string(&path) {
         Ok(text) => Ok(text.trim().as_bytes().to_vec()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
@@ -147,17 +149,18 @@ impl Daemon {
         std::fs::create_dir_all(data).map_err(io("creating", data))?;
 
         let mut secrets = HashMap::new();
+        let mut operator_secrets = HashMap::new();
         for org in &config.organizations {
-            let secret = match &org.secret {
-                Some(s) => s.clone(),
-                None => {
-                    if !org_name_ok(&org.id) {
-                        return Err(DaemonError::OrganizationId(org.id.clone()));
-                    }
-                    org_secret(data, &org.id)?
-                }
+            let given = |s: &Option<Vec<u8>>, file: String| match s {
+                Some(s) => Ok(s.clone()),
+                None if org_name_ok(&org.id) => org_secret(data, &file),
+                None => Err(DaemonError::OrganizationId(org.id.clone())),
             };
-            secrets.insert(org.id.clone(), secret);
+            secrets.insert(org.id.clone(), given(&org.secret, org.id.clone())?);
+            operator_secrets.insert(
+                org.id.clone(),
+                given(&org.operator_secret, format!("{}.operator", org.id))?,
+            );
         }
 
         let key_path = config
@@ -212,6 +215,7 @@ impl Daemon {
             audit,
             Arc::new(SystemClock),
             &secrets,
+            &operator_secrets,
         ));
         Ok(Daemon {
             config,

@@ -67,7 +67,10 @@ pub struct Service<S> {
     store: S,
     audit: tollgate_audit::Writer,
     clock: Arc<dyn Clock>,
+    /// Agents' keys, by organization.
     keys: HashMap<String, MessageKey>,
+    /// Operators' keys, by organization: human decisions need one of these.
+    operator_keys: HashMap<String, MessageKey>,
     sessions: Mutex<HashMap<String, SessionInfo>>,
     pre_exec_limits: Mutex<RateLimiter<String>>,
     register_limits: Mutex<RateLimiter<Peer>>,
@@ -113,18 +116,23 @@ pub enum Reply {
 
 impl<S: SessionStore> Service<S> {
     /// A service over `store`, writing to `audit`, with message keys derived from the
-    /// organizations' secrets (`secrets` has one per organization id).
+    /// organizations' secrets: `secrets` for agents and `operator_secrets` for the humans
+    /// who decide, one each per organization id.
     pub fn new(
         config: Arc<DaemonConfig>,
         store: S,
         audit: tollgate_audit::Writer,
         clock: Arc<dyn Clock>,
         secrets: &HashMap<String, Vec<u8>>,
+        operator_secrets: &HashMap<String, Vec<u8>>,
     ) -> Service<S> {
-        let keys = secrets
-            .iter()
-            .map(|(org, secret)| (org.clone(), MessageKey::derive(secret)))
-            .collect();
+        let derive = |m: &HashMap<String, Vec<u8>>| -> HashMap<String, MessageKey> {
+            m.iter()
+                .map(|(org, secret)| (org.clone(), MessageKey::derive(secret)))
+                .collect()
+        };
+        let keys = derive(secrets);
+        let operator_keys = derive(operator_secrets);
         let limits = &config.limits;
         Service {
             pre_exec_limits: Mutex::new(RateLimiter::new(limits.pre_exec_per_second_per_session)),
@@ -134,6 +142,7 @@ impl<S: SessionStore> Service<S> {
             audit,
             clock,
             keys,
+            operator_keys,
             sessions: Mutex::new(HashMap::new()),
         }
     }
@@ -163,11 +172,18 @@ impl<S: SessionStore> Service<S> {
             }
         };
         let message_id = unverified.envelope().message_id.clone();
-        let key = match self.key_for(unverified.envelope()).await {
+        let keys = match self.keys_for(unverified.envelope()).await {
             Ok(k) => k,
             Err(r) => return self.error_reply(None, &message_id, received_ns, r),
         };
-        let verified = match unverified.verify(&key) {
+        let mut outcome = Err(AuthError::BadMac);
+        for k in &keys {
+            outcome = unverified.clone().verify(k).map(|v| (v, k.clone()));
+            if outcome.is_ok() {
+                break;
+            }
+        }
+        let (verified, key) = match outcome {
             Ok(v) => v,
             Err(e) => {
                 let message = match e {
@@ -249,8 +265,20 @@ impl<S: SessionStore> Service<S> {
         }
     }
 
-    /// The key that must have sealed this envelope: its organization's.
-    async fn key_for(&self, env: &Envelope) -> Result<MessageKey, Refusal> {
+    /// The keys one of which must have sealed this envelope: its organization's agent key,
+    /// or operator key for human decisions, or either for reading a session's state.
+    async fn keys_for(&self, env: &Envelope) -> Result<Vec<MessageKey>, Refusal> {
+        #[derive(PartialEq)]
+        enum Who {
+            Agent,
+            Operator,
+            Either,
+        }
+        let who = match &env.payload {
+            Some(Payload::HitlList(_) | Payload::HitlDecide(_)) => Who::Operator,
+            Some(Payload::GetSessionState(_)) => Who::Either,
+            _ => Who::Agent,
+        };
         let org = match &env.payload {
             Some(Payload::Register(r)) => {
                 if r.organization_id.is_empty() {
@@ -286,13 +314,21 @@ impl<S: SessionStore> Service<S> {
                 ))
             }
         };
-        self.keys.get(&org).cloned().ok_or_else(|| {
+        let mut keys = Vec::with_capacity(2);
+        if who != Who::Operator {
+            keys.extend(self.keys.get(&org).cloned());
+        }
+        if who != Who::Agent {
+            keys.extend(self.operator_keys.get(&org).cloned());
+        }
+        if keys.is_empty() {
             // Same answer as a bad MAC: do not reveal which organizations exist.
-            refuse(
+            return Err(refuse(
                 ErrorCode::AuthenticationFailed,
                 "message authentication failed",
-            )
-        })
+            ));
+        }
+        Ok(keys)
     }
 
     async fn session_info(&self, id: &str) -> Result<SessionInfo, Refusal> {

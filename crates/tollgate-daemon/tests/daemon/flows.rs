@@ -143,7 +143,7 @@ async fn hitl_round_trip_approve_then_single_use() {
     let dir = tempfile::tempdir().unwrap();
     let d = start(config(dir.path())).await;
     let agent = connect(&d.socket, "reviewed").await;
-    let operator = connect(&d.socket, "operator-console").await;
+    let operator = crate::operator(&d.socket).await;
     let p = json::parse_str(r#"{"amount":100,"to":"acct_1"}"#).unwrap();
     let req = |n: u64, nonce: u64, params: &json::Value| sp1::PreExecRequest {
         session_id: agent.session_id().to_owned(),
@@ -261,7 +261,35 @@ async fn hitl_modify_releases_the_successor_only() {
         agent.pre_exec_request(req(1, 22, &original)).await.verdict,
         Verdict::Hitl
     );
-    agent
+    // The agent holds its organization's secret, but not the operators': it cannot release
+    // its own held call, nor list what is held.
+    let self_approval = agent
+        .hitl_decide(sp1::HitlDecideRequest {
+            session_id: agent.session_id().to_owned(),
+            decision: "approve".into(),
+            operator_id: "the-agent-itself".into(),
+            ..Default::default()
+        })
+        .await;
+    assert!(
+        matches!(
+            self_approval,
+            Err(tollgate_client::ClientError::Refused {
+                code: sp1::ErrorCode::AuthenticationFailed,
+                ..
+            })
+        ),
+        "{self_approval:?}"
+    );
+    assert!(matches!(
+        agent.hitl_list().await,
+        Err(tollgate_client::ClientError::Refused {
+            code: sp1::ErrorCode::AuthenticationFailed,
+            ..
+        })
+    ));
+    crate::operator(&d.socket)
+        .await
         .hitl_decide(sp1::HitlDecideRequest {
             session_id: agent.session_id().to_owned(),
             decision: "modify".into(),

@@ -24,6 +24,7 @@ use tollgate_daemon::{Daemon, DaemonConfig};
 
 pub const ORG: &str = "acme";
 pub const SECRET: &[u8] = b"a test organization secret of some length";
+pub const OPERATOR_SECRET: &[u8] = b"the operators' own secret, not the agents'";
 
 /// A daemon running in this process.
 pub struct Running {
@@ -53,6 +54,7 @@ pub fn config(dir: &Path) -> DaemonConfig {
         organizations: vec![Organization {
             id: ORG.into(),
             secret: Some(SECRET.to_vec()),
+            operator_secret: Some(OPERATOR_SECRET.to_vec()),
         }],
         ..DaemonConfig::default()
     };
@@ -87,6 +89,13 @@ pub fn client_config(socket: &Path, agent: &str) -> ClientConfig {
     let mut c = ClientConfig::new(socket, ORG, SECRET, agent);
     c.timeout = Duration::from_secs(5);
     c
+}
+
+/// An operator's connection (sealed with the operator secret; no session).
+pub async fn operator(socket: &Path) -> DaemonClient {
+    let mut c = ClientConfig::new(socket, ORG, OPERATOR_SECRET, "operator");
+    c.timeout = Duration::from_secs(5);
+    DaemonClient::operator(c).await.unwrap()
 }
 
 pub async fn connect(socket: &Path, agent: &str) -> DaemonClient {

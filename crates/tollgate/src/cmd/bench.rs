@@ -85,6 +85,7 @@ async fn load(args: &Args) -> anyhow::Result<()> {
                 organizations: vec![Organization {
                     id: "bench".into(),
                     secret: Some(SECRET.to_vec()),
+                    operator_secret: None,
                 }],
                 ..DaemonConfig::default()
             };

@@ -51,6 +51,7 @@ async fn flow(data: std::path::PathBuf) -> anyhow::Result<bool> {
         organizations: vec![Organization {
             id: "acme".into(),
             secret: Some(SECRET.to_vec()),
+            operator_secret: None,
         }],
         ..DaemonConfig::default()
     };

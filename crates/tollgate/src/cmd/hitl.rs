@@ -20,7 +20,8 @@ pub struct Conn {
     /// The organization.
     #[arg(long, default_value = "default")]
     pub org: String,
-    /// A file holding the organization's secret (default: DATA_DIR/secrets/ORG.secret).
+    /// A file holding the organization's operator secret (default:
+    /// DATA_DIR/secrets/ORG.operator.secret). Agents' secrets cannot decide.
     #[arg(long)]
     pub secret_file: Option<PathBuf>,
 }
@@ -59,10 +60,11 @@ async fn connect(c: &Conn) -> anyhow::Result<DaemonClient> {
         .socket
         .clone()
         .unwrap_or_else(|| c.data_dir.join("tollgate.sock"));
-    let secret_path = c
-        .secret_file
-        .clone()
-        .unwrap_or_else(|| c.data_dir.join("secrets").join(format!("{}.secret", c.org)));
+    let secret_path = c.secret_file.clone().unwrap_or_else(|| {
+        c.data_dir
+            .join("secrets")
+            .join(format!("{}.operator.secret", c.org))
+    });
     let secret = std::fs::read_to_string(&secret_path)
         .with_context(|| format!("reading {}", secret_path.display()))?;
     let cfg = ClientConfig::new(
@@ -71,7 +73,7 @@ async fn connect(c: &Conn) -> anyhow::Result<DaemonClient> {
         secret.trim().as_bytes(),
         "tollgate-operator",
     );
-    Ok(DaemonClient::connect(cfg).await?)
+    Ok(DaemonClient::operator(cfg).await?)
 }
 
 fn hex(b: &[u8]) -> String {
