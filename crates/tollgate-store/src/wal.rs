@@ -555,6 +555,128 @@ mod tests {
         }
     }
 
+    /// A log of `k` batches from 1 (batch `i` adds nonce `i` to session `s{i % 3}`), and
+    /// where each record starts.
+    fn log_of(k: u64) -> (Vec<u8>, Vec<usize>) {
+        let mut out = header(1);
+        let mut starts = Vec::new();
+        for seq in 1..=k {
+            let mut p = Pending::empty_for_tests();
+            p.sessions.insert(
+                format!("s{}", seq % 3),
+                crate::engine::SessionChange {
+                    snapshot: None,
+                    reset: false,
+                    added: [seq].into(),
+                    removed: BTreeSet::new(),
+                },
+            );
+            let (entry, _) = encode_batch(&p);
+            starts.push(out.len());
+            out.extend(frame(seq, &entry).unwrap());
+        }
+        (out, starts)
+    }
+
+    fn nonces(log: &LogContents) -> BTreeSet<u64> {
+        log.dirty
+            .sessions
+            .values()
+            .flat_map(|o| o.added.iter().copied())
+            .collect()
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(512))]
+
+        #[test]
+        fn arbitrary_logs_never_panic(
+            body in proptest::collection::vec(any::<u8>(), 0..400),
+            with_header in any::<bool>(),
+            folded in 0_u64..4,
+        ) {
+            let mut bytes = if with_header { header(1) } else { Vec::new() };
+            bytes.extend(body);
+            let _ = read_log(&bytes, folded);
+        }
+
+        #[test]
+        fn a_cut_anywhere_keeps_the_whole_records_before_it(k in 1_u64..6, cut in any::<prop::sample::Index>()) {
+            let (bytes, starts) = log_of(k);
+            let at = HEADER_BYTES + cut.index(bytes.len() - HEADER_BYTES + 1);
+            let log = read_log(&bytes[..at], 0).unwrap();
+            let whole = starts.iter().skip(1).chain([&bytes.len()]).filter(|e| **e <= at).count() as u64;
+            prop_assert_eq!(log.replayed, whole);
+            prop_assert_eq!(log.last_seq, whole);
+            prop_assert_eq!(nonces(&log), (1..=whole).collect::<BTreeSet<_>>());
+            let boundary = at == HEADER_BYTES || starts.contains(&at) || at == bytes.len();
+            prop_assert_eq!(log.torn_at.is_none(), boundary);
+        }
+
+        #[test]
+        fn a_flipped_byte_is_a_torn_tail_only_in_the_last_record(
+            k in 1_u64..6,
+            pos in any::<prop::sample::Index>(),
+            bit in 0_u8..8,
+        ) {
+            let (mut bytes, starts) = log_of(k);
+            let at = pos.index(bytes.len());
+            bytes[at] ^= 1 << bit;
+            let r = read_log(&bytes, 0);
+            let last = *starts.last().unwrap();
+            if at < HEADER_BYTES {
+                prop_assert!(matches!(r, Err(WalError::Header(_))), "{:?}", r);
+            } else if at >= last {
+                let log = r.unwrap();
+                prop_assert_eq!(log.replayed, k - 1);
+                prop_assert_eq!(log.torn_at, Some(last));
+            } else {
+                prop_assert!(r.is_err(), "byte {} of {}", at, bytes.len());
+            }
+        }
+
+        #[test]
+        fn folded_batches_are_checked_but_not_replayed(k in 1_u64..6, folded in 0_u64..8) {
+            let (bytes, _) = log_of(k);
+            let log = read_log(&bytes, folded).unwrap();
+            prop_assert_eq!(log.replayed, k.saturating_sub(folded));
+            prop_assert_eq!(nonces(&log), (folded + 1..=k).collect::<BTreeSet<_>>());
+        }
+    }
+
+    #[test]
+    fn headers_and_numbers_are_checked() {
+        // A log starting after batch 5 with only 3 folded: 4 and 5 are missing.
+        let mut bytes = header(6);
+        assert_eq!(
+            read_log(&bytes, 3).unwrap_err(),
+            WalError::Gap { base: 6, folded: 3 }
+        );
+        assert_eq!(read_log(&bytes, 5).unwrap().last_seq, 5);
+        // A whole record with the wrong number.
+        bytes.extend(frame(7, &[0, 0, 0, 0, 0, 0, 0, 0]).unwrap());
+        assert_eq!(
+            read_log(&bytes, 5).unwrap_err(),
+            WalError::Sequence {
+                offset: HEADER_BYTES,
+                seq: 7,
+                expected: 6
+            }
+        );
+        // A whole record whose entry does not decode.
+        let mut bytes = header(1);
+        bytes.extend(frame(1, &[1, 0, 0]).unwrap());
+        assert!(matches!(
+            read_log(&bytes, 0),
+            Err(WalError::Entry {
+                source: LogError::Truncated,
+                ..
+            })
+        ));
+        assert!(matches!(read_log(b"TGSTWAL1", 0), Err(WalError::Header(_))));
+        assert!(matches!(read_log(&[0; 48], 0), Err(WalError::Header(_))));
+    }
+
     #[test]
     fn entries_round_trip_and_truncation_is_caught() {
         let mut p = Pending::empty_for_tests();
