@@ -474,11 +474,32 @@ fn recover(db: &Database, wal: &Path) -> Result<(u64, File), StoreError> {
         // Tables that have had a log, without it: acknowledged changes may be gone.
         None if stored.is_some() => Err(corrupt("the write-ahead log file is missing".into())),
         None => {
+            // Stores written before the log moved to its own file kept it in a table;
+            // one a crash left unreplayed cannot be read here, and must not be dropped.
+            if old_log_entries(db).map_err(backend("read log"))? > 0 {
+                return Err(StoreError::Corrupt {
+                    key: "log".into(),
+                    reason: "an unreplayed log table of an older version of the store; \
+                             open and close the file with that version first"
+                        .into(),
+                });
+            }
             // A new store: the log first, then the mark that says there is one.
             let file = new_log(wal, 1)?;
             checkpoint(db, &Dirty::default(), 0).map_err(backend("initialize"))?;
             Ok((0, file))
         }
+    }
+}
+
+/// Entries in the `log` table of a store written by an older version (0 if none).
+fn old_log_entries(db: &Database) -> Result<u64, redb::Error> {
+    const OLD_LOG: redb::TableDefinition<u64, &[u8]> = redb::TableDefinition::new("log");
+    let txn = db.begin_read()?;
+    match txn.open_table(OLD_LOG) {
+        Ok(t) => Ok(redb::ReadableTableMetadata::len(&t)?),
+        Err(redb::TableError::TableDoesNotExist(_)) => Ok(0),
+        Err(e) => Err(e.into()),
     }
 }
 

@@ -10,10 +10,12 @@
 //! while many sessions share one fsync.
 //!
 //! Two stores:
-//! - [`EmbeddedStore`]: in-memory sessions persisted to one redb file by a single
-//!   group-committing writer thread; survives kill -9 ([`Durability::Batch`]): every
-//!   change whose [`Durable`] completed is on disk, and the disk always holds a
-//!   consistent cut (some prefix of all changes, budgets balanced with their sessions);
+//! - [`EmbeddedStore`]: in-memory sessions persisted by a single group-committing writer
+//!   thread, each batch appended to a write-ahead log file (one `write` and one
+//!   `fdatasync`) and folded now and then into a redb file; survives kill -9 and power
+//!   loss ([`Durability::Batch`]): every change whose [`Durable`] completed is on disk,
+//!   and the disk always holds a consistent cut (some prefix of all changes, budgets
+//!   balanced with their sessions);
 //! - [`MemoryStore`]: the same engine without a disk, for library mode and tests.
 //!
 //! What this crate does **not** do: no async runtime (futures here are ready at once
@@ -136,7 +138,8 @@ pub enum StoreError {
         /// The engine's message.
         message: String,
     },
-    /// At open: a stored record does not decode.
+    /// At open: a stored record does not decode, or the write-ahead log is missing or
+    /// damaged anywhere but in its last record (`key` is then the log's path).
     #[error("stored record `{key}` is corrupt: {reason}")]
     Corrupt {
         /// The record's key.

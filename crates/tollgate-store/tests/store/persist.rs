@@ -518,6 +518,23 @@ fn a_log_that_skips_batches_is_corrupt() {
 }
 
 #[test]
+fn an_older_stores_unreplayed_log_table_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.redb");
+    let db = redb::Database::create(&path).unwrap();
+    let def: redb::TableDefinition<u64, &[u8]> = redb::TableDefinition::new("log");
+    let txn = db.begin_write().unwrap();
+    txn.open_table(def)
+        .unwrap()
+        .insert(5, &[0_u8; 8][..])
+        .unwrap();
+    txn.commit().unwrap();
+    drop(db);
+    let e = open_err(&path);
+    assert!(e.to_string().contains("older version"), "{e}");
+}
+
+#[test]
 fn a_missing_log_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("s.redb");
