@@ -43,6 +43,28 @@ mod wal;
 
 use std::future::Future;
 
+/// Entry points for the fuzz targets in `fuzz/`; not part of the API.
+#[doc(hidden)]
+pub mod fuzzing {
+    /// Read a write-ahead log file's bytes as opening does, with batches up to `folded`
+    /// already in the tables: the last batch number, or why the log cannot be replayed.
+    pub fn read_log(bytes: &[u8], folded: u64) -> Result<u64, String> {
+        crate::wal::read_log(bytes, folded)
+            .map(|log| log.last_seq)
+            .map_err(|e| e.to_string())
+    }
+
+    /// A log file header for records starting at batch `base`.
+    pub fn log_header(base: u64) -> Vec<u8> {
+        crate::wal::header(base)
+    }
+
+    /// Decode one log entry (the bytes inside a record).
+    pub fn decode_entry(bytes: &[u8]) -> bool {
+        crate::wal::decode_batch(bytes).is_ok()
+    }
+}
+
 pub use durable::Durable;
 pub use embedded::{Durability, EmbeddedStore, StoreOptions, WriterStats};
 pub use memory::MemoryStore;
