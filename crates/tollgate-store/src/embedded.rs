@@ -434,6 +434,17 @@ fn recover(db: &Database, wal: &Path) -> Result<(u64, File), StoreError> {
         Ok(meta.get(FOLDED_SEQ)?.map(|v| v.value()))
     };
     let stored = read_meta().map_err(backend("read log position"))?;
+    // Stores written before the log moved to its own file kept it in a table (and have
+    // no log position); one a crash left unreplayed cannot be read here, and must not be
+    // dropped.
+    if stored.is_none() && old_log_entries(db).map_err(backend("read log"))? > 0 {
+        return Err(StoreError::Corrupt {
+            key: "log".into(),
+            reason: "an unreplayed log table of an older version of the store; \
+                     open and close the file with that version first"
+                .into(),
+        });
+    }
     let mut folded = stored.unwrap_or(0);
     let bytes = match File::open(wal) {
         Ok(mut f) => {
@@ -465,25 +476,17 @@ fn recover(db: &Database, wal: &Path) -> Result<(u64, File), StoreError> {
                      cutting it off"
                 );
             }
-            if log.replayed > 0 {
-                checkpoint(db, &log.dirty, log.last_seq).map_err(backend("replay log"))?;
-                folded = log.last_seq;
+            if log.replayed > 0 || stored.is_none() {
+                // (Without a stored position: a crash during the first open, after the
+                // log was made; record the position now.)
+                folded = folded.max(log.last_seq);
+                checkpoint(db, &log.dirty, folded).map_err(backend("replay log"))?;
             }
             Ok((folded, new_log(wal, folded.saturating_add(1))?))
         }
         // Tables that have had a log, without it: acknowledged changes may be gone.
         None if stored.is_some() => Err(corrupt("the write-ahead log file is missing".into())),
         None => {
-            // Stores written before the log moved to its own file kept it in a table;
-            // one a crash left unreplayed cannot be read here, and must not be dropped.
-            if old_log_entries(db).map_err(backend("read log"))? > 0 {
-                return Err(StoreError::Corrupt {
-                    key: "log".into(),
-                    reason: "an unreplayed log table of an older version of the store; \
-                             open and close the file with that version first"
-                        .into(),
-                });
-            }
             // A new store: the log first, then the mark that says there is one.
             let file = new_log(wal, 1)?;
             checkpoint(db, &Dirty::default(), 0).map_err(backend("initialize"))?;
