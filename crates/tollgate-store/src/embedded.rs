@@ -465,7 +465,14 @@ fn recover(db: &Database, wal: &Path) -> Result<(u64, File), StoreError> {
                     p.push(".torn");
                     PathBuf::from(p)
                 };
-                let saved = std::fs::write(&aside, tail);
+                // Session data: mode 0600, like the log.
+                let saved = OpenOptions::new()
+                    .write(true)
+                    .create(true)
+                    .truncate(true)
+                    .mode(0o600)
+                    .open(&aside)
+                    .and_then(|mut f| f.write_all(tail));
                 tracing::warn!(
                     log = %wal.display(),
                     offset = at,
