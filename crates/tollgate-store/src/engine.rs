@@ -215,6 +215,7 @@ pub(crate) struct WriterStats {
     pub budgets: AtomicU64,
     pub write_nanos: AtomicU64,
     pub checkpoints: AtomicU64,
+    pub log_syncs: AtomicU64,
 }
 
 impl Journal {

@@ -10,10 +10,12 @@
 //! while many sessions share one fsync.
 //!
 //! Two stores:
-//! - [`EmbeddedStore`]: in-memory sessions persisted to one redb file by a single
-//!   group-committing writer thread; survives kill -9 ([`Durability::Batch`]): every
-//!   change whose [`Durable`] completed is on disk, and the disk always holds a
-//!   consistent cut (some prefix of all changes, budgets balanced with their sessions);
+//! - [`EmbeddedStore`]: in-memory sessions persisted by a single group-committing writer
+//!   thread, each batch appended to a write-ahead log file (one `write` and one
+//!   `fdatasync`) and folded now and then into a redb file; survives kill -9 and power
+//!   loss ([`Durability::Batch`]): every change whose [`Durable`] completed is on disk,
+//!   and the disk always holds a consistent cut (some prefix of all changes, budgets
+//!   balanced with their sessions);
 //! - [`MemoryStore`]: the same engine without a disk, for library mode and tests.
 //!
 //! What this crate does **not** do: no async runtime (futures here are ready at once
@@ -40,6 +42,28 @@ mod session;
 mod wal;
 
 use std::future::Future;
+
+/// Entry points for the fuzz targets in `fuzz/`; not part of the API.
+#[doc(hidden)]
+pub mod fuzzing {
+    /// Read a write-ahead log file's bytes as opening does, with batches up to `folded`
+    /// already in the tables: the last batch number, or why the log cannot be replayed.
+    pub fn read_log(bytes: &[u8], folded: u64) -> Result<u64, String> {
+        crate::wal::read_log(bytes, folded)
+            .map(|log| log.last_seq)
+            .map_err(|e| e.to_string())
+    }
+
+    /// A log file header for records starting at batch `base`.
+    pub fn log_header(base: u64) -> Vec<u8> {
+        crate::wal::header(base)
+    }
+
+    /// Decode one log entry (the bytes inside a record).
+    pub fn decode_entry(bytes: &[u8]) -> bool {
+        crate::wal::decode_batch(bytes).is_ok()
+    }
+}
 
 pub use durable::Durable;
 pub use embedded::{Durability, EmbeddedStore, StoreOptions, WriterStats};
@@ -136,7 +160,8 @@ pub enum StoreError {
         /// The engine's message.
         message: String,
     },
-    /// At open: a stored record does not decode.
+    /// At open: a stored record does not decode, or the write-ahead log is missing or
+    /// damaged anywhere but in its last record (`key` is then the log's path).
     #[error("stored record `{key}` is corrupt: {reason}")]
     Corrupt {
         /// The record's key.

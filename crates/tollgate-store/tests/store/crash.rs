@@ -19,6 +19,11 @@ use crate::support::{agent_session, session};
 const CHILD_ENV: &str = "TOLLGATE_STORE_CRASH_CHILD";
 /// Group commits between checkpoints in the child (small, so kills land around them).
 const CHECKPOINT_ENV: &str = "TOLLGATE_STORE_CRASH_CHECKPOINT";
+/// If set, the child makes this many changes from one thread and exits.
+const SEQUENTIAL_ENV: &str = "TOLLGATE_STORE_CRASH_SEQUENTIAL";
+/// If set, `fdatasync_precedes_every_acknowledgement` fails rather than skips when
+/// `strace` is missing.
+const STRACE_ENV: &str = "TOLLGATE_STORE_STRACE";
 const THREADS: u64 = 4;
 const BUDGET: i64 = 1_000_000_000_000;
 const STEP: i64 = 10;
@@ -88,6 +93,20 @@ fn crash_child_process() {
         }
     }
     println!("ready");
+    if let Some(n) = std::env::var(SEQUENTIAL_ENV)
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+    {
+        // One change at a time, each acknowledged before the next is made.
+        for _ in 0..n {
+            let (k, durable) = store
+                .apply_sync(&id(0), |s| Change::Commit(change(0, s)))
+                .unwrap();
+            durable.wait().unwrap();
+            println!("ack 0 {k}");
+        }
+        return;
+    }
     std::thread::scope(|scope| {
         for t in 0..THREADS {
             let store = &store;
@@ -229,4 +248,92 @@ fn kill_9_loses_no_acknowledged_change() {
     }
     // Enough changes to have tripped s3's circuit and crossed pending transitions.
     assert!(floor.get(&3).copied().unwrap_or(0) >= TRIP_AT);
+}
+
+/// What kill -9 cannot show: that the log is fsynced before a change is acknowledged
+/// (the page cache outlives a killed process, so a missing `fdatasync` loses nothing
+/// there). The child runs under `strace`, one change at a time; at each acknowledgement
+/// (its write to stdout) every log file descriptor must have been `fdatasync`ed, and the
+/// call returned, since the last write to it.
+#[test]
+fn fdatasync_precedes_every_acknowledgement() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("seq.redb");
+    let trace = dir.path().join("trace.txt");
+    let exe = std::env::current_exe().unwrap();
+    let status = Command::new("strace")
+        .args(["-f", "-qq", "-s", "8", "-e", "signal=none"])
+        .args(["-e", "trace=openat,write,fdatasync,close", "-o"])
+        .arg(&trace)
+        .arg(exe)
+        .args(["--exact", "crash::crash_child_process", "--nocapture"])
+        .args(["--test-threads", "1"])
+        .env(CHILD_ENV, &path)
+        .env(SEQUENTIAL_ENV, "40")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status();
+    let status = match status {
+        Ok(s) => s,
+        Err(e) if std::env::var_os(STRACE_ENV).is_none() => {
+            eprintln!("skipped: cannot run strace ({e}); set {STRACE_ENV} to require it");
+            return;
+        }
+        Err(e) => panic!("strace: {e}"),
+    };
+    assert!(status.success());
+    let text = std::fs::read_to_string(&trace).unwrap();
+    // fd -> written since its last completed fdatasync
+    let mut dirty: BTreeMap<i64, bool> = BTreeMap::new();
+    // pid -> the log fd of an fdatasync in progress
+    let mut syncing: BTreeMap<&str, i64> = BTreeMap::new();
+    let (mut acks, mut syncs) = (0, 0);
+    let fd_arg =
+        |rest: &str| -> i64 { rest.split([',', ')', ' ']).next().unwrap().parse().unwrap() };
+    for line in text.lines() {
+        let (pid, call) = line.split_once(' ').unwrap();
+        let call = call.trim_start();
+        if let Some(rest) = call.strip_prefix("openat(") {
+            if rest.contains(".wal.tmp\"") && !rest.contains("ENOENT") {
+                if let Some((_, fd)) = rest.rsplit_once("= ") {
+                    if let Ok(fd) = fd.trim().parse::<i64>() {
+                        dirty.insert(fd, false);
+                    }
+                }
+            }
+        } else if let Some(rest) = call.strip_prefix("close(") {
+            dirty.remove(&fd_arg(rest));
+        } else if let Some(rest) = call.strip_prefix("write(") {
+            let fd = fd_arg(rest);
+            if let Some(d) = dirty.get_mut(&fd) {
+                *d = true;
+            } else if fd == 1 && rest.starts_with("1, \"ack") {
+                acks += 1;
+                assert!(
+                    dirty.values().all(|d| !d),
+                    "acknowledged before the log was synced: {line}"
+                );
+            }
+        } else if let Some(rest) = call.strip_prefix("fdatasync(") {
+            let fd = fd_arg(rest);
+            if let Some(d) = dirty.get_mut(&fd) {
+                if rest.contains("<unfinished") {
+                    syncing.insert(pid, fd);
+                } else if rest.contains("= 0") {
+                    *d = false;
+                    syncs += 1;
+                }
+            }
+        } else if call.starts_with("<... fdatasync resumed>") && call.contains("= 0") {
+            if let Some(fd) = syncing.remove(pid) {
+                dirty.insert(fd, false);
+                syncs += 1;
+            }
+        }
+    }
+    assert_eq!(acks, 40, "acknowledgements seen");
+    assert!(
+        syncs >= acks,
+        "{syncs} log syncs for {acks} acknowledgements"
+    );
 }

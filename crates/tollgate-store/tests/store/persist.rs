@@ -1,6 +1,6 @@
 //! What survives a restart, and what a damaged or locked file does.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use tollgate_core::state::Reservation;
 use tollgate_core::{BudgetScope, HumanDecision, Money, PendingTransition, Reason, SessionStatus};
@@ -307,25 +307,274 @@ fn nonces_are_written_incrementally_and_removed_with_their_session() {
     );
 }
 
+/// The store's write-ahead log file.
+fn wal(path: &Path) -> PathBuf {
+    let mut p = path.as_os_str().to_owned();
+    p.push(".wal");
+    PathBuf::from(p)
+}
+
+/// A crash image of an open store, at `to`: copies of its two files, which is what a
+/// kill -9 at this moment would leave (between checkpoints the redb file is not written,
+/// and every acknowledged batch has been written to the log).
+fn crash_image(path: &Path, to: &Path) {
+    std::fs::copy(path, to).unwrap();
+    std::fs::copy(wal(path), wal(to)).unwrap();
+}
+
+/// Sessions `a` and `b`, then `n` changes to `a` (each acknowledged, so one batch
+/// each): `a`'s `total_calls` counts them.
+fn numbered(store: &EmbeddedStore, n: u64) {
+    store
+        .create_sync(session("a", 1_000))
+        .unwrap()
+        .wait()
+        .unwrap();
+    store
+        .create_sync(session("b", 1_000))
+        .unwrap()
+        .wait()
+        .unwrap();
+    for i in 1..=n {
+        let (_, d) = store
+            .apply_sync("a", |s| {
+                s.state.total_calls = i;
+                s.state.seen_nonces.insert(i);
+                Change::Commit(())
+            })
+            .unwrap();
+        d.wait().unwrap();
+    }
+}
+
+fn total_calls(path: &Path) -> u64 {
+    let store = open(path);
+    let a = store.get_sync("a").unwrap().unwrap();
+    assert_eq!(
+        a.state.seen_nonces.iter().copied().collect::<Vec<_>>(),
+        (1..=a.state.total_calls).collect::<Vec<_>>(),
+        "a consistent cut"
+    );
+    a.state.total_calls
+}
+
+fn open_err(path: &Path) -> StoreError {
+    EmbeddedStore::open(path, StoreOptions::default()).unwrap_err()
+}
+
 #[test]
-fn a_corrupt_log_entry_is_reported() {
+fn the_log_replays_a_crash_image() {
+    let dir = tempfile::tempdir().unwrap();
+    let (path, image) = (dir.path().join("s.redb"), dir.path().join("i.redb"));
+    let store = open(&path);
+    let before = eventful(&store);
+    crash_image(&path, &image);
+    assert_eq!(open(&image).list_sync(None).unwrap(), before);
+    // Replayed and folded at open: a second open reads it from the tables.
+    assert_eq!(open(&image).list_sync(None).unwrap(), before);
+    assert_eq!(std::fs::metadata(wal(&image)).unwrap().len(), 48);
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(wal(&path)).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600);
+}
+
+#[test]
+fn a_torn_last_record_is_cut_off_and_kept_aside() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("s.redb");
-    drop(open(&path));
+    let store = open(&path);
+    numbered(&store, 6);
+    // Cut short at every length inside the last record (44 bytes of framing plus the
+    // entry), and with its last byte (checksum) damaged: the last change is lost, as it
+    // would be had the crash come before its fsync returned, and nothing else.
+    let len = std::fs::metadata(wal(&path)).unwrap().len();
+    for cut in 1..=30 {
+        let image = dir.path().join(format!("cut{cut}.redb"));
+        crash_image(&path, &image);
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(wal(&image))
+            .unwrap();
+        f.set_len(len - cut).unwrap();
+        drop(f);
+        assert_eq!(total_calls(&image), 5, "cut {cut}");
+        let mut torn = wal(&image).into_os_string();
+        torn.push(".torn");
+        assert!(std::fs::metadata(&torn).unwrap().len() > 0);
+        // The tail is gone for good: the next open finds a clean log.
+        assert_eq!(total_calls(&image), 5, "cut {cut}, reopened");
+    }
+    let image = dir.path().join("flip.redb");
+    crash_image(&path, &image);
+    let mut bytes = std::fs::read(wal(&image)).unwrap();
+    *bytes.last_mut().unwrap() ^= 1;
+    std::fs::write(wal(&image), &bytes).unwrap();
+    assert_eq!(total_calls(&image), 5);
+    // Zeros where the last record should be (space extended, data never written).
+    let image = dir.path().join("zeros.redb");
+    crash_image(&path, &image);
+    let mut bytes = std::fs::read(wal(&image)).unwrap();
+    bytes.extend([0; 100]);
+    std::fs::write(wal(&image), &bytes).unwrap();
+    assert_eq!(total_calls(&image), 6);
+    drop(store);
+    assert_eq!(total_calls(&path), 6);
+}
+
+#[test]
+fn damage_before_the_last_record_is_corrupt() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.redb");
+    let store = open(&path);
+    numbered(&store, 4);
+    let clean = std::fs::read(wal(&path)).unwrap();
+    // A byte of every record but the last, in turn: length, number, entry, checksum.
+    let mut starts = vec![48_usize];
+    loop {
+        let at = *starts.last().unwrap();
+        let n = u32::from_be_bytes(clean[at..at + 4].try_into().unwrap()) as usize;
+        let next = at + 44 + n;
+        if next >= clean.len() {
+            break;
+        }
+        starts.push(next);
+    }
+    assert_eq!(starts.len(), 6, "two creates and four changes");
+    for (i, at) in starts[..starts.len() - 1].iter().enumerate() {
+        for off in [0, 5, 12, 20] {
+            let image = dir.path().join(format!("r{i}o{off}.redb"));
+            crash_image(&path, &image);
+            let mut bytes = clean.clone();
+            bytes[at + off] ^= 0x40;
+            std::fs::write(wal(&image), &bytes).unwrap();
+            let e = open_err(&image);
+            assert!(
+                matches!(&e, StoreError::Corrupt { reason, .. }
+                    if reason.contains("damaged") || reason.contains("expected")),
+                "record {i}, byte {off}: {e}"
+            );
+        }
+    }
+    // A damaged header.
+    let image = dir.path().join("header.redb");
+    crash_image(&path, &image);
+    let mut bytes = clean.clone();
+    bytes[10] ^= 1;
+    std::fs::write(wal(&image), &bytes).unwrap();
+    let e = open_err(&image);
+    assert!(e.to_string().contains("bad header"), "{e}");
+}
+
+#[test]
+fn batches_already_folded_are_skipped() {
+    // A crash after a checkpoint's fold committed and before the new log replaced the
+    // old one: the old log's batches are all in the tables already.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.redb");
+    let store = open(&path);
+    numbered(&store, 5);
+    let old_log = std::fs::read(wal(&path)).unwrap();
+    store.close_sync().unwrap();
+    drop(store);
+    std::fs::write(wal(&path), &old_log).unwrap();
+    assert_eq!(total_calls(&path), 5);
+    let store = open(&path);
+    numbered_more(&store, 5, 3);
+    drop(store);
+    assert_eq!(total_calls(&path), 8);
+}
+
+fn numbered_more(store: &EmbeddedStore, from: u64, n: u64) {
+    for i in from + 1..=from + n {
+        let (_, d) = store
+            .apply_sync("a", |s| {
+                s.state.total_calls = i;
+                s.state.seen_nonces.insert(i);
+                Change::Commit(())
+            })
+            .unwrap();
+        d.wait().unwrap();
+    }
+}
+
+#[test]
+fn a_log_that_skips_batches_is_corrupt() {
+    // Tables from before a checkpoint with the log from after it (say, the redb file
+    // restored from an older copy): the batches between are missing.
+    let dir = tempfile::tempdir().unwrap();
+    let (path, old) = (dir.path().join("s.redb"), dir.path().join("old.redb"));
+    let store = open(&path);
+    numbered(&store, 3);
+    crash_image(&path, &old);
+    drop(store);
+    let store = open(&path);
+    numbered_more(&store, 3, 2);
+    std::fs::copy(wal(&path), wal(&old)).unwrap();
+    let e = open_err(&old);
+    assert!(
+        e.to_string().contains("only batches up to 0 were folded"),
+        "{e}"
+    );
+}
+
+#[test]
+fn an_older_stores_unreplayed_log_table_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.redb");
     let db = redb::Database::create(&path).unwrap();
     let def: redb::TableDefinition<u64, &[u8]> = redb::TableDefinition::new("log");
     let txn = db.begin_write().unwrap();
     txn.open_table(def)
         .unwrap()
-        .insert(5, &[1_u8, 0, 0][..])
+        .insert(5, &[0_u8; 8][..])
         .unwrap();
     txn.commit().unwrap();
     drop(db);
-    let e = EmbeddedStore::open(&path, StoreOptions::default()).unwrap_err();
-    assert_eq!(
-        e.to_string(),
-        "stored record `log/5` is corrupt: log entry is truncated"
-    );
+    let e = open_err(&path);
+    assert!(e.to_string().contains("older version"), "{e}");
+}
+
+#[test]
+fn a_missing_log_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.redb");
+    drop(open(&path));
+    std::fs::remove_file(wal(&path)).unwrap();
+    let e = open_err(&path);
+    assert!(e.to_string().contains("log file is missing"), "{e}");
+}
+
+#[test]
+fn every_batch_is_fsynced_before_it_completes() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(&dir.path().join("s.redb"));
+    store
+        .create_sync(session("a", 1_000))
+        .unwrap()
+        .wait()
+        .unwrap();
+    for i in 1..=50 {
+        let (_, d) = store
+            .apply_sync("a", |s| {
+                s.state.total_calls = i;
+                Change::Commit(())
+            })
+            .unwrap();
+        d.wait().unwrap();
+        // Batches 1..=d.batch_seq() have all completed, each after its own sync.
+        assert!(store.writer_stats().log_syncs >= d.batch_seq(), "{i}");
+    }
+    let never = EmbeddedStore::open(
+        dir.path().join("n.redb"),
+        StoreOptions {
+            durability: Durability::Never,
+            ..StoreOptions::default()
+        },
+    )
+    .unwrap();
+    numbered(&never, 5);
+    assert_eq!(never.writer_stats().log_syncs, 0);
+    assert!(never.writer_stats().batches >= 7);
 }
 
 #[test]
