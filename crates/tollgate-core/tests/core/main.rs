@@ -8,6 +8,7 @@
 )]
 
 mod alloc;
+mod architecture;
 mod conformance;
 mod flows;
 mod properties;

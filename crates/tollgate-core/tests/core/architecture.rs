@@ -1,0 +1,74 @@
+//! Architecture invariants that a test can keep (ARCHITECTURE.md, "Invariants"): which
+//! crates may depend on what. Reads the workspace's own manifests, nothing outside it.
+
+use std::path::Path;
+
+/// The names under `[dependencies]` of a crate's manifest.
+fn dependencies(krate: &str) -> Vec<String> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join(krate)
+        .join("Cargo.toml");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let mut in_deps = false;
+    let mut out = Vec::new();
+    for line in text.lines() {
+        let line = line.trim();
+        if line.starts_with('[') {
+            in_deps = line == "[dependencies]";
+            continue;
+        }
+        if in_deps && !line.is_empty() && !line.starts_with('#') {
+            let name = line.split(['.', '=', ' ']).next().unwrap().to_owned();
+            out.push(name);
+        }
+    }
+    out
+}
+
+fn assert_only(krate: &str, allowed: &[&str]) {
+    let deps = dependencies(krate);
+    assert!(
+        !deps.is_empty(),
+        "{krate}: no dependencies read: the parser is wrong"
+    );
+    for d in &deps {
+        assert!(
+            allowed.contains(&d.as_str()),
+            "{krate} depends on `{d}`, which its layer must not"
+        );
+    }
+}
+
+#[test]
+fn the_pure_and_storage_layers_have_no_runtime_network_or_protobuf() {
+    // The core: no I/O, no clock, no randomness, no async.
+    assert_only(
+        "tollgate-core",
+        &["sha2", "aho-corasick", "ryu", "thiserror"],
+    );
+    // The board gate: pure too.
+    assert_only("tollgate-board", &["tollgate-core", "thiserror", "regex"]);
+    // Storage and audit: files, but no async runtime, no sockets, no protobuf.
+    assert_only(
+        "tollgate-store",
+        &["tollgate-core", "redb", "sha2", "tracing", "thiserror"],
+    );
+    assert_only(
+        "tollgate-audit",
+        &[
+            "tollgate-core",
+            "sha2",
+            "thiserror",
+            "ed25519-dalek",
+            "getrandom",
+            "uuid",
+            "zstd",
+        ],
+    );
+    // Only the proto crate knows protobuf; it has no runtime either.
+    assert_only(
+        "tollgate-proto",
+        &["prost", "prost-types", "hmac", "sha2", "thiserror"],
+    );
+}
