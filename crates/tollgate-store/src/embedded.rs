@@ -18,7 +18,9 @@ use crate::engine::{Engine, EngineLimits, Journal, Pending};
 use crate::record;
 use crate::session::{Budget, BudgetKey, Session};
 use crate::wal::{self, Dirty, BUDGETS, FOLDED_SEQ, META, NONCES, SESSIONS};
-use crate::{Change, SessionStore, StoreError};
+#[cfg(doc)]
+use crate::SessionStore;
+use crate::{Change, StoreError};
 
 /// Fold the log into the main tables after this many bytes of log at most.
 const CHECKPOINT_BYTES: usize = 8 * 1024 * 1024;
@@ -687,62 +689,4 @@ fn writer_loop(mut writer: Writer<'_>, engine: &Engine) -> Result<(), StoreError
     writer.checkpoint()
 }
 
-impl SessionStore for EmbeddedStore {
-    fn create(
-        &self,
-        session: Session,
-    ) -> impl std::future::Future<Output = Result<Durable, StoreError>> + Send {
-        std::future::ready(self.create_sync(session))
-    }
-
-    fn get(
-        &self,
-        id: &str,
-    ) -> impl std::future::Future<Output = Result<Option<Session>, StoreError>> + Send {
-        std::future::ready(self.get_sync(id))
-    }
-
-    fn apply<R: Send + 'static>(
-        &self,
-        id: &str,
-        f: impl FnOnce(&mut Session) -> Change<R> + Send,
-    ) -> impl std::future::Future<Output = Result<(R, Durable), StoreError>> + Send {
-        std::future::ready(self.apply_sync(id, f))
-    }
-
-    fn remove(
-        &self,
-        id: &str,
-    ) -> impl std::future::Future<Output = Result<Durable, StoreError>> + Send {
-        std::future::ready(self.remove_sync(id))
-    }
-
-    fn list(
-        &self,
-        org: Option<&str>,
-    ) -> impl std::future::Future<Output = Result<Vec<Session>, StoreError>> + Send {
-        std::future::ready(self.list_sync(org))
-    }
-
-    fn pending_hitl(
-        &self,
-        org: Option<&str>,
-    ) -> impl std::future::Future<Output = Result<Vec<Session>, StoreError>> + Send {
-        std::future::ready(
-            self.engine.list(|s| {
-                s.state.pending.is_some() && org.is_none_or(|o| s.meta.organization_id == o)
-            }),
-        )
-    }
-
-    fn budget(
-        &self,
-        key: &BudgetKey,
-    ) -> impl std::future::Future<Output = Result<Option<Budget>, StoreError>> + Send {
-        std::future::ready(self.budget_sync(key))
-    }
-
-    fn close(&self) -> impl std::future::Future<Output = Result<(), StoreError>> + Send {
-        std::future::ready(self.close_sync())
-    }
-}
+crate::ready_session_store!(EmbeddedStore, |s: &EmbeddedStore| s.close_sync());

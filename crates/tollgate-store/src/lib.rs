@@ -33,6 +33,81 @@
     )
 )]
 
+/// `SessionStore` for a store whose work happens at call time (both of ours): each future is
+/// ready when returned, over the store's `*_sync` methods and its engine; `$close` closes.
+macro_rules! ready_session_store {
+    ($ty:ty, $close:expr) => {
+        impl $crate::SessionStore for $ty {
+            fn create(
+                &self,
+                session: $crate::Session,
+            ) -> impl std::future::Future<Output = Result<$crate::Durable, $crate::StoreError>> + Send
+            {
+                std::future::ready(self.create_sync(session))
+            }
+
+            fn get(
+                &self,
+                id: &str,
+            ) -> impl std::future::Future<Output = Result<Option<$crate::Session>, $crate::StoreError>>
+                   + Send {
+                std::future::ready(self.get_sync(id))
+            }
+
+            fn apply<R: Send + 'static>(
+                &self,
+                id: &str,
+                f: impl FnOnce(&mut $crate::Session) -> $crate::Change<R> + Send,
+            ) -> impl std::future::Future<Output = Result<(R, $crate::Durable), $crate::StoreError>>
+                   + Send {
+                std::future::ready(self.apply_sync(id, f))
+            }
+
+            fn remove(
+                &self,
+                id: &str,
+            ) -> impl std::future::Future<Output = Result<$crate::Durable, $crate::StoreError>> + Send
+            {
+                std::future::ready(self.remove_sync(id))
+            }
+
+            fn list(
+                &self,
+                org: Option<&str>,
+            ) -> impl std::future::Future<Output = Result<Vec<$crate::Session>, $crate::StoreError>>
+                   + Send {
+                std::future::ready(self.list_sync(org))
+            }
+
+            fn pending_hitl(
+                &self,
+                org: Option<&str>,
+            ) -> impl std::future::Future<Output = Result<Vec<$crate::Session>, $crate::StoreError>>
+                   + Send {
+                std::future::ready(self.engine.list(|s| {
+                    s.state.pending.is_some() && org.is_none_or(|o| s.meta.organization_id == o)
+                }))
+            }
+
+            fn budget(
+                &self,
+                key: &$crate::BudgetKey,
+            ) -> impl std::future::Future<Output = Result<Option<$crate::Budget>, $crate::StoreError>>
+                   + Send {
+                std::future::ready(self.budget_sync(key))
+            }
+
+            fn close(
+                &self,
+            ) -> impl std::future::Future<Output = Result<(), $crate::StoreError>> + Send {
+                let close = $close;
+                std::future::ready(close(self))
+            }
+        }
+    };
+}
+pub(crate) use ready_session_store;
+
 mod durable;
 mod embedded;
 mod engine;

@@ -3,7 +3,9 @@
 use crate::durable::Durable;
 use crate::engine::Engine;
 use crate::session::{Budget, BudgetKey, Session};
-use crate::{Change, SessionStore, StoreError, StoreOptions};
+#[cfg(doc)]
+use crate::SessionStore;
+use crate::{Change, StoreError, StoreOptions};
 
 /// Sessions in memory only: the same locking, shared budgets, limits and errors as
 /// [`crate::EmbeddedStore`], but every [`Durable`] is complete at once and nothing
@@ -73,62 +75,5 @@ impl MemoryStore {
     }
 }
 
-impl SessionStore for MemoryStore {
-    fn create(
-        &self,
-        session: Session,
-    ) -> impl std::future::Future<Output = Result<Durable, StoreError>> + Send {
-        std::future::ready(self.create_sync(session))
-    }
-
-    fn get(
-        &self,
-        id: &str,
-    ) -> impl std::future::Future<Output = Result<Option<Session>, StoreError>> + Send {
-        std::future::ready(self.get_sync(id))
-    }
-
-    fn apply<R: Send + 'static>(
-        &self,
-        id: &str,
-        f: impl FnOnce(&mut Session) -> Change<R> + Send,
-    ) -> impl std::future::Future<Output = Result<(R, Durable), StoreError>> + Send {
-        std::future::ready(self.apply_sync(id, f))
-    }
-
-    fn remove(
-        &self,
-        id: &str,
-    ) -> impl std::future::Future<Output = Result<Durable, StoreError>> + Send {
-        std::future::ready(self.remove_sync(id))
-    }
-
-    fn list(
-        &self,
-        org: Option<&str>,
-    ) -> impl std::future::Future<Output = Result<Vec<Session>, StoreError>> + Send {
-        std::future::ready(self.list_sync(org))
-    }
-
-    fn pending_hitl(
-        &self,
-        org: Option<&str>,
-    ) -> impl std::future::Future<Output = Result<Vec<Session>, StoreError>> + Send {
-        std::future::ready(
-            self.engine.list(|s| {
-                s.state.pending.is_some() && org.is_none_or(|o| s.meta.organization_id == o)
-            }),
-        )
-    }
-
-    fn budget(
-        &self,
-        key: &BudgetKey,
-    ) -> impl std::future::Future<Output = Result<Option<Budget>, StoreError>> + Send {
-        std::future::ready(self.budget_sync(key))
-    }
-
-    fn close(&self) -> impl std::future::Future<Output = Result<(), StoreError>> + Send {
-        std::future::ready(Ok(()))
-    }
-}
+// Nothing to flush: a memory store is gone when dropped.
+crate::ready_session_store!(MemoryStore, |_: &MemoryStore| Ok(()));
