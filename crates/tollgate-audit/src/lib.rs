@@ -5,8 +5,8 @@
 //! can verify a log and learn exactly where and how it breaks if it was changed, cut,
 //! reordered or spliced. docs/audit-format.md is the byte-level specification.
 //!
-//! - [`format`]: the byte layout (pure): headers, records, signed bytes, hashes.
-//! - [`verify`]: the verifier (pure over bytes), plus [`verify_paths`] for files and
+//! - [`format`](mod@format): the byte layout (pure): headers, records, signed bytes, hashes.
+//! - [`verify`](mod@verify): the verifier (pure over bytes), plus [`verify_paths`] for files and
 //!   directories.
 //! - [`Writer`]: a dedicated thread that signs, chains, writes and fsyncs in batches
 //!   (group commit), rotates and compresses files, writes checkpoints and recovers torn

@@ -22,7 +22,7 @@ pub struct Args {
 #[derive(Debug, clap::Subcommand)]
 enum BoardCommand {
     /// Check record sets (`{"messages": [...]}`) and print one line per violation:
-    /// RULE-ID<TAB>path<TAB>task_id or -<TAB>message.
+    /// `RULE-ID<TAB>path<TAB>task_id or -<TAB>message`.
     Check(CheckArgs),
     /// Print the `sha256:...` request digest of one envelope.
     Digest(DigestArgs),
