@@ -13,6 +13,7 @@ use std::thread::JoinHandle;
 
 use redb::{Database, ReadableDatabase, ReadableTable};
 
+#[cfg(doc)]
 use crate::durable::Durable;
 use crate::engine::{Engine, EngineLimits, Journal, Pending};
 use crate::record;
@@ -20,7 +21,7 @@ use crate::session::{Budget, BudgetKey, Session};
 use crate::wal::{self, Dirty, BUDGETS, FOLDED_SEQ, META, NONCES, SESSIONS};
 #[cfg(doc)]
 use crate::SessionStore;
-use crate::{Change, StoreError};
+use crate::StoreError;
 
 /// Fold the log into the main tables after this many bytes of log at most.
 const CHECKPOINT_BYTES: usize = 8 * 1024 * 1024;
@@ -246,11 +247,6 @@ impl EmbeddedStore {
         })
     }
 
-    /// How many sessions are live.
-    pub fn len(&self) -> usize {
-        self.engine.len()
-    }
-
     /// The writer's counters so far (for metrics and benchmarks).
     pub fn writer_stats(&self) -> WriterStats {
         let Some(j) = self.engine.journal() else {
@@ -265,46 +261,6 @@ impl EmbeddedStore {
             checkpoints: st.checkpoints.load(Ordering::Relaxed),
             log_syncs: st.log_syncs.load(Ordering::Relaxed),
         }
-    }
-
-    /// Whether no session is live.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// [`SessionStore::create`], without a future.
-    pub fn create_sync(&self, session: Session) -> Result<Durable, StoreError> {
-        self.engine.create(session)
-    }
-
-    /// [`SessionStore::apply`], without a future.
-    pub fn apply_sync<R>(
-        &self,
-        id: &str,
-        f: impl FnOnce(&mut Session) -> Change<R>,
-    ) -> Result<(R, Durable), StoreError> {
-        self.engine.apply(id, f)
-    }
-
-    /// [`SessionStore::get`], without a future.
-    pub fn get_sync(&self, id: &str) -> Result<Option<Session>, StoreError> {
-        self.engine.get(id)
-    }
-
-    /// [`SessionStore::remove`], without a future.
-    pub fn remove_sync(&self, id: &str) -> Result<Durable, StoreError> {
-        self.engine.remove(id)
-    }
-
-    /// [`SessionStore::list`], without a future.
-    pub fn list_sync(&self, org: Option<&str>) -> Result<Vec<Session>, StoreError> {
-        self.engine
-            .list(|s| org.is_none_or(|o| s.meta.organization_id == o))
-    }
-
-    /// [`SessionStore::budget`], without a future.
-    pub fn budget_sync(&self, key: &BudgetKey) -> Result<Option<Budget>, StoreError> {
-        self.engine.budget(key)
     }
 
     /// [`SessionStore::close`], without a future: stop taking changes, write everything

@@ -33,10 +33,67 @@
     )
 )]
 
-/// `SessionStore` for a store whose work happens at call time (both of ours): each future is
-/// ready when returned, over the store's `*_sync` methods and its engine; `$close` closes.
+/// The engine-backed surface both of our stores share: the blocking `*_sync` methods, and
+/// `SessionStore` over them (each future is ready when returned: the work happens at call
+/// time). `$close` closes the store.
 macro_rules! ready_session_store {
     ($ty:ty, $close:expr) => {
+        impl $ty {
+            /// How many sessions are live.
+            pub fn len(&self) -> usize {
+                self.engine.len()
+            }
+
+            /// Whether no session is live.
+            pub fn is_empty(&self) -> bool {
+                self.len() == 0
+            }
+
+            /// [`SessionStore::create`](crate::SessionStore::create), without a future.
+            pub fn create_sync(
+                &self,
+                session: $crate::Session,
+            ) -> Result<$crate::Durable, $crate::StoreError> {
+                self.engine.create(session)
+            }
+
+            /// [`SessionStore::apply`](crate::SessionStore::apply), without a future.
+            pub fn apply_sync<R>(
+                &self,
+                id: &str,
+                f: impl FnOnce(&mut $crate::Session) -> $crate::Change<R>,
+            ) -> Result<(R, $crate::Durable), $crate::StoreError> {
+                self.engine.apply(id, f)
+            }
+
+            /// [`SessionStore::get`](crate::SessionStore::get), without a future.
+            pub fn get_sync(&self, id: &str) -> Result<Option<$crate::Session>, $crate::StoreError> {
+                self.engine.get(id)
+            }
+
+            /// [`SessionStore::remove`](crate::SessionStore::remove), without a future.
+            pub fn remove_sync(&self, id: &str) -> Result<$crate::Durable, $crate::StoreError> {
+                self.engine.remove(id)
+            }
+
+            /// [`SessionStore::list`](crate::SessionStore::list), without a future.
+            pub fn list_sync(
+                &self,
+                org: Option<&str>,
+            ) -> Result<Vec<$crate::Session>, $crate::StoreError> {
+                self.engine
+                    .list(|s| org.is_none_or(|o| s.meta.organization_id == o))
+            }
+
+            /// [`SessionStore::budget`](crate::SessionStore::budget), without a future.
+            pub fn budget_sync(
+                &self,
+                key: &$crate::BudgetKey,
+            ) -> Result<Option<$crate::Budget>, $crate::StoreError> {
+                self.engine.budget(key)
+            }
+        }
+
         impl $crate::SessionStore for $ty {
             fn create(
                 &self,
