@@ -263,6 +263,11 @@ impl DaemonClient {
         &self.session_id
     }
 
+    /// Requests sent and not yet answered (or timed out).
+    pub fn in_flight(&self) -> usize {
+        lock_waiters(&self.waiters).len()
+    }
+
     /// The registration response (negotiated protocol, active config, state).
     pub fn registration(&self) -> &sp1::RegisterResponse {
         &self.registration
@@ -272,7 +277,8 @@ impl DaemonClient {
         &self,
         payload: Payload,
         expect_reply: bool,
-    ) -> Result<Option<oneshot::Receiver<Result<Envelope, ClientError>>>, ClientError> {
+    ) -> Result<Option<(String, oneshot::Receiver<Result<Envelope, ClientError>>)>, ClientError>
+    {
         let message_id = uuid::Uuid::now_v7().to_string();
         let env = Envelope {
             protocol_version: SUPPORTED_VERSIONS
@@ -293,7 +299,7 @@ impl DaemonClient {
         let rx = if expect_reply {
             let (tx, rx) = oneshot::channel();
             lock_waiters(&self.waiters).insert(message_id.clone(), tx);
-            Some(rx)
+            Some((message_id.clone(), rx))
         } else {
             None
         };
@@ -311,11 +317,15 @@ impl DaemonClient {
     }
 
     async fn request(&self, payload: Payload) -> Result<Payload, ClientError> {
-        let Some(rx) = self.send(payload, true).await? else {
+        let Some((message_id, rx)) = self.send(payload, true).await? else {
             return Err(ClientError::Malformed("no reply channel".into()));
         };
         let env = match tokio::time::timeout(self.config.timeout, rx).await {
-            Err(_) => return Err(ClientError::Timeout(self.config.timeout)),
+            Err(_) => {
+                // Forget the waiter: a daemon that never answers must not grow the map.
+                lock_waiters(&self.waiters).remove(&message_id);
+                return Err(ClientError::Timeout(self.config.timeout));
+            }
             Ok(Err(_)) => return Err(ClientError::Unreachable("connection closed".into())),
             Ok(Ok(r)) => r?,
         };

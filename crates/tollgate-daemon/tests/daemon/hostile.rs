@@ -361,12 +361,17 @@ async fn client_fails_closed_on_timeout_bad_mac_and_malformed_replies() {
     // The imposter is honest: its ALLOW is accepted (so the checks below can fail).
     let v = verdict_from_imposter(|k, req| seal(k, &allow_response(req)).ok()).await;
     assert_eq!(v.verdict, Verdict::Allow);
-    // Silence.
-    let v = verdict_from_imposter(|_, _| None).await;
+    // Silence: DENY on timeout, and the client forgets the request.
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("silent.sock");
+    imposter(&socket, |_, _| None).await;
+    let c = DaemonClient::connect(cfg_for(&socket)).await.unwrap();
+    let v = c.pre_exec("t", &json::parse_str("{}").unwrap(), 0.0).await;
     assert_eq!(
         (v.verdict, v.reason.as_str()),
         (Verdict::Deny, "fail_closed:timeout")
     );
+    assert_eq!(c.in_flight(), 0);
     // An ALLOW sealed with the wrong key.
     let v = verdict_from_imposter(|_, req| {
         seal(
