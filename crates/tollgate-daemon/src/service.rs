@@ -513,8 +513,12 @@ impl<S: SessionStore> Service<S> {
         }
         let rng = random_unit();
         let stale_after = self.stale_after_ns();
-        let guard = info.guard.clone();
-        let req = r.clone();
+        let guard: &GuardConfig = &info.guard;
+        // The call is read from the request once, outside the session lock; the closure
+        // borrows it.
+        let call = to_call(&r);
+        let digest = call.params.canonical_digest().ok();
+        let call_number = r.call_number;
         let (outcome, durable) = self
             .store
             .apply(&r.session_id, move |s: &mut Session| {
@@ -528,24 +532,19 @@ impl<S: SessionStore> Service<S> {
                 if s.state.status == SessionStatus::Stale {
                     return Change::Keep(Err(PreExecRefusal::Stale));
                 }
-                if req.call_number <= s.last_call_number {
+                if call_number <= s.last_call_number {
                     return Change::Keep(Err(PreExecRefusal::CallNumber(s.last_call_number)));
                 }
-                let call = to_call(&req);
                 let before = s.state.budget_remaining;
-                let repeat = s
-                    .state
-                    .repeat_count_for(call.tool_name, call.params.canonical_digest().ok());
-                let d = decide(&guard, &s.state, &call, now, rng);
-                apply_decision(&guard, &mut s.state, &call, &d, req.call_number, now);
-                s.last_call_number = req.call_number;
+                let repeat = s.state.repeat_count_for(call.tool_name, digest);
+                let d = decide(guard, &s.state, &call, now, rng);
+                apply_decision(guard, &mut s.state, &call, &d, call_number, now);
+                s.last_call_number = call_number;
                 Change::Commit(Ok(Decided {
                     decision: d,
                     before,
                     after: s.state.budget_remaining,
                     repeat,
-                    params_hash: call.params.canonical_digest().unwrap_or_default(),
-                    estimated: call.estimated_cost,
                 }))
             })
             .await
@@ -575,7 +574,7 @@ impl<S: SessionStore> Service<S> {
             organization_id: info.organization_id.clone(),
             call_number: r.call_number,
             tool_name: r.tool_name.clone(),
-            params_hash: decided.params_hash,
+            params_hash: digest.unwrap_or_default(),
             verdict: decided.decision.verdict,
             deny_reason: decided.decision.deny_reason,
             reason: decided.decision.reason,
@@ -583,7 +582,7 @@ impl<S: SessionStore> Service<S> {
             budget_before: decided.before,
             budget_after: decided.after,
             operator_id: None,
-            estimated_cost: decided.estimated,
+            estimated_cost: call.estimated_cost,
             nonce: r.nonce,
             config_digest: None,
         };
@@ -819,8 +818,6 @@ struct Decided {
     before: Money,
     after: Money,
     repeat: u32,
-    params_hash: Digest,
-    estimated: Money,
 }
 
 #[derive(Debug, Clone, Copy)]
