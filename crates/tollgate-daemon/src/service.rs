@@ -23,6 +23,11 @@ use crate::config::{DaemonConfig, DEFAULT_ORG};
 use crate::convert;
 use crate::ratelimit::RateLimiter;
 
+/// The longest tool name accepted. Tool names are stored in session state and written to
+/// the audit log (whose string fields hold at most 1024 bytes), so they are bounded here,
+/// before anything is decided or stored.
+pub const MAX_TOOL_NAME_BYTES: usize = 256;
+
 /// The daemon's version, reported at registration.
 pub const DAEMON_VERSION: &str = env!("CARGO_PKG_VERSION");
 
@@ -510,6 +515,12 @@ impl<S: SessionStore> Service<S> {
                 message: "too many pre_exec requests for this session".into(),
                 retry_after_ms: wait,
             });
+        }
+        if r.tool_name.is_empty() || r.tool_name.len() > MAX_TOOL_NAME_BYTES {
+            return Err(refuse(
+                ErrorCode::InvalidRequest,
+                format!("tool_name must be 1 to {MAX_TOOL_NAME_BYTES} bytes"),
+            ));
         }
         let rng = random_unit();
         let stale_after = self.stale_after_ns();

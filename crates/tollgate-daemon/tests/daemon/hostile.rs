@@ -193,6 +193,26 @@ async fn unknown_session_and_bad_call_numbers() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversized_or_empty_tool_names_are_refused_before_anything_is_stored() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = start(config(dir.path())).await;
+    let c = connect(&d.socket, "research-bot").await;
+    let p = json::parse_str("{}").unwrap();
+    for name in ["".to_owned(), "t".repeat(257)] {
+        let v = c.pre_exec(&name, &p, 0.0).await;
+        assert_eq!(
+            (v.verdict, v.reason.as_str()),
+            (Verdict::Deny, "fail_closed:invalid_request")
+        );
+    }
+    assert!(c.pre_exec(&"t".repeat(256), &p, 0.0).await.allowed());
+    let s = c.session_state().await.unwrap();
+    assert_eq!(s.total_calls, 1);
+    d.stop().await;
+    assert_eq!(audited(dir.path()).len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn protocol_version_mismatch() {
     let dir = tempfile::tempdir().unwrap();
     let d = start(config(dir.path())).await;
