@@ -9,7 +9,7 @@ use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinSet;
 use tollgate_proto::frame::{self, FrameError, HEADER_LEN};
-use tollgate_proto::sp1::{envelope::Payload, Envelope, ErrorCode};
+use tollgate_proto::sp1::ErrorCode;
 use tollgate_store::SessionStore;
 
 use crate::service::{Peer, Reply, Service};
@@ -140,16 +140,7 @@ async fn write_error(
     code: ErrorCode,
     message: &str,
 ) -> std::io::Result<()> {
-    let env = Envelope {
-        protocol_version: "1.0.0".into(),
-        payload: Some(Payload::Error(tollgate_proto::sp1::Error {
-            code: code as i32,
-            message: message.to_owned(),
-            retry_after_ms: 0,
-        })),
-        ..Envelope::default()
-    };
-    if let Ok(bytes) = frame::encode(&env) {
+    if let Ok(bytes) = frame::frame_bytes(&crate::service::transport_error(code, message)) {
         stream.write_all(&bytes).await?;
     }
     stream.flush().await

@@ -256,17 +256,7 @@ impl<S: SessionStore> Service<S> {
         });
         match key {
             Some(k) => self.reply(k, correlation, received_ns, payload),
-            None => {
-                let env = Envelope {
-                    protocol_version: "1.0.0".into(),
-                    message_id: uuid::Uuid::now_v7().to_string(),
-                    correlation_id: correlation.to_owned(),
-                    server_timestamp_ns: received_ns,
-                    payload: Some(payload),
-                    ..Envelope::default()
-                };
-                Reply::Frame(prost::Message::encode_to_vec(&env))
-            }
+            None => Reply::Frame(unsealed(correlation, received_ns, payload)),
         }
     }
 
@@ -820,6 +810,38 @@ impl<S: SessionStore> Service<S> {
             audit_entry_id: entry.entry_id.to_string(),
         }))
     }
+}
+
+/// An unauthenticated reply body: only ever an `Error`, sent before the daemon knows which
+/// key to seal with (clients treat it as a failure, never a verdict).
+fn unsealed(correlation: &str, received_ns: i64, payload: Payload) -> Vec<u8> {
+    let env = Envelope {
+        protocol_version: SUPPORTED_VERSIONS
+            .first()
+            .copied()
+            .unwrap_or("1.0.0")
+            .to_owned(),
+        message_id: uuid::Uuid::now_v7().to_string(),
+        correlation_id: correlation.to_owned(),
+        server_timestamp_ns: received_ns,
+        payload: Some(payload),
+        ..Envelope::default()
+    };
+    prost::Message::encode_to_vec(&env)
+}
+
+/// The body of an unsealed `Error` reply, for the transport's own refusals (oversize
+/// frames, timeouts, too many connections), which come before any request is read.
+pub fn transport_error(code: ErrorCode, message: &str) -> Vec<u8> {
+    unsealed(
+        "",
+        0,
+        Payload::Error(sp1::Error {
+            code: code as i32,
+            message: message.to_owned(),
+            retry_after_ms: 0,
+        }),
+    )
 }
 
 /// What a pre-exec closure decided.
