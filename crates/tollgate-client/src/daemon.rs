@@ -525,23 +525,18 @@ fn deliver(waiters: &Waiters, key: &MessageKey, body: &[u8]) {
     let Some(tx) = lock_waiters(waiters).remove(&correlation) else {
         return;
     };
+    // An unauthenticated error (sent before the daemon knew our key) is still a failure;
+    // anything else unauthenticated is a forgery.
+    let unsealed_error = match &unverified.envelope().payload {
+        Some(Payload::Error(e)) => Some(ClientError::Refused {
+            code: sp1::ErrorCode::try_from(e.code).unwrap_or(sp1::ErrorCode::Unspecified),
+            message: e.message.clone(),
+        }),
+        _ => None,
+    };
     let result = match unverified.verify(key) {
         Ok(v) => Ok(v.into_inner()),
-        Err(_) => {
-            // Unauthenticated errors (sent before the daemon knew our key) are still
-            // failures; anything else unauthenticated is a forgery.
-            let env = Unverified::decode(body).map(|u| u.envelope().clone());
-            match env {
-                Ok(Envelope {
-                    payload: Some(Payload::Error(e)),
-                    ..
-                }) => Err(ClientError::Refused {
-                    code: sp1::ErrorCode::try_from(e.code).unwrap_or(sp1::ErrorCode::Unspecified),
-                    message: e.message,
-                }),
-                _ => Err(ClientError::BadMac),
-            }
-        }
+        Err(_) => Err(unsealed_error.unwrap_or(ClientError::BadMac)),
     };
     let _ = tx.send(result);
 }
