@@ -99,8 +99,12 @@ impl Guard {
         estimated_cost: Money,
         nonce: u64,
     ) -> Checked {
-        let raw = json::to_canonical_vec(params)
-            .ok()
+        // The params' text is only read by error amplification; write it only then.
+        let raw = self
+            .config
+            .error_amplification
+            .then(|| json::to_canonical_vec(params).ok())
+            .flatten()
             .and_then(|b| String::from_utf8(b).ok());
         let call = ToolCall {
             tool_name: tool,
