@@ -219,20 +219,7 @@ impl<S: SessionStore> Service<S> {
         received_ns: i64,
         payload: Payload,
     ) -> Reply {
-        let env = Envelope {
-            protocol_version: SUPPORTED_VERSIONS
-                .first()
-                .copied()
-                .unwrap_or("1.0.0")
-                .to_owned(),
-            message_id: uuid::Uuid::now_v7().to_string(),
-            correlation_id: correlation.to_owned(),
-            client_timestamp_ns: 0,
-            server_timestamp_ns: received_ns,
-            hmac: Vec::new(),
-            payload: Some(payload),
-        };
-        match auth::seal(key, &env) {
+        match auth::seal(key, &reply_envelope(correlation, received_ns, payload)) {
             Ok(body) => Reply::Frame(body),
             Err(e) => {
                 tracing::error!("response too large to send: {e}");
@@ -815,7 +802,12 @@ impl<S: SessionStore> Service<S> {
 /// An unauthenticated reply body: only ever an `Error`, sent before the daemon knows which
 /// key to seal with (clients treat it as a failure, never a verdict).
 fn unsealed(correlation: &str, received_ns: i64, payload: Payload) -> Vec<u8> {
-    let env = Envelope {
+    prost::Message::encode_to_vec(&reply_envelope(correlation, received_ns, payload))
+}
+
+/// The envelope of every reply: our version, a fresh id, the request's id as correlation.
+fn reply_envelope(correlation: &str, received_ns: i64, payload: Payload) -> Envelope {
+    Envelope {
         protocol_version: SUPPORTED_VERSIONS
             .first()
             .copied()
@@ -823,11 +815,11 @@ fn unsealed(correlation: &str, received_ns: i64, payload: Payload) -> Vec<u8> {
             .to_owned(),
         message_id: uuid::Uuid::now_v7().to_string(),
         correlation_id: correlation.to_owned(),
+        client_timestamp_ns: 0,
         server_timestamp_ns: received_ns,
+        hmac: Vec::new(),
         payload: Some(payload),
-        ..Envelope::default()
-    };
-    prost::Message::encode_to_vec(&env)
+    }
 }
 
 /// The body of an unsealed `Error` reply, for the transport's own refusals (oversize
