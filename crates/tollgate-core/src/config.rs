@@ -3,6 +3,10 @@
 use std::fmt;
 use std::str::FromStr;
 
+use std::collections::BTreeMap;
+
+use crate::digest::Digest;
+use crate::json::{self, Number, Value};
 use crate::types::Money;
 
 /// When a human is asked.
@@ -122,6 +126,16 @@ pub enum Settlement {
     Actual,
 }
 
+impl Settlement {
+    /// The lowercase name.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Settlement::Conservative => "conservative",
+            Settlement::Actual => "actual",
+        }
+    }
+}
+
 impl FromStr for Settlement {
     type Err = UnknownWord;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
@@ -178,8 +192,14 @@ impl Ratio {
     }
 }
 
-/// The policy for one guard (SP/1.0 §5.2). Every limit is off when zero.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+/// How many recent nonces a session remembers by default (see [`NonceWindow`](crate::state::NonceWindow)).
+pub const DEFAULT_NONCE_WINDOW: u32 = 1024;
+/// How many unsettled reservations a session keeps by default.
+pub const DEFAULT_MAX_RESERVATIONS: u32 = 1024;
+
+/// The policy for one guard (SP/1.0 §5.2). Every limit is off when zero, except the two
+/// bounds on remembered history (`nonce_window`, `max_reservations`), which are at least 1.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GuardConfig {
     /// Budget; zero disables every budget rule.
     pub budget: Money,
@@ -209,6 +229,38 @@ pub struct GuardConfig {
     pub settlement: Settlement,
     /// For nested guard trees (carried, not interpreted by the core).
     pub parent_guard_id: Option<String>,
+    /// How many of the most recent allowed nonces a session remembers for rule 3 (at
+    /// least 1; default [`DEFAULT_NONCE_WINDOW`]). Older nonces are forgotten; the daemon's
+    /// strictly increasing call numbers refuse replayed messages whatever their age.
+    pub nonce_window: u32,
+    /// How many allowed calls may await their post-exec report (at least 1; default
+    /// [`DEFAULT_MAX_RESERVATIONS`]). Past that, the oldest reservation is settled at its
+    /// estimate (what it reserved stays spent) and forgotten; a late report for it is
+    /// charged like a report for a call with no reservation.
+    pub max_reservations: u32,
+}
+
+impl Default for GuardConfig {
+    fn default() -> Self {
+        GuardConfig {
+            budget: Money::ZERO,
+            budget_scope: BudgetScope::PerSession,
+            max_repeat_calls: 0,
+            error_amplification: false,
+            timeout_seconds: 0,
+            window_duration_s: 0,
+            window_max_calls: 0,
+            max_total_calls: 0,
+            probabilistic_deny: false,
+            deny_jitter_ratio: Ratio::default(),
+            hitl_mode: HitlMode::Never,
+            hitl_budget_threshold: Ratio::default(),
+            settlement: Settlement::Conservative,
+            parent_guard_id: None,
+            nonce_window: DEFAULT_NONCE_WINDOW,
+            max_reservations: DEFAULT_MAX_RESERVATIONS,
+        }
+    }
 }
 
 impl GuardConfig {
@@ -221,6 +273,189 @@ impl GuardConfig {
     pub const fn window_enabled(&self) -> bool {
         self.window_duration_s > 0 && self.window_max_calls > 0
     }
+
+    /// The configuration as a JSON object with every field, exact (money in nano-dollars,
+    /// ratios in parts per million): what a session-opened audit entry records, in
+    /// canonical form (see [`GuardConfig::to_canonical_json`]).
+    ///
+    /// ```text
+    /// {"budget_nanos":500000000,"budget_scope":"per_session","deny_jitter_ratio_ppm":0,
+    ///  "error_amplification":false,"hitl_budget_threshold_ppm":0,"hitl_mode":"never",
+    ///  "max_repeat_calls":3,"max_reservations":1024,"max_total_calls":0,
+    ///  "nonce_window":1024,"parent_guard_id":null,"probabilistic_deny":false,
+    ///  "settlement":"conservative","timeout_seconds":0,"v":1,"window_duration_s":0,
+    ///  "window_max_calls":0}
+    /// ```
+    pub fn to_json(&self) -> Value {
+        let mut m = BTreeMap::new();
+        let mut put = |k: &str, v: Value| {
+            m.insert(k.to_owned(), v);
+        };
+        put("v", uint(CONFIG_JSON_VERSION));
+        put("budget_nanos", Value::from(self.budget.0));
+        put("budget_scope", Value::from(self.budget_scope.as_str()));
+        put("max_repeat_calls", uint(self.max_repeat_calls));
+        put("error_amplification", Value::Bool(self.error_amplification));
+        put("timeout_seconds", uint(self.timeout_seconds));
+        put("window_duration_s", uint(self.window_duration_s));
+        put("window_max_calls", uint(self.window_max_calls));
+        put("max_total_calls", uint(self.max_total_calls));
+        put("probabilistic_deny", Value::Bool(self.probabilistic_deny));
+        put("deny_jitter_ratio_ppm", uint(self.deny_jitter_ratio.ppm()));
+        put("hitl_mode", Value::from(self.hitl_mode.as_str()));
+        put(
+            "hitl_budget_threshold_ppm",
+            uint(self.hitl_budget_threshold.ppm()),
+        );
+        put("settlement", Value::from(self.settlement.as_str()));
+        put(
+            "parent_guard_id",
+            self.parent_guard_id
+                .as_deref()
+                .map_or(Value::Null, Value::from),
+        );
+        put("nonce_window", uint(self.nonce_window));
+        put("max_reservations", uint(self.max_reservations));
+        Value::Object(m)
+    }
+
+    /// The canonical JSON text of [`GuardConfig::to_json`].
+    pub fn to_canonical_json(&self) -> String {
+        let bytes = json::to_canonical_vec(&self.to_json()).unwrap_or_default();
+        String::from_utf8(bytes).unwrap_or_default()
+    }
+
+    /// SHA-256 of [`GuardConfig::to_canonical_json`]: names the policy a session runs under.
+    pub fn digest(&self) -> Digest {
+        Digest::of(self.to_canonical_json().as_bytes())
+    }
+
+    /// Read a configuration written by [`GuardConfig::to_json`]. Strict: the version must
+    /// match, every key must be present with its exact type and range, and no other key
+    /// may appear.
+    pub fn from_json(v: &Value) -> Result<GuardConfig, ConfigJsonError> {
+        let Value::Object(m) = v else {
+            return Err(ConfigJsonError::NotAnObject);
+        };
+        const KEYS: [&str; 17] = [
+            "v",
+            "budget_nanos",
+            "budget_scope",
+            "max_repeat_calls",
+            "error_amplification",
+            "timeout_seconds",
+            "window_duration_s",
+            "window_max_calls",
+            "max_total_calls",
+            "probabilistic_deny",
+            "deny_jitter_ratio_ppm",
+            "hitl_mode",
+            "hitl_budget_threshold_ppm",
+            "settlement",
+            "parent_guard_id",
+            "nonce_window",
+            "max_reservations",
+        ];
+        if let Some(k) = m.keys().find(|k| !KEYS.contains(&k.as_str())) {
+            return Err(ConfigJsonError::UnknownKey(k.clone()));
+        }
+        let get = |k: &'static str| m.get(k).ok_or(ConfigJsonError::Missing(k));
+        let int = |k: &'static str| -> Result<i128, ConfigJsonError> {
+            match get(k)? {
+                Value::Number(Number::Int(i)) => Ok(*i),
+                _ => Err(ConfigJsonError::Invalid(k)),
+            }
+        };
+        let u32_of = |k: &'static str| -> Result<u32, ConfigJsonError> {
+            u32::try_from(int(k)?).map_err(|_| ConfigJsonError::Invalid(k))
+        };
+        let boolean = |k: &'static str| -> Result<bool, ConfigJsonError> {
+            match get(k)? {
+                Value::Bool(b) => Ok(*b),
+                _ => Err(ConfigJsonError::Invalid(k)),
+            }
+        };
+        let word = |k: &'static str| -> Result<&str, ConfigJsonError> {
+            match get(k)? {
+                Value::String(s) => Ok(s.as_str()),
+                _ => Err(ConfigJsonError::Invalid(k)),
+            }
+        };
+        let ppm = |k: &'static str| -> Result<Ratio, ConfigJsonError> {
+            let p = u32_of(k)?;
+            if p > Ratio::ONE_PPM {
+                return Err(ConfigJsonError::Invalid(k));
+            }
+            Ok(Ratio::from_ppm(p))
+        };
+        if int("v")? != i128::from(CONFIG_JSON_VERSION) {
+            return Err(ConfigJsonError::Invalid("v"));
+        }
+        let budget = i64::try_from(int("budget_nanos")?)
+            .ok()
+            .filter(|b| *b >= 0)
+            .ok_or(ConfigJsonError::Invalid("budget_nanos"))?;
+        let parent_guard_id = match get("parent_guard_id")? {
+            Value::Null => None,
+            Value::String(s) => Some(s.clone()),
+            _ => return Err(ConfigJsonError::Invalid("parent_guard_id")),
+        };
+        let at_least_one = |k: &'static str| -> Result<u32, ConfigJsonError> {
+            u32_of(k)
+                .ok()
+                .filter(|n| *n >= 1)
+                .ok_or(ConfigJsonError::Invalid(k))
+        };
+        Ok(GuardConfig {
+            budget: Money(budget),
+            budget_scope: word("budget_scope")?
+                .parse()
+                .map_err(|_| ConfigJsonError::Invalid("budget_scope"))?,
+            max_repeat_calls: u32_of("max_repeat_calls")?,
+            error_amplification: boolean("error_amplification")?,
+            timeout_seconds: u32_of("timeout_seconds")?,
+            window_duration_s: u32_of("window_duration_s")?,
+            window_max_calls: u32_of("window_max_calls")?,
+            max_total_calls: u64::try_from(int("max_total_calls")?)
+                .map_err(|_| ConfigJsonError::Invalid("max_total_calls"))?,
+            probabilistic_deny: boolean("probabilistic_deny")?,
+            deny_jitter_ratio: ppm("deny_jitter_ratio_ppm")?,
+            hitl_mode: word("hitl_mode")?
+                .parse()
+                .map_err(|_| ConfigJsonError::Invalid("hitl_mode"))?,
+            hitl_budget_threshold: ppm("hitl_budget_threshold_ppm")?,
+            settlement: word("settlement")?
+                .parse()
+                .map_err(|_| ConfigJsonError::Invalid("settlement"))?,
+            parent_guard_id,
+            nonce_window: at_least_one("nonce_window")?,
+            max_reservations: at_least_one("max_reservations")?,
+        })
+    }
+}
+
+fn uint(n: impl Into<u64>) -> Value {
+    Value::Number(Number::Int(i128::from(n.into())))
+}
+
+/// The version of the JSON form [`GuardConfig::to_json`] writes.
+pub const CONFIG_JSON_VERSION: u32 = 1;
+
+/// Why a JSON value is not a configuration [`GuardConfig::to_json`] wrote.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigJsonError {
+    /// The value is not a JSON object.
+    #[error("a guard configuration must be a JSON object")]
+    NotAnObject,
+    /// A key is missing.
+    #[error("guard configuration: missing key `{0}`")]
+    Missing(&'static str),
+    /// A key this version does not write.
+    #[error("guard configuration: unknown key `{0}`")]
+    UnknownKey(String),
+    /// A value has the wrong type or is out of range.
+    #[error("guard configuration: invalid `{0}`")]
+    Invalid(&'static str),
 }
 
 #[cfg(test)]
@@ -244,6 +479,57 @@ mod tests {
             BudgetScope::PerOrganization
         );
         assert_eq!("actual".parse::<Settlement>().unwrap(), Settlement::Actual);
+    }
+
+    #[test]
+    fn config_json_round_trips_and_is_strict() {
+        let c = GuardConfig {
+            budget: Money(500_000_000),
+            budget_scope: BudgetScope::PerAgent,
+            max_repeat_calls: 3,
+            hitl_mode: HitlMode::OnThreshold,
+            hitl_budget_threshold: Ratio::from_ppm(150_000),
+            settlement: Settlement::Actual,
+            parent_guard_id: Some("p".into()),
+            nonce_window: 7,
+            ..GuardConfig::default()
+        };
+        let text = c.to_canonical_json();
+        assert!(text.starts_with(r#"{"budget_nanos":500000000,"budget_scope":"per_agent","#));
+        let back = GuardConfig::from_json(&json::parse_str(&text).unwrap()).unwrap();
+        assert_eq!(back, c);
+        assert_eq!(back.digest(), c.digest());
+        assert_ne!(GuardConfig::default().digest(), c.digest());
+        for (from, to, want) in [
+            (r#""v":1"#, r#""v":2"#, ConfigJsonError::Invalid("v")),
+            (
+                r#""nonce_window":7"#,
+                r#""nonce_window":0"#,
+                ConfigJsonError::Invalid("nonce_window"),
+            ),
+            (
+                r#""budget_nanos":500000000"#,
+                r#""budget_nanos":-1"#,
+                ConfigJsonError::Invalid("budget_nanos"),
+            ),
+            (
+                r#""v":1"#,
+                r#""v":1,"x":1"#,
+                ConfigJsonError::UnknownKey("x".into()),
+            ),
+            (
+                r#","settlement":"actual""#,
+                "",
+                ConfigJsonError::Missing("settlement"),
+            ),
+        ] {
+            let bad = text.replace(from, to);
+            assert_eq!(
+                GuardConfig::from_json(&json::parse_str(&bad).unwrap()),
+                Err(want),
+                "{bad}"
+            );
+        }
     }
 
     #[test]

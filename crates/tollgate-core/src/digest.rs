@@ -33,6 +33,12 @@ impl Digest {
         <[u8; 32]>::try_from(bytes).ok().map(Digest)
     }
 
+    /// SHA-256 of `bytes`.
+    pub fn of(bytes: &[u8]) -> Digest {
+        use sha2::Digest as _;
+        Digest(sha2::Sha256::digest(bytes).into())
+    }
+
     /// The raw bytes.
     pub fn as_bytes(&self) -> &[u8; 32] {
         &self.0

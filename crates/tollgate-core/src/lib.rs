@@ -40,12 +40,15 @@ pub mod types;
 pub mod vectors;
 
 pub use call::{NonCanonical, Params, ToolCall};
-pub use config::{BudgetScope, GuardConfig, HitlMode, Ratio, Settlement};
+pub use config::{
+    BudgetScope, ConfigJsonError, GuardConfig, HitlMode, Ratio, Settlement,
+    DEFAULT_MAX_RESERVATIONS, DEFAULT_NONCE_WINDOW,
+};
 pub use decide::{decide, draw_from_bytes};
 pub use digest::Digest;
 pub use state::{
-    HumanDecision, NonceSet, PendingTransition, SessionState, SessionStatus, TransitionStatus,
+    HumanDecision, NonceWindow, PendingTransition, SessionState, SessionStatus, TransitionStatus,
     UnixNanos,
 };
-pub use transition::{apply_decision, apply_post_exec, record_human_decision, Successor};
-pub use types::{Decision, DenyReason, Money, Reason, Verdict};
+pub use transition::{apply_decision, apply_post_exec, record_human_decision, Settled, Successor};
+pub use types::{Decision, DenyReason, Money, Reason, ReportedCost, Verdict};

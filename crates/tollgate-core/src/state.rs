@@ -1,6 +1,6 @@
 //! Session state: what `decide` reads and the transitions write.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet, VecDeque};
 use std::fmt;
 
 use crate::digest::Digest;
@@ -190,6 +190,9 @@ pub struct PendingTransition {
     pub resume_attempt: bool,
     /// The tool the original call named (for operators; not used by `decide`).
     pub tool_name: Option<String>,
+    /// The held call's own call number in its session (for operators and the audit log;
+    /// not used by `decide`). Zero when unknown (a transition supplied by a vector).
+    pub call_number: u64,
     /// When the HITL verdict was given.
     pub requested_at_ns: UnixNanos,
 }
@@ -204,138 +207,104 @@ pub struct Reservation {
     pub deducted: Money,
 }
 
-/// The nonces a session has seen: a set that also remembers what was inserted or removed
-/// since its changes were last taken, so a store can persist a change of one nonce without
-/// comparing whole sets (sessions see many thousands).
+/// The nonces of a session's most recent allowed calls: a bounded window, oldest first.
 ///
-/// Equality and the encoding look only at the set; the change log is bookkeeping.
+/// SP/1.0 rule 3 refuses a call whose nonce was seen. Remembering every nonce forever
+/// makes a session's state (and the cost of keeping it) grow with its history, so a
+/// session keeps only its last [`GuardConfig::nonce_window`](crate::GuardConfig) allowed
+/// nonces. That still refuses every replay the daemon can receive: a replayed *message*
+/// carries an old call number, and call numbers must increase strictly (the MAC covers
+/// them), so the daemon refuses it before `decide` runs; what the window adds is refusing
+/// a *re-dispatch* of a recent call under a new call number with its old nonce (a client
+/// retrying an answered call), which happens within seconds, not thousands of calls.
+///
+/// Membership is O(1) (a hash set beside the insertion-ordered queue); equality and the
+/// encoding follow the insertion order.
 #[derive(Debug, Clone, Default)]
-pub struct NonceSet {
-    set: BTreeSet<u64>,
-    /// Every nonce inserted or removed since the changes were last taken, with whether it
-    /// was in the set before the first of those edits.
-    touched: BTreeMap<u64, bool>,
+pub struct NonceWindow {
+    /// Oldest first; no duplicates.
+    order: VecDeque<u64>,
+    /// The same nonces, for O(1) membership.
+    set: HashSet<u64>,
 }
 
-impl PartialEq for NonceSet {
+impl PartialEq for NonceWindow {
     fn eq(&self, other: &Self) -> bool {
-        self.set == other.set
+        self.order == other.order
     }
 }
 
-impl Eq for NonceSet {}
+impl Eq for NonceWindow {}
 
-impl NonceSet {
-    /// An empty set.
-    pub fn new() -> NonceSet {
-        NonceSet::default()
+impl NonceWindow {
+    /// An empty window.
+    pub fn new() -> NonceWindow {
+        NonceWindow::default()
     }
 
-    /// Whether `n` was seen.
+    /// Whether `n` is in the window.
     pub fn contains(&self, n: &u64) -> bool {
         self.set.contains(n)
     }
 
-    /// Record `n`; true if it was new.
-    pub fn insert(&mut self, n: u64) -> bool {
+    /// Record `n` as the newest nonce (a nonce already present is left where it is), then
+    /// forget the oldest until at most `capacity` remain (at least one is always kept).
+    /// True if `n` was new.
+    pub fn insert(&mut self, n: u64, capacity: usize) -> bool {
         let new = self.set.insert(n);
         if new {
-            self.touched.entry(n).or_insert(false);
+            self.order.push_back(n);
+        }
+        let cap = capacity.max(1);
+        while self.order.len() > cap {
+            if let Some(old) = self.order.pop_front() {
+                self.set.remove(&old);
+            }
         }
         new
     }
 
-    /// Forget `n`; true if it was there.
-    pub fn remove(&mut self, n: &u64) -> bool {
-        let was = self.set.remove(n);
-        if was {
-            self.touched.entry(*n).or_insert(true);
-        }
-        was
-    }
-
-    /// Forget the smallest nonce.
-    pub fn pop_first(&mut self) -> Option<u64> {
-        let n = self.set.pop_first()?;
-        self.touched.entry(n).or_insert(true);
-        Some(n)
-    }
-
-    /// Forget every nonce.
-    pub fn clear(&mut self) {
-        let old = std::mem::take(&mut self.set);
-        for n in old {
-            self.touched.entry(n).or_insert(true);
-        }
-    }
-
     /// How many nonces are remembered.
     pub fn len(&self) -> usize {
-        self.set.len()
+        self.order.len()
     }
 
     /// Whether none are.
     pub fn is_empty(&self) -> bool {
-        self.set.is_empty()
+        self.order.is_empty()
     }
 
-    /// The nonces in ascending order.
-    pub fn iter(&self) -> std::collections::btree_set::Iter<'_, u64> {
-        self.set.iter()
+    /// The nonces, oldest first.
+    pub fn iter(&self) -> std::collections::vec_deque::Iter<'_, u64> {
+        self.order.iter()
     }
+}
 
-    /// The underlying set.
-    pub fn as_set(&self) -> &BTreeSet<u64> {
-        &self.set
-    }
-
-    /// The net changes since the last call, `(added, removed)`, and forget them. A nonce
-    /// added and then removed (or the reverse) in between appears in neither list.
-    pub fn take_changes(&mut self) -> (Vec<u64>, Vec<u64>) {
-        let (mut added, mut removed) = (Vec::new(), Vec::new());
-        for (n, was) in std::mem::take(&mut self.touched) {
-            match (was, self.set.contains(&n)) {
-                (false, true) => added.push(n),
-                (true, false) => removed.push(n),
-                _ => {}
+impl FromIterator<u64> for NonceWindow {
+    /// A window of these nonces in this order (later duplicates are dropped), unbounded:
+    /// the capacity applies when the next nonce is inserted.
+    fn from_iter<I: IntoIterator<Item = u64>>(iter: I) -> Self {
+        let mut w = NonceWindow::new();
+        for n in iter {
+            if w.set.insert(n) {
+                w.order.push_back(n);
             }
         }
-        (added, removed)
+        w
     }
 }
 
-impl Extend<u64> for NonceSet {
-    fn extend<I: IntoIterator<Item = u64>>(&mut self, iter: I) {
-        for n in iter {
-            self.insert(n);
-        }
-    }
-}
-
-impl FromIterator<u64> for NonceSet {
-    /// A set built whole: it starts with no pending changes.
-    fn from_iter<I: IntoIterator<Item = u64>>(iter: I) -> Self {
-        NonceSet {
-            set: iter.into_iter().collect(),
-            touched: BTreeMap::new(),
-        }
-    }
-}
-
-impl From<BTreeSet<u64>> for NonceSet {
+impl From<BTreeSet<u64>> for NonceWindow {
     fn from(set: BTreeSet<u64>) -> Self {
-        NonceSet {
-            set,
-            touched: BTreeMap::new(),
-        }
+        set.into_iter().collect()
     }
 }
 
-impl<'a> IntoIterator for &'a NonceSet {
+impl<'a> IntoIterator for &'a NonceWindow {
     type Item = &'a u64;
-    type IntoIter = std::collections::btree_set::Iter<'a, u64>;
+    type IntoIter = std::collections::vec_deque::Iter<'a, u64>;
     fn into_iter(self) -> Self::IntoIter {
-        self.set.iter()
+        self.order.iter()
     }
 }
 
@@ -353,11 +322,15 @@ pub struct SessionState {
     pub budget_remaining: Money,
     /// What settled calls have been charged.
     pub budget_spent: Money,
-    /// Reservations of allowed calls awaiting their post-exec report, by call number.
+    /// Reservations of allowed calls awaiting their post-exec report, by call number; at
+    /// most [`GuardConfig::max_reservations`](crate::GuardConfig) (the oldest beyond that
+    /// are settled at their estimate).
     pub reservations: BTreeMap<u64, Reservation>,
     /// Calls allowed so far.
     pub total_calls: u64,
-    /// Per tool: how many identical calls in a row, counting the first.
+    /// How many identical calls in a row, counting the first, for the last allowed call's
+    /// tool (only that tool's run can be read by the repeat rule, so the transitions keep
+    /// no other entry; vectors may supply several).
     pub repeat_counts: BTreeMap<String, u32>,
     /// Per tool: calls allowed in the current window.
     pub window_counts: BTreeMap<String, u32>,
@@ -369,8 +342,8 @@ pub struct SessionState {
     pub circuit_trip_reason: Option<Reason>,
     /// When it tripped.
     pub circuit_tripped_at_ns: UnixNanos,
-    /// Nonces of allowed calls.
-    pub seen_nonces: NonceSet,
+    /// Nonces of the most recent allowed calls (a bounded window; see [`NonceWindow`]).
+    pub seen_nonces: NonceWindow,
     /// The last allowed call's tool.
     pub last_tool_name: Option<String>,
     /// The last allowed call's params hash; `None` when unknown, which the repeat rule
@@ -424,22 +397,26 @@ mod tests {
     use super::*;
 
     #[test]
-    fn nonce_set_reports_net_changes_once() {
-        let mut s: NonceSet = [1, 2, 3].into_iter().collect();
-        assert_eq!(s.take_changes(), (vec![], vec![]));
-        assert!(s.insert(9));
-        assert!(!s.insert(9));
-        assert!(s.insert(4));
-        assert!(s.remove(&2));
-        assert!(s.insert(7));
-        assert!(s.remove(&7)); // added then removed: no net change
-        assert_eq!(s.take_changes(), (vec![4, 9], vec![2]));
-        assert_eq!(s.take_changes(), (vec![], vec![]));
-        assert!(s.remove(&9));
-        assert!(s.insert(9)); // removed then added back: no net change
-        assert_eq!(s.take_changes(), (vec![], vec![]));
-        assert_eq!(s.iter().copied().collect::<Vec<_>>(), vec![1, 3, 4, 9]);
-        let t: NonceSet = [1, 3, 4, 9].into_iter().collect();
-        assert_eq!(s, t);
+    fn nonce_window_forgets_the_oldest() {
+        let mut w = NonceWindow::new();
+        for n in [5, 1, 9] {
+            assert!(w.insert(n, 3));
+        }
+        assert!(!w.insert(1, 3), "present: not new, not moved");
+        assert_eq!(w.iter().copied().collect::<Vec<_>>(), vec![5, 1, 9]);
+        assert!(w.insert(7, 3));
+        assert_eq!(w.iter().copied().collect::<Vec<_>>(), vec![1, 9, 7]);
+        assert!(!w.contains(&5) && w.contains(&7) && w.contains(&1));
+        // A capacity of zero still keeps the newest.
+        assert!(w.insert(8, 0));
+        assert_eq!(w.iter().copied().collect::<Vec<_>>(), vec![8]);
+        assert_eq!(w.len(), 1);
+        let v: NonceWindow = [3, 3, 2].into_iter().collect();
+        assert_eq!(v.iter().copied().collect::<Vec<_>>(), vec![3, 2]);
+        assert_ne!(
+            v,
+            [2, 3].into_iter().collect::<NonceWindow>(),
+            "order counts"
+        );
     }
 }

@@ -25,17 +25,18 @@
 //! [`TransitionStatus::Other`]) are written as `{"other":"word"}`, so that an unknown
 //! word that happens to spell a known one still round-trips exactly.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use crate::digest::Digest;
 use crate::json::{self, Limits, Number, Value};
 use crate::state::{
-    HumanDecision, PendingTransition, Reservation, SessionState, SessionStatus, TransitionStatus,
+    HumanDecision, NonceWindow, PendingTransition, Reservation, SessionState, SessionStatus,
+    TransitionStatus,
 };
 use crate::types::{Money, Reason};
 
 /// The encoding version this code writes and the only one it reads.
-pub const VERSION: u64 = 1;
+pub const VERSION: u64 = 2;
 
 /// Bounds for one decode.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -103,17 +104,6 @@ pub enum StateCodecError {
 
 /// The state as a JSON value (the form [`encode`] writes).
 pub fn to_value(state: &SessionState) -> Value {
-    build(state, true)
-}
-
-/// Like [`to_value`], but with `seen_nonces` written as `[]`: for stores that keep the
-/// (ever-growing) nonce set elsewhere and write only its changes. Decoding such a value
-/// gives the state with no nonces; the store adds them back.
-pub fn to_value_without_nonces(state: &SessionState) -> Value {
-    build(state, false)
-}
-
-fn build(state: &SessionState, nonces: bool) -> Value {
     let mut m = BTreeMap::new();
     put(&mut m, "v", uint(VERSION));
     put(&mut m, "status", Value::from(status_str(state.status)));
@@ -157,11 +147,7 @@ fn build(state: &SessionState, nonces: bool) -> Value {
     put(
         &mut m,
         "seen_nonces",
-        Value::Array(if nonces {
-            state.seen_nonces.iter().map(|n| uint(*n)).collect()
-        } else {
-            Vec::new()
-        }),
+        Value::Array(state.seen_nonces.iter().map(|n| uint(*n)).collect()),
     );
     put(
         &mut m,
@@ -188,182 +174,10 @@ fn build(state: &SessionState, nonces: bool) -> Value {
     Value::Object(m)
 }
 
-/// The canonical bytes of the state.
+/// The canonical bytes of the state: [`to_value`] through the canonical writer.
 pub fn encode(state: &SessionState) -> Vec<u8> {
-    let mut out = Vec::with_capacity(512);
-    write_state(state, true, &mut out);
-    out
-}
-
-/// Append the canonical bytes of the state to `out`: exactly the bytes of
-/// [`to_value`] (or, without nonces, [`to_value_without_nonces`]) through the canonical
-/// writer, written directly, without building the value. For stores on a hot path.
-pub fn write_state(state: &SessionState, nonces: bool, out: &mut Vec<u8>) {
-    // Keys in byte order, as the canonical writer sorts them.
-    out.push(b'{');
-    key(out, "budget_initial", true);
-    num(out, i128::from(state.budget_initial.0));
-    key(out, "budget_remaining", false);
-    num(out, i128::from(state.budget_remaining.0));
-    key(out, "budget_spent", false);
-    num(out, i128::from(state.budget_spent.0));
-    key(out, "circuit_trip_reason", false);
-    match state.circuit_trip_reason {
-        Some(r) => string(out, r.as_str()),
-        None => out.extend_from_slice(b"null"),
-    }
-    key(out, "circuit_tripped", false);
-    boolean(out, state.circuit_tripped);
-    key(out, "circuit_tripped_at_ns", false);
-    num(out, i128::from(state.circuit_tripped_at_ns));
-    key(out, "last_activity_ns", false);
-    num(out, i128::from(state.last_activity_ns));
-    key(out, "last_error_signal", false);
-    boolean(out, state.last_error_signal);
-    key(out, "last_params_hash", false);
-    digest(out, state.last_params_hash);
-    key(out, "last_tool_name", false);
-    opt_string(out, state.last_tool_name.as_deref());
-    key(out, "pending", false);
-    match &state.pending {
-        None => out.extend_from_slice(b"null"),
-        Some(p) => {
-            out.push(b'{');
-            key(out, "decision", true);
-            match &p.decision {
-                HumanDecision::Unknown(w) => other(out, w),
-                d => string(out, d.as_str()),
-            }
-            key(out, "original_args_digest", false);
-            digest(out, p.original_args_digest);
-            key(out, "original_nonce", false);
-            opt_num(out, p.original_nonce);
-            key(out, "requested_at_ns", false);
-            num(out, i128::from(p.requested_at_ns));
-            key(out, "resume_attempt", false);
-            boolean(out, p.resume_attempt);
-            key(out, "successor_args_digest", false);
-            digest(out, p.successor_args_digest);
-            key(out, "successor_nonce", false);
-            opt_num(out, p.successor_nonce);
-            key(out, "terminal_status", false);
-            match &p.terminal_status {
-                TransitionStatus::Other(w) => other(out, w),
-                t => string(out, t.as_str()),
-            }
-            key(out, "tool_name", false);
-            opt_string(out, p.tool_name.as_deref());
-            out.push(b'}');
-        }
-    }
-    key(out, "repeat_counts", false);
-    count_map(out, &state.repeat_counts);
-    key(out, "reservations", false);
-    out.push(b'[');
-    for (i, (call, r)) in state.reservations.iter().enumerate() {
-        if i > 0 {
-            out.push(b',');
-        }
-        out.push(b'[');
-        num(out, i128::from(*call));
-        out.push(b',');
-        num(out, i128::from(r.estimated.0));
-        out.push(b',');
-        num(out, i128::from(r.deducted.0));
-        out.push(b']');
-    }
-    out.push(b']');
-    key(out, "seen_nonces", false);
-    out.push(b'[');
-    if nonces {
-        for (i, n) in state.seen_nonces.iter().enumerate() {
-            if i > 0 {
-                out.push(b',');
-            }
-            num(out, i128::from(*n));
-        }
-    }
-    out.push(b']');
-    key(out, "started_at_ns", false);
-    num(out, i128::from(state.started_at_ns));
-    key(out, "status", false);
-    string(out, state.status.as_str());
-    key(out, "total_calls", false);
-    num(out, i128::from(state.total_calls));
-    key(out, "v", false);
-    num(out, i128::from(VERSION));
-    key(out, "window_counts", false);
-    count_map(out, &state.window_counts);
-    key(out, "window_start_ns", false);
-    num(out, i128::from(state.window_start_ns));
-    out.push(b'}');
-}
-
-/// `"k":`, preceded by a comma unless first. Keys here are plain ASCII.
-fn key(out: &mut Vec<u8>, k: &str, first: bool) {
-    if !first {
-        out.push(b',');
-    }
-    out.push(b'"');
-    out.extend_from_slice(k.as_bytes());
-    out.extend_from_slice(b"\":");
-}
-
-fn num(out: &mut Vec<u8>, n: i128) {
-    // The canonical writer's integer form is plain decimal; reuse it for exactness.
-    let _ = json::write_canonical(&Value::Number(Number::Int(n)), out);
-}
-
-fn string(out: &mut Vec<u8>, s: &str) {
-    let _ = json::write_canonical(&Value::String(s.to_owned()), out);
-}
-
-fn opt_string(out: &mut Vec<u8>, s: Option<&str>) {
-    match s {
-        Some(s) => string(out, s),
-        None => out.extend_from_slice(b"null"),
-    }
-}
-
-fn opt_num(out: &mut Vec<u8>, n: Option<u64>) {
-    match n {
-        Some(n) => num(out, i128::from(n)),
-        None => out.extend_from_slice(b"null"),
-    }
-}
-
-fn boolean(out: &mut Vec<u8>, b: bool) {
-    out.extend_from_slice(if b { b"true" } else { b"false" });
-}
-
-fn digest(out: &mut Vec<u8>, d: Option<Digest>) {
-    match d {
-        Some(d) => {
-            out.push(b'"');
-            out.extend_from_slice(d.to_string().as_bytes());
-            out.push(b'"');
-        }
-        None => out.extend_from_slice(b"null"),
-    }
-}
-
-fn other(out: &mut Vec<u8>, w: &str) {
-    out.extend_from_slice(b"{\"other\":");
-    string(out, w);
-    out.push(b'}');
-}
-
-fn count_map(out: &mut Vec<u8>, m: &BTreeMap<String, u32>) {
-    out.push(b'{');
-    for (i, (k, c)) in m.iter().enumerate() {
-        if i > 0 {
-            out.push(b',');
-        }
-        string(out, k);
-        out.push(b':');
-        num(out, i128::from(*c));
-    }
-    out.push(b'}');
+    // The state holds no floats, the only thing the canonical writer can refuse.
+    json::to_canonical_vec(&to_value(state)).unwrap_or_default()
 }
 
 /// Decode bytes written by [`encode`].
@@ -446,17 +260,18 @@ pub fn from_value(v: &Value) -> Result<SessionState, StateCodecError> {
     };
     let circuit_tripped_at_ns = get_i64(o.take("circuit_tripped_at_ns")?, "circuit_tripped_at_ns")?;
 
-    let mut seen_nonces = BTreeSet::new();
-    let mut last_nonce: Option<u64> = None;
-    for item in get_array(o.take("seen_nonces")?, "seen_nonces")? {
+    let mut seen_nonces = NonceWindow::new();
+    let nonces = get_array(o.take("seen_nonces")?, "seen_nonces")?;
+    for item in nonces {
         let n = get_u64(item, "seen_nonces")?;
-        if last_nonce.is_some_and(|p| p >= n) {
-            return Err(StateCodecError::NotIncreasing {
-                field: "seen_nonces",
-            });
-        }
-        last_nonce = Some(n);
-        seen_nonces.insert(n);
+        // Oldest first, each once: a repeated nonce has no place in a window.
+        seen_nonces.insert(n, usize::MAX);
+    }
+    if seen_nonces.len() != nonces.len() {
+        return Err(StateCodecError::Invalid {
+            field: "seen_nonces",
+            expected: "distinct nonces, oldest first",
+        });
     }
 
     let last_tool_name = get_opt_str(o.take("last_tool_name")?, "last_tool_name")?;
@@ -482,7 +297,7 @@ pub fn from_value(v: &Value) -> Result<SessionState, StateCodecError> {
         circuit_tripped,
         circuit_trip_reason,
         circuit_tripped_at_ns,
-        seen_nonces: seen_nonces.into(),
+        seen_nonces,
         last_tool_name,
         last_params_hash,
         last_error_signal,
@@ -584,6 +399,7 @@ fn pending_value(p: &PendingTransition) -> Value {
     put(&mut m, "resume_attempt", Value::Bool(p.resume_attempt));
     put(&mut m, "tool_name", opt_str(p.tool_name.as_deref()));
     put(&mut m, "requested_at_ns", int(p.requested_at_ns));
+    put(&mut m, "call_number", uint(p.call_number));
     Value::Object(m)
 }
 
@@ -628,7 +444,9 @@ fn parse_pending(v: &Value) -> Result<PendingTransition, StateCodecError> {
     let resume_attempt = get_bool(o.take("resume_attempt")?, "pending.resume_attempt")?;
     let tool_name = get_opt_str(o.take("tool_name")?, "pending.tool_name")?;
     let requested_at_ns = get_i64(o.take("requested_at_ns")?, "pending.requested_at_ns")?;
+    let call_number = get_u64(o.take("call_number")?, "pending.call_number")?;
     Ok(PendingTransition {
+        call_number,
         decision,
         original_nonce,
         original_args_digest,
@@ -819,12 +637,13 @@ const PENDING_KEYS: &[&str] = &[
     "resume_attempt",
     "tool_name",
     "requested_at_ns",
+    "call_number",
 ];
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use proptest::collection::{btree_map, btree_set};
+    use proptest::collection::btree_map;
     use proptest::prelude::*;
 
     fn digest() -> impl Strategy<Value = Digest> {
@@ -871,11 +690,12 @@ mod tests {
             resume_attempt in any::<bool>(),
             tool_name in proptest::option::of(".{0,16}"),
             requested_at_ns in any::<i64>(),
+            call_number in any::<u64>(),
         ) -> PendingTransition {
             PendingTransition {
                 decision, original_nonce, original_args_digest, successor_nonce,
                 successor_args_digest, terminal_status, resume_attempt, tool_name,
-                requested_at_ns,
+                requested_at_ns, call_number,
             }
         }
     }
@@ -894,7 +714,7 @@ mod tests {
             times in any::<[i64; 4]>(),
             circuit_tripped in any::<bool>(),
             reason in proptest::option::of(proptest::sample::select(Reason::ALL)),
-            seen_nonces in btree_set(any::<u64>(), 0..20),
+            seen_nonces in proptest::collection::vec(any::<u64>(), 0..20),
             last_tool_name in proptest::option::of(".{0,16}"),
             last_params_hash in proptest::option::of(digest()),
             last_error_signal in any::<bool>(),
@@ -918,7 +738,7 @@ mod tests {
                 circuit_tripped,
                 circuit_trip_reason: reason,
                 circuit_tripped_at_ns,
-                seen_nonces: seen_nonces.into(),
+                seen_nonces: seen_nonces.into_iter().collect(),
                 last_tool_name,
                 last_params_hash,
                 last_error_signal,
@@ -931,18 +751,6 @@ mod tests {
 
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(512))]
-
-        #[test]
-        fn direct_writer_matches_the_canonical_writer(s in state()) {
-            let via_value = json::to_canonical_vec(&to_value(&s)).unwrap();
-            let mut direct = Vec::new();
-            write_state(&s, true, &mut direct);
-            prop_assert_eq!(&direct, &via_value);
-            let via_value = json::to_canonical_vec(&to_value_without_nonces(&s)).unwrap();
-            let mut direct = Vec::new();
-            write_state(&s, false, &mut direct);
-            prop_assert_eq!(direct, via_value);
-        }
 
         #[test]
         fn round_trips_exactly(s in state()) {
@@ -993,19 +801,19 @@ mod tests {
         let s = SessionState::new(Money(500_000_000), 7);
         let text = String::from_utf8(encode(&s)).unwrap();
         assert!(text.starts_with("{\"budget_initial\":500000000,"), "{text}");
-        assert!(text.contains("\"v\":1"), "{text}");
+        assert!(text.contains("\"v\":2"), "{text}");
         assert_eq!(decode(text.as_bytes(), DecodeLimits::default()).unwrap(), s);
     }
 
     #[test]
-    fn nonces_can_be_left_out() {
+    fn nonces_keep_their_order() {
         let mut s = SessionState::new(Money(1), 2);
-        s.seen_nonces.extend([5, 6]);
-        let v = to_value_without_nonces(&s);
-        let back = from_value(&v).unwrap();
-        assert!(back.seen_nonces.is_empty());
-        s.seen_nonces.clear();
-        assert_eq!(back, s);
+        for n in [9, 3, 7] {
+            s.seen_nonces.insert(n, 10);
+        }
+        let text = String::from_utf8(encode(&s)).unwrap();
+        assert!(text.contains("\"seen_nonces\":[9,3,7]"), "{text}");
+        assert_eq!(decode(text.as_bytes(), DecodeLimits::default()).unwrap(), s);
     }
 
     #[test]
@@ -1033,14 +841,14 @@ mod tests {
     fn version_is_checked() {
         let s = SessionState::default();
         let e = err(&with(&s, |m| {
-            m.insert("v".into(), Value::from(2_i64));
+            m.insert("v".into(), Value::from(1_i64));
         }));
         assert_eq!(
             e.to_string(),
-            "state version `2` is not supported (expected 1)"
+            "state version `1` is not supported (expected 2)"
         );
         let e = err(&with(&s, |m| {
-            m.insert("v".into(), Value::from("1"));
+            m.insert("v".into(), Value::from("2"));
         }));
         assert!(matches!(e, StateCodecError::Version { .. }), "{e}");
         let e = err(&with(&s, |m| {
@@ -1069,7 +877,7 @@ mod tests {
             }),
             (
                 "seen_nonces",
-                Value::Array(vec![Value::from(2_i64), Value::from(1_i64)]),
+                Value::Array(vec![Value::from(2_i64), Value::from(2_i64)]),
             ),
         ];
         for (key, bad) in cases {

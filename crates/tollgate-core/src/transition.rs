@@ -6,19 +6,20 @@
 use crate::call::ToolCall;
 use crate::config::{GuardConfig, Settlement};
 use crate::digest::Digest;
-use crate::signals::has_error_signal;
 use crate::state::{
     HumanDecision, PendingTransition, Reservation, SessionState, SessionStatus, TransitionStatus,
     UnixNanos,
 };
-use crate::types::{Decision, Money, Reason, Verdict};
+use crate::types::{Decision, Money, Reason, ReportedCost, Verdict};
 
 /// Apply `decision` for `call` (numbered `call_number` in its session) to `state`.
 ///
-/// - ALLOW: count the call, record its nonce, extend or restart its repeat run, count it
-///   in the window, remember it as the last call, and reserve its estimated cost so that
-///   concurrent calls cannot overspend. A transition release (approve, modify successor)
-///   also consumes the pending transition and resumes the session.
+/// - ALLOW: count the call, record its nonce (forgetting the oldest beyond
+///   `config.nonce_window`), extend or restart its repeat run, count it in the window,
+///   remember it as the last call, and reserve its estimated cost so that concurrent calls
+///   cannot overspend (settling the oldest reservation at its estimate beyond
+///   `config.max_reservations`). A transition release (approve, modify successor) also
+///   consumes the pending transition and resumes the session.
 /// - DENY: trip the circuit. Budget and counters are untouched.
 /// - HITL: pause the session and, unless one is already pending, record the transition
 ///   a human will resolve, bound to this call's nonce and params hash.
@@ -49,6 +50,7 @@ pub fn apply_decision(
                     original_args_digest: call.params.canonical_digest().ok(),
                     tool_name: Some(call.tool_name.to_owned()),
                     requested_at_ns: now,
+                    call_number,
                     ..PendingTransition::default()
                 });
             }
@@ -75,7 +77,7 @@ fn apply_allow(
     }
     state.total_calls = state.total_calls.saturating_add(1);
     if let Some(n) = call.nonce {
-        state.seen_nonces.insert(n);
+        state.seen_nonces.insert(n, capacity(config.nonce_window));
     }
 
     let run = if state.is_repeat(call.tool_name, digest) {
@@ -88,6 +90,11 @@ fn apply_allow(
     } else {
         1
     };
+    if run == 1 {
+        // Only the last allowed tool's run is ever read (rule 6 needs the same tool as the
+        // last call), so a new run forgets the others: the map stays one entry long.
+        state.repeat_counts.clear();
+    }
     set_count(&mut state.repeat_counts, call.tool_name, run);
 
     if config.window_enabled() {
@@ -127,7 +134,19 @@ fn apply_allow(
                 deducted,
             },
         );
+        // Bounded: beyond the cap the oldest reservation is settled at what it took (its
+        // deduction stays spent, nothing is refunded) and forgotten.
+        while state.reservations.len() > capacity(config.max_reservations) {
+            if let Some((_, old)) = state.reservations.pop_first() {
+                state.budget_spent = state.budget_spent.saturating_add(old.deducted);
+            }
+        }
     }
+}
+
+/// A configured bound on remembered history, as a length (at least 1).
+fn capacity(n: u32) -> usize {
+    usize::try_from(n.max(1)).unwrap_or(usize::MAX)
 }
 
 fn set_count(map: &mut std::collections::BTreeMap<String, u32>, key: &str, value: u32) {
@@ -145,45 +164,66 @@ pub struct Settled {
     /// What the call was charged.
     pub charged: Money,
     /// Whether a reservation for the call existed. A report for a call with none (never
-    /// allowed, or already settled) is still charged its actual cost: spend that happened
-    /// is spend, whoever forgot to ask.
+    /// allowed, already settled, or settled at its estimate when the reservations
+    /// overflowed) is still charged: spend that happened is spend, whoever forgot to ask.
     pub had_reservation: bool,
+    /// The reservation's estimate (zero without one).
+    pub estimated: Money,
+    /// Remaining budget before the report (reservation still deducted).
+    pub before: Money,
+    /// Remaining budget after it.
+    pub after: Money,
 }
 
-/// Settle call `call_number` against its `actual` cost, and note whether its outcome
-/// carried an error signal (for error amplification of the next repeat).
+/// Settle call `call_number` against its reported `actual` cost, and note whether its
+/// outcome carried an error signal (for error amplification of the next repeat; the
+/// caller scans the outcome, e.g. with [`has_error_signal`](crate::signals::has_error_signal)).
 ///
-/// The charge is the larger of estimate and actual under [`Settlement::Conservative`],
-/// exactly the actual under [`Settlement::Actual`]. Remaining never goes below zero.
+/// The charge, with `e` the reservation's estimate (zero without one):
+///
+/// | reported | [`Settlement::Conservative`] | [`Settlement::Actual`] |
+/// |---|---|---|
+/// | `Exact(a)` | max(e, a) | a |
+/// | `Unreadable` (NaN, ±∞, negative) | e | e |
+/// | `OverRange` (finite, ≥ ~9.2e9 USD) | all that remains | all that remains |
+///
+/// So a report the core cannot read never refunds. Remaining never goes below zero
+/// (INVARIANT budget-floor): a charge larger than what remains takes what remains.
 pub fn apply_post_exec(
     config: &GuardConfig,
     state: &mut SessionState,
     call_number: u64,
-    actual: Money,
-    error_message: Option<&str>,
+    actual: ReportedCost,
+    error_signal: bool,
     now: UnixNanos,
 ) -> Settled {
     state.last_activity_ns = now;
-    let actual = actual.max(Money::ZERO);
+    let before = state.budget_remaining;
     let reservation = state.reservations.remove(&call_number);
     let had_reservation = reservation.is_some();
     let Reservation {
         estimated,
         deducted,
     } = reservation.unwrap_or_default();
-    let charged = match config.settlement {
-        Settlement::Conservative => estimated.max(actual),
-        Settlement::Actual => actual,
-    };
-    // Give back what the reservation took, then take the charge. INVARIANT (budget-floor).
-    let before_reservation = state.budget_remaining.saturating_add(deducted);
-    let after = before_reservation.saturating_sub(charged).max(Money::ZERO);
+    // Give back what the reservation took, then take the charge.
+    let available = before.saturating_add(deducted).max(Money::ZERO);
+    let charged = match (actual, config.settlement) {
+        (ReportedCost::Exact(a), Settlement::Conservative) => estimated.max(a),
+        (ReportedCost::Exact(a), Settlement::Actual) => a,
+        (ReportedCost::Unreadable, _) => estimated,
+        (ReportedCost::OverRange, _) => available.max(estimated),
+    }
+    .max(Money::ZERO);
+    let after = available.saturating_sub(charged).max(Money::ZERO);
     state.budget_remaining = after;
     state.budget_spent = state.budget_spent.saturating_add(charged);
-    state.last_error_signal = error_message.is_some_and(has_error_signal);
+    state.last_error_signal = error_signal;
     Settled {
         charged,
         had_reservation,
+        estimated,
+        before,
+        after,
     }
 }
 

@@ -327,6 +327,45 @@ impl Money {
     }
 }
 
+/// A cost an agent reported (a post-exec `actual_cost_usd`), as the core settles it.
+///
+/// Settlement must never refund on input it cannot read: a reported cost that is not a
+/// finite, non-negative amount is [`ReportedCost::Unreadable`] and is charged as the
+/// call's estimate; a finite amount too large for the nano-dollar range is
+/// [`ReportedCost::OverRange`] and charges everything that remains.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReportedCost {
+    /// A readable amount, exact in nano-dollars (never negative).
+    Exact(Money),
+    /// NaN, ±infinity or negative.
+    Unreadable,
+    /// Finite and non-negative, but at or beyond the nano-dollar range (about 9.2e9 USD).
+    OverRange,
+}
+
+impl ReportedCost {
+    /// Classify a reported dollar amount. Rounding to the nano-dollar happens as in
+    /// [`Money::from_usd`], so a negative amount that rounds to zero (−1e-12) reads as zero.
+    pub fn from_usd(usd: f64) -> ReportedCost {
+        match Money::from_usd(usd) {
+            Ok(m) if m.0 >= 0 => ReportedCost::Exact(m),
+            Ok(_) | Err(MoneyError::NonFinite(_) | MoneyError::Negative(_)) => {
+                ReportedCost::Unreadable
+            }
+            Err(MoneyError::OutOfRange(_)) if usd > 0.0 => ReportedCost::OverRange,
+            Err(MoneyError::OutOfRange(_)) => ReportedCost::Unreadable,
+        }
+    }
+
+    /// The readable amount, if any.
+    pub const fn exact(self) -> Option<Money> {
+        match self {
+            ReportedCost::Exact(m) => Some(m),
+            _ => None,
+        }
+    }
+}
+
 impl fmt::Display for Money {
     /// Dollars with nine decimal places, trailing zeros trimmed: `0.498`, `10`, `-0.5`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

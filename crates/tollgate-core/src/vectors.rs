@@ -528,6 +528,8 @@ fn read_config(c: &Obj<'_>) -> Result<GuardConfig, VectorError> {
         hitl_budget_threshold: c.ratio("hitl_budget_threshold")?,
         settlement: c.word("settlement")?,
         parent_guard_id: c.string("parent_guard_id")?,
+        nonce_window: crate::config::DEFAULT_NONCE_WINDOW,
+        max_reservations: crate::config::DEFAULT_MAX_RESERVATIONS,
     })
 }
 
@@ -601,5 +603,6 @@ fn read_pending(p: &Obj<'_>) -> Result<PendingTransition, VectorError> {
         resume_attempt: p.bool("resume_attempt")?,
         tool_name: p.string("tool_name")?,
         requested_at_ns: p.i64("requested_at_ns")?,
+        call_number: 0,
     })
 }

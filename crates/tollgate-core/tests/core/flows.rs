@@ -1,9 +1,11 @@
 //! Multi-step flows through decide and the transitions.
 
+use tollgate_core::signals::has_error_signal;
 use tollgate_core::transition::HumanDecisionRefused;
 use tollgate_core::{
     apply_post_exec, decide, record_human_decision, GuardConfig, HitlMode, HumanDecision, Money,
-    Params, Reason, SessionState, SessionStatus, Settlement, Successor, ToolCall, Verdict,
+    Params, Reason, ReportedCost, SessionState, SessionStatus, Settlement, Successor, ToolCall,
+    Verdict,
 };
 
 use crate::support::{call, params, step, usd};
@@ -33,7 +35,14 @@ fn appendix_a_flow() {
             (Verdict::Allow, Reason::WithinThresholds)
         );
         remaining_after.push(s.budget_remaining);
-        apply_post_exec(&config, &mut s, n, usd(0.0015), None, 0);
+        apply_post_exec(
+            &config,
+            &mut s,
+            n,
+            ReportedCost::Exact(usd(0.0015)),
+            false,
+            0,
+        );
     }
     assert_eq!(remaining_after, vec![usd(0.498), usd(0.496), usd(0.494)]);
     let c = call("web_search", &p, 104, usd(0.002));
@@ -80,7 +89,14 @@ fn settlement_policies() {
         let mut s = SessionState::new(config.budget, 0);
         step(&config, &mut s, &call("t", &p, 1, usd(0.2)), 1, 0);
         assert_eq!(s.budget_remaining, usd(0.8));
-        let settled = apply_post_exec(&config, &mut s, 1, usd(actual), None, 0);
+        let settled = apply_post_exec(
+            &config,
+            &mut s,
+            1,
+            ReportedCost::Exact(usd(actual)),
+            false,
+            0,
+        );
         assert!(settled.had_reservation);
         assert_eq!(
             s.budget_remaining,
@@ -93,11 +109,11 @@ fn settlement_policies() {
     // An actual cost larger than everything left drives remaining to zero, not below.
     let mut s = SessionState::new(config.budget, 0);
     step(&config, &mut s, &call("t", &p, 1, usd(0.2)), 1, 0);
-    let settled = apply_post_exec(&config, &mut s, 1, usd(5.0), None, 0);
+    let settled = apply_post_exec(&config, &mut s, 1, ReportedCost::Exact(usd(5.0)), false, 0);
     assert_eq!(settled.charged, usd(5.0));
     assert_eq!(s.budget_remaining, Money::ZERO);
     // A report for a call never reserved is still charged.
-    let settled = apply_post_exec(&config, &mut s, 99, usd(0.1), None, 0);
+    let settled = apply_post_exec(&config, &mut s, 99, ReportedCost::Exact(usd(0.1)), false, 0);
     assert!(!settled.had_reservation);
     assert_eq!(s.budget_spent, usd(5.1));
 }
@@ -295,8 +311,8 @@ fn error_amplification_from_post_exec_and_from_raw_params() {
         &config,
         &mut s,
         1,
-        Money::ZERO,
-        Some("HTTP 401 Unauthorized"),
+        ReportedCost::Exact(Money::ZERO),
+        has_error_signal("HTTP 401 Unauthorized"),
         0,
     );
     step(&config, &mut s, &call("fetch", &p, 2, Money::ZERO), 2, 0);
@@ -310,8 +326,8 @@ fn error_amplification_from_post_exec_and_from_raw_params() {
         &config,
         &mut s,
         2,
-        Money::ZERO,
-        Some("429 Too Many Requests"),
+        ReportedCost::Exact(Money::ZERO),
+        has_error_signal("429 Too Many Requests"),
         0,
     );
     assert_eq!(
@@ -328,7 +344,14 @@ fn error_amplification_from_post_exec_and_from_raw_params() {
         Reason::WithinThresholds
     );
     // The library's case: the signal is in the call's own raw params text.
-    apply_post_exec(&config, &mut s, 2, Money::ZERO, None, 0);
+    apply_post_exec(
+        &config,
+        &mut s,
+        2,
+        ReportedCost::Exact(Money::ZERO),
+        false,
+        0,
+    );
     let raw = ToolCall {
         raw_params: Some(r#"{"last_error":"503 Service Unavailable"}"#),
         ..next

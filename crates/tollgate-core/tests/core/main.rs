@@ -11,6 +11,7 @@ mod alloc;
 mod architecture;
 mod conformance;
 mod flows;
+mod history;
 mod properties;
 mod robustness;
 mod support;
