@@ -193,6 +193,9 @@ pub struct PendingTransition {
     /// The held call's own call number in its session (for operators and the audit log;
     /// not used by `decide`). Zero when unknown (a transition supplied by a vector).
     pub call_number: u64,
+    /// The operator who recorded the decision, once one has (for the audit record of the
+    /// call it releases; not used by `decide`).
+    pub operator_id: Option<String>,
     /// When the HITL verdict was given.
     pub requested_at_ns: UnixNanos,
 }

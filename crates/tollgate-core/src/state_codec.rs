@@ -400,6 +400,7 @@ fn pending_value(p: &PendingTransition) -> Value {
     put(&mut m, "tool_name", opt_str(p.tool_name.as_deref()));
     put(&mut m, "requested_at_ns", int(p.requested_at_ns));
     put(&mut m, "call_number", uint(p.call_number));
+    put(&mut m, "operator_id", opt_str(p.operator_id.as_deref()));
     Value::Object(m)
 }
 
@@ -445,8 +446,10 @@ fn parse_pending(v: &Value) -> Result<PendingTransition, StateCodecError> {
     let tool_name = get_opt_str(o.take("tool_name")?, "pending.tool_name")?;
     let requested_at_ns = get_i64(o.take("requested_at_ns")?, "pending.requested_at_ns")?;
     let call_number = get_u64(o.take("call_number")?, "pending.call_number")?;
+    let operator_id = get_opt_str(o.take("operator_id")?, "pending.operator_id")?;
     Ok(PendingTransition {
         call_number,
+        operator_id,
         decision,
         original_nonce,
         original_args_digest,
@@ -638,6 +641,7 @@ const PENDING_KEYS: &[&str] = &[
     "tool_name",
     "requested_at_ns",
     "call_number",
+    "operator_id",
 ];
 
 #[cfg(test)]
@@ -691,11 +695,12 @@ mod tests {
             tool_name in proptest::option::of(".{0,16}"),
             requested_at_ns in any::<i64>(),
             call_number in any::<u64>(),
+            operator_id in proptest::option::of(".{0,8}"),
         ) -> PendingTransition {
             PendingTransition {
                 decision, original_nonce, original_args_digest, successor_nonce,
                 successor_args_digest, terminal_status, resume_attempt, tool_name,
-                requested_at_ns, call_number,
+                requested_at_ns, call_number, operator_id,
             }
         }
     }

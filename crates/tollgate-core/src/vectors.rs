@@ -604,5 +604,6 @@ fn read_pending(p: &Obj<'_>) -> Result<PendingTransition, VectorError> {
         tool_name: p.string("tool_name")?,
         requested_at_ns: p.i64("requested_at_ns")?,
         call_number: 0,
+        operator_id: None,
     })
 }

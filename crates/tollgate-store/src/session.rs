@@ -1,7 +1,9 @@
 //! What a store keeps: sessions (metadata, decision state, call numbering) and shared
 //! budgets.
 
-use tollgate_core::{BudgetScope, Money, SessionState, UnixNanos};
+use std::sync::Arc;
+
+use tollgate_core::{BudgetScope, GuardConfig, Money, SessionState, UnixNanos};
 
 use crate::StoreError;
 
@@ -22,9 +24,6 @@ pub struct SessionMeta {
     pub budget_scope: BudgetScope,
     /// When the session was registered.
     pub created_at_ns: UnixNanos,
-    /// Which configuration the session was registered under (a name or fingerprint the
-    /// daemon chooses; carried, not interpreted).
-    pub config: Option<String>,
 }
 
 impl SessionMeta {
@@ -52,14 +51,6 @@ impl SessionMeta {
         check_id("session_id", &self.session_id)?;
         check_id("agent_id", &self.agent_id)?;
         check_id("organization_id", &self.organization_id)?;
-        if let Some(c) = &self.config {
-            if c.len() > MAX_ID_BYTES {
-                return Err(StoreError::InvalidId {
-                    field: "config",
-                    reason: "longer than 256 bytes",
-                });
-            }
-        }
         Ok(())
     }
 }
@@ -77,8 +68,8 @@ fn check_id(field: &'static str, id: &str) -> Result<(), StoreError> {
     Err(StoreError::InvalidId { field, reason })
 }
 
-/// One session as stored: its metadata, the decision state `decide` reads, and what the
-/// daemon needs besides.
+/// One session as stored: its metadata, the policy it runs under, the decision state
+/// `decide` reads, and what the daemon needs besides.
 ///
 /// For a shared budget (per agent or organization), `state.budget_initial`,
 /// `budget_remaining` and `budget_spent` are the shared record's amounts whenever a store
@@ -88,36 +79,46 @@ fn check_id(field: &'static str, id: &str) -> Result<(), StoreError> {
 pub struct Session {
     /// Who the session belongs to.
     pub meta: SessionMeta,
+    /// The policy the session runs under, fixed when it was opened (and recorded, whole,
+    /// in its session-opened audit entry): a later change of the daemon's configuration
+    /// applies to new sessions only.
+    pub guard: Arc<GuardConfig>,
     /// The decision state.
     pub state: SessionState,
     /// The number of the last call taken.
     ///
     /// INVARIANT (call-numbers-increase): never decreases, across restarts too; a store
-    /// refuses a commit that would lower it. Take numbers with [`Session::next_call_number`].
+    /// refuses a commit that would lower it.
     pub last_call_number: u64,
-    /// The last heartbeat (or registration), for stale detection.
+    /// The session's state version: how many audit entries have changed its durable
+    /// state (the session-opened entry is 1). Each such entry carries the version it
+    /// produced (`session_seq`), so the state is exactly the fold of its entries.
+    ///
+    /// INVARIANT (seq-follows-entries): increased by exactly one by every change that
+    /// produces an audit entry (`crate::ops`), by nothing else.
+    pub seq: u64,
+    /// The last heartbeat (or registration), for stale detection. Not durable: a restart
+    /// gives every session a fresh heartbeat window.
     pub last_heartbeat_ns: UnixNanos,
 }
 
 impl Session {
-    /// A new session: fresh state with the configuration's `budget`, started at `now`.
-    pub fn new(meta: SessionMeta, budget: Money, now: UnixNanos) -> Session {
+    /// A new session under `guard`: fresh state with the guard's budget, started at `now`,
+    /// not yet opened (version 0; opening it records version 1).
+    pub fn new(meta: SessionMeta, guard: Arc<GuardConfig>, now: UnixNanos) -> Session {
         Session {
+            state: SessionState::new(guard.budget, now),
             meta,
-            state: SessionState::new(budget, now),
+            guard,
             last_call_number: 0,
+            seq: 0,
             last_heartbeat_ns: now,
         }
     }
 
-    /// Take the next call number (one more than the last).
-    pub fn next_call_number(&mut self) -> u64 {
-        self.last_call_number = self.last_call_number.saturating_add(1);
-        self.last_call_number
-    }
-
-    /// How many entries the state's growing collections hold (nonces, reservations,
-    /// per-tool counts): what [`crate::StoreOptions::max_state_entries`] bounds.
+    /// How many entries the state's collections hold (nonces, reservations, per-tool
+    /// counts). The nonce window and the reservations are bounded by the guard; the
+    /// per-tool window counts grow with the distinct tools used inside one window.
     pub fn state_entries(&self) -> usize {
         let s = &self.state;
         s.seen_nonces.len() + s.reservations.len() + s.repeat_counts.len() + s.window_counts.len()
