@@ -1,13 +1,22 @@
 //! `Guard`: library mode. The same decision core, in process, with local state and an
 //! optional local audit log. For a single agent without a daemon (SP/1.0 model A).
+//!
+//! Every change goes through the same functions the daemon uses (`tollgate_store::ops`),
+//! so a local audit log records exactly what a daemon's would: the session's opening with
+//! its policy, every verdict, every settlement and every human decision, and it folds
+//! back into the guard's state.
 
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 
+use tollgate_audit::SessionEvent;
 use tollgate_core::json::{self, Value};
+use tollgate_core::signals::has_error_signal;
+use tollgate_core::transition::HumanDecisionRefused;
 use tollgate_core::{
-    apply_decision, apply_post_exec, decide, record_human_decision, Decision, GuardConfig,
-    HumanDecision, Money, Params, SessionState, Successor, ToolCall,
+    decide, Decision, DenyReason, GuardConfig, HumanDecision, Money, Params, SessionState,
+    Successor, ToolCall, Verdict,
 };
+use tollgate_store::{ops, Policy, Session, SessionMeta};
 
 use crate::util::{now_ns, random_draw, random_nonce};
 
@@ -25,20 +34,29 @@ pub struct Checked {
 impl Checked {
     /// Whether the tool may run.
     pub fn allowed(&self) -> bool {
-        self.decision.verdict == tollgate_core::Verdict::Allow
+        self.decision.verdict == Verdict::Allow
     }
 }
 
-struct Inner {
-    state: SessionState,
-    next_call: u64,
+/// What settling a call's reported cost did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Settlement {
+    /// What the call was charged.
+    pub charged: Money,
+    /// Budget remaining after the settlement.
+    pub remaining: Money,
+    /// Whether the reported cost was unreadable (NaN, infinite or negative): it was
+    /// charged as the estimate.
+    pub cost_unreadable: bool,
+    /// Whether the settlement is in the audit log (always true without one). False only
+    /// when the log could not take it; the state is settled regardless.
+    pub audited: bool,
 }
 
 /// An in-process guard over one session.
 pub struct Guard {
-    config: GuardConfig,
-    inner: Mutex<Inner>,
-    audit: Option<(tollgate_audit::Writer, AuditIdentity)>,
+    session: Mutex<Session>,
+    audit: Option<tollgate_audit::Writer>,
 }
 
 /// Who the local audit entries are about.
@@ -52,36 +70,71 @@ pub struct AuditIdentity {
     pub organization_id: String,
 }
 
+impl Default for AuditIdentity {
+    fn default() -> Self {
+        AuditIdentity {
+            session_id: "local".into(),
+            agent_id: "local".into(),
+            organization_id: "local".into(),
+        }
+    }
+}
+
 impl std::fmt::Debug for Guard {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Guard")
-            .field("config", &self.config)
-            .finish_non_exhaustive()
+        f.debug_struct("Guard").finish_non_exhaustive()
     }
+}
+
+fn open_session(config: GuardConfig, who: AuditIdentity) -> (Session, SessionEvent) {
+    let now = now_ns();
+    let policy = Arc::new(Policy::new(config));
+    let meta = SessionMeta {
+        session_id: who.session_id,
+        agent_id: who.agent_id,
+        organization_id: who.organization_id,
+        budget_scope: policy.config.budget_scope,
+        created_at_ns: now,
+    };
+    let mut session = Session::new(meta, policy, now);
+    let record = ops::open(&mut session, now);
+    (session, record.into())
 }
 
 impl Guard {
     /// A guard with a fresh session under `config`.
     pub fn new(config: GuardConfig) -> Guard {
-        let state = SessionState::new(config.budget, now_ns());
+        let (session, _) = open_session(config, AuditIdentity::default());
         Guard {
-            config,
-            inner: Mutex::new(Inner {
-                state,
-                next_call: 1,
-            }),
+            session: Mutex::new(session),
             audit: None,
         }
     }
 
-    /// Also write every verdict to a local audit log, durably, before returning it.
-    pub fn with_audit(mut self, writer: tollgate_audit::Writer, who: AuditIdentity) -> Guard {
-        self.audit = Some((writer, who));
-        self
+    /// Also write every change to a local audit log, durably, before returning: the
+    /// session is opened anew under `who`, and its session-opened entry is written now.
+    /// Call before the first check.
+    pub fn with_audit(
+        self,
+        writer: tollgate_audit::Writer,
+        who: AuditIdentity,
+    ) -> Result<Guard, tollgate_audit::WriteError> {
+        let config = self.lock().policy.config.clone();
+        let (session, opened) = open_session(config, who);
+        writer.append(opened)?;
+        Ok(Guard {
+            session: Mutex::new(session),
+            audit: Some(writer),
+        })
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    fn lock(&self) -> std::sync::MutexGuard<'_, Session> {
+        self.session.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Write `event` and wait until it is durable; true without a log.
+    fn audit(&self, event: SessionEvent) -> bool {
+        self.audit.as_ref().is_none_or(|w| w.append(event).is_ok())
     }
 
     /// Decide whether `tool` may run with `params`, and apply the verdict to the session.
@@ -99,13 +152,16 @@ impl Guard {
         estimated_cost: Money,
         nonce: u64,
     ) -> Checked {
-        // The params' text is only read by error amplification; write it only then.
-        let raw = self
-            .config
-            .error_amplification
-            .then(|| json::to_canonical_vec(params).ok())
-            .flatten()
-            .and_then(|b| String::from_utf8(b).ok());
+        let raw = {
+            let s = self.lock();
+            // The params' text is only read by error amplification; write it only then.
+            s.policy
+                .config
+                .error_amplification
+                .then(|| json::to_canonical_vec(params).ok())
+                .flatten()
+                .and_then(|b| String::from_utf8(b).ok())
+        };
         let call = ToolCall {
             tool_name: tool,
             params: Params::json(params),
@@ -114,44 +170,23 @@ impl Guard {
             raw_params: raw.as_deref(),
         };
         let now = now_ns();
-        let (mut decision, call_number, before, after) = {
-            let mut g = self.lock();
-            let call_number = g.next_call;
-            g.next_call += 1;
-            let before = g.state.budget_remaining;
-            let d = decide(&self.config, &g.state, &call, now, random_draw());
-            apply_decision(&self.config, &mut g.state, &call, &d, call_number, now);
-            (d, call_number, before, g.state.budget_remaining)
+        let (decision, call_number, record) = {
+            let mut s = self.lock();
+            let call_number = s.last_call_number.saturating_add(1);
+            let d = decide(&s.policy.config, &s.state, &call, now, random_draw());
+            let record = ops::verdict(&mut s, &call, &d, call_number, now);
+            (d, call_number, record)
         };
-        if let Some((writer, who)) = &self.audit {
-            let record = tollgate_audit::VerdictRecord {
-                timestamp_ns: now,
-                session_id: who.session_id.clone(),
-                agent_id: who.agent_id.clone(),
-                organization_id: who.organization_id.clone(),
-                call_number,
-                tool_name: tool.to_owned(),
-                params_hash: call.params.canonical_digest().unwrap_or_default(),
-                verdict: decision.verdict,
-                deny_reason: decision.deny_reason,
-                reason: decision.reason,
-                probabilistic: decision.probabilistic,
-                budget_before: before,
-                budget_after: after,
-                operator_id: None,
-                estimated_cost,
-                nonce,
-                config_digest: None,
-            };
-            if writer.append(record).is_err() {
-                // Not audited, not allowed.
-                decision = Decision {
-                    verdict: tollgate_core::Verdict::Deny,
-                    deny_reason: Some(tollgate_core::DenyReason::PolicyViolation),
-                    ..decision
-                };
+        let decision = if self.audit(record.into()) {
+            decision
+        } else {
+            // Not audited, not allowed.
+            Decision {
+                verdict: Verdict::Deny,
+                deny_reason: Some(DenyReason::PolicyViolation),
+                ..decision
             }
-        }
+        };
         Checked {
             decision,
             call_number,
@@ -159,31 +194,60 @@ impl Guard {
         }
     }
 
-    /// Report a call's actual cost and outcome.
-    pub fn post_exec(&self, call_number: u64, actual_cost: Money, error_message: Option<&str>) {
-        let mut g = self.lock();
-        apply_post_exec(
-            &self.config,
-            &mut g.state,
-            call_number,
-            actual_cost,
-            error_message,
-            now_ns(),
-        );
+    /// Report a call's actual cost (in dollars, as measured) and outcome. A cost that is
+    /// not a finite, non-negative number is charged as the call's estimate (never
+    /// refunded); one beyond the representable range drains the budget.
+    pub fn post_exec(
+        &self,
+        call_number: u64,
+        actual_cost_usd: f64,
+        error_message: Option<&str>,
+    ) -> Settlement {
+        let record = {
+            let mut s = self.lock();
+            ops::settle(
+                &mut s,
+                call_number,
+                actual_cost_usd,
+                error_message.is_none(),
+                error_message.is_some_and(has_error_signal),
+                now_ns(),
+            )
+        };
+        let out = Settlement {
+            charged: record.charged,
+            remaining: record.budget_after,
+            cost_unreadable: record.cost_status != tollgate_audit::CostStatus::Readable,
+            audited: false,
+        };
+        Settlement {
+            audited: self.audit(record.into()),
+            ..out
+        }
     }
 
-    /// Record a human's decision on the pending transition.
+    /// Record `operator`'s decision on the pending transition.
     pub fn decide_human(
         &self,
         decision: HumanDecision,
         successor: Option<Successor>,
-    ) -> Result<(), tollgate_core::transition::HumanDecisionRefused> {
-        let mut g = self.lock();
-        record_human_decision(&mut g.state, decision, successor, now_ns())
+        operator: &str,
+    ) -> Result<(), HumanDecisionRefused> {
+        let record = {
+            let mut s = self.lock();
+            ops::human_decision(&mut s, decision, successor, operator, now_ns())?
+        };
+        self.audit(record.into());
+        Ok(())
     }
 
     /// A copy of the session state.
     pub fn state(&self) -> SessionState {
         self.lock().state.clone()
+    }
+
+    /// A copy of the whole session (policy, version, call numbering).
+    pub fn session(&self) -> Session {
+        self.lock().clone()
     }
 }

@@ -24,4 +24,4 @@ pub mod guard;
 mod util;
 
 pub use daemon::{ClientConfig, ClientError, ClientVerdict, DaemonClient};
-pub use guard::{AuditIdentity, Checked, Guard};
+pub use guard::{AuditIdentity, Checked, Guard, Settlement};

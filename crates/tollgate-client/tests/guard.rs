@@ -26,7 +26,7 @@ fn library_mode_runs_appendix_a() {
         let c = g.check("web_search", &p, Money::from_usd(0.002).unwrap());
         got.push((c.decision.verdict, c.decision.reason));
         if c.allowed() {
-            g.post_exec(c.call_number, Money::from_usd(0.0015).unwrap(), None);
+            g.post_exec(c.call_number, 0.0015, None);
         }
     }
     assert_eq!(
@@ -51,7 +51,7 @@ fn library_mode_hitl_release_with_the_original_nonce() {
     let p = json::parse_str(r#"{"to":"acct_1"}"#).unwrap();
     let held = g.check("pay", &p, Money::ZERO);
     assert_eq!(held.decision.verdict, Verdict::Hitl);
-    g.decide_human(HumanDecision::Approve, None).unwrap();
+    g.decide_human(HumanDecision::Approve, None, "alice").unwrap();
     let other = json::parse_str(r#"{"to":"acct_2"}"#).unwrap();
     let released = g.check_with_nonce("pay", &p, Money::ZERO, held.nonce);
     assert_eq!(released.decision.reason, Reason::TransitionApprove);
@@ -67,14 +67,16 @@ fn library_mode_writes_a_verifiable_local_audit_log() {
     let public = key.verifying_key();
     let (writer, _) =
         tollgate_audit::Writer::open(tollgate_audit::WriterConfig::new(dir.path()), key).unwrap();
-    let g = Guard::new(appendix_a()).with_audit(
-        writer,
-        AuditIdentity {
-            session_id: "local-1".into(),
-            agent_id: "bot".into(),
-            organization_id: "me".into(),
-        },
-    );
+    let g = Guard::new(appendix_a())
+        .with_audit(
+            writer,
+            AuditIdentity {
+                session_id: "local-1".into(),
+                agent_id: "bot".into(),
+                organization_id: "me".into(),
+            },
+        )
+        .unwrap();
     let p = json::parse_str(r#"{"q":1}"#).unwrap();
     for _ in 0..4 {
         g.check("t", &p, Money::ZERO);
@@ -86,7 +88,7 @@ fn library_mode_writes_a_verifiable_local_audit_log() {
     };
     let mut reasons = Vec::new();
     tollgate_audit::verify_paths(&[dir.path().to_owned()], &opts, &mut |e| {
-        if let tollgate_audit::Event::Verdict(v) = &e.event {
+        if let tollgate_audit::Event::Session(tollgate_audit::SessionEvent::Verdict(v)) = &e.event {
             reasons.push(v.reason);
         }
     })
@@ -100,4 +102,59 @@ fn library_mode_writes_a_verifiable_local_audit_log() {
             Reason::MaxRepeatExceeded
         ]
     );
+}
+
+/// The local log records the opening, every verdict, settlement and human decision, and
+/// folds back into exactly the guard's session.
+#[test]
+fn the_local_audit_log_folds_back_into_the_guard() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = tollgate_audit::keys::generate().unwrap();
+    let public = key.verifying_key();
+    let (writer, _) =
+        tollgate_audit::Writer::open(tollgate_audit::WriterConfig::new(dir.path()), key).unwrap();
+    let g = Guard::new(GuardConfig {
+        hitl_mode: HitlMode::OnDeny,
+        ..appendix_a()
+    })
+    .with_audit(writer, AuditIdentity::default())
+    .unwrap();
+    let p = json::parse_str(r#"{"q":1}"#).unwrap();
+    let c = g.check("t", &p, Money::from_usd(0.1).unwrap());
+    assert!(c.allowed());
+    let s = g.post_exec(c.call_number, f64::NAN, Some("HTTP 401"));
+    assert!(s.cost_unreadable && s.audited);
+    assert_eq!(s.charged, Money::from_usd(0.1).unwrap(), "no refund on a NaN cost");
+    // An overrun goes to a human, who approves it.
+    let held = g.check("big", &p, Money::from_usd(5.0).unwrap());
+    assert_eq!(held.decision.verdict, Verdict::Hitl);
+    g.decide_human(HumanDecision::Approve, None, "alice").unwrap();
+    let released = g.check_with_nonce("big", &p, Money::from_usd(5.0).unwrap(), held.nonce);
+    assert_eq!(released.decision.reason, Reason::TransitionApprove);
+    let session = g.session();
+    drop(g);
+    let opts = tollgate_audit::VerifyOptions {
+        trusted_key: Some(public),
+        ..Default::default()
+    };
+    let mut ledger = tollgate_store::Ledger::new();
+    let mut kinds = Vec::new();
+    tollgate_audit::verify_paths(&[dir.path().to_owned()], &opts, &mut |e| {
+        if let tollgate_audit::Event::Session(ev) = &e.event {
+            kinds.push(ev.kind());
+            if let tollgate_audit::SessionEvent::Verdict(v) = ev {
+                if v.reason == Reason::TransitionApprove {
+                    assert_eq!(v.operator_id.as_deref(), Some("alice"));
+                }
+            }
+        }
+        ledger
+            .fold(e.index, tollgate_core::Digest::default(), None, &e.event)
+            .unwrap();
+    })
+    .unwrap();
+    assert_eq!(kinds, vec![4, 1, 5, 1, 6, 1]);
+    let mut folded = ledger.session("local").unwrap();
+    folded.last_heartbeat_ns = session.last_heartbeat_ns;
+    assert_eq!(folded, session);
 }

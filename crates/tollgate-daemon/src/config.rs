@@ -102,7 +102,8 @@ struct AuditSection {
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct StateSection {
-    fsync: Option<String>,
+    snapshot_interval_secs: Option<u64>,
+    snapshot_entries: Option<u64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -141,6 +142,8 @@ struct GuardTable {
     hitl_mode: Option<String>,
     hitl_budget_threshold: Option<f64>,
     settlement: Option<String>,
+    nonce_window: Option<u32>,
+    max_reservations: Option<u32>,
 }
 
 /// An organization the daemon serves.
@@ -230,6 +233,26 @@ impl Default for AuditSettings {
     }
 }
 
+/// State store settings. The store writes nothing on the path of a change (the audit log
+/// is its write-ahead log); it snapshots the state it folded from the log, which bounds
+/// how much log a restart replays.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StateSettings {
+    /// Snapshot at most this often when something changed.
+    pub snapshot_interval: Duration,
+    /// Or after this many audit entries.
+    pub snapshot_entries: u64,
+}
+
+impl Default for StateSettings {
+    fn default() -> Self {
+        StateSettings {
+            snapshot_interval: Duration::from_secs(5),
+            snapshot_entries: 100_000,
+        }
+    }
+}
+
 /// The whole configuration.
 #[derive(Debug, Clone)]
 pub struct DaemonConfig {
@@ -245,7 +268,7 @@ pub struct DaemonConfig {
     pub audit: AuditSettings,
     /// State store durability: `batch` (group commit with fsync, the default) or `never`
     /// (no fsync: a crash loses changes since the last clean stop; for tests and benches).
-    pub state_fsync: String,
+    pub state: StateSettings,
     /// The organizations served; never empty.
     pub organizations: Vec<Organization>,
     /// The guard every agent gets unless overridden.
@@ -264,7 +287,7 @@ impl Default for DaemonConfig {
             socket_mode: 0o660,
             limits: Limits::default(),
             audit: AuditSettings::default(),
-            state_fsync: "batch".into(),
+            state: StateSettings::default(),
             organizations: vec![Organization {
                 id: DEFAULT_ORG.into(),
                 secret: None,
@@ -374,11 +397,16 @@ impl DaemonConfig {
                 .unwrap_or(da.checkpoint_every_entries),
             checkpoint_every_secs: a.checkpoint_every_secs.unwrap_or(da.checkpoint_every_secs),
         };
-        c.state_fsync = match file.state.fsync {
-            None => "batch".into(),
-            Some(f) if f == "batch" || f == "never" => f,
-            Some(f) => return Err(bad("state.fsync", format!("`{f}` is not batch or never"))),
-        };
+        c.state.snapshot_interval = Duration::from_secs(positive(
+            "state.snapshot_interval_secs",
+            file.state.snapshot_interval_secs,
+            c.state.snapshot_interval.as_secs(),
+        )?);
+        c.state.snapshot_entries = positive(
+            "state.snapshot_entries",
+            file.state.snapshot_entries,
+            c.state.snapshot_entries,
+        )?;
         if !file.organizations.is_empty() {
             let mut orgs = Vec::new();
             for (i, o) in file.organizations.into_iter().enumerate() {
@@ -528,6 +556,8 @@ fn guard(t: &GuardTable, base: &GuardConfig, key: &str) -> Result<GuardConfig, C
             .parse::<Settlement>()
             .map_err(|e| bad(k("settlement"), e.to_string()))?;
     }
+    g.nonce_window = positive(&k("nonce_window"), t.nonce_window, g.nonce_window)?;
+    g.max_reservations = positive(&k("max_reservations"), t.max_reservations, g.max_reservations)?;
     Ok(g)
 }
 

@@ -78,7 +78,7 @@ fn digest_bytes(d: Option<Digest>) -> Vec<u8> {
     d.map(|d| d.0.to_vec()).unwrap_or_default()
 }
 
-/// The wire pending transition. (`call_number` is not tracked by the core and is sent as 0.)
+/// The wire pending transition, with the held call's own call number.
 pub fn pending(p: &PendingTransition) -> sp1::PendingTransition {
     sp1::PendingTransition {
         decision: p.decision.as_str().to_owned(),
@@ -89,7 +89,7 @@ pub fn pending(p: &PendingTransition) -> sp1::PendingTransition {
         terminal_status: p.terminal_status.as_str().to_owned(),
         tool_name: p.tool_name.clone().unwrap_or_default(),
         requested_at_ns: p.requested_at_ns,
-        call_number: 0,
+        call_number: p.call_number,
     }
 }
 

@@ -35,6 +35,7 @@ use std::sync::Arc;
 
 use tokio::net::UnixListener;
 use tollgate_store::{EmbeddedStore, SessionStore, StoreOptions};
+pub use tollgate_store::StoreReport;
 
 pub use config::DaemonConfig;
 pub use service::{Clock, Service, SystemClock};
@@ -186,26 +187,33 @@ impl Daemon {
             (config.audit.retention_days > 0).then_some(config.audit.retention_days);
         wc.checkpoint_every = config.audit.checkpoint_every_entries;
         wc.checkpoint_interval = std::time::Duration::from_secs(config.audit.checkpoint_every_secs);
-        let (audit, report) = tollgate_audit::Writer::open(wc, signing_key).map_err(|source| {
-            DaemonError::AuditOpen {
+        // The audit log is the state's write-ahead log: the writer reports every durable
+        // entry to the store (the tap), and the store folds the log at open.
+        let verifying_key = signing_key.verifying_key();
+        let (tap, tap_rx) = tollgate_store::tap();
+        let (audit, report) = tollgate_audit::Writer::open_with_tap(wc, signing_key, tap.into_fn())
+            .map_err(|source| DaemonError::AuditOpen {
                 path: audit_dir.clone(),
                 source: Box::new(source),
-            }
-        })?;
+            })?;
         tracing::info!(?report, "audit log open");
+        let audit = Arc::new(audit);
 
-        let store = EmbeddedStore::open(
+        let (store, store_report) = EmbeddedStore::open(
             data.join("state.redb"),
+            &audit_dir,
+            Some(&verifying_key),
+            audit.clone(),
+            tap_rx,
             StoreOptions {
                 max_sessions: config.limits.max_sessions,
-                durability: if config.state_fsync == "never" {
-                    tollgate_store::Durability::Never
-                } else {
-                    tollgate_store::Durability::Batch
-                },
+                snapshot_interval: config.state.snapshot_interval,
+                snapshot_entries: config.state.snapshot_entries,
                 ..StoreOptions::default()
             },
+            SystemClock.now_ns(),
         )?;
+        tracing::info!(?store_report, "state open");
 
         let socket = config.socket_path();
         let listener = bind(&socket, config.socket_mode).await?;
@@ -235,8 +243,8 @@ impl Daemon {
         &self.config
     }
 
-    /// Serve until `shutdown`; then finish in-flight calls, flush the audit log and the
-    /// store, and remove the socket.
+    /// Serve until `shutdown`; then finish in-flight calls, flush the audit log, write the
+    /// store's last snapshot, and remove the socket.
     pub async fn run(
         self,
         shutdown: impl std::future::Future<Output = ()>,
@@ -249,11 +257,11 @@ impl Daemon {
         } = self;
         server::serve(listener, service.clone(), config.limits.clone(), shutdown).await;
         let _ = std::fs::remove_file(&socket);
+        // The audit log first: once it is shut down every entry has been reported to the
+        // store, whose last snapshot then holds them all.
+        let flushed = service.audit().shutdown().map_err(DaemonError::AuditFlush);
         service.store().close().await?;
-        service
-            .audit()
-            .shutdown()
-            .map_err(DaemonError::AuditFlush)?;
+        flushed?;
         tracing::info!("stopped cleanly");
         Ok(())
     }

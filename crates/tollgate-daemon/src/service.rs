@@ -8,16 +8,15 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
 
-use tollgate_audit::VerdictRecord;
+use tollgate_core::signals::has_error_signal;
 use tollgate_core::{
-    apply_decision, apply_post_exec, decide, record_human_decision, Decision, Digest, GuardConfig,
-    HumanDecision, Money, Params, Reason, SessionState, SessionStatus, Successor, ToolCall,
-    UnixNanos, Verdict,
+    decide, Decision, Digest, HumanDecision, Money, Params, Reason, SessionState, SessionStatus,
+    Successor, ToolCall, UnixNanos,
 };
 use tollgate_proto::auth::{self, AuthError, Unverified};
 use tollgate_proto::sp1::{self, envelope::Payload, Envelope, ErrorCode};
 use tollgate_proto::{MessageKey, Verified, SUPPORTED_VERSIONS};
-use tollgate_store::{Change, Session, SessionMeta, SessionStore};
+use tollgate_store::{ops, Change, Policy, Session, SessionMeta, SessionStore};
 
 use crate::config::{DaemonConfig, DEFAULT_ORG};
 use crate::convert;
@@ -57,21 +56,24 @@ impl Clock for SystemClock {
     }
 }
 
-/// What the daemon remembers of a live session, beside the store: the guard deciding it
-/// and its organization's key.
+/// What the daemon remembers of a live session, beside the store: who it belongs to and
+/// the policy it runs under (fixed when it was opened).
 #[derive(Debug, Clone)]
 struct SessionInfo {
     organization_id: String,
     agent_id: String,
-    guard: Arc<GuardConfig>,
+    policy: Arc<Policy>,
 }
 
 /// The protocol engine.
 pub struct Service<S> {
     config: Arc<DaemonConfig>,
     store: S,
-    audit: tollgate_audit::Writer,
+    audit: Arc<tollgate_audit::Writer>,
     clock: Arc<dyn Clock>,
+    /// The policy new sessions get: per configured agent, and the default.
+    agent_policies: HashMap<String, Arc<Policy>>,
+    default_policy: Arc<Policy>,
     /// Agents' keys, by organization.
     keys: HashMap<String, MessageKey>,
     /// Operators' keys, by organization: human decisions need one of these.
@@ -120,13 +122,14 @@ pub enum Reply {
 }
 
 impl<S: SessionStore> Service<S> {
-    /// A service over `store`, writing to `audit`, with message keys derived from the
-    /// organizations' secrets: `secrets` for agents and `operator_secrets` for the humans
-    /// who decide, one each per organization id.
+    /// A service over `store`, whose journal is `audit` (the store writes every change's
+    /// entry there; the service uses the writer for shutdown and metrics), with message
+    /// keys derived from the organizations' secrets: `secrets` for agents and
+    /// `operator_secrets` for the humans who decide, one each per organization id.
     pub fn new(
         config: Arc<DaemonConfig>,
         store: S,
-        audit: tollgate_audit::Writer,
+        audit: Arc<tollgate_audit::Writer>,
         clock: Arc<dyn Clock>,
         secrets: &HashMap<String, Vec<u8>>,
         operator_secrets: &HashMap<String, Vec<u8>>,
@@ -139,7 +142,15 @@ impl<S: SessionStore> Service<S> {
         let keys = derive(secrets);
         let operator_keys = derive(operator_secrets);
         let limits = &config.limits;
+        let agent_policies = config
+            .agent_guards
+            .iter()
+            .map(|(agent, g)| (agent.clone(), Arc::new(Policy::new(g.clone()))))
+            .collect();
+        let default_policy = Arc::new(Policy::new(config.default_guard.clone()));
         Service {
+            agent_policies,
+            default_policy,
             pre_exec_limits: Mutex::new(RateLimiter::new(limits.pre_exec_per_second_per_session)),
             register_limits: Mutex::new(RateLimiter::new(limits.registrations_per_second_per_peer)),
             config,
@@ -160,6 +171,14 @@ impl<S: SessionStore> Service<S> {
     /// The audit writer.
     pub fn audit(&self) -> &tollgate_audit::Writer {
         &self.audit
+    }
+
+    /// The policy a new session of `agent` runs under.
+    fn policy_for(&self, agent: &str) -> Arc<Policy> {
+        self.agent_policies
+            .get(agent)
+            .unwrap_or(&self.default_policy)
+            .clone()
     }
 
     /// Handle one frame body from `peer`.
@@ -332,17 +351,9 @@ impl<S: SessionStore> Service<S> {
             .await
             .map_err(|e| refuse(ErrorCode::DaemonUnavailable, e.to_string()))?
             .ok_or_else(not_found)?;
-        let info = self.info_for(&session.meta);
+        let info = info_for(&session);
         lock(&self.sessions).insert(id.to_owned(), info.clone());
         Ok(info)
-    }
-
-    fn info_for(&self, meta: &SessionMeta) -> SessionInfo {
-        SessionInfo {
-            organization_id: meta.organization_id.clone(),
-            agent_id: meta.agent_id.clone(),
-            guard: Arc::new(self.config.guard_for(&meta.agent_id).clone()),
-        }
     }
 
     async fn dispatch(
@@ -411,18 +422,17 @@ impl<S: SessionStore> Service<S> {
                     format!("unknown session `{}`", r.session_id),
                 ));
             }
-            let ((state, last), durable) = self
+            let ((state, last), _) = self
                 .store
                 .apply(&r.session_id, move |s: &mut Session| {
                     s.last_heartbeat_ns = now;
                     if s.state.status == SessionStatus::Stale {
                         s.state.status = live_status(&s.state);
                     }
-                    Change::Commit((s.state.clone(), s.last_call_number))
+                    Change::Touch((s.state.clone(), s.last_call_number))
                 })
                 .await
                 .map_err(store_err)?;
-            durable.await.map_err(store_err)?;
             let id = convert::Identity {
                 session_id: &r.session_id,
                 agent_id: &info.agent_id,
@@ -432,34 +442,37 @@ impl<S: SessionStore> Service<S> {
                 session_id: r.session_id.clone(),
                 daemon_version: DAEMON_VERSION.into(),
                 negotiated_protocol: negotiated,
-                active_config: Some(convert::guard(&info.guard)),
+                active_config: Some(convert::guard(&info.policy.config)),
                 daemon_time_ns: now,
                 resumed: true,
-                state: Some(convert::session_state(id, &state, &info.guard, last)),
+                state: Some(convert::session_state(
+                    id,
+                    &state,
+                    &info.policy.config,
+                    last,
+                )),
             }));
         }
 
-        let guard = self.config.guard_for(&r.agent_id).clone();
+        let policy = self.policy_for(&r.agent_id);
         let session_id = new_session_id();
         let meta = SessionMeta {
             session_id: session_id.clone(),
             agent_id: r.agent_id.clone(),
             organization_id: org.clone(),
-            budget_scope: guard.budget_scope,
+            budget_scope: policy.config.budget_scope,
             created_at_ns: now,
-            config: None,
         };
-        let session = Session::new(meta.clone(), guard.budget, now);
-        let durable = self.store.create(session).await.map_err(|e| match e {
+        let session = Session::new(meta, policy.clone(), now);
+        let info = info_for(&session);
+        let (state, durable) = self.store.create(session, now).await.map_err(|e| match e {
             tollgate_store::StoreError::SessionCap { .. } => {
                 refuse(ErrorCode::OrganizationQuotaExceeded, e.to_string())
             }
             other => refuse(ErrorCode::DaemonUnavailable, other.to_string()),
         })?;
+        // The session exists once its session-opened entry is durable.
         durable.await.map_err(store_err)?;
-        let stored = self.store.get(&session_id).await.map_err(store_err)?;
-        let state = stored.map(|s| s.state).unwrap_or_default();
-        let info = self.info_for(&meta);
         lock(&self.sessions).insert(session_id.clone(), info);
         tracing::info!(%session_id, agent = %r.agent_id, %org, "session registered");
         let id = convert::Identity {
@@ -471,10 +484,10 @@ impl<S: SessionStore> Service<S> {
             session_id: session_id.clone(),
             daemon_version: DAEMON_VERSION.into(),
             negotiated_protocol: negotiated,
-            active_config: Some(convert::guard(&guard)),
+            active_config: Some(convert::guard(&policy.config)),
             daemon_time_ns: now,
             resumed: false,
-            state: Some(convert::session_state(id, &state, &guard, 0)),
+            state: Some(convert::session_state(id, &state, &policy.config, 0)),
         }))
     }
 
@@ -485,7 +498,7 @@ impl<S: SessionStore> Service<S> {
     }
 
     async fn pre_exec(&self, r: sp1::PreExecRequest, now: i64) -> Result<Payload, Refusal> {
-        let info = self.session_info(&r.session_id).await?;
+        self.session_info(&r.session_id).await?;
         if let Err(wait) = lock(&self.pre_exec_limits).check(&r.session_id, Instant::now()) {
             return Err(Refusal {
                 code: ErrorCode::RateLimited,
@@ -501,7 +514,6 @@ impl<S: SessionStore> Service<S> {
         }
         let rng = random_unit();
         let stale_after = self.stale_after_ns();
-        let guard: &GuardConfig = &info.guard;
         // The call is read from the request once, outside the session lock; the closure
         // borrows it.
         let call = to_call(&r);
@@ -515,7 +527,7 @@ impl<S: SessionStore> Service<S> {
                         return Change::Keep(Err(PreExecRefusal::Stale));
                     }
                     s.state.status = SessionStatus::Stale;
-                    return Change::Commit(Err(PreExecRefusal::Stale));
+                    return Change::Touch(Err(PreExecRefusal::Stale));
                 }
                 if s.state.status == SessionStatus::Stale {
                     return Change::Keep(Err(PreExecRefusal::Stale));
@@ -523,26 +535,21 @@ impl<S: SessionStore> Service<S> {
                 if call_number <= s.last_call_number {
                     return Change::Keep(Err(PreExecRefusal::CallNumber(s.last_call_number)));
                 }
-                let before = s.state.budget_remaining;
                 let repeat = s.state.repeat_count_for(call.tool_name, digest);
-                let d = decide(guard, &s.state, &call, now, rng);
-                apply_decision(guard, &mut s.state, &call, &d, call_number, now);
-                s.last_call_number = call_number;
-                Change::Commit(Ok(Decided {
+                let d = decide(&s.policy.config, &s.state, &call, now, rng);
+                let record = ops::verdict(s, &call, &d, call_number, now);
+                let decided = Decided {
                     decision: d,
-                    before,
-                    after: s.state.budget_remaining,
+                    after: record.budget_after,
                     repeat,
-                }))
+                };
+                Change::Commit(Ok(decided), record.into())
             })
             .await
             .map_err(|e| refuse(ErrorCode::DaemonUnavailable, e.to_string()))?;
         let decided = match outcome {
             Ok(d) => d,
             Err(PreExecRefusal::Stale) => {
-                durable
-                    .await
-                    .map_err(|e| refuse(ErrorCode::DaemonUnavailable, e.to_string()))?;
                 return Err(refuse(
                     ErrorCode::SessionStale,
                     "session is stale: it missed its heartbeats; send a heartbeat to resume",
@@ -555,39 +562,17 @@ impl<S: SessionStore> Service<S> {
                 ))
             }
         };
-        let record = VerdictRecord {
-            timestamp_ns: now,
-            session_id: r.session_id.clone(),
-            agent_id: info.agent_id.clone(),
-            organization_id: info.organization_id.clone(),
-            call_number: r.call_number,
-            tool_name: r.tool_name.clone(),
-            params_hash: digest.unwrap_or_default(),
-            verdict: decided.decision.verdict,
-            deny_reason: decided.decision.deny_reason,
-            reason: decided.decision.reason,
-            probabilistic: decided.decision.probabilistic,
-            budget_before: decided.before,
-            budget_after: decided.after,
-            operator_id: None,
-            estimated_cost: call.estimated_cost,
-            nonce: r.nonce,
-            config_digest: None,
-        };
-        let appended = self.audit.submit(record);
-        let (stored, logged) = futures_join(durable, appended).await;
-        stored.map_err(|e| {
-            refuse(
-                ErrorCode::DaemonUnavailable,
-                format!("state not durable: {e}"),
-            )
-        })?;
-        let entry = logged.map_err(|e| {
-            refuse(
-                ErrorCode::DaemonUnavailable,
-                format!("audit not durable: {e}"),
-            )
-        })?;
+        // The verdict is sent only once its audit entry (the one durable record of the
+        // state change) is durable.
+        let entry = durable
+            .await
+            .map_err(|e| {
+                refuse(
+                    ErrorCode::DaemonUnavailable,
+                    format!("verdict not durable: {e}"),
+                )
+            })?
+            .ok_or_else(|| refuse(ErrorCode::DaemonUnavailable, "verdict not journaled"))?;
         let d = decided.decision;
         Ok(Payload::PreExecResponse(sp1::PreExecResponse {
             session_id: r.session_id,
@@ -606,39 +591,36 @@ impl<S: SessionStore> Service<S> {
     }
 
     async fn post_exec(&self, r: sp1::PostExecNotification, now: i64) -> Result<(), Refusal> {
-        let info = self.session_info(&r.session_id).await?;
-        // A cost that is not a finite non-negative amount is charged as zero and logged:
-        // post-exec is a report, not a request, so there is nothing to deny.
-        let actual = Money::from_usd_non_negative(r.actual_cost_usd).unwrap_or_else(|e| {
-            tracing::warn!(session = %r.session_id, "post_exec cost ignored: {e}");
-            Money::ZERO
-        });
-        let guard = info.guard.clone();
-        let error = (!r.success || !r.error_message.is_empty()).then(|| r.error_message.clone());
+        self.session_info(&r.session_id).await?;
+        // The reported cost is settled as sent: a cost the core cannot read (NaN, ±∞,
+        // negative) is charged as the estimate and flagged in the entry, never refunded.
+        let error = !r.success || !r.error_message.is_empty();
+        let error_signal = error && has_error_signal(&r.error_message);
         let (_, durable) = self
             .store
             .apply(&r.session_id, move |s: &mut Session| {
-                apply_post_exec(
-                    &guard,
-                    &mut s.state,
+                let record = ops::settle(
+                    s,
                     r.call_number,
-                    actual,
-                    error.as_deref(),
+                    r.actual_cost_usd,
+                    r.success,
+                    error_signal,
                     now,
                 );
-                Change::Commit(())
+                Change::Commit((), record.into())
             })
             .await
             .map_err(|e| refuse(ErrorCode::DaemonUnavailable, e.to_string()))?;
         durable
             .await
+            .map(|_| ())
             .map_err(|e| refuse(ErrorCode::DaemonUnavailable, e.to_string()))
     }
 
     async fn heartbeat(&self, r: sp1::Heartbeat, now: i64) -> Result<Payload, Refusal> {
         self.session_info(&r.session_id).await?;
         let local = Money::from_usd(r.local_budget_remaining).ok();
-        let ((remaining, status), durable) = self
+        let ((remaining, status), _) = self
             .store
             .apply(&r.session_id, move |s: &mut Session| {
                 s.last_heartbeat_ns = now;
@@ -646,11 +628,8 @@ impl<S: SessionStore> Service<S> {
                 if s.state.status == SessionStatus::Stale {
                     s.state.status = live_status(&s.state);
                 }
-                Change::Commit((s.state.budget_remaining, s.state.status))
+                Change::Touch((s.state.budget_remaining, s.state.status))
             })
-            .await
-            .map_err(|e| refuse(ErrorCode::DaemonUnavailable, e.to_string()))?;
-        durable
             .await
             .map_err(|e| refuse(ErrorCode::DaemonUnavailable, e.to_string()))?;
         Ok(Payload::HeartbeatAck(sp1::HeartbeatAck {
@@ -687,7 +666,7 @@ impl<S: SessionStore> Service<S> {
         Ok(Payload::SessionState(convert::session_state(
             ident,
             &s.state,
-            &info.guard,
+            &info.policy.config,
             s.last_call_number,
         )))
     }
@@ -718,7 +697,7 @@ impl<S: SessionStore> Service<S> {
     }
 
     async fn hitl_decide(&self, r: sp1::HitlDecideRequest, now: i64) -> Result<Payload, Refusal> {
-        let info = self.session_info(&r.session_id).await?;
+        self.session_info(&r.session_id).await?;
         if r.operator_id.trim().is_empty() || r.operator_id.len() > 256 {
             return Err(refuse(
                 ErrorCode::InvalidRequest,
@@ -741,55 +720,22 @@ impl<S: SessionStore> Service<S> {
             }
             _ => None,
         };
-        let d2 = decision.clone();
+        let operator = r.operator_id.clone();
         let (outcome, durable) = self
             .store
-            .apply(
-                &r.session_id,
-                move |s: &mut Session| match record_human_decision(&mut s.state, d2, successor, now)
-                {
-                    Ok(()) => Change::Commit(Ok((
-                        s.state.pending.clone(),
-                        s.state.budget_remaining,
-                        s.last_call_number,
-                    ))),
+            .apply(&r.session_id, move |s: &mut Session| {
+                match ops::human_decision(s, decision, successor, &operator, now) {
+                    Ok(record) => Change::Commit(Ok(s.state.pending.clone()), record.into()),
                     Err(e) => Change::Keep(Err(e)),
-                },
-            )
+                }
+            })
             .await
             .map_err(|e| refuse(ErrorCode::DaemonUnavailable, e.to_string()))?;
-        let (pending, remaining, last_call) =
-            outcome.map_err(|e| refuse(ErrorCode::HitlRefused, e.to_string()))?;
-        let (verdict, reason) = match decision {
-            HumanDecision::Approve => (Verdict::Allow, Reason::TransitionApprove),
-            HumanDecision::Modify => (Verdict::Allow, Reason::TransitionModifySuccessor),
-            HumanDecision::Reject => (Verdict::Deny, Reason::TransitionReject),
-            _ => (Verdict::Hitl, Reason::TransitionDeferEscalate),
-        };
-        let p = pending.clone().unwrap_or_default();
-        let record = VerdictRecord {
-            timestamp_ns: now,
-            session_id: r.session_id.clone(),
-            agent_id: info.agent_id.clone(),
-            organization_id: info.organization_id.clone(),
-            call_number: last_call,
-            tool_name: p.tool_name.clone().unwrap_or_default(),
-            params_hash: p.original_args_digest.unwrap_or_default(),
-            verdict,
-            deny_reason: reason.deny_reason().filter(|_| verdict == Verdict::Deny),
-            reason,
-            probabilistic: false,
-            budget_before: remaining,
-            budget_after: remaining,
-            operator_id: Some(r.operator_id.clone()),
-            estimated_cost: Money::ZERO,
-            nonce: p.original_nonce.unwrap_or(0),
-            config_digest: None,
-        };
-        let appended = self.audit.submit(record);
-        let (stored, logged) = futures_join(durable, appended).await;
-        stored.map_err(|e| refuse(ErrorCode::DaemonUnavailable, e.to_string()))?;
-        let entry = logged.map_err(|e| refuse(ErrorCode::DaemonUnavailable, e.to_string()))?;
+        let pending = outcome.map_err(|e| refuse(ErrorCode::HitlRefused, e.to_string()))?;
+        let entry = durable
+            .await
+            .map_err(|e| refuse(ErrorCode::DaemonUnavailable, e.to_string()))?
+            .ok_or_else(|| refuse(ErrorCode::DaemonUnavailable, "decision not journaled"))?;
         tracing::info!(session = %r.session_id, operator = %r.operator_id, decision = %r.decision, "human decision recorded");
         Ok(Payload::HitlDecideResponse(sp1::HitlDecideResponse {
             session_id: r.session_id,
@@ -840,9 +786,16 @@ pub fn transport_error(code: ErrorCode, message: &str) -> Vec<u8> {
 #[derive(Debug, Clone, Copy)]
 struct Decided {
     decision: Decision,
-    before: Money,
     after: Money,
     repeat: u32,
+}
+
+fn info_for(session: &Session) -> SessionInfo {
+    SessionInfo {
+        organization_id: session.meta.organization_id.clone(),
+        agent_id: session.meta.agent_id.clone(),
+        policy: session.policy.clone(),
+    }
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -983,14 +936,6 @@ fn random_unit() -> f64 {
         return 0.0;
     }
     tollgate_core::draw_from_bytes(b)
-}
-
-/// Await two futures concurrently.
-async fn futures_join<A: std::future::Future, B: std::future::Future>(
-    a: A,
-    b: B,
-) -> (A::Output, B::Output) {
-    tokio::join!(a, b)
 }
 
 #[cfg(test)]

@@ -1,287 +1,296 @@
-//! [`EmbeddedStore`]: sessions in memory, persisted to a redb file by one group-committing
-//! writer thread.
+//! [`EmbeddedStore`]: sessions in memory, the audit log as their write-ahead log, and a
+//! redb file of snapshots.
+//!
+//! Every durable change is one audit entry ([`crate::ops`]), so the audit log is the one
+//! place a change becomes durable: the store writes nothing of its own on the path of a
+//! change. A snapshot thread folds each entry the audit writer reports durable (its tap)
+//! into a [`Ledger`] and, every few seconds, writes the sessions and budgets that changed
+//! to the redb file, in one durable transaction with the chain position they reflect
+//! (the index of the next entry and the hash of the last). Opening loads the snapshot and
+//! folds the entries logged after it. So after a kill -9 at any instant the state is the
+//! fold of the log, exactly: no change is durable in one place and missing from the other.
 
-use std::collections::{BTreeSet, HashMap};
-use std::ffi::OsString;
-use std::fs::{File, OpenOptions};
-use std::io::{ErrorKind, Read, Write};
-use std::os::unix::fs::OpenOptionsExt;
-use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering;
+use std::path::Path;
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
-use redb::{Database, ReadableDatabase, ReadableTable};
+use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition};
+use tollgate_audit::{Committed, VerifyingKey};
+use tollgate_core::{Digest, UnixNanos};
 
-#[cfg(doc)]
-use crate::durable::Durable;
-use crate::engine::{Engine, EngineLimits, Journal, Pending};
+use crate::durable::Journal;
+use crate::engine::Engine;
+use crate::ledger::Ledger;
 use crate::record;
 use crate::session::{Budget, BudgetKey, Session};
-use crate::wal::{self, Dirty, BUDGETS, FOLDED_SEQ, META, NONCES, SESSIONS};
-#[cfg(doc)]
-use crate::SessionStore;
 use crate::StoreError;
 
-/// Fold the log into the main tables after this many bytes of log at most.
-const CHECKPOINT_BYTES: usize = 8 * 1024 * 1024;
-
-/// The write-ahead log of the store at `db`: `<db>.wal`.
-fn wal_path(db: &Path) -> PathBuf {
-    let mut p = OsString::from(db.as_os_str());
-    p.push(".wal");
-    PathBuf::from(p)
-}
-
-/// Where a new log is written before it is renamed over the old one.
-fn wal_tmp_path(wal: &Path) -> PathBuf {
-    let mut p = OsString::from(wal.as_os_str());
-    p.push(".tmp");
-    PathBuf::from(p)
-}
-
-fn io_error(op: &'static str) -> impl Fn(std::io::Error) -> StoreError {
-    move |e| StoreError::Backend {
-        op,
-        message: e.to_string(),
-    }
-}
-
-/// When a [`Durable`] completes, relative to the disk.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Durability {
-    /// Group commit with fsync: a `Durable` completes after the log record holding its
-    /// change has been written to the write-ahead log file and `fdatasync`ed. Survives
-    /// kill -9 and power loss.
-    #[default]
-    Batch,
-    /// Group commit without fsync: a `Durable` completes once its batch is written to the
-    /// log file (in the page cache). That survives kill -9 of the process, not power loss
-    /// or an OS crash: those lose everything since the last checkpoint (checkpoints and
-    /// [`SessionStore::close`] are durable), and may leave a log that opens only as
-    /// [`StoreError::Corrupt`] (pages written back out of order). For tests and
-    /// benchmarks.
-    Never,
-}
+const SESSIONS: TableDefinition<&str, &[u8]> = TableDefinition::new("sessions");
+const BUDGETS: TableDefinition<&str, &[u8]> = TableDefinition::new("budgets");
+const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
+/// META key: the snapshot format.
+const FORMAT_KEY: &str = "format";
+/// The snapshot format this code writes and reads.
+const FORMAT: &[u8] = b"tollgate-snapshot/1";
+/// META key: the chain position: next index (u64 big-endian) then the last hash.
+const POSITION_KEY: &str = "position";
 
 /// How to open an [`EmbeddedStore`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StoreOptions {
     /// Live sessions allowed; `create` fails with [`StoreError::SessionCap`] beyond it.
-    /// Sessions loaded at open count toward it but are never refused (lowering the cap
-    /// below what is stored only blocks new sessions).
+    /// Sessions loaded at open count toward it but are never refused.
     pub max_sessions: usize,
-    /// When writes count as done.
-    pub durability: Durability,
-    /// The largest record read back at open, in bytes; a bigger one is
+    /// The largest session record read back at open, in bytes; a bigger one is
     /// [`StoreError::Corrupt`].
     pub max_record_bytes: usize,
-    /// The most entries (seen nonces + reservations + per-tool counts) one session's
-    /// state may hold; a commit beyond it is [`StoreError::StateTooLarge`]. Keeps every
-    /// record well under `max_record_bytes`.
-    pub max_state_entries: usize,
-    /// Group commits between checkpoints (folding the write-ahead log file into the redb
-    /// tables in one durable transaction, then starting a new, empty log file; also done
-    /// after 8 MiB of log and at `close`). More means fewer, larger checkpoints and a
-    /// longer replay at open after a crash.
-    pub checkpoint_entries: u64,
+    /// Write a snapshot at most this often when something changed (default 5 s), ...
+    pub snapshot_interval: Duration,
+    /// ... or once this many entries were folded since the last one (default 100 000).
+    /// Both bound how much of the log a restart replays.
+    pub snapshot_entries: u64,
 }
 
 impl Default for StoreOptions {
     fn default() -> Self {
         StoreOptions {
             max_sessions: 100_000,
-            durability: Durability::Batch,
             max_record_bytes: 16 * 1024 * 1024,
-            max_state_entries: 200_000,
-            checkpoint_entries: 1024,
+            snapshot_interval: Duration::from_secs(5),
+            snapshot_entries: 100_000,
         }
     }
 }
 
-impl StoreOptions {
-    pub(crate) fn limits(&self) -> EngineLimits {
-        EngineLimits {
-            max_sessions: self.max_sessions,
-            max_state_entries: self.max_state_entries,
-        }
+/// What the snapshot thread is told.
+enum Msg {
+    /// Entries the audit writer made durable, in chain order.
+    Entries(Vec<Committed>),
+    /// Write a snapshot now (if anything changed), then answer.
+    Snapshot(Sender<Result<SnapshotStats, StoreError>>),
+    /// Fold what is queued, write a last snapshot, answer, and stop.
+    Close(Sender<Result<SnapshotStats, StoreError>>),
+}
+
+/// The audit writer's side of the tap: give [`Tap::into_fn`] to
+/// `tollgate_audit::Writer::open_with_tap`.
+#[derive(Debug)]
+pub struct Tap(Sender<Msg>);
+
+impl Tap {
+    /// The callback the audit writer calls with each durable batch.
+    pub fn into_fn(self) -> Box<dyn FnMut(Vec<Committed>) + Send> {
+        let tx = self.0;
+        Box::new(move |batch| {
+            // A closed store no longer folds; the entries are in the log for next time.
+            let _ = tx.send(Msg::Entries(batch));
+        })
     }
 }
 
-fn backend(op: &'static str) -> impl Fn(redb::Error) -> StoreError {
-    move |e| StoreError::Backend {
-        op,
-        message: e.to_string(),
+/// The store's side of the tap: give it to [`EmbeddedStore::open`].
+#[derive(Debug)]
+pub struct TapReceiver {
+    rx: Receiver<Msg>,
+    tx: Sender<Msg>,
+}
+
+impl std::fmt::Debug for Msg {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Msg::Entries(_) => "Entries",
+            Msg::Snapshot(_) => "Snapshot",
+            Msg::Close(_) => "Close",
+        })
     }
 }
 
-/// What the writer thread has done since the store was opened.
+/// A connected tap: the writer's end and the store's.
+pub fn tap() -> (Tap, TapReceiver) {
+    let (tx, rx) = mpsc::channel();
+    (Tap(tx.clone()), TapReceiver { rx, tx })
+}
+
+/// What opening did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StoreReport {
+    /// Sessions live after opening.
+    pub sessions: usize,
+    /// The chain position the snapshot held.
+    pub snapshot_index: u64,
+    /// Entries folded from the log after the snapshot.
+    pub replayed: u64,
+    /// The chain position the state reflects.
+    pub next_index: u64,
+}
+
+/// What snapshots have been written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct WriterStats {
-    /// Transactions committed (group commits).
-    pub batches: u64,
-    /// Session records written (after coalescing: one per session per batch).
+pub struct SnapshotStats {
+    /// Snapshots written since open.
+    pub snapshots: u64,
+    /// Session records written since open.
     pub sessions_written: u64,
-    /// Shared budget records written.
-    pub budgets_written: u64,
-    /// Time spent encoding, writing and committing (fsync and checkpoints included).
-    pub write_time: std::time::Duration,
-    /// Checkpoints (log folded into the main tables).
-    pub checkpoints: u64,
-    /// `fdatasync`s of the write-ahead log: one per batch under [`Durability::Batch`],
-    /// none under [`Durability::Never`]. Counted before the batch's `Durable`s complete.
-    pub log_syncs: u64,
+    /// The chain position of the last snapshot.
+    pub position: u64,
 }
 
-/// A session store in one redb file and a write-ahead log file beside it.
+/// A session store held in memory, made durable by the audit log, snapshotted to redb.
 ///
-/// Live sessions are held in memory (the authoritative copy), so `apply` is two locks, a
-/// copy of the session without its nonce set, the closure, and one walk over the nonce
-/// set to find what the closure changed: microseconds, no I/O. Every committed change is
-/// queued for a single writer thread, which **group-commits**: it takes everything queued
-/// (only the latest state of each session and budget, plus the nonces added and removed),
-/// appends it as one checksummed record to the write-ahead log file `<path>.wal` with one
-/// `write`, `fdatasync`s it, then completes every [`Durable`] of that batch. While one
-/// batch is being fsynced the next one fills, so any number of concurrent sessions share
-/// one fsync. With one call in flight per session, durable throughput is about
-/// `sessions in flight / (2 × commit time)`: the sessions fall into two cohorts that
-/// alternate between filling a batch and waiting for one.
-///
-/// On disk: the log file (a header, then one record per batch; format in the `wal`
-/// module), and the redb tables `sessions` (id → session record without nonces, see
-/// [`crate::record`]), `nonces` ((id, nonce) → ()), `budgets` (budget key → amounts)
-/// and `meta` (the number of the last batch folded into the tables). Every
-/// [`StoreOptions::checkpoint_entries`] group commits (or 8 MiB of log, or at `close`)
-/// the writer folds the logged batches into the tables in one durable redb transaction,
-/// then replaces the log with a new, empty one (written beside, fsynced, renamed over,
-/// directory fsynced). At open, the batches in the log after the folded one are verified,
-/// replayed and folded the same way before anything is loaded; a torn last record (a
-/// write a crash cut short, never acknowledged) is cut off and logged, and copied to
-/// `<path>.wal.torn`; damage anywhere else is [`StoreError::Corrupt`].
-///
-/// Guarantees:
-/// - *Atomicity per change*: a session and its shared budget are written in the same
-///   log record; a reader after a crash sees each change entirely or not at all.
-/// - *Order*: batches commit in order, so when a change's `Durable` completes, every
-///   change made before it (to any session) is durable too; after a crash the store holds
-///   exactly the state after some prefix of the committed changes, a consistent cut
-///   (never a state that skips a change and keeps a later one).
-/// - *Failure is sticky*: if a batch fails to commit, its `Durable`s report the error and
-///   every later change is refused with [`StoreError::Failed`]; reopen to recover the
-///   last committed state.
-/// - Opening takes redb's file lock, held until the store is closed: a second process
-///   opening the same store fails. The log is only touched while the lock is held.
-///
-/// The trait methods do their work when called and return futures that are already
-/// ready (only [`Durable`] ever waits); the `*_sync` methods are the same without a
-/// future. Nothing here blocks on I/O except `close`, `open` and [`Durable::wait`].
+/// `apply` is two locks, the closure and a submit to the audit writer: microseconds, no
+/// I/O of its own. The one durable write of a change is its audit entry; its
+/// [`crate::Durable`] completes when that entry is durable.
 #[derive(Debug)]
 pub struct EmbeddedStore {
-    engine: Arc<Engine>,
-    writer: Mutex<Option<JoinHandle<Result<(), StoreError>>>>,
+    pub(crate) engine: Engine,
+    control: Sender<Msg>,
+    thread: Mutex<Option<JoinHandle<()>>>,
 }
 
 impl EmbeddedStore {
-    /// Open (or create) the store at `path` (and its log, `<path>.wal`), replay the log,
-    /// and load every session and budget back.
+    /// Open (or create) the snapshot file `path`, fold the audit log in `log_dir` from
+    /// the snapshot's position to its end (checking signatures with `key` when given),
+    /// and start the snapshot thread on `tap`. `journal` is where changes are written: the
+    /// audit writer of `log_dir`, opened with `tap`'s other end, before this.
     ///
-    /// Fails if the file is locked by another process, cannot be read, holds a record
-    /// that does not decode (reported with its key), or the log is missing or damaged
-    /// anywhere but in its last record (nothing is skipped: a store that silently forgot
-    /// a tripped circuit would fail open).
+    /// Refuses to open ([`StoreError::Corrupt`]) when the snapshot and the log disagree:
+    /// the log ends before the snapshot's position, the entry at the position does not
+    /// link to the snapshot's last hash, or an entry does not fold (see
+    /// [`crate::ops::replay`]). A missing snapshot file is an empty snapshot at the start
+    /// of the log, so a store can be rebuilt from its log alone.
     pub fn open(
         path: impl AsRef<Path>,
+        log_dir: impl AsRef<Path>,
+        key: Option<&VerifyingKey>,
+        journal: Arc<dyn Journal>,
+        tap: TapReceiver,
         options: StoreOptions,
-    ) -> Result<EmbeddedStore, StoreError> {
+        now: UnixNanos,
+    ) -> Result<(EmbeddedStore, StoreReport), StoreError> {
         let path = path.as_ref();
-        // redb's file lock is taken here and held until the writer thread ends (it owns
-        // the `Database`). The log file and its temporary sibling are only read or
-        // written between those two points, so the lock covers them too: a second
-        // process fails here, before it looks at the log.
+        // redb's file lock is held until the snapshot thread ends (it owns the
+        // `Database`): a second process fails here.
         let db = Database::create(path).map_err(|e| StoreError::Backend {
             op: "open",
             message: e.to_string(),
         })?;
-        // Make sure every table exists, so reads below never meet a missing table.
-        let init = || -> Result<(), redb::Error> {
-            let txn = db.begin_write()?;
-            txn.open_table(SESSIONS)?;
-            txn.open_table(BUDGETS)?;
-            txn.open_table(NONCES)?;
-            txn.open_table(META)?;
-            txn.commit()?;
-            Ok(())
+        init(&db)?;
+        let mut ledger = load(&db, &options)?;
+        let snapshot_index = ledger.next_index;
+        let corrupt = |reason: String| StoreError::Corrupt {
+            key: log_dir.as_ref().display().to_string(),
+            reason,
         };
-        init().map_err(backend("initialize"))?;
-        let wal = wal_path(path);
-        let (folded, log) = recover(&db, &wal)?;
-        let (sessions, budgets) = load(&db, &options)?;
-        let engine = Arc::new(Engine::new(options.limits(), Some(Journal::new())));
-        engine.load(sessions, budgets)?;
-        let writer_engine = Arc::clone(&engine);
-        let durability = options.durability;
-        let checkpoint_entries = options.checkpoint_entries.max(1);
-        let writer = std::thread::Builder::new()
-            .name("tollgate-store-writer".into())
-            .spawn(move || {
-                let writer = Writer {
-                    db: &db,
-                    wal,
-                    log,
-                    durability,
-                    dirty: Dirty::default(),
-                    next_seq: folded.saturating_add(1),
-                    log_entries: 0,
-                    log_bytes: 0,
-                    checkpoint_entries,
-                };
-                writer_loop(writer, &writer_engine)
-            })
+        let mut fold_error = None;
+        let end = tollgate_audit::read_tail(log_dir.as_ref(), snapshot_index, key, &mut |e| {
+            // The reader checks every link after the first; the first must link to the
+            // snapshot. Record hashes are not handed out by the reader: the ledger's last
+            // hash is set from the reader's end below.
+            let prev = (e.index == snapshot_index).then_some(e.prev_hash);
+            ledger
+                .fold(e.index, Digest::default(), prev, &e.event)
+                .map_err(|err| {
+                    let text = err.to_string();
+                    fold_error = Some(err);
+                    text
+                })
+        });
+        let end = match end {
+            Ok(end) => end,
+            Err(e) => {
+                return Err(corrupt(match fold_error {
+                    Some(f) => format!("the audit log does not fold onto the snapshot: {f}"),
+                    None => format!(
+                        "the audit log cannot be read from the snapshot's position {snapshot_index}: {e}"
+                    ),
+                }))
+            }
+        };
+        if end.next_index != ledger.next_index {
+            return Err(corrupt(format!(
+                "the audit log ends at {} but folding stopped at {}",
+                end.next_index, ledger.next_index
+            )));
+        }
+        if ledger.next_index > snapshot_index || snapshot_index == 0 {
+            ledger.last_hash = end.last_hash;
+        } else if end.last_hash != ledger.last_hash {
+            return Err(corrupt(format!(
+                "the entry before position {snapshot_index} is not the one the snapshot recorded"
+            )));
+        }
+        let replayed = ledger.next_index - snapshot_index;
+        if replayed > 0 {
+            write_snapshot(&db, &mut ledger)?;
+        }
+        let engine = Engine::new(options.max_sessions, Some(journal));
+        let sessions = ledger.sessions.values().cloned().map(|mut s| {
+            s.last_heartbeat_ns = now;
+            s
+        });
+        engine.load(
+            sessions,
+            ledger.budgets.iter().map(|(k, b)| (k.clone(), *b)),
+        )?;
+        let report = StoreReport {
+            sessions: engine.len(),
+            snapshot_index,
+            replayed,
+            next_index: ledger.next_index,
+        };
+        let control = tap.tx.clone();
+        let thread = std::thread::Builder::new()
+            .name("tollgate-store-snapshot".into())
+            .spawn(move || snapshot_loop(&db, ledger, &tap.rx, options))
             .map_err(|e| StoreError::Backend {
-                op: "spawn writer",
+                op: "spawn snapshot thread",
                 message: e.to_string(),
             })?;
-        Ok(EmbeddedStore {
-            engine,
-            writer: Mutex::new(Some(writer)),
-        })
+        Ok((
+            EmbeddedStore {
+                engine,
+                control,
+                thread: Mutex::new(Some(thread)),
+            },
+            report,
+        ))
     }
 
-    /// The writer's counters so far (for metrics and benchmarks).
-    pub fn writer_stats(&self) -> WriterStats {
-        let Some(j) = self.engine.journal() else {
-            return WriterStats::default();
-        };
-        let st = &j.stats;
-        WriterStats {
-            batches: st.batches.load(Ordering::Relaxed),
-            sessions_written: st.sessions.load(Ordering::Relaxed),
-            budgets_written: st.budgets.load(Ordering::Relaxed),
-            write_time: std::time::Duration::from_nanos(st.write_nanos.load(Ordering::Relaxed)),
-            checkpoints: st.checkpoints.load(Ordering::Relaxed),
-            log_syncs: st.log_syncs.load(Ordering::Relaxed),
-        }
+    /// Write a snapshot of everything folded so far (if anything changed), and wait.
+    pub fn snapshot(&self) -> Result<SnapshotStats, StoreError> {
+        let (tx, rx) = mpsc::channel();
+        self.control
+            .send(Msg::Snapshot(tx))
+            .map_err(|_| StoreError::Closed)?;
+        rx.recv().map_err(|_| StoreError::Closed)?
     }
 
-    /// [`SessionStore::close`], without a future: stop taking changes, write everything
-    /// queued durably, and stop the writer. Idempotent.
+    /// [`crate::SessionStore::close`], without a future: refuse further changes, fold
+    /// what the audit writer has reported, write a last snapshot, and stop the snapshot
+    /// thread. Idempotent. Close the audit writer first, so that every entry has been
+    /// reported.
     pub fn close_sync(&self) -> Result<(), StoreError> {
-        if let Some(j) = self.engine.journal() {
-            j.close();
-        }
+        self.engine.stop(StoreError::Closed);
         let handle = self
-            .writer
+            .thread
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .take();
-        match handle {
-            Some(h) => h.join().unwrap_or_else(|_| {
-                Err(StoreError::Failed {
-                    message: "the writer thread panicked".into(),
-                })
-            }),
-            None => Ok(()),
-        }
+        let Some(handle) = handle else { return Ok(()) };
+        let (tx, rx) = mpsc::channel();
+        let sent = self.control.send(Msg::Close(tx)).is_ok();
+        let outcome = if sent {
+            rx.recv().unwrap_or(Err(StoreError::Closed))
+        } else {
+            Ok(SnapshotStats::default())
+        };
+        let joined = handle.join();
+        outcome?;
+        joined.map_err(|_| StoreError::Failed {
+            message: "the snapshot thread panicked".into(),
+        })
     }
 }
 
@@ -291,358 +300,241 @@ impl Drop for EmbeddedStore {
     }
 }
 
-/// Everything read back at open.
-type Loaded = (Vec<Session>, Vec<(BudgetKey, Budget)>);
+crate::ready_session_store!(EmbeddedStore, EmbeddedStore::close_sync);
 
-fn load(db: &Database, options: &StoreOptions) -> Result<Loaded, StoreError> {
-    let max_record_bytes = options.max_record_bytes;
-    let read = || -> Result<_, redb::Error> {
-        let txn = db.begin_read()?;
-        let sessions = txn.open_table(SESSIONS)?;
-        let mut out = Vec::new();
-        for row in sessions.iter()? {
-            let (k, v) = row?;
-            out.push((k.value().to_owned(), v.value().to_vec()));
-        }
-        let budgets = txn.open_table(BUDGETS)?;
-        let mut bout = Vec::new();
-        for row in budgets.iter()? {
-            let (k, v) = row?;
-            bout.push((k.value().to_owned(), v.value().to_vec()));
-        }
-        let nonces = txn.open_table(NONCES)?;
-        let mut nout: HashMap<String, BTreeSet<u64>> = HashMap::new();
-        for row in nonces.iter()? {
-            let (k, _) = row?;
-            let (id, n) = k.value();
-            match nout.get_mut(id) {
-                Some(set) => {
-                    set.insert(n);
-                }
-                None => {
-                    nout.insert(id.to_owned(), BTreeSet::from([n]));
-                }
+fn backend(op: &'static str) -> impl Fn(redb::Error) -> StoreError {
+    move |e| StoreError::Backend {
+        op,
+        message: e.to_string(),
+    }
+}
+
+/// Make sure every table exists and the file is a snapshot file of this format.
+fn init(db: &Database) -> Result<(), StoreError> {
+    let check = || -> Result<Option<Vec<u8>>, redb::Error> {
+        let txn = db.begin_write()?;
+        let found = {
+            let mut meta = txn.open_table(META)?;
+            let found = meta.get(FORMAT_KEY)?.map(|v| v.value().to_vec());
+            let empty = meta.is_empty()?;
+            if empty {
+                meta.insert(FORMAT_KEY, FORMAT)?;
             }
-        }
-        Ok((out, bout, nout))
+            txn.open_table(SESSIONS)?;
+            txn.open_table(BUDGETS)?;
+            if empty {
+                None
+            } else {
+                Some(found.unwrap_or_default())
+            }
+        };
+        txn.commit()?;
+        Ok(found)
     };
-    let (raw_sessions, raw_budgets, mut nonces) = read().map_err(backend("load"))?;
+    match check().map_err(|e| match e {
+        // An older store's tables have other value types.
+        redb::Error::TableTypeMismatch { .. } => StoreError::Incompatible {
+            found: "a store written by tollgate 0.1 (its own write-ahead log)".into(),
+        },
+        other => backend("initialize")(other),
+    })? {
+        None => Ok(()),
+        Some(f) if f == FORMAT => Ok(()),
+        Some(f) => Err(StoreError::Incompatible {
+            found: String::from_utf8_lossy(&f).chars().take(80).collect(),
+        }),
+    }
+}
+
+/// The snapshot as a ledger.
+fn load(db: &Database, options: &StoreOptions) -> Result<Ledger, StoreError> {
+    type Rows = Vec<(String, Vec<u8>)>;
+    let read = || -> Result<(Rows, Rows, Option<Vec<u8>>), redb::Error> {
+        let txn = db.begin_read()?;
+        let mut sessions = Vec::new();
+        for row in txn.open_table(SESSIONS)?.iter()? {
+            let (k, v) = row?;
+            sessions.push((k.value().to_owned(), v.value().to_vec()));
+        }
+        let mut budgets = Vec::new();
+        for row in txn.open_table(BUDGETS)?.iter()? {
+            let (k, v) = row?;
+            budgets.push((k.value().to_owned(), v.value().to_vec()));
+        }
+        let position = txn
+            .open_table(META)?
+            .get(POSITION_KEY)?
+            .map(|v| v.value().to_vec());
+        Ok((sessions, budgets, position))
+    };
+    let (sessions, budgets, position) = read().map_err(backend("load"))?;
     let corrupt = |key: &str, reason: String| StoreError::Corrupt {
         key: key.chars().take(300).collect(),
         reason,
     };
-    let mut sessions = Vec::with_capacity(raw_sessions.len());
-    for (k, v) in raw_sessions {
-        let s =
-            record::decode_session(&v, max_record_bytes).map_err(|e| corrupt(&k, e.to_string()))?;
+    let mut ledger = Ledger::new();
+    if let Some(p) = position {
+        let (index, hash) = p
+            .split_first_chunk::<8>()
+            .and_then(|(i, h)| Some((u64::from_be_bytes(*i), Digest::from_slice(h)?)))
+            .ok_or_else(|| corrupt(POSITION_KEY, "not 40 bytes".into()))?;
+        ledger.next_index = index;
+        ledger.last_hash = hash;
+    }
+    for (k, v) in sessions {
+        let s = record::decode_session(&v, options.max_record_bytes, 0)
+            .map_err(|e| corrupt(&k, e.to_string()))?;
         if s.meta.session_id != k {
             return Err(corrupt(&k, "record names another session".into()));
         }
-        let mut s = s;
-        if let Some(set) = nonces.remove(&k) {
-            if s.state.seen_nonces.is_empty() {
-                s.state.seen_nonces = set.into();
-            } else {
-                s.state.seen_nonces.extend(set);
-            }
-        }
-        if s.state_entries() > options.max_state_entries {
-            return Err(corrupt(
-                &k,
-                format!(
-                    "state holds {} entries, over the limit of {}",
-                    s.state_entries(),
-                    options.max_state_entries
-                ),
-            ));
-        }
-        sessions.push(s);
+        ledger.sessions.insert(k, s);
     }
-    if let Some(id) = nonces.keys().next() {
-        return Err(corrupt(
-            id,
-            "nonces of a session that does not exist".into(),
-        ));
-    }
-    let mut budgets = Vec::with_capacity(raw_budgets.len());
-    for (k, v) in raw_budgets {
+    for (k, v) in budgets {
         let key = record::parse_budget_key(&k).map_err(|e| corrupt(&k, e.to_string()))?;
         let b = record::decode_budget(&v).map_err(|e| corrupt(&k, e.to_string()))?;
-        budgets.push((key, b));
+        ledger.budgets.insert(key, b);
     }
-    Ok((sessions, budgets))
-}
-
-/// Replay the write-ahead log file left by a crash into the main tables (one durable
-/// transaction), so that loading reads only the main tables, then start a new, empty log.
-/// Returns the last batch number in the tables and the new log, open for appending.
-///
-/// Crash safety: the log is replaced only after the fold is durable, and the fold
-/// records the last folded batch number in the same transaction as the changes, so a
-/// crash anywhere leaves either the old log (whose batches up to that number are skipped
-/// on the next open) or the new one.
-fn recover(db: &Database, wal: &Path) -> Result<(u64, File), StoreError> {
-    let corrupt = |reason: String| StoreError::Corrupt {
-        key: wal.display().to_string(),
-        reason,
-    };
-    let read_meta = || -> Result<Option<u64>, redb::Error> {
-        let txn = db.begin_read()?;
-        let meta = txn.open_table(META)?;
-        Ok(meta.get(FOLDED_SEQ)?.map(|v| v.value()))
-    };
-    let stored = read_meta().map_err(backend("read log position"))?;
-    // Stores written before the log moved to its own file kept it in a table (and have
-    // no log position); one a crash left unreplayed cannot be read here, and must not be
-    // dropped.
-    if stored.is_none() && old_log_entries(db).map_err(backend("read log"))? > 0 {
-        return Err(StoreError::Corrupt {
-            key: "log".into(),
-            reason: "an unreplayed log table of an older version of the store; \
-                     open and close the file with that version first"
-                .into(),
-        });
-    }
-    let mut folded = stored.unwrap_or(0);
-    let bytes = match File::open(wal) {
-        Ok(mut f) => {
-            let mut bytes = Vec::new();
-            f.read_to_end(&mut bytes).map_err(io_error("read log"))?;
-            Some(bytes)
-        }
-        Err(e) if e.kind() == ErrorKind::NotFound => None,
-        Err(e) => return Err(io_error("read log")(e)),
-    };
-    match bytes {
-        Some(bytes) => {
-            let log = wal::read_log(&bytes, folded).map_err(|e| corrupt(e.to_string()))?;
-            if let Some(at) = log.torn_at {
-                let tail = bytes.get(at..).unwrap_or_default();
-                let aside = {
-                    let mut p = OsString::from(wal.as_os_str());
-                    p.push(".torn");
-                    PathBuf::from(p)
-                };
-                // Session data: mode 0600, like the log.
-                let saved = OpenOptions::new()
-                    .write(true)
-                    .create(true)
-                    .truncate(true)
-                    .mode(0o600)
-                    .open(&aside)
-                    .and_then(|mut f| f.write_all(tail));
-                tracing::warn!(
-                    log = %wal.display(),
-                    offset = at,
-                    bytes = tail.len(),
-                    copy = %aside.display(),
-                    copied = saved.is_ok(),
-                    "store log ends with a torn record (a write cut short by a crash); \
-                     cutting it off"
-                );
+    for s in ledger.sessions.values() {
+        if let Some(k) = s.meta.shared_budget_key() {
+            if !ledger.budgets.contains_key(&k) {
+                return Err(StoreError::BudgetMissing { key: k });
             }
-            if log.replayed > 0 || stored.is_none() {
-                // (Without a stored position: a crash during the first open, after the
-                // log was made; record the position now.)
-                folded = folded.max(log.last_seq);
-                checkpoint(db, &log.dirty, folded).map_err(backend("replay log"))?;
-            }
-            Ok((folded, new_log(wal, folded.saturating_add(1))?))
-        }
-        // Tables that have had a log, without it: acknowledged changes may be gone.
-        None if stored.is_some() => Err(corrupt("the write-ahead log file is missing".into())),
-        None => {
-            // A new store: the log first, then the mark that says there is one.
-            let file = new_log(wal, 1)?;
-            checkpoint(db, &Dirty::default(), 0).map_err(backend("initialize"))?;
-            Ok((0, file))
         }
     }
+    ledger.take_dirty();
+    Ok(ledger)
 }
 
-/// Entries in the `log` table of a store written by an older version (0 if none).
-fn old_log_entries(db: &Database) -> Result<u64, redb::Error> {
-    const OLD_LOG: redb::TableDefinition<u64, &[u8]> = redb::TableDefinition::new("log");
-    let txn = db.begin_read()?;
-    match txn.open_table(OLD_LOG) {
-        Ok(t) => Ok(redb::ReadableTableMetadata::len(&t)?),
-        Err(redb::TableError::TableDoesNotExist(_)) => Ok(0),
-        Err(e) => Err(e.into()),
-    }
-}
-
-/// Start a new, empty log whose first record will be batch `base`, atomically replacing
-/// any log at `wal`: write it beside, fsync it, rename it over, fsync the directory. The
-/// returned file appends (`O_APPEND`), mode 0600.
-fn new_log(wal: &Path, base: u64) -> Result<File, StoreError> {
-    let err = io_error("start log");
-    let tmp = wal_tmp_path(wal);
-    match std::fs::remove_file(&tmp) {
-        Err(e) if e.kind() != ErrorKind::NotFound => return Err(err(e)),
-        _ => {}
-    }
-    let mut file = OpenOptions::new()
-        .append(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(&tmp)
-        .map_err(&err)?;
-    file.write_all(&wal::header(base)).map_err(&err)?;
-    file.sync_all().map_err(&err)?;
-    std::fs::rename(&tmp, wal).map_err(&err)?;
-    let dir = match wal.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        _ => Path::new("."),
-    };
-    File::open(dir).and_then(|d| d.sync_all()).map_err(&err)?;
-    Ok(file)
-}
-
-/// Fold `dirty` into the main tables and record `folded_seq` as the last batch folded,
-/// in one durable transaction.
-fn checkpoint(db: &Database, dirty: &Dirty, folded_seq: u64) -> Result<(), redb::Error> {
-    let mut txn = db.begin_write()?;
-    txn.set_durability(redb::Durability::Immediate)?;
-    {
-        let mut sessions = txn.open_table(SESSIONS)?;
-        let mut nonces = txn.open_table(NONCES)?;
-        let mut budgets = txn.open_table(BUDGETS)?;
-        dirty.apply(&mut sessions, &mut nonces, &mut budgets)?;
-        txn.open_table(META)?.insert(FOLDED_SEQ, folded_seq)?;
-    }
-    txn.commit()?;
-    Ok(())
-}
-
-/// The writer thread's state: the log file and the changes logged since the last
-/// checkpoint.
-struct Writer<'d> {
-    db: &'d Database,
-    wal: PathBuf,
-    /// INVARIANT (log-tail): holds exactly the batches after the last folded one, up to
-    /// `next_seq - 1`; only appended to (`O_APPEND`), replaced whole at a checkpoint.
-    log: File,
-    durability: Durability,
-    dirty: Dirty,
-    next_seq: u64,
-    log_entries: u64,
-    log_bytes: usize,
-    checkpoint_entries: u64,
-}
-
-impl Writer<'_> {
-    /// Append the batch to the log file with one write and (under [`Durability::Batch`])
-    /// one `fdatasync`, however many sessions it holds. Then checkpoint if the log has
-    /// grown.
-    fn commit(
-        &mut self,
-        batch: &Pending,
-        stats: &crate::engine::WriterStats,
-    ) -> Result<(), StoreError> {
-        let (entry, changes) = wal::encode_batch(batch);
-        let seq = self.next_seq;
-        let record = wal::frame(seq, &entry).ok_or_else(|| StoreError::Backend {
-            op: "commit",
-            message: format!(
-                "a batch of {} bytes is over the log's limit of {} bytes",
-                entry.len(),
-                wal::MAX_ENTRY_BYTES
-            ),
-        })?;
-        // INVARIANT (log-tail): a failed or partial write fails the store (the caller
-        // stops writing), so at most a torn record is left at the end, cut off at open.
-        self.log.write_all(&record).map_err(io_error("write log"))?;
-        if self.durability == Durability::Batch {
-            self.log.sync_data().map_err(io_error("sync log"))?;
-            stats.log_syncs.fetch_add(1, Ordering::Relaxed);
-        }
-        self.next_seq = seq.saturating_add(1);
-        self.dirty.absorb(changes);
-        self.log_entries += 1;
-        self.log_bytes = self.log_bytes.saturating_add(record.len());
-        if self.log_entries >= self.checkpoint_entries || self.log_bytes >= CHECKPOINT_BYTES {
-            self.checkpoint()?;
-            stats.checkpoints.fetch_add(1, Ordering::Relaxed);
-        }
-        Ok(())
-    }
-
-    /// Fold the logged changes into the tables durably, then start a new, empty log.
-    fn checkpoint(&mut self) -> Result<(), StoreError> {
-        if self.log_entries == 0 {
-            return Ok(());
-        }
-        let last = self.next_seq.saturating_sub(1);
-        checkpoint(self.db, &self.dirty, last).map_err(backend("checkpoint"))?;
-        // INVARIANT (log-tail): every batch in the old log is now folded; the new one
-        // starts at the next batch.
-        self.log = new_log(&self.wal, self.next_seq)?;
-        self.dirty = Dirty::default();
-        self.log_entries = 0;
-        self.log_bytes = 0;
-        Ok(())
-    }
-}
-
-fn writer_loop(mut writer: Writer<'_>, engine: &Engine) -> Result<(), StoreError> {
-    let Some(journal) = engine.journal() else {
-        return Ok(());
-    };
-    /// Completes the batch in hand and the one filling with an error if the writer
-    /// unwinds, so that no `Durable` waits forever on a dead thread.
-    struct OnUnwind<'j>(&'j Journal, Option<Arc<crate::durable::Batch>>);
-    impl Drop for OnUnwind<'_> {
-        fn drop(&mut self) {
-            if std::thread::panicking() {
-                let e = StoreError::Failed {
-                    message: "the writer thread panicked".into(),
-                };
-                if let Some(b) = self.1.take() {
-                    b.complete(Err(e.clone()));
+/// Write what changed in `ledger` since the last snapshot, and its position, in one
+/// durable transaction.
+fn write_snapshot(db: &Database, ledger: &mut Ledger) -> Result<u64, StoreError> {
+    let (sessions, budgets) = ledger.take_dirty();
+    let write = || -> Result<u64, redb::Error> {
+        let mut txn = db.begin_write()?;
+        txn.set_durability(redb::Durability::Immediate)?;
+        let mut written = 0u64;
+        {
+            let mut table = txn.open_table(SESSIONS)?;
+            for id in &sessions {
+                if let Some(s) = ledger.sessions.get(id) {
+                    table.insert(id.as_str(), record::encode_session(s).as_slice())?;
+                    written += 1;
                 }
-                self.0.abandon(e);
             }
-        }
-    }
-    let mut guard = OnUnwind(journal, None);
-    let mut failed: Option<StoreError> = None;
-    while let Some(batch) = journal.take() {
-        guard.1 = Some(Arc::clone(&batch.batch));
-        // After a failure nothing more is written: a later batch on disk without the
-        // failed one would break the prefix guarantee.
-        let outcome = match &failed {
-            Some(e) => Err(StoreError::Failed {
-                message: e.to_string(),
-            }),
-            None => {
-                let t0 = std::time::Instant::now();
-                let st = &journal.stats;
-                let r = writer.commit(&batch, st);
-                st.batches.fetch_add(1, Ordering::Relaxed);
-                st.sessions
-                    .fetch_add(batch.sessions.len() as u64, Ordering::Relaxed);
-                st.budgets
-                    .fetch_add(batch.budgets.len() as u64, Ordering::Relaxed);
-                let nanos = u64::try_from(t0.elapsed().as_nanos()).unwrap_or(u64::MAX);
-                st.write_nanos.fetch_add(nanos, Ordering::Relaxed);
-                r
+            let mut table = txn.open_table(BUDGETS)?;
+            for k in &budgets {
+                if let Some(b) = ledger.budgets.get(k) {
+                    table.insert(
+                        record::budget_key_string(k).as_str(),
+                        record::encode_budget(b).as_slice(),
+                    )?;
+                }
             }
-        };
-        // Release the snapshots before waking anyone.
-        let Pending { batch: done, .. } = batch;
-        if let Err(e) = &outcome {
-            journal.fail(e.clone());
-            failed.get_or_insert_with(|| e.clone());
+            let mut position = ledger.next_index.to_be_bytes().to_vec();
+            position.extend_from_slice(ledger.last_hash.as_bytes());
+            txn.open_table(META)?
+                .insert(POSITION_KEY, position.as_slice())?;
         }
-        done.complete(outcome);
-        guard.1 = None;
-    }
-    if let Some(e) = failed {
-        return Err(e);
-    }
-    // Graceful stop: fold the log into the tables, durably (this also makes everything
-    // a `Durability::Never` store wrote without fsync durable).
-    writer.checkpoint()
+        txn.commit()?;
+        Ok(written)
+    };
+    write().map_err(backend("snapshot"))
 }
 
-crate::ready_session_store!(EmbeddedStore, |s: &EmbeddedStore| s.close_sync());
+/// The snapshot thread: fold every reported entry; snapshot on time, on count, on
+/// request and at close. A fold that fails stops snapshots (the live state has left the
+/// log's, which is a bug to report, not to persist): the next open replays from the last
+/// good snapshot and names the entry.
+fn snapshot_loop(db: &Database, mut ledger: Ledger, rx: &Receiver<Msg>, options: StoreOptions) {
+    let mut stats = SnapshotStats {
+        position: ledger.next_index,
+        ..SnapshotStats::default()
+    };
+    let mut broken: Option<StoreError> = None;
+    let mut since = 0u64;
+    let mut last = Instant::now();
+    let interval = options.snapshot_interval.max(Duration::from_millis(10));
+    let snap = |ledger: &mut Ledger,
+                    stats: &mut SnapshotStats,
+                    broken: &Option<StoreError>|
+     -> Result<SnapshotStats, StoreError> {
+        if let Some(e) = broken {
+            return Err(e.clone());
+        }
+        if ledger.is_dirty() || stats.position != ledger.next_index {
+            let n = write_snapshot(db, ledger)?;
+            stats.snapshots += 1;
+            stats.sessions_written += n;
+            stats.position = ledger.next_index;
+        }
+        Ok(*stats)
+    };
+    loop {
+        let wait = interval.saturating_sub(last.elapsed());
+        match rx.recv_timeout(wait) {
+            Ok(Msg::Entries(batch)) => {
+                if broken.is_some() {
+                    continue;
+                }
+                for c in batch {
+                    if let Err(e) = ledger.fold(c.index, c.hash, None, &c.event) {
+                        tracing::error!("state snapshots stopped: {e}");
+                        broken = Some(StoreError::Failed {
+                            message: format!("folding the audit log: {e}"),
+                        });
+                        break;
+                    }
+                    since += 1;
+                }
+                if since >= options.snapshot_entries.max(1) {
+                    if let Err(e) = snap(&mut ledger, &mut stats, &broken) {
+                        tracing::error!("state snapshot failed: {e}");
+                    }
+                    since = 0;
+                    last = Instant::now();
+                }
+            }
+            Ok(Msg::Snapshot(reply)) => {
+                let _ = reply.send(snap(&mut ledger, &mut stats, &broken));
+                since = 0;
+                last = Instant::now();
+            }
+            Ok(Msg::Close(reply)) => {
+                // Everything reported before the close was sent is already queued ahead
+                // of it; fold it, then write the last snapshot.
+                while let Ok(m) = rx.try_recv() {
+                    if let Msg::Entries(batch) = m {
+                        for c in batch {
+                            if broken.is_none() {
+                                if let Err(e) = ledger.fold(c.index, c.hash, None, &c.event) {
+                                    broken = Some(StoreError::Failed {
+                                        message: format!("folding the audit log: {e}"),
+                                    });
+                                }
+                            }
+                        }
+                    }
+                }
+                let _ = reply.send(snap(&mut ledger, &mut stats, &broken));
+                return;
+            }
+            Err(RecvTimeoutError::Timeout) => {
+                if let Err(e) = snap(&mut ledger, &mut stats, &broken) {
+                    if broken.is_none() {
+                        tracing::error!("state snapshot failed: {e}");
+                    }
+                }
+                since = 0;
+                last = Instant::now();
+            }
+            Err(RecvTimeoutError::Disconnected) => return,
+        }
+    }
+}
+
+/// Every session and budget of `store`'s live state: for tests that compare the live
+/// state with the fold of the log.
+#[doc(hidden)]
+pub fn dump(store: &EmbeddedStore) -> (Vec<Session>, Vec<(BudgetKey, Budget)>) {
+    store.engine.dump()
+}

@@ -1,27 +1,30 @@
 //! # tollgate-store: session state stores behind one trait
 //!
-//! The daemon keeps each session's decision state ([`tollgate_core::SessionState`]),
-//! its call numbering and heartbeat, and budgets shared across an agent's or an
-//! organization's sessions, in a [`SessionStore`]. The one operation that matters is
-//! [`SessionStore::apply`]: an atomic check-and-apply that runs the caller's closure
-//! (`decide` then `apply_decision`) on a session under exclusive access, returns the
-//! closure's result at once, and hands back a [`Durable`] that completes when the change
-//! is on disk, so the daemon can sign and send a verdict only once its state is durable
-//! while many sessions share one fsync.
+//! The daemon keeps each session's decision state ([`tollgate_core::SessionState`]), the
+//! policy it runs under, its call numbering and heartbeat, and budgets shared across an
+//! agent's or an organization's sessions, in a [`SessionStore`]. The one operation that
+//! matters is [`SessionStore::apply`]: an atomic check-and-apply that runs the caller's
+//! closure on a session under exclusive access. A closure that changes durable state does
+//! so through [`ops`] (open, verdict, settlement, human decision), each of which returns
+//! the audit record of the change; the store writes that record to its journal (the
+//! audit log) while it still holds the session's locks, and hands back a [`Durable`] that
+//! completes when the record is durable.
+//!
+//! **The audit log is the state's write-ahead log.** A change is durable exactly when its
+//! audit entry is: the store writes nothing else on the path of a change, and the state is
+//! the fold of the log ([`Ledger`], [`ops::replay`]). There is no window in which a change
+//! is durable in one place and missing in the other.
 //!
 //! Two stores:
-//! - [`EmbeddedStore`]: in-memory sessions persisted by a single group-committing writer
-//!   thread, each batch appended to a write-ahead log file (one `write` and one
-//!   `fdatasync`) and folded now and then into a redb file; survives kill -9 and power
-//!   loss ([`Durability::Batch`]): every change whose [`Durable`] completed is on disk,
-//!   and the disk always holds a consistent cut (some prefix of all changes, budgets
-//!   balanced with their sessions);
-//! - [`MemoryStore`]: the same engine without a disk, for library mode and tests.
+//! - [`EmbeddedStore`]: sessions in memory; a thread folds each durable audit entry into
+//!   a [`Ledger`] and snapshots it to a redb file every few seconds; opening loads the
+//!   snapshot and folds the log after it. Survives kill -9 and power loss as well as the
+//!   audit log does;
+//! - [`MemoryStore`]: the same engine without a disk, for tests and embedders.
 //!
 //! What this crate does **not** do: no async runtime (futures here are ready at once
 //! except [`Durable`], which any executor, or a blocked thread, can wait on), no clock
-//! (times arrive in the [`Session`]), no decisions (the closure brings them), no network.
-//! A Redis store is a later piece; see [`SessionStore`] for how it would check-and-apply.
+//! (times arrive as arguments), no decisions (the closure brings them), no network.
 
 #![cfg_attr(
     test,
@@ -53,8 +56,9 @@ macro_rules! ready_session_store {
             pub fn create_sync(
                 &self,
                 session: $crate::Session,
-            ) -> Result<$crate::Durable, $crate::StoreError> {
-                self.engine.create(session)
+                now: tollgate_core::UnixNanos,
+            ) -> Result<(tollgate_core::SessionState, $crate::Durable), $crate::StoreError> {
+                self.engine.create(session, now)
             }
 
             /// [`SessionStore::apply`](crate::SessionStore::apply), without a future.
@@ -69,11 +73,6 @@ macro_rules! ready_session_store {
             /// [`SessionStore::get`](crate::SessionStore::get), without a future.
             pub fn get_sync(&self, id: &str) -> Result<Option<$crate::Session>, $crate::StoreError> {
                 self.engine.get(id)
-            }
-
-            /// [`SessionStore::remove`](crate::SessionStore::remove), without a future.
-            pub fn remove_sync(&self, id: &str) -> Result<$crate::Durable, $crate::StoreError> {
-                self.engine.remove(id)
             }
 
             /// [`SessionStore::list`](crate::SessionStore::list), without a future.
@@ -98,9 +97,11 @@ macro_rules! ready_session_store {
             fn create(
                 &self,
                 session: $crate::Session,
-            ) -> impl std::future::Future<Output = Result<$crate::Durable, $crate::StoreError>> + Send
-            {
-                std::future::ready(self.create_sync(session))
+                now: tollgate_core::UnixNanos,
+            ) -> impl std::future::Future<
+                Output = Result<(tollgate_core::SessionState, $crate::Durable), $crate::StoreError>,
+            > + Send {
+                std::future::ready(self.create_sync(session, now))
             }
 
             fn get(
@@ -118,14 +119,6 @@ macro_rules! ready_session_store {
             ) -> impl std::future::Future<Output = Result<(R, $crate::Durable), $crate::StoreError>>
                    + Send {
                 std::future::ready(self.apply_sync(id, f))
-            }
-
-            fn remove(
-                &self,
-                id: &str,
-            ) -> impl std::future::Future<Output = Result<$crate::Durable, $crate::StoreError>> + Send
-            {
-                std::future::ready(self.remove_sync(id))
             }
 
             fn list(
@@ -168,46 +161,53 @@ pub(crate) use ready_session_store;
 mod durable;
 mod embedded;
 mod engine;
+mod ledger;
 mod memory;
+pub mod ops;
 pub mod record;
 mod session;
-mod wal;
 
 use std::future::Future;
 
 /// Entry points for the fuzz targets in `fuzz/`; not part of the API.
 #[doc(hidden)]
 pub mod fuzzing {
-    /// Read a write-ahead log file's bytes as opening does, with batches up to `folded`
-    /// already in the tables: the last batch number, or why the log cannot be replayed.
-    pub fn read_log(bytes: &[u8], folded: u64) -> Result<u64, String> {
-        crate::wal::read_log(bytes, folded)
-            .map(|log| log.last_seq)
-            .map_err(|e| e.to_string())
+    /// Decode a snapshot's session record (bounded to 1 MiB).
+    pub fn decode_session(bytes: &[u8]) -> bool {
+        crate::record::decode_session(bytes, 1 << 20, 0).is_ok()
     }
 
-    /// A log file header for records starting at batch `base`.
-    pub fn log_header(base: u64) -> Vec<u8> {
-        crate::wal::header(base)
-    }
-
-    /// Decode one log entry (the bytes inside a record).
-    pub fn decode_entry(bytes: &[u8]) -> bool {
-        crate::wal::decode_batch(bytes).is_ok()
+    /// Decode a snapshot's budget record and key.
+    pub fn decode_budget(bytes: &[u8]) -> bool {
+        let key = std::str::from_utf8(bytes).map(crate::record::parse_budget_key);
+        crate::record::decode_budget(bytes).is_ok() || matches!(key, Ok(Ok(_)))
     }
 }
 
-pub use durable::Durable;
-pub use embedded::{Durability, EmbeddedStore, StoreOptions, WriterStats};
+pub use durable::{Durable, Journal};
+pub use embedded::{
+    dump, tap, EmbeddedStore, SnapshotStats, StoreOptions, StoreReport, Tap, TapReceiver,
+};
+pub use ledger::{Ledger, LedgerError};
 pub use memory::MemoryStore;
-pub use session::{Budget, BudgetKey, Session, SessionMeta, MAX_ID_BYTES};
+pub use ops::FoldError;
+pub use session::{Budget, BudgetKey, Policy, Session, SessionMeta, MAX_ID_BYTES};
 
-/// What a check-and-apply closure decided to do with its edits.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// What a check-and-apply closure did to the session.
+// A `Change` lives only between the closure and the store, by value; boxing the record
+// would cost an allocation per verdict for nothing.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Change<R> {
-    /// Persist the edited session (and shared budget), then return `R`.
-    Commit(R),
-    /// Discard every edit the closure made, then return `R`.
+    /// It made one durable change through [`ops`], which returned this audit record: the
+    /// store writes it to its journal (and stores the shared budget's amounts back), then
+    /// returns `R` with a [`Durable`] for the record.
+    Commit(R, tollgate_audit::SessionEvent),
+    /// It changed only liveness, which is not durable: `last_heartbeat_ns`,
+    /// `state.status` between STALE and its live value, `state.last_activity_ns`. Nothing
+    /// is written; a restart gives every session a fresh heartbeat window.
+    Touch(R),
+    /// It changed nothing.
     Keep(R),
 }
 
@@ -241,33 +241,6 @@ pub enum StoreError {
         /// What is wrong with it.
         reason: &'static str,
     },
-    /// An `apply` closure changed the session's metadata (nothing was written).
-    #[error("session `{id}`: metadata cannot change after creation")]
-    MetaChanged {
-        /// The session.
-        id: String,
-    },
-    /// An `apply` closure lowered `last_call_number` (nothing was written).
-    #[error("session `{id}`: call number would go back from {last} to {new}")]
-    CallNumberRegressed {
-        /// The session.
-        id: String,
-        /// The stored number.
-        last: u64,
-        /// The closure's number.
-        new: u64,
-    },
-    /// An `apply` closure grew the state past [`StoreOptions::max_state_entries`]
-    /// (nothing was written).
-    #[error("session `{id}`: state holds {entries} entries, over the limit of {max}")]
-    StateTooLarge {
-        /// The session.
-        id: String,
-        /// Entries the state would hold.
-        entries: usize,
-        /// The limit.
-        max: usize,
-    },
     /// A session names a shared budget the store does not hold (at open: a damaged file).
     #[error("shared budget {key:?} is missing")]
     BudgetMissing {
@@ -277,12 +250,27 @@ pub enum StoreError {
     /// Any change after `close`.
     #[error("the store is closed")]
     Closed,
-    /// Any change after a batch failed to commit: memory is ahead of disk, so the store
-    /// refuses to go on. Reopen it to continue from the last committed state.
-    #[error("the store stopped after a failed write: {message}")]
+    /// Any change after a change could not be made whole (a closure panicked, or a
+    /// commit did not follow the session's version): the live state can no longer be
+    /// trusted to match the log, so the store refuses to go on. Reopen it to continue from
+    /// the fold of the log.
+    #[error("the store stopped: {message}")]
     Failed {
-        /// The original failure.
+        /// What happened.
         message: String,
+    },
+    /// The journal (the audit log) could not make a change durable. The audit writer
+    /// fails every later entry too, so no later change becomes durable either.
+    #[error("the audit log did not take the change: {message}")]
+    Journal {
+        /// The writer's error.
+        message: String,
+    },
+    /// At open: the snapshot file was written by another version of the store.
+    #[error("the state file is not a snapshot of this version ({found}); move it aside: the state is rebuilt from the audit log")]
+    Incompatible {
+        /// What the file says it is.
+        found: String,
     },
     /// The storage engine reported an error (`op` says during what).
     #[error("storage error during {op}: {message}")]
@@ -292,8 +280,8 @@ pub enum StoreError {
         /// The engine's message.
         message: String,
     },
-    /// At open: a stored record does not decode, or the write-ahead log is missing or
-    /// damaged anywhere but in its last record (`key` is then the log's path).
+    /// At open: a snapshot record does not decode, or the snapshot and the audit log
+    /// disagree (`key` is then the log's directory): see [`EmbeddedStore::open`].
     #[error("stored record `{key}` is corrupt: {reason}")]
     Corrupt {
         /// The record's key.
@@ -307,39 +295,29 @@ pub enum StoreError {
 ///
 /// Every method's future is `Send`. Implementations must make `apply` atomic per
 /// session: two closures on one session never run at once, and each sees the state the
-/// previous committed one left. Sessions sharing a budget (per agent or organization)
-/// are serialized against each other too, so a shared budget is never overspent.
-///
-/// *How a Redis store would check-and-apply.* Redis cannot run a Rust closure, and a
-/// `FnOnce` cannot be retried, so optimistic `WATCH`/`MULTI` with retry does not fit.
-/// Instead: take a per-session lease (`SET lease:{sid} token NX PX ttl`; and
-/// `lease:budget:{key}` for a shared budget, always session first, then budget), `GET`
-/// the session and budget records (the [`record`] encoding), run the closure locally,
-/// then write both with one Lua script that checks the lease tokens are still ours
-/// (fencing) and sets the records and releases the leases atomically. `Durable` then
-/// completes when `WAIT`/`WAITAOF` confirms the write reached the replicas or the AOF
-/// fsync, which gives the same "return at once, durable later" split.
+/// previous one left. Sessions sharing a budget (per agent or organization) are
+/// serialized against each other too, so a shared budget is never overspent. And every
+/// committed change's audit record must reach the journal in the order of the changes of
+/// its session and of its shared budget.
 pub trait SessionStore: Send + Sync + 'static {
-    /// Create a session. Fails with [`StoreError::Exists`] if the id is live, with
-    /// [`StoreError::SessionCap`] at the cap, or [`StoreError::InvalidId`].
-    ///
-    /// Under a shared budget scope, the first session of an agent (or organization)
-    /// starts the shared budget from its own `state.budget_*` amounts; later sessions join
-    /// it, and their own amounts are replaced by the shared ones.
-    fn create(&self, session: Session) -> impl Future<Output = Result<Durable, StoreError>> + Send;
+    /// Open a new session (built by [`Session::new`], version 0): join or start its shared
+    /// budget (a later session of an agent or organization takes the shared amounts), and
+    /// write its session-opened record. Returns its starting state. Fails with
+    /// [`StoreError::Exists`] if the id is live, [`StoreError::SessionCap`] at the cap, or
+    /// [`StoreError::InvalidId`].
+    fn create(
+        &self,
+        session: Session,
+        now: tollgate_core::UnixNanos,
+    ) -> impl Future<Output = Result<(tollgate_core::SessionState, Durable), StoreError>> + Send;
 
     /// A copy of the session (shared budget loaded), or `None`.
     fn get(&self, id: &str) -> impl Future<Output = Result<Option<Session>, StoreError>> + Send;
 
     /// Atomic check-and-apply: run `f` on the session, with its shared budget loaded,
-    /// under exclusive access to both. On [`Change::Commit`] the edited session (and the
-    /// shared budget's amounts from `state.budget_*`) replace the stored ones; on
-    /// [`Change::Keep`] every edit is discarded.
-    ///
-    /// Returns `f`'s result as soon as the change is made in memory, without waiting for
-    /// the disk, plus a [`Durable`] that completes when the change (for `Keep`: the state
-    /// `f` read) is durable. A commit is refused, and nothing written, if `f` changed
-    /// `meta`, lowered `last_call_number`, or grew the state past the store's limit.
+    /// under exclusive access to both; see [`Change`] for what `f` may return. Returns
+    /// `f`'s result as soon as the change is made in memory, plus a [`Durable`] that
+    /// completes when its audit record is durable.
     ///
     /// `f` runs while locks are held: it must be quick and must not call the store.
     fn apply<R: Send + 'static>(
@@ -347,9 +325,6 @@ pub trait SessionStore: Send + Sync + 'static {
         id: &str,
         f: impl FnOnce(&mut Session) -> Change<R> + Send,
     ) -> impl Future<Output = Result<(R, Durable), StoreError>> + Send;
-
-    /// Remove a session (its shared budget stays). Frees a place under the cap.
-    fn remove(&self, id: &str) -> impl Future<Output = Result<Durable, StoreError>> + Send;
 
     /// Every live session (shared budgets loaded), optionally one organization's, sorted
     /// by id. For stale-session sweeps and operators; copies every session.
@@ -372,8 +347,6 @@ pub trait SessionStore: Send + Sync + 'static {
         key: &BudgetKey,
     ) -> impl Future<Output = Result<Option<Budget>, StoreError>> + Send;
 
-    /// Refuse further changes, make everything already changed durable, and stop
-    /// (graceful shutdown). Idempotent. Blocks the calling thread while the last batch
-    /// is written.
+    /// Refuse further changes and stop (graceful shutdown). Idempotent.
     fn close(&self) -> impl Future<Output = Result<(), StoreError>> + Send;
 }

@@ -2,17 +2,17 @@
 //! all canonical JSON with exact integers, decoded strictly and within bounds.
 //!
 //! ```text
-//! session  {"v":1,"session_id":..,"agent_id":..,"organization_id":..,
-//!           "budget_scope":"per_agent","created_at_ns":..,"config":null,
-//!           "last_call_number":..,"last_heartbeat_ns":..,"state":{state_codec}}
-//! budget   {"v":1,"initial":..,"remaining":..,"spent":..}
+//! session  {"v":2,"session_id":..,"agent_id":..,"organization_id":..,
+//!           "budget_scope":"per_agent","created_at_ns":..,"policy":"{guard json}",
+//!           "last_call_number":..,"seq":..,"state":{state_codec}}
+//! budget   {"v":2,"initial":..,"remaining":..,"spent":..}
 //! key      ["agent","org-1","agent-7"] | ["organization","org-1"] | ["session","s-1"]
 //! ```
 //!
-//! The embedded store writes session records without their nonces
-//! ([`encode_session_without_nonces`]) and keeps each seen nonce as a key
-//! `(session_id, nonce)` of its own table, so a change writes one small record and its
-//! new nonces rather than the whole ever-growing set.
+//! A session's state is bounded by its policy (the nonce window, the reservation cap), so
+//! a record is small whatever the session's history; the embedded store writes records
+//! only in snapshots, off the path of any verdict. The heartbeat is not recorded (a
+//! reopened store gives every session a fresh heartbeat window).
 
 use std::collections::BTreeMap;
 
@@ -20,10 +20,12 @@ use tollgate_core::json::{self, Limits, Number, Value};
 use tollgate_core::state_codec;
 use tollgate_core::{BudgetScope, Money};
 
-use crate::session::{Budget, BudgetKey, Session, SessionMeta};
+use std::sync::Arc;
+
+use crate::session::{Budget, BudgetKey, Policy, Session, SessionMeta};
 
 /// The record format version.
-pub const RECORD_VERSION: u64 = 1;
+pub const RECORD_VERSION: u64 = 2;
 
 /// Why stored bytes are not a record (the store wraps this with the record's key).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -46,6 +48,9 @@ pub enum RecordError {
     /// A value of the wrong type or range.
     #[error("`{0}` has the wrong type or is out of range")]
     Invalid(&'static str),
+    /// The policy is not a guard configuration in canonical form.
+    #[error("policy: {0}")]
+    Policy(String),
 }
 
 fn int(i: i64) -> Value {
@@ -67,57 +72,13 @@ fn canonical(v: &Value) -> Vec<u8> {
     out
 }
 
-/// The record bytes of a session, every field inline.
+/// The record bytes of a session.
 pub fn encode_session(s: &Session) -> Vec<u8> {
-    encode_session_with(s, true)
+    canonical(&session_value(s))
 }
 
-/// The record bytes of a session with `state.seen_nonces` written as `[]`, for a store
-/// that keeps nonces in a table of their own and writes only the new ones.
-pub fn encode_session_without_nonces(s: &Session) -> Vec<u8> {
-    encode_session_with(s, false)
-}
-
-fn encode_session_with(s: &Session, nonces: bool) -> Vec<u8> {
-    // Written directly in canonical key order (the writer's hot path); the tests check
-    // it against the canonical writer over a `Value`.
-    let mut out = Vec::with_capacity(768);
-    let text = |out: &mut Vec<u8>, t: &str| {
-        let _ = json::write_canonical(&Value::String(t.to_owned()), out);
-    };
-    let number = |out: &mut Vec<u8>, n: i128| {
-        let _ = json::write_canonical(&Value::Number(Number::Int(n)), out);
-    };
-    out.extend_from_slice(b"{\"agent_id\":");
-    text(&mut out, &s.meta.agent_id);
-    out.extend_from_slice(b",\"budget_scope\":");
-    text(&mut out, scope_str(s.meta.budget_scope));
-    out.extend_from_slice(b",\"config\":");
-    match &s.meta.config {
-        Some(c) => text(&mut out, c),
-        None => out.extend_from_slice(b"null"),
-    }
-    out.extend_from_slice(b",\"created_at_ns\":");
-    number(&mut out, i128::from(s.meta.created_at_ns));
-    out.extend_from_slice(b",\"last_call_number\":");
-    number(&mut out, i128::from(s.last_call_number));
-    out.extend_from_slice(b",\"last_heartbeat_ns\":");
-    number(&mut out, i128::from(s.last_heartbeat_ns));
-    out.extend_from_slice(b",\"organization_id\":");
-    text(&mut out, &s.meta.organization_id);
-    out.extend_from_slice(b",\"session_id\":");
-    text(&mut out, &s.meta.session_id);
-    out.extend_from_slice(b",\"state\":");
-    state_codec::write_state(&s.state, nonces, &mut out);
-    out.extend_from_slice(b",\"v\":");
-    number(&mut out, i128::from(RECORD_VERSION));
-    out.push(b'}');
-    out
-}
-
-/// The session record as a value (the reference form of the record bytes).
-#[cfg(test)]
-fn session_value(s: &Session, nonces: bool) -> Value {
+/// The session record as a value.
+fn session_value(s: &Session) -> Value {
     let mut m = BTreeMap::new();
     let mut put = |k: &str, v: Value| {
         m.insert(k.to_owned(), v);
@@ -131,20 +92,10 @@ fn session_value(s: &Session, nonces: bool) -> Value {
     );
     put("budget_scope", Value::from(scope_str(s.meta.budget_scope)));
     put("created_at_ns", int(s.meta.created_at_ns));
-    put(
-        "config",
-        s.meta.config.as_deref().map_or(Value::Null, Value::from),
-    );
+    put("policy", Value::from(s.policy.json.as_str()));
     put("last_call_number", uint(s.last_call_number));
-    put("last_heartbeat_ns", int(s.last_heartbeat_ns));
-    put(
-        "state",
-        if nonces {
-            state_codec::to_value(&s.state)
-        } else {
-            state_codec::to_value_without_nonces(&s.state)
-        },
-    );
+    put("seq", uint(s.seq));
+    put("state", state_codec::to_value(&s.state));
     Value::Object(m)
 }
 
@@ -155,14 +106,14 @@ const SESSION_KEYS: &[&str] = &[
     "organization_id",
     "budget_scope",
     "created_at_ns",
-    "config",
+    "policy",
     "last_call_number",
-    "last_heartbeat_ns",
+    "seq",
     "state",
 ];
 
-/// Decode a session record of at most `max_bytes`.
-pub fn decode_session(bytes: &[u8], max_bytes: usize) -> Result<Session, RecordError> {
+/// Decode a session record of at most `max_bytes`; its heartbeat is set to `now`.
+pub fn decode_session(bytes: &[u8], max_bytes: usize, now: i64) -> Result<Session, RecordError> {
     let v = parse(bytes, max_bytes)?;
     let m = fields(&v, SESSION_KEYS)?;
     let get = |k: &'static str| m.get(k).ok_or(RecordError::MissingKey(k));
@@ -179,11 +130,8 @@ pub fn decode_session(bytes: &[u8], max_bytes: usize) -> Result<Session, RecordE
         Some("per_organization") => BudgetScope::PerOrganization,
         _ => return Err(RecordError::Invalid("budget_scope")),
     };
-    let config = match get("config")? {
-        Value::Null => None,
-        Value::String(s) => Some(s.clone()),
-        _ => return Err(RecordError::Invalid("config")),
-    };
+    let policy = Policy::from_json(&string("policy")?).map_err(RecordError::Policy)?;
+    let u64_of = |k: &'static str| get(k)?.as_u64().ok_or(RecordError::Invalid(k));
     Ok(Session {
         meta: SessionMeta {
             session_id: string("session_id")?,
@@ -191,12 +139,11 @@ pub fn decode_session(bytes: &[u8], max_bytes: usize) -> Result<Session, RecordE
             organization_id: string("organization_id")?,
             budget_scope,
             created_at_ns: i64_of("created_at_ns")?,
-            config,
         },
-        last_call_number: get("last_call_number")?
-            .as_u64()
-            .ok_or(RecordError::Invalid("last_call_number"))?,
-        last_heartbeat_ns: i64_of("last_heartbeat_ns")?,
+        policy: Arc::new(policy),
+        last_call_number: u64_of("last_call_number")?,
+        seq: u64_of("seq")?,
+        last_heartbeat_ns: now,
         state: state_codec::from_value(get("state")?)?,
     })
 }
@@ -279,7 +226,7 @@ fn fields<'v>(v: &'v Value, known: &[&str]) -> Result<&'v BTreeMap<String, Value
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tollgate_core::PendingTransition;
+    use tollgate_core::{GuardConfig, PendingTransition};
 
     fn session() -> Session {
         let mut s = Session::new(
@@ -289,38 +236,31 @@ mod tests {
                 organization_id: "org/1".into(),
                 budget_scope: BudgetScope::PerAgent,
                 created_at_ns: 42,
-                config: Some("default".into()),
             },
-            Money(500_000_000),
+            Arc::new(Policy::new(GuardConfig {
+                budget: Money(500_000_000),
+                budget_scope: BudgetScope::PerAgent,
+                ..GuardConfig::default()
+            })),
             42,
         );
         s.last_call_number = u64::MAX;
+        s.seq = 7;
         s.last_heartbeat_ns = -1;
-        s.state.seen_nonces.insert(9);
+        s.state.seen_nonces.insert(9, 10);
         s.state.pending = Some(PendingTransition::default());
         s
-    }
-
-    #[test]
-    fn direct_records_match_the_canonical_writer() {
-        let mut s = session();
-        for config in [None, Some("a\u{0}\"b\u{1F600}".to_owned())] {
-            s.meta.config = config;
-            for nonces in [true, false] {
-                assert_eq!(
-                    encode_session_with(&s, nonces),
-                    canonical(&session_value(&s, nonces))
-                );
-            }
-        }
     }
 
     #[test]
     fn session_records_round_trip() {
         let s = session();
         let bytes = encode_session(&s);
-        assert_eq!(decode_session(&bytes, 1 << 20).unwrap(), s);
-        assert!(decode_session(&bytes, bytes.len() - 1).is_err());
+        let mut back = decode_session(&bytes, 1 << 20, -1).unwrap();
+        assert_eq!(back, s);
+        back.last_heartbeat_ns = 5;
+        assert_eq!(encode_session(&back), bytes, "the heartbeat is not recorded");
+        assert!(decode_session(&bytes, bytes.len() - 1, 0).is_err());
     }
 
     #[test]
@@ -328,20 +268,26 @@ mod tests {
         let text = String::from_utf8(encode_session(&session())).unwrap();
         let extra = text.replacen("{", "{\"zz\":1,", 1);
         assert_eq!(
-            decode_session(extra.as_bytes(), 1 << 20).unwrap_err(),
+            decode_session(extra.as_bytes(), 1 << 20, 0).unwrap_err(),
             RecordError::UnknownKey("zz".into())
         );
         // The record's own version is its last key ("state" sorts before "v").
-        let v2 = format!("{}\"v\":2}}", text.strip_suffix("\"v\":1}").unwrap());
+        let v1 = format!("{}\"v\":1}}", text.strip_suffix("\"v\":2}").unwrap());
         assert_eq!(
-            decode_session(v2.as_bytes(), 1 << 20).unwrap_err(),
+            decode_session(v1.as_bytes(), 1 << 20, 0).unwrap_err(),
             RecordError::Version
         );
-        let scope = text.replace("per_agent", "per_galaxy");
+        let scope = text.replace("\"budget_scope\":\"per_agent\"", "\"budget_scope\":\"per_galaxy\"");
         assert_eq!(
-            decode_session(scope.as_bytes(), 1 << 20).unwrap_err(),
+            decode_session(scope.as_bytes(), 1 << 20, 0).unwrap_err(),
             RecordError::Invalid("budget_scope")
         );
+        let policy = text.replace("nonce_window\\\":1024", "nonce_window\\\":0");
+        assert_ne!(policy, text);
+        assert!(matches!(
+            decode_session(policy.as_bytes(), 1 << 20, 0).unwrap_err(),
+            RecordError::Policy(_)
+        ));
     }
 
     proptest::proptest! {
@@ -349,7 +295,7 @@ mod tests {
 
         #[test]
         fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..400)) {
-            let _ = decode_session(&bytes, 1 << 20);
+            let _ = decode_session(&bytes, 1 << 20, 0);
             let _ = decode_budget(&bytes);
             if let Ok(text) = std::str::from_utf8(&bytes) {
                 let _ = parse_budget_key(text);
@@ -365,9 +311,8 @@ mod tests {
                 let at = i.index(bytes.len());
                 bytes[at] = b;
             }
-            if let Ok(s) = decode_session(&bytes, 1 << 20) {
-                proptest::prop_assert_eq!(encode_session(&s), canonical(&session_value(&s, true)));
-                proptest::prop_assert_eq!(decode_session(&encode_session(&s), 1 << 20).unwrap(), s);
+            if let Ok(s) = decode_session(&bytes, 1 << 20, 0) {
+                proptest::prop_assert_eq!(decode_session(&encode_session(&s), 1 << 20, 0).unwrap(), s);
             }
         }
     }
@@ -388,6 +333,6 @@ mod tests {
             assert_eq!(parse_budget_key(&budget_key_string(&k)).unwrap(), k);
         }
         assert!(parse_budget_key("[\"agent\",\"o\"]").is_err());
-        assert!(decode_budget(b"{\"v\":1,\"initial\":1,\"remaining\":1}").is_err());
+        assert!(decode_budget(b"{\"v\":2,\"initial\":1,\"remaining\":1}").is_err());
     }
 }

@@ -3,9 +3,47 @@
 
 use std::sync::Arc;
 
-use tollgate_core::{BudgetScope, GuardConfig, Money, SessionState, UnixNanos};
+use tollgate_core::{json, BudgetScope, Digest, GuardConfig, Money, SessionState, UnixNanos};
 
 use crate::StoreError;
+
+/// A guard configuration with its canonical JSON and digest, computed once.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Policy {
+    /// The configuration.
+    pub config: GuardConfig,
+    /// Its canonical JSON ([`GuardConfig::to_canonical_json`]), as the session-opened
+    /// entry records it.
+    pub json: String,
+    /// SHA-256 of `json`: the `config_digest` of every entry of a session under it.
+    pub digest: Digest,
+}
+
+impl Policy {
+    /// The policy of a configuration.
+    pub fn new(config: GuardConfig) -> Policy {
+        let json = config.to_canonical_json();
+        let digest = Digest::of(json.as_bytes());
+        Policy {
+            config,
+            json,
+            digest,
+        }
+    }
+
+    /// Read a policy from a session-opened entry's `config` text. The digest is that of
+    /// the text; the text must be exactly what [`Policy::new`] writes for the
+    /// configuration it holds.
+    pub fn from_json(text: &str) -> Result<Policy, String> {
+        let v = json::parse_str(text).map_err(|e| format!("config is not JSON: {e}"))?;
+        let config = GuardConfig::from_json(&v).map_err(|e| e.to_string())?;
+        let policy = Policy::new(config);
+        if policy.json != text {
+            return Err("config is not in canonical form".to_owned());
+        }
+        Ok(policy)
+    }
+}
 
 /// The longest session, agent or organization id a store accepts, in bytes.
 pub const MAX_ID_BYTES: usize = 256;
@@ -82,7 +120,7 @@ pub struct Session {
     /// The policy the session runs under, fixed when it was opened (and recorded, whole,
     /// in its session-opened audit entry): a later change of the daemon's configuration
     /// applies to new sessions only.
-    pub guard: Arc<GuardConfig>,
+    pub policy: Arc<Policy>,
     /// The decision state.
     pub state: SessionState,
     /// The number of the last call taken.
@@ -103,13 +141,13 @@ pub struct Session {
 }
 
 impl Session {
-    /// A new session under `guard`: fresh state with the guard's budget, started at `now`,
+    /// A new session under `policy`: fresh state with the guard's budget, started at `now`,
     /// not yet opened (version 0; opening it records version 1).
-    pub fn new(meta: SessionMeta, guard: Arc<GuardConfig>, now: UnixNanos) -> Session {
+    pub fn new(meta: SessionMeta, policy: Arc<Policy>, now: UnixNanos) -> Session {
         Session {
-            state: SessionState::new(guard.budget, now),
+            state: SessionState::new(policy.config.budget, now),
             meta,
-            guard,
+            policy,
             last_call_number: 0,
             seq: 0,
             last_heartbeat_ns: now,

@@ -1,71 +1,53 @@
 //! The trait contract, checked on both stores with the same code.
 
-use tollgate_core::{BudgetScope, GuardConfig, Money, PendingTransition, Verdict};
+use std::sync::Arc;
+
+use tollgate_core::{BudgetScope, Money, SessionStatus, Verdict};
 use tollgate_store::{
     BudgetKey, Change, EmbeddedStore, MemoryStore, SessionStore, StoreError, StoreOptions,
 };
 
-use crate::support::{block_on, meta, pre_exec, session, Call};
-
-fn embedded(options: StoreOptions) -> (tempfile::TempDir, EmbeddedStore) {
-    let dir = tempfile::tempdir().unwrap();
-    let store = EmbeddedStore::open(dir.path().join("state.redb"), options).unwrap();
-    (dir, store)
-}
+use crate::support::{
+    agent_session, block_on, close, create, meta, open_embedded, policy, pre_exec, session,
+    settle, Call, Recorder,
+};
 
 fn contract<S: SessionStore>(store: &S) {
     // create, get
-    block_on(store.create(session("a", 1_000_000)))
-        .unwrap()
-        .wait()
-        .unwrap();
+    create(store, session("a", 1_000_000)).unwrap();
     let got = block_on(store.get("a")).unwrap().unwrap();
     assert_eq!(got.state.budget_remaining, Money(1_000_000));
+    assert_eq!(got.seq, 1, "opening is version 1");
     assert_eq!(block_on(store.get("nope")).unwrap(), None);
     assert_eq!(
-        block_on(store.create(session("a", 5))).unwrap_err(),
+        block_on(store.create(session("a", 5), 1)).unwrap_err(),
         StoreError::Exists { id: "a".into() }
     );
 
-    // Commit persists edits; the closure's result comes back.
-    let config = GuardConfig {
-        budget: Money(1_000_000),
-        ..GuardConfig::default()
+    // A committed change is applied and numbered; the closure's result comes back.
+    let call = |arg, nonce, cost, now| Call {
+        tool: "search",
+        arg,
+        nonce,
+        cost,
+        now,
     };
-    let (d, durable) = pre_exec(
-        store,
-        "a",
-        &config,
-        Call {
-            tool: "search",
-            arg: 1,
-            nonce: 7,
-            cost: 250_000,
-            now: 2_000,
-        },
-    )
-    .unwrap();
+    let (d, durable) = pre_exec(store, "a", call(1, 7, 250_000, 2_000)).unwrap();
     assert_eq!(d.verdict, Verdict::Allow);
     block_on(durable).unwrap();
     let s = block_on(store.get("a")).unwrap().unwrap();
-    assert_eq!(s.last_call_number, 1);
+    assert_eq!((s.last_call_number, s.seq), (1, 2));
     assert_eq!(s.state.budget_remaining, Money(750_000));
     assert!(s.state.seen_nonces.contains(&7));
 
+    // A settlement is a change too.
+    block_on(settle(store, "a", 1, 0.0001).unwrap()).unwrap();
+    let s = block_on(store.get("a")).unwrap().unwrap();
+    assert_eq!(s.seq, 3);
+    assert_eq!(s.state.budget_spent, Money(250_000));
+
     // Replay is denied, and the DENY trips the circuit.
-    let (d, _) = pre_exec(
-        store,
-        "a",
-        &config,
-        Call {
-            tool: "search",
-            arg: 2,
-            nonce: 7,
-            cost: 1,
-            now: 3_000,
-        },
-    )
-    .unwrap();
+    let (d, _) = pre_exec(store, "a", call(2, 7, 1, 3_000)).unwrap();
     assert_eq!(d.verdict, Verdict::Deny);
     assert!(
         block_on(store.get("a"))
@@ -75,302 +57,174 @@ fn contract<S: SessionStore>(store: &S) {
             .circuit_tripped
     );
 
-    // Keep discards every edit.
-    let (r, durable) = block_on(store.apply("a", |s| {
-        s.state.seen_nonces.insert(99);
-        s.state.seen_nonces.insert(1);
-        s.state.seen_nonces.remove(&7);
-        s.state.budget_remaining = Money(0);
-        s.last_call_number = 50;
-        Change::Keep(42)
+    // Touch and Keep write nothing and leave the version alone.
+    let (status, durable) = block_on(store.apply("a", |s| {
+        s.state.status = SessionStatus::Stale;
+        s.last_heartbeat_ns = 9;
+        Change::Touch(s.state.status)
     }))
     .unwrap();
-    assert_eq!(r, 42);
-    durable.wait().unwrap();
-    let after = block_on(store.get("a")).unwrap().unwrap();
-    assert!(!after.state.seen_nonces.contains(&99));
-    assert_eq!(after.last_call_number, 2);
-    assert_eq!(after.state.budget_remaining, Money(750_000));
+    assert_eq!(status, SessionStatus::Stale);
+    assert_eq!(block_on(durable).unwrap(), None);
+    let (seq, durable) = block_on(store.apply("a", |s| Change::Keep(s.seq))).unwrap();
+    assert_eq!(seq, 4);
+    assert_eq!(block_on(durable).unwrap(), None);
 
-    // Refused commits write nothing.
-    let e = block_on(store.apply("a", |s| {
-        s.meta.agent_id = "someone-else".into();
-        s.state.seen_nonces.remove(&7);
-        s.state.seen_nonces.insert(1234);
-        Change::Commit(())
+    // A commit that does not follow the session's version stops the store: the live
+    // state can no longer be trusted to match the log.
+    let err = block_on(store.apply("a", |s| {
+        let mut record = tollgate_store::ops::settle(s, 1, 0.0, true, false, 1);
+        record.session_seq = 99;
+        Change::Commit((), record.into())
     }))
     .unwrap_err();
-    assert_eq!(e, StoreError::MetaChanged { id: "a".into() });
-    let e = block_on(store.apply("a", |s| {
-        s.last_call_number = 1;
-        s.state.total_calls = 77;
-        Change::Commit(())
-    }))
-    .unwrap_err();
-    assert!(
-        matches!(
-            e,
-            StoreError::CallNumberRegressed {
-                last: 2,
-                new: 1,
-                ..
-            }
-        ),
-        "{e}"
-    );
-    assert_eq!(block_on(store.get("a")).unwrap().unwrap(), after);
+    assert!(matches!(err, StoreError::Failed { .. }), "{err}");
     assert!(matches!(
-        block_on(store.apply("nope", |_| Change::Commit(()))),
-        Err(StoreError::NotFound { .. })
+        block_on(store.apply("a", |_| Change::Keep(()))).unwrap_err(),
+        StoreError::Failed { .. }
     ));
-
-    // Pending HITL listing, by organization.
-    let mut other = session("b", 10);
-    other.meta.organization_id = "org-2".into();
-    block_on(store.create(other)).unwrap();
-    block_on(store.create(session("c", 10))).unwrap();
-    for id in ["b", "c"] {
-        block_on(store.apply(id, |s| {
-            s.state.pending = Some(PendingTransition {
-                original_nonce: Some(1),
-                ..PendingTransition::default()
-            });
-            Change::Commit(())
-        }))
-        .unwrap();
-    }
-    let ids = |v: Vec<tollgate_store::Session>| {
-        v.into_iter().map(|s| s.meta.session_id).collect::<Vec<_>>()
-    };
-    assert_eq!(ids(block_on(store.pending_hitl(None)).unwrap()), ["b", "c"]);
-    assert_eq!(
-        ids(block_on(store.pending_hitl(Some("org-2"))).unwrap()),
-        ["b"]
-    );
-    assert_eq!(
-        ids(block_on(store.list(Some("org-1"))).unwrap()),
-        ["a", "c"]
-    );
-    assert_eq!(
-        block_on(store.budget(&BudgetKey::Session("a".into())))
-            .unwrap()
-            .unwrap()
-            .remaining,
-        Money(750_000)
-    );
-
-    // Remove.
-    block_on(store.remove("c")).unwrap().wait().unwrap();
-    assert_eq!(block_on(store.get("c")).unwrap(), None);
     assert!(matches!(
-        block_on(store.remove("c")),
-        Err(StoreError::NotFound { .. })
+        block_on(store.create(session("b", 1), 1)).unwrap_err(),
+        StoreError::Failed { .. }
     ));
 }
 
 #[test]
-fn contract_holds_in_memory() {
+fn memory_store_keeps_the_contract() {
     contract(&MemoryStore::default());
 }
 
 #[test]
-fn contract_holds_embedded() {
-    let (_dir, store) = embedded(StoreOptions::default());
+fn embedded_store_keeps_the_contract() {
+    let dir = tempfile::tempdir().unwrap();
+    let (writer, store, report) = open_embedded(dir.path(), StoreOptions::default()).unwrap();
+    assert_eq!((report.sessions, report.next_index), (0, 0));
     contract(&store);
-    block_on(store.close()).unwrap();
+    drop(writer);
+    drop(store);
 }
 
-fn limits<S: SessionStore>(store: &S) {
-    block_on(store.create(session("x", 1))).unwrap();
-    block_on(store.create(session("y", 1))).unwrap();
-    assert_eq!(
-        block_on(store.create(session("z", 1))).unwrap_err(),
-        StoreError::SessionCap { max: 2 }
-    );
-    block_on(store.remove("x")).unwrap();
-    block_on(store.create(session("z", 1))).unwrap();
-
-    let e = block_on(store.apply("y", |s| {
-        s.state.seen_nonces.extend(0..11);
-        Change::Commit(())
-    }))
-    .unwrap_err();
-    assert!(
-        matches!(
-            e,
-            StoreError::StateTooLarge {
-                entries: 11,
-                max: 10,
-                ..
-            }
-        ),
-        "{e}"
-    );
-    assert!(block_on(store.get("y"))
-        .unwrap()
-        .unwrap()
-        .state
-        .seen_nonces
-        .is_empty());
-
-    for (id, want) in [("", "empty"), ("a\nb", "contains a control character")] {
-        let e = block_on(store.create(session(id, 1))).unwrap_err();
-        assert_eq!(
-            e,
-            StoreError::InvalidId {
-                field: "session_id",
-                reason: want
-            }
-        );
-    }
-    let long = "x".repeat(257);
-    let mut s = session("ok", 1);
-    s.meta = meta("ok", &long, "org", BudgetScope::PerSession);
+#[test]
+fn ids_and_caps_are_checked() {
+    let store = MemoryStore::new(2, None);
+    let mut s = session("x", 1);
+    s.meta.agent_id = String::new();
     assert!(matches!(
-        block_on(store.create(s)),
-        Err(StoreError::InvalidId {
+        block_on(store.create(s, 1)).unwrap_err(),
+        StoreError::InvalidId {
             field: "agent_id",
             ..
-        })
+        }
+    ));
+    let mut s = session("x", 1);
+    s.meta.session_id = "a\u{7}".into();
+    assert!(matches!(
+        block_on(store.create(s, 1)).unwrap_err(),
+        StoreError::InvalidId { .. }
+    ));
+    create(&store, session("one", 1)).unwrap();
+    create(&store, session("two", 1)).unwrap();
+    assert_eq!(
+        block_on(store.create(session("three", 1), 1)).unwrap_err(),
+        StoreError::SessionCap { max: 2 }
+    );
+    assert_eq!(
+        block_on(store.apply("nope", |_| Change::Keep(()))).unwrap_err(),
+        StoreError::NotFound { id: "nope".into() }
+    );
+}
+
+#[test]
+fn a_panicking_change_stops_the_store() {
+    let store = MemoryStore::default();
+    create(&store, session("a", 100)).unwrap();
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let _ = store.apply_sync("a", |_| -> Change<()> { panic!("boom") });
+    }));
+    assert!(r.is_err());
+    assert!(matches!(
+        store.apply_sync("a", |_| Change::Keep(())).unwrap_err(),
+        StoreError::Failed { .. }
     ));
 }
 
-fn small() -> StoreOptions {
-    StoreOptions {
-        max_sessions: 2,
-        max_state_entries: 10,
-        ..StoreOptions::default()
-    }
-}
-
 #[test]
-fn limits_hold_in_memory() {
-    limits(&MemoryStore::new(small()));
-}
-
-#[test]
-fn limits_hold_embedded() {
-    let (_dir, store) = embedded(small());
-    limits(&store);
-}
-
-#[test]
-fn closed_store_refuses_changes() {
-    let (_dir, store) = embedded(StoreOptions::default());
-    store.create_sync(session("a", 1)).unwrap();
-    block_on(store.close()).unwrap();
-    block_on(store.close()).unwrap();
-    assert_eq!(
-        store.apply_sync("a", |_| Change::Commit(())).unwrap_err(),
-        StoreError::Closed
-    );
-    assert_eq!(
-        store.create_sync(session("b", 1)).unwrap_err(),
-        StoreError::Closed
-    );
-    // Reads still work from memory.
-    assert!(store.get_sync("a").unwrap().is_some());
-}
-
-#[test]
-fn keep_waits_for_the_state_it_read() {
-    // A Keep right after a commit must not report durable before that commit is.
-    let (_dir, store) = embedded(StoreOptions::default());
-    store.create_sync(session("a", 1)).unwrap();
-    for i in 0..50 {
-        let (_, committed) = store
-            .apply_sync("a", |s| {
-                s.state.total_calls = i;
-                Change::Commit(())
-            })
-            .unwrap();
-        let (_, kept) = store.apply_sync("a", |_| Change::Keep(())).unwrap();
-        kept.wait().unwrap();
-        assert!(
-            committed.try_result().is_some(),
-            "keep completed before the commit it read"
-        );
-        assert!(kept.batch_seq() == 0 || kept.batch_seq() >= committed.batch_seq());
-    }
-}
-
-/// The daemon spawns these futures on a multi-threaded runtime: they must be `Send`,
-/// and so must `Durable` (which must also be awaitable after the store call returns).
-#[test]
-fn futures_and_handles_are_send() {
-    fn send<T: Send + 'static>(_: &T) {}
-    fn borrowed_send<T: Send>(_: &T) {}
-    fn check<S: SessionStore>(store: &S) {
-        borrowed_send(&store.apply("a", |s| Change::Commit(s.last_call_number)));
-        borrowed_send(&store.get("a"));
-        borrowed_send(&store.create(session("z", 1)));
-        borrowed_send(&store.pending_hitl(None));
-        borrowed_send(&store.close());
-    }
-    let store = MemoryStore::default();
-    store.create_sync(session("a", 1)).unwrap();
-    check(&store);
-    let (n, durable) =
-        block_on(store.apply("a", |s| Change::Commit(s.next_call_number()))).unwrap();
-    assert_eq!(n, 1);
-    send(&durable);
-    assert_eq!(durable.try_result(), Some(Ok(())));
-}
-
-fn survives_panics<S: SessionStore>(store: &S) {
-    block_on(store.create(session("p", 100))).unwrap();
-    block_on(store.apply("p", |s| {
-        s.state.seen_nonces.extend([1, 2, 3]);
-        Change::Commit(())
-    }))
-    .unwrap();
-    let before = block_on(store.get("p")).unwrap().unwrap();
-    let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        block_on(store.apply("p", |s| {
-            s.state.seen_nonces.remove(&2);
-            s.state.seen_nonces.insert(9);
-            s.state.budget_remaining = Money(0);
-            if s.state.seen_nonces.contains(&9) {
-                panic!("closure failed");
-            }
-            Change::Commit(())
-        }))
-    }));
-    assert!(caught.is_err());
-    // Nothing of the panicking closure stuck, and the session goes on.
-    assert_eq!(block_on(store.get("p")).unwrap().unwrap(), before);
-    let (_, d) = block_on(store.apply("p", |s| {
-        s.state.seen_nonces.insert(4);
-        Change::Commit(())
-    }))
-    .unwrap();
-    block_on(d).unwrap();
-    let after = block_on(store.get("p")).unwrap().unwrap();
-    assert_eq!(
-        after.state.seen_nonces.iter().copied().collect::<Vec<_>>(),
-        [1, 2, 3, 4]
-    );
-}
-
-#[test]
-fn a_panicking_closure_changes_nothing() {
-    survives_panics(&MemoryStore::default());
-    let (dir, store) = embedded(StoreOptions::default());
-    survives_panics(&store);
-    store.close_sync().unwrap();
-    drop(store);
-    let store =
-        EmbeddedStore::open(dir.path().join("state.redb"), StoreOptions::default()).unwrap();
+fn list_pending_and_budgets() {
+    let journal = Arc::new(Recorder::default());
+    let store = MemoryStore::new(100, Some(journal.clone()));
+    create(&store, session("s1", 100)).unwrap();
+    create(&store, agent_session("a1", "bot", 1_000)).unwrap();
+    let mut other = agent_session("o1", "bot", 7);
+    other.meta.organization_id = "org-2".into();
+    create(&store, other).unwrap();
     assert_eq!(
         store
-            .get_sync("p")
+            .list_sync(None)
             .unwrap()
-            .unwrap()
-            .state
-            .seen_nonces
             .iter()
-            .copied()
+            .map(|s| s.meta.session_id.as_str())
             .collect::<Vec<_>>(),
-        [1, 2, 3, 4]
+        vec!["a1", "o1", "s1"]
     );
+    assert_eq!(store.list_sync(Some("org-2")).unwrap().len(), 1);
+    assert!(block_on(store.pending_hitl(None)).unwrap().is_empty());
+    assert_eq!(
+        store
+            .budget_sync(&BudgetKey::Agent("org-1".into(), "bot".into()))
+            .unwrap()
+            .map(|b| b.remaining),
+        Some(Money(1_000))
+    );
+    assert_eq!(
+        store
+            .budget_sync(&BudgetKey::Session("s1".into()))
+            .unwrap()
+            .map(|b| b.remaining),
+        Some(Money(100))
+    );
+    // Every opening was journaled, in order.
+    let events = journal.0.lock().unwrap();
+    assert_eq!(events.len(), 3);
+    assert!(events.iter().all(|e| e.kind() == 4 && e.session_seq() == 1));
+}
+
+#[test]
+fn a_session_keeps_the_policy_it_was_opened_with() {
+    // The policy travels with the session; a different one for a new session of the same
+    // agent does not change the first.
+    let store = MemoryStore::default();
+    let first = tollgate_store::Session::new(
+        meta("p1", "bot", BudgetScope::PerSession),
+        policy(500, BudgetScope::PerSession),
+        1,
+    );
+    create(&store, first).unwrap();
+    let second = tollgate_store::Session::new(
+        meta("p2", "bot", BudgetScope::PerSession),
+        policy(900, BudgetScope::PerSession),
+        1,
+    );
+    create(&store, second).unwrap();
+    assert_eq!(
+        store.get_sync("p1").unwrap().unwrap().policy.config.budget,
+        Money(500)
+    );
+    assert_eq!(
+        store.get_sync("p2").unwrap().unwrap().policy.config.budget,
+        Money(900)
+    );
+}
+
+#[test]
+fn embedded_store_closes_once_and_refuses_changes_after() {
+    let dir = tempfile::tempdir().unwrap();
+    let (writer, store, _) = open_embedded(dir.path(), StoreOptions::default()).unwrap();
+    create(&store, session("a", 10)).unwrap();
+    close(&writer, &store);
+    store.close_sync().unwrap();
+    assert_eq!(
+        store.apply_sync("a", |_| Change::Keep(())).unwrap_err(),
+        StoreError::Closed
+    );
+    let _: &EmbeddedStore = &store;
 }

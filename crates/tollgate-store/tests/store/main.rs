@@ -1,6 +1,8 @@
 //! The store's integration tests, one binary: `basics` (the trait contract on both
-//! stores), `persist` (restart, close, corrupt files), `shared` (shared budgets and
-//! concurrent spending through `decide`), `crash` (a real kill -9 mid-stream).
+//! stores), `fold` (the live state is the fold of the journal, on random workloads),
+//! `persist` (close and reopen, replay after the snapshot, rebuild from the log, refusals
+//! when snapshot and log disagree), `shared` (shared budgets under concurrency), `crash`
+//! (a real kill -9 under load, at many points: the reopened state is the fold of the log).
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -10,6 +12,7 @@
 
 mod basics;
 mod crash;
+mod fold;
 mod persist;
 mod shared;
 mod support;

@@ -36,7 +36,8 @@ pub struct Args {
     /// With --socket: the organization's secret file.
     #[arg(long)]
     pub secret_file: Option<PathBuf>,
-    /// For the daemon the bench starts: fsync policy of the audit log and the state store
+    /// For the daemon the bench starts: fsync policy of the audit log (the one durable
+    /// write of a verdict)
     /// (`batch`: every verdict durable before its reply; `never`: written, not synced).
     #[arg(long, default_value = "batch", value_parser = ["batch", "never"])]
     pub fsync: String,
@@ -90,7 +91,6 @@ async fn load(args: &Args) -> anyhow::Result<()> {
                 ..DaemonConfig::default()
             };
             config.audit.fsync = args.fsync.clone();
-            config.state_fsync = args.fsync.clone();
             config.limits.pre_exec_per_second_per_session = 1_000_000;
             config.limits.registrations_per_second_per_peer = 1_000_000;
             let mut guard = config.default_guard.clone();

@@ -154,17 +154,28 @@ async fn flow(data: std::path::PathBuf) -> anyhow::Result<bool> {
         ..Default::default()
     };
     let mut verdicts = Vec::new();
+    let (mut opened, mut settled) = (0, Vec::new());
     let summary = tollgate_audit::verify_paths(&[data.join("audit")], &opts, &mut |e| {
-        if let tollgate_audit::Event::Verdict(v) = &e.event {
-            verdicts.push(format!("{} {} {}", v.call_number, v.verdict, v.reason));
+        use tollgate_audit::SessionEvent;
+        match &e.event {
+            tollgate_audit::Event::Session(SessionEvent::Verdict(v)) => {
+                verdicts.push(format!("{} {} {}", v.call_number, v.verdict, v.reason));
+            }
+            tollgate_audit::Event::Session(SessionEvent::Opened(_)) => opened += 1,
+            tollgate_audit::Event::Session(SessionEvent::Settled(s)) => {
+                settled.push(format!("{} charged {}", s.call_number, s.charged));
+            }
+            _ => {}
         }
     })
     .map_err(|e| anyhow::anyhow!("audit log verification failed: {e}"))?;
     println!(
-        "audit log verified with the public key: {} entries, {} verdicts [{}]",
+        "audit log verified with the public key: {} entries: {opened} session opened, {} verdicts [{}], {} settlements [{}]",
         summary.entries,
         verdicts.len(),
-        verdicts.join("; ")
+        verdicts.join("; "),
+        settled.len(),
+        settled.join("; ")
     );
     println!(
         "{}",

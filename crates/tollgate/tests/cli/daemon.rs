@@ -204,7 +204,8 @@ fn demo_runs_appendix_a_as_written() {
         "PRE_EXEC_RESPONSE(verdict=ALLOW, reason=within_thresholds, budget_remaining=0.496, repeat_count=1)",
         "PRE_EXEC_RESPONSE(verdict=DENY, reason=max_repeat_exceeded, budget_remaining=0.494, repeat_count=3)",
         "any further call -> DENY circuit_open",
-        "audit log verified with the public key: 5 entries",
+        "audit log verified with the public key: 9 entries: 1 session opened, 5 verdicts",
+        "3 settlements [1 charged 0.002; 2 charged 0.002; 3 charged 0.002]",
         "Appendix A flow: as written",
     ] {
         assert!(t.contains(want), "missing `{want}` in:\n{t}");

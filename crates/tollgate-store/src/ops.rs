@@ -1,0 +1,375 @@
+//! The four changes of a session's durable state, each one audit entry, and their replay.
+//!
+//! A session's durable state changes only here: it is opened, a verdict is applied, a
+//! post-exec report is settled, or a human decides a held call. Each function applies the
+//! core's pure transition to the session, increases its version ([`Session::seq`]) by one,
+//! and returns the audit record of the change: its inputs and its outcome. The live path
+//! (the daemon, the in-process guard) calls these and writes the record to the audit log;
+//! replay ([`replay`]) calls the *same* functions with the inputs a logged record carries
+//! and requires the record they return to equal the logged one, field for field. So the
+//! state is, by construction, the fold of the log, and a log that does not fold (an entry
+//! out of order, an outcome that does not follow from its inputs) is caught, not absorbed.
+//!
+//! Budgets: for a shared (per-agent or per-organization) budget the caller loads the
+//! shared amounts into `session.state` before and stores them back after, so the records
+//! carry the shared budget's `budget_before`/`budget_after`.
+
+use std::sync::Arc;
+
+use tollgate_audit::{
+    CostStatus, DecisionRecord, SessionEvent, SessionRecord, SettlementRecord, VerdictRecord,
+};
+use tollgate_core::transition::HumanDecisionRefused;
+use tollgate_core::{
+    apply_decision, apply_post_exec, record_human_decision, Decision, Digest, HumanDecision, Money, Params, Reason, ReportedCost, Successor, ToolCall, UnixNanos, Verdict,
+};
+
+use crate::session::{Policy, Session, SessionMeta};
+
+/// Open `session` (at version 0, with its starting budget already loaded): version 1.
+pub fn open(session: &mut Session, now: UnixNanos) -> SessionRecord {
+    session.seq = session.seq.saturating_add(1);
+    SessionRecord {
+        timestamp_ns: now,
+        session_id: session.meta.session_id.clone(),
+        agent_id: session.meta.agent_id.clone(),
+        organization_id: session.meta.organization_id.clone(),
+        budget_scope: session.meta.budget_scope,
+        budget_initial: session.policy.config.budget,
+        budget_before: session.state.budget_remaining,
+        config_digest: session.policy.digest,
+        config: session.policy.json.clone(),
+        session_seq: session.seq,
+    }
+}
+
+/// Apply `decision` for `call`, numbered `call_number`, decided at `now`: the core's
+/// [`apply_decision`], the session's last call number, and the record. A call that
+/// releases a human-approved transition names the operator who approved it.
+///
+/// A nonce of 0 is no nonce, as on the wire and in the record (`nonce` 0).
+pub fn verdict(
+    session: &mut Session,
+    call: &ToolCall<'_>,
+    decision: &Decision,
+    call_number: u64,
+    now: UnixNanos,
+) -> VerdictRecord {
+    let call = &ToolCall {
+        nonce: call.nonce.filter(|n| *n != 0),
+        ..*call
+    };
+    let before = session.state.budget_remaining;
+    let releases = decision.verdict == Verdict::Allow
+        && matches!(
+            decision.reason,
+            Reason::TransitionApprove | Reason::TransitionModifySuccessor
+        );
+    let operator_id = if releases {
+        session
+            .state
+            .pending
+            .as_ref()
+            .and_then(|p| p.operator_id.clone())
+    } else {
+        None
+    };
+    apply_decision(
+        &session.policy.config,
+        &mut session.state,
+        call,
+        decision,
+        call_number,
+        now,
+    );
+    session.last_call_number = session.last_call_number.max(call_number);
+    session.seq = session.seq.saturating_add(1);
+    VerdictRecord {
+        timestamp_ns: now,
+        session_id: session.meta.session_id.clone(),
+        agent_id: session.meta.agent_id.clone(),
+        organization_id: session.meta.organization_id.clone(),
+        call_number,
+        tool_name: call.tool_name.to_owned(),
+        params_hash: call.params.canonical_digest().unwrap_or_default(),
+        verdict: decision.verdict,
+        deny_reason: decision.deny_reason,
+        reason: decision.reason,
+        probabilistic: decision.probabilistic,
+        budget_before: before,
+        budget_after: session.state.budget_remaining,
+        operator_id,
+        estimated_cost: call.estimated_cost,
+        nonce: call.nonce.unwrap_or(0),
+        config_digest: Some(session.policy.digest),
+        session_seq: session.seq,
+    }
+}
+
+/// Settle call `call_number` against the cost the agent reported (`reported_usd`, exactly
+/// as sent), with the outcome's success flag and whether it carried an error signal.
+/// See [`apply_post_exec`] for the charge: a cost the core cannot read never refunds.
+pub fn settle(
+    session: &mut Session,
+    call_number: u64,
+    reported_usd: f64,
+    success: bool,
+    error_signal: bool,
+    now: UnixNanos,
+) -> SettlementRecord {
+    let reported = ReportedCost::from_usd(reported_usd);
+    let settled = apply_post_exec(
+        &session.policy.config,
+        &mut session.state,
+        call_number,
+        reported,
+        error_signal,
+        now,
+    );
+    session.seq = session.seq.saturating_add(1);
+    SettlementRecord {
+        timestamp_ns: now,
+        session_id: session.meta.session_id.clone(),
+        agent_id: session.meta.agent_id.clone(),
+        organization_id: session.meta.organization_id.clone(),
+        call_number,
+        success,
+        reported_cost_bits: reported_usd.to_bits(),
+        cost_status: match reported {
+            ReportedCost::Exact(_) => CostStatus::Readable,
+            ReportedCost::Unreadable => CostStatus::Unreadable,
+            ReportedCost::OverRange => CostStatus::OverRange,
+        },
+        actual_cost: reported.exact().unwrap_or(Money::ZERO),
+        estimated_cost: settled.estimated,
+        reserved: settled.had_reservation,
+        charged: settled.charged,
+        budget_before: settled.before,
+        budget_after: settled.after,
+        error_signal,
+        session_seq: session.seq,
+    }
+}
+
+/// Record `operator_id`'s `decision` on the session's held call.
+pub fn human_decision(
+    session: &mut Session,
+    decision: HumanDecision,
+    successor: Option<Successor>,
+    operator_id: &str,
+    now: UnixNanos,
+) -> Result<DecisionRecord, HumanDecisionRefused> {
+    record_human_decision(&mut session.state, decision.clone(), successor, now)?;
+    let pending = session.state.pending.as_mut();
+    let (call_number, tool_name, original_nonce, original_args_digest) = match pending {
+        Some(p) => {
+            p.operator_id = Some(operator_id.to_owned());
+            (
+                p.call_number,
+                p.tool_name.clone().unwrap_or_default(),
+                p.original_nonce.unwrap_or(0),
+                p.original_args_digest.unwrap_or_default(),
+            )
+        }
+        // record_human_decision succeeded, so a transition is pending.
+        None => (0, String::new(), 0, Digest::default()),
+    };
+    session.seq = session.seq.saturating_add(1);
+    Ok(DecisionRecord {
+        timestamp_ns: now,
+        session_id: session.meta.session_id.clone(),
+        agent_id: session.meta.agent_id.clone(),
+        organization_id: session.meta.organization_id.clone(),
+        call_number,
+        operator_id: operator_id.to_owned(),
+        decision,
+        tool_name,
+        original_nonce,
+        original_args_digest,
+        successor: successor.map(|s| (s.nonce, s.args_digest)),
+        budget_remaining: session.state.budget_remaining,
+        session_seq: session.seq,
+    })
+}
+
+/// Why a logged entry does not fold onto the state it follows.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FoldError {
+    /// The entry's session version is not the next one for its session.
+    #[error("session `{session}`: entry has version {found}, expected {expected}")]
+    OutOfOrder {
+        /// The session.
+        session: String,
+        /// The version the session is at plus one.
+        expected: u64,
+        /// The entry's `session_seq`.
+        found: u64,
+    },
+    /// Re-applying the entry's inputs gives a different record.
+    #[error("session `{session}` version {seq}: the logged {kind} does not follow from its inputs ({what})")]
+    Diverged {
+        /// The session.
+        session: String,
+        /// The entry's version.
+        seq: u64,
+        /// Which kind of entry.
+        kind: &'static str,
+        /// The first field that differs.
+        what: String,
+    },
+    /// The entry names a session that was never opened, or opens one twice.
+    #[error("session `{session}`: {what}")]
+    Session {
+        /// The session.
+        session: String,
+        /// What is wrong.
+        what: String,
+    },
+}
+
+/// A new session from its session-opened record: metadata, policy, fresh state at the
+/// record's time, version 0 (the caller joins its budget, then calls [`open`] and compares
+/// with [`check_opened`]).
+pub fn session_from_record(r: &SessionRecord) -> Result<Session, FoldError> {
+    let bad = |what: String| FoldError::Session {
+        session: r.session_id.clone(),
+        what,
+    };
+    let policy = Policy::from_json(&r.config).map_err(bad)?;
+    if policy.digest != r.config_digest {
+        return Err(bad("config_digest is not the digest of config".to_owned()));
+    }
+    if policy.config.budget != r.budget_initial || policy.config.budget_scope != r.budget_scope
+    {
+        return Err(bad(
+            "budget_initial or budget_scope disagrees with config".to_owned(),
+        ));
+    }
+    let meta = SessionMeta {
+        session_id: r.session_id.clone(),
+        agent_id: r.agent_id.clone(),
+        organization_id: r.organization_id.clone(),
+        budget_scope: r.budget_scope,
+        created_at_ns: r.timestamp_ns,
+    };
+    Ok(Session::new(meta, Arc::new(policy), r.timestamp_ns))
+}
+
+/// After [`open`] on a session rebuilt by [`session_from_record`]: the regenerated record
+/// must be the logged one.
+pub fn check_opened(regenerated: &SessionRecord, logged: &SessionRecord) -> Result<(), FoldError> {
+    same(
+        &SessionEvent::Opened(regenerated.clone()),
+        &SessionEvent::Opened(logged.clone()),
+    )
+}
+
+/// Replay one logged change (a verdict, settlement or human decision) onto `session`,
+/// which holds everything up to the version before it (shared budget loaded). Session
+/// openings are replayed by the caller ([`session_from_record`], [`open`]).
+pub fn replay(session: &mut Session, event: &SessionEvent) -> Result<(), FoldError> {
+    let expected = session.seq.saturating_add(1);
+    if event.session_seq() != expected || event.session_id() != session.meta.session_id {
+        return Err(FoldError::OutOfOrder {
+            session: event.session_id().to_owned(),
+            expected,
+            found: event.session_seq(),
+        });
+    }
+    let regenerated = match event {
+        SessionEvent::Opened(r) => {
+            return Err(FoldError::Session {
+                session: r.session_id.clone(),
+                what: "opened twice".to_owned(),
+            })
+        }
+        SessionEvent::Verdict(v) => {
+            let params = if v.verdict == Verdict::Deny && v.reason == Reason::MalformedInput {
+                Params::unreadable()
+            } else {
+                Params::digest(v.params_hash)
+            };
+            let call = ToolCall {
+                tool_name: &v.tool_name,
+                params,
+                nonce: (v.nonce != 0).then_some(v.nonce),
+                estimated_cost: v.estimated_cost,
+                raw_params: None,
+            };
+            let decision = Decision {
+                verdict: v.verdict,
+                deny_reason: v.deny_reason,
+                reason: v.reason,
+                probabilistic: v.probabilistic,
+            };
+            SessionEvent::Verdict(verdict(
+                session,
+                &call,
+                &decision,
+                v.call_number,
+                v.timestamp_ns,
+            ))
+        }
+        SessionEvent::Settled(s) => SessionEvent::Settled(settle(
+            session,
+            s.call_number,
+            f64::from_bits(s.reported_cost_bits),
+            s.success,
+            s.error_signal,
+            s.timestamp_ns,
+        )),
+        SessionEvent::HumanDecision(d) => {
+            let successor = d.successor.map(|(nonce, args_digest)| Successor {
+                nonce,
+                args_digest,
+            });
+            let r = human_decision(
+                session,
+                d.decision.clone(),
+                successor,
+                &d.operator_id,
+                d.timestamp_ns,
+            )
+            .map_err(|e| FoldError::Diverged {
+                session: d.session_id.clone(),
+                seq: d.session_seq,
+                kind: "human decision",
+                what: e.to_string(),
+            })?;
+            SessionEvent::HumanDecision(r)
+        }
+    };
+    same(&regenerated, event)
+}
+
+fn kind_name(e: &SessionEvent) -> &'static str {
+    match e {
+        SessionEvent::Opened(_) => "session opening",
+        SessionEvent::Verdict(_) => "verdict",
+        SessionEvent::Settled(_) => "settlement",
+        SessionEvent::HumanDecision(_) => "human decision",
+    }
+}
+
+fn same(regenerated: &SessionEvent, logged: &SessionEvent) -> Result<(), FoldError> {
+    if regenerated == logged {
+        return Ok(());
+    }
+    // Name what differs by comparing the debug forms field by field (a cold path).
+    let a = format!("{regenerated:?}");
+    let b = format!("{logged:?}");
+    let what = a
+        .split(", ")
+        .zip(b.split(", "))
+        .find(|(x, y)| x != y)
+        .map_or_else(
+            || "records differ".to_owned(),
+            |(x, y)| format!("replayed {x}, logged {y}"),
+        );
+    Err(FoldError::Diverged {
+        session: logged.session_id().to_owned(),
+        seq: logged.session_seq(),
+        kind: kind_name(logged),
+        what,
+    })
+}
