@@ -114,7 +114,7 @@ pub enum RuleId {
     DrAlternatives,
     /// `DR-UNRESOLVED-DISSENT`: Every attached open challenge has a dissent entry.
     DrUnresolvedDissent,
-    /// `DR-NO-APPROVE-OVER-DISSENT`: With any attached challenge open, the recommendation is not approve.
+    /// `DR-NO-APPROVE-OVER-DISSENT`: With any attached challenge open, the recommendation is not approve; with an attached HARD gate open, not conditional-approve either.
     DrNoApproveOverDissent,
     /// `DR-HARD-GATE`: With an attached HARD gate open, the recommendation is reject, redesign or escalate.
     DrHardGate,

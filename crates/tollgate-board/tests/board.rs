@@ -56,6 +56,17 @@ const ALSO: &[(&str, &[&str], &str)] = &[
         &["HO-AGENT-NO-APPROVAL"],
         "a decision-record must carry approved or rejected, which an agent may never write",
     ),
+    (
+        "DR-HARD-GATE",
+        &["DR-NO-APPROVE-OVER-DISSENT"],
+        "decision-record.md: DR-NO-APPROVE-OVER-DISSENT blocks approve over any open challenge \
+         and conditional-approve over an open HARD gate, exactly what DR-HARD-GATE forbids",
+    ),
+    (
+        "DR-NO-APPROVE-OVER-DISSENT--conditional-over-hard-gate",
+        &["DR-HARD-GATE"],
+        "decision-record.md: a conditional-approve over an open HARD gate is blocked by both",
+    ),
 ];
 
 fn ids(report: &Report) -> BTreeSet<&'static str> {

@@ -799,22 +799,35 @@ pub fn dr_unresolved_dissent(ctx: &Ctx<'_>, out: &mut Vec<Finding>) {
 }
 
 /// DR-NO-APPROVE-OVER-DISSENT: with any attached challenge open, recommended_outcome is not
-/// approve. (The stricter bar for an open HARD gate is DR-HARD-GATE.)
+/// approve; a conditional-approve is still blocked when an open attached challenge is a HARD
+/// gate. (Over an open HARD gate DR-HARD-GATE reports the same recommendation too: the rule
+/// text puts the HARD-gate clause in both rules.)
 pub fn dr_no_approve_over_dissent(ctx: &Ctx<'_>, out: &mut Vec<Finding>) {
     for (r, _, p) in requests(ctx) {
-        if p.recommended_outcome != "approve" {
-            continue;
-        }
+        let blocked_by: fn(&Envelope) -> bool = match p.recommended_outcome.as_str() {
+            "approve" => is_open,
+            "conditional-approve" => |ce| is_open(ce) && is_hard_gate(ce),
+            _ => continue,
+        };
         if let Some(ce) = attached(ctx, p)
             .into_iter()
             .filter_map(|c| ctx.e(c))
-            .find(|ce| is_open(ce))
+            .find(|ce| blocked_by(ce))
         {
             ctx.report(
                 out,
                 RuleId::DrNoApproveOverDissent,
                 Some(r),
-                format!("recommends approve over open challenge `{}`", ce.task_id),
+                format!(
+                    "recommends {} over open {} `{}`",
+                    p.recommended_outcome,
+                    if is_hard_gate(ce) {
+                        "HARD gate"
+                    } else {
+                        "challenge"
+                    },
+                    ce.task_id
+                ),
             );
         }
     }

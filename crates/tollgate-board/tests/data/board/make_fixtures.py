@@ -863,6 +863,14 @@ def _():
     return m
 
 
+@invalid("DR-NO-APPROVE-OVER-DISSENT--conditional-over-hard-gate")
+def _():
+    # The only open challenge is a HARD gate (on the framing): conditional-approve is blocked.
+    m = hard_gate_on_framing()
+    find(m, "req-1")["decision_request"]["recommended_outcome"] = "conditional-approve"
+    return bind(m)
+
+
 @invalid("DR-HARD-GATE")
 def _():
     m = r2_architecture(with_record=False)
