@@ -122,7 +122,7 @@ pub enum RuleId {
     DrValueCaseRequired,
     /// `DRC-PRINCIPAL-SOURCE`: A decision-record comes from a principal.
     DrcPrincipalSource,
-    /// `DRC-DECIDER-IS-SENDER`: decided_by is the record's own sender.
+    /// `DRC-DECIDER-IS-SENDER`: decided_by is the record's own sender, whoever sent the record.
     DrcDeciderIsSender,
     /// `DRC-REQUEST-BINDING`: request_task_id names a decision-request and request_digest is its canonical digest.
     DrcRequestBinding,

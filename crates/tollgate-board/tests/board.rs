@@ -53,8 +53,18 @@ const ALSO: &[(&str, &[&str], &str)] = &[
     ),
     (
         "DRC-PRINCIPAL-SOURCE",
-        &["HO-AGENT-NO-APPROVAL"],
-        "a decision-record must carry approved or rejected, which an agent may never write",
+        &["HO-AGENT-NO-APPROVAL", "DRC-DECIDER-IS-SENDER"],
+        "decision-record.md: approval_state is approved or rejected on a record \
+         (DRC-APPROVAL-STATE), which handoff-envelope.md forbids an agent to write; and \
+         decided_by is a principal (contract), so it is never an agent sender \
+         (DRC-DECIDER-IS-SENDER holds for every record, whoever sent it)",
+    ),
+    (
+        "DRC-DECIDER-IS-SENDER--agent-sender",
+        &["DRC-PRINCIPAL-SOURCE", "DRC-APPROVAL-STATE"],
+        "decided_by is a principal, so a record whose decider is not its sender because an \
+         agent sent it is also agent-sourced; an agent record either writes approved or \
+         rejected (HO-AGENT-NO-APPROVAL) or does not (DRC-APPROVAL-STATE); this one does not",
     ),
     (
         "DR-HARD-GATE",

@@ -42,11 +42,12 @@ pub fn drc_principal_source(ctx: &Ctx<'_>, out: &mut Vec<Finding>) {
     }
 }
 
-/// DRC-DECIDER-IS-SENDER: decision_record.decided_by is the record's own sender (checked when
-/// the sender is a principal; an agent sender is DRC-PRINCIPAL-SOURCE's finding).
+/// DRC-DECIDER-IS-SENDER: decision_record.decided_by is the record's own sender, whoever
+/// sent it: decided_by is always a principal, so an agent-sent record fails here as well as
+/// DRC-PRINCIPAL-SOURCE.
 pub fn drc_decider_is_sender(ctx: &Ctx<'_>, out: &mut Vec<Finding>) {
     for (d, e, p) in records(ctx) {
-        if e.source.is_principal() && !p.decided_by.same(&e.source) {
+        if !p.decided_by.same(&e.source) {
             ctx.report(
                 out,
                 RuleId::DrcDeciderIsSender,

@@ -898,6 +898,18 @@ def _():
     return bind(m)
 
 
+@invalid("DRC-DECIDER-IS-SENDER--agent-sender")
+def _():
+    # An agent sends a record naming the decision owner as decided_by. It leaves approval_state
+    # pending, so DRC-APPROVAL-STATE (not HO-AGENT-NO-APPROVAL) is the third finding.
+    m = r2_architecture(with_record=False)
+    m.append(record("rec-1", "c-sec-1", 3, 30, DECIDER, REQ, "req-1"))
+    r = find(m, "rec-1")
+    r["source"] = agent(ARCH)
+    r["approval_state"] = "pending-human-review"
+    return bind(m)
+
+
 @invalid("DRC-REQUEST-BINDING")
 def _():
     m = r2_architecture()
