@@ -77,6 +77,61 @@ const ALSO: &[(&str, &[&str], &str)] = &[
         &["DR-HARD-GATE"],
         "decision-record.md: a conditional-approve over an open HARD gate is blocked by both",
     ),
+    // Readings that hold for an envelope without its payload: the envelope is still of its
+    // message_type, and the missing payload is the HO-PAYLOAD-* rule's own finding
+    // (handoff-envelope.md: every type but delegate carries its payload).
+    (
+        "DR-TO-PRINCIPAL--without-payload",
+        &["HO-PAYLOAD-DECISION-REQUEST"],
+        "the request under test has no decision_request",
+    ),
+    (
+        "DR-OWNER-FROM-ROOT--without-payload",
+        &["HO-PAYLOAD-DECISION-REQUEST"],
+        "the request under test has no decision_request",
+    ),
+    (
+        "DR-RISK-CARRIED--without-payload",
+        &["HO-PAYLOAD-DECISION-REQUEST"],
+        "the request under test has no decision_request",
+    ),
+    (
+        "STOP-TERMINAL--decided-stopped-request-without-payload",
+        &["HO-PAYLOAD-DECISION-REQUEST"],
+        "the request under test has no decision_request",
+    ),
+    (
+        "DR-UNRESOLVED-DISSENT--challenge-without-payload",
+        &["HO-PAYLOAD-CHALLENGE"],
+        "the attached challenge under test has no challenge payload",
+    ),
+    (
+        "DRC-PRINCIPAL-SOURCE--without-payload",
+        &["HO-PAYLOAD-DECISION-RECORD"],
+        "the record under test has no decision_record",
+    ),
+    (
+        "DRC-COMPLETED--without-payload",
+        &["HO-PAYLOAD-DECISION-RECORD"],
+        "the record under test has no decision_record",
+    ),
+    // Readings that hold for an envelope carrying another type's payload: the payload does
+    // not change its message_type, and carrying it is HO-PAYLOAD-EXCLUSIVE's own finding.
+    (
+        "DR-CHALLENGE-RESOLVES--not-a-challenge",
+        &["HO-PAYLOAD-EXCLUSIVE"],
+        "the attached return carries a challenge payload",
+    ),
+    (
+        "DR-ONE-REQUEST--supersedes-not-a-request",
+        &["HO-PAYLOAD-EXCLUSIVE"],
+        "the superseded delegate carries a decision_request payload",
+    ),
+    (
+        "DRC-CO-SIGN-BINDING--not-a-record",
+        &["HO-PAYLOAD-EXCLUSIVE"],
+        "the co-signed delegate carries a decision_record payload",
+    ),
 ];
 
 fn ids(report: &Report) -> BTreeSet<&'static str> {
