@@ -257,6 +257,13 @@ impl<'a> Ctx<'a> {
         self.by_id.get(task_id).copied()
     }
 
+    /// Whether envelope `i` is of message type `m`. The type is the message_type field
+    /// alone: a payload that is missing, or that belongs to another type, never changes it
+    /// (those are HO-PAYLOAD-* findings).
+    pub fn is(&self, i: usize, m: MessageType) -> bool {
+        self.e(i).is_some_and(|e| e.message_type == m)
+    }
+
     /// The parent of `i`.
     pub fn parent_of(&self, i: usize) -> Option<usize> {
         self.parent.get(i).copied().flatten()

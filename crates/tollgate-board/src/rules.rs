@@ -114,7 +114,7 @@ pub enum RuleId {
     DrAlternatives,
     /// `DR-UNRESOLVED-DISSENT`: Every attached open challenge has a dissent entry.
     DrUnresolvedDissent,
-    /// `DR-NO-APPROVE-OVER-DISSENT`: With any attached challenge open, the recommendation is not approve.
+    /// `DR-NO-APPROVE-OVER-DISSENT`: With any attached challenge open, the recommendation is not approve; with an attached HARD gate open, not conditional-approve either.
     DrNoApproveOverDissent,
     /// `DR-HARD-GATE`: With an attached HARD gate open, the recommendation is reject, redesign or escalate.
     DrHardGate,
@@ -122,7 +122,7 @@ pub enum RuleId {
     DrValueCaseRequired,
     /// `DRC-PRINCIPAL-SOURCE`: A decision-record comes from a principal.
     DrcPrincipalSource,
-    /// `DRC-DECIDER-IS-SENDER`: decided_by is the record's own sender.
+    /// `DRC-DECIDER-IS-SENDER`: decided_by is the record's own sender, whoever sent the record.
     DrcDeciderIsSender,
     /// `DRC-REQUEST-BINDING`: request_task_id names a decision-request and request_digest is its canonical digest.
     DrcRequestBinding,

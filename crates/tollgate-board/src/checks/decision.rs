@@ -3,7 +3,8 @@
 //! Vocabulary used below:
 //! - *precedes*: a different envelope not causally after (see [`Ctx::after`]): sent at an
 //!   earlier or the same second, and not a descendant.
-//! - *attached*: a challenge envelope named in the request's challenge_task_ids.
+//! - *attached*: a challenge envelope (by message_type, with or without its payload) named
+//!   in the request's challenge_task_ids.
 //! - *open*: a challenge whose outcome is sustained or unresolved, or that declares a stop
 //!   (stop reasons, or status stopped), whatever its outcome.
 //! - *in force*: a request no other request supersedes.
@@ -44,7 +45,16 @@ fn is_hard_gate(c: &Envelope) -> bool {
     c.challenge.as_ref().is_some_and(|p| p.hard_gate)
 }
 
-/// The decision-requests, with their payloads.
+/// Every decision-request (by message_type), with or without its payload: for the rules that
+/// read only the envelope's own fields.
+pub fn all_requests<'a>(ctx: &'a Ctx<'_>) -> impl Iterator<Item = (usize, &'a Envelope)> + 'a {
+    ctx.requests
+        .iter()
+        .filter_map(move |&r| Some((r, ctx.e(r)?)))
+}
+
+/// The decision-requests that carry their payload, with it: for the rules that read the
+/// payload (a request without one is HO-PAYLOAD-DECISION-REQUEST's finding).
 pub fn requests<'a>(
     ctx: &'a Ctx<'_>,
 ) -> impl Iterator<Item = (usize, &'a Envelope, &'a RequestP)> + 'a {
@@ -54,13 +64,14 @@ pub fn requests<'a>(
     })
 }
 
-/// Attached challenges that resolve to challenge envelopes.
+/// Attached challenges: entries that resolve to challenge envelopes (by message_type; one
+/// without its payload is attached, and rules that need the payload skip it).
 pub fn attached(ctx: &Ctx<'_>, p: &RequestP) -> Vec<usize> {
     let mut seen = HashSet::new();
     p.challenge_task_ids
         .iter()
         .filter_map(|id| ctx.find(id))
-        .filter(|&c| ctx.e(c).is_some_and(|e| e.challenge.is_some()))
+        .filter(|&c| ctx.is(c, MessageType::Challenge))
         .filter(|c| seen.insert(*c))
         .collect()
 }
@@ -153,7 +164,7 @@ pub fn ch_round_counted(ctx: &Ctx<'_>, out: &mut Vec<Finding>) {
 
 /// DR-TO-PRINCIPAL: a decision-request is addressed to a principal; agents never decide.
 pub fn dr_to_principal(ctx: &Ctx<'_>, out: &mut Vec<Finding>) {
-    for (r, e, _) in requests(ctx) {
+    for (r, e) in all_requests(ctx) {
         if !e.destination.is_principal() {
             ctx.report(
                 out,
@@ -184,12 +195,15 @@ pub fn dr_proposer_is_sender(ctx: &Ctx<'_>, out: &mut Vec<Finding>) {
 }
 
 /// DR-CHALLENGE-TARGETS-PROPOSAL: every attached challenge that is not a HARD gate points at
-/// an envelope sent by the proposer.
+/// an envelope sent by the proposer. A challenge without its payload names no target and no
+/// hard_gate; it is HO-PAYLOAD-CHALLENGE's finding, not this rule's.
 pub fn dr_challenge_targets_proposal(ctx: &Ctx<'_>, out: &mut Vec<Finding>) {
     for (r, _, p) in requests(ctx) {
         for c in attached(ctx, p) {
-            let hard = ctx.e(c).is_some_and(is_hard_gate);
-            if !hard && !targets_agent(ctx, c, &p.proposer_agent) {
+            let Some(ce) = ctx.e(c).filter(|ce| ce.challenge.is_some()) else {
+                continue;
+            };
+            if !is_hard_gate(ce) && !targets_agent(ctx, c, &p.proposer_agent) {
                 ctx.report(
                     out,
                     RuleId::DrChallengeTargetsProposal,
@@ -206,14 +220,14 @@ pub fn dr_challenge_targets_proposal(ctx: &Ctx<'_>, out: &mut Vec<Finding>) {
 }
 
 /// DR-CHALLENGE-RESOLVES: every challenge_task_ids entry resolves to a challenge envelope in
-/// the record set.
+/// the record set (by message_type: an envelope of another type carrying a challenge payload
+/// is not one; a challenge without its payload is).
 pub fn dr_challenge_resolves(ctx: &Ctx<'_>, out: &mut Vec<Finding>) {
     for (r, _, p) in requests(ctx) {
         for id in &p.challenge_task_ids {
             let ok = ctx
                 .find(id)
-                .and_then(|c| ctx.e(c))
-                .is_some_and(|e| e.challenge.is_some());
+                .is_some_and(|c| ctx.is(c, MessageType::Challenge));
             if !ok {
                 ctx.report(
                     out,
@@ -431,7 +445,7 @@ pub fn dr_challenge_complete(ctx: &Ctx<'_>, out: &mut Vec<Finding>) {
 /// those of every envelope not causally after every decision-record binding it (those
 /// records aside).
 pub fn dr_risk_carried(ctx: &Ctx<'_>, out: &mut Vec<Finding>) {
-    for (r, e, _) in requests(ctx) {
+    for (r, e) in all_requests(ctx) {
         let window = Window::of(ctx, r, true);
         let worst = (usize::from(e.tier) + 1..6)
             .rev()
@@ -504,32 +518,36 @@ pub fn dr_one_request(ctx: &Ctx<'_>, out: &mut Vec<Finding>) {
         };
         let sup = ctx.find(sid).and_then(|s| Some((s, ctx.e(s)?)));
         match sup {
-            Some((s, se)) => match se.request.as_ref() {
-                None => ctx.report(
-                    out,
-                    RuleId::DrOneRequest,
-                    Some(r),
-                    format!("supersedes_task_id `{sid}` is not a decision-request"),
-                ),
-                Some(sp) => {
-                    if sp.proposer_agent != p.proposer_agent {
-                        ctx.report(
-                            out,
-                            RuleId::DrOneRequest,
-                            Some(r),
-                            format!("supersedes `{sid}` of a different proposer"),
-                        );
-                    }
-                    if se.sent_at > e.sent_at || s == r {
-                        ctx.report(
-                            out,
-                            RuleId::DrOneRequest,
-                            Some(r),
-                            format!("supersedes `{sid}`, which is not sent before it"),
-                        );
-                    }
+            Some((_, se)) if se.message_type != MessageType::DecisionRequest => ctx.report(
+                out,
+                RuleId::DrOneRequest,
+                Some(r),
+                format!("supersedes_task_id `{sid}` is not a decision-request"),
+            ),
+            Some((s, se)) => {
+                // A superseded request without its payload names no proposer to compare
+                // (HO-PAYLOAD-DECISION-REQUEST's finding); it is still a decision-request.
+                if se
+                    .request
+                    .as_ref()
+                    .is_some_and(|sp| sp.proposer_agent != p.proposer_agent)
+                {
+                    ctx.report(
+                        out,
+                        RuleId::DrOneRequest,
+                        Some(r),
+                        format!("supersedes `{sid}` of a different proposer"),
+                    );
                 }
-            },
+                if se.sent_at > e.sent_at || s == r {
+                    ctx.report(
+                        out,
+                        RuleId::DrOneRequest,
+                        Some(r),
+                        format!("supersedes `{sid}`, which is not sent before it"),
+                    );
+                }
+            }
             None => ctx.report(
                 out,
                 RuleId::DrOneRequest,
@@ -649,7 +667,7 @@ pub fn dr_owner_from_root(ctx: &Ctx<'_>, out: &mut Vec<Finding>) {
         }
     };
     let Some(owner) = owner else { return };
-    for (r, e, _) in requests(ctx) {
+    for (r, e) in all_requests(ctx) {
         if e.destination.is_principal() && !e.destination.same(owner) {
             ctx.report(
                 out,
@@ -799,22 +817,35 @@ pub fn dr_unresolved_dissent(ctx: &Ctx<'_>, out: &mut Vec<Finding>) {
 }
 
 /// DR-NO-APPROVE-OVER-DISSENT: with any attached challenge open, recommended_outcome is not
-/// approve. (The stricter bar for an open HARD gate is DR-HARD-GATE.)
+/// approve; a conditional-approve is still blocked when an open attached challenge is a HARD
+/// gate. (Over an open HARD gate DR-HARD-GATE reports the same recommendation too: the rule
+/// text puts the HARD-gate clause in both rules.)
 pub fn dr_no_approve_over_dissent(ctx: &Ctx<'_>, out: &mut Vec<Finding>) {
     for (r, _, p) in requests(ctx) {
-        if p.recommended_outcome != "approve" {
-            continue;
-        }
+        let blocked_by: fn(&Envelope) -> bool = match p.recommended_outcome.as_str() {
+            "approve" => is_open,
+            "conditional-approve" => |ce| is_open(ce) && is_hard_gate(ce),
+            _ => continue,
+        };
         if let Some(ce) = attached(ctx, p)
             .into_iter()
             .filter_map(|c| ctx.e(c))
-            .find(|ce| is_open(ce))
+            .find(|ce| blocked_by(ce))
         {
             ctx.report(
                 out,
                 RuleId::DrNoApproveOverDissent,
                 Some(r),
-                format!("recommends approve over open challenge `{}`", ce.task_id),
+                format!(
+                    "recommends {} over open {} `{}`",
+                    p.recommended_outcome,
+                    if is_hard_gate(ce) {
+                        "HARD gate"
+                    } else {
+                        "challenge"
+                    },
+                    ce.task_id
+                ),
             );
         }
     }

@@ -7,9 +7,19 @@ use std::collections::HashMap;
 
 use crate::checks::decision::{attached, in_force, is_open};
 use crate::index::Ctx;
-use crate::model::{Approval, Envelope, Party, RecordP, Status};
+use crate::model::{Approval, Envelope, MessageType, Party, RecordP, Status};
 use crate::{Finding, RuleId};
 
+/// Every decision-record (by message_type), with or without its payload: for the rules that
+/// read only the envelope's own fields.
+fn all_records<'a>(ctx: &'a Ctx<'_>) -> impl Iterator<Item = (usize, &'a Envelope)> + 'a {
+    ctx.records
+        .iter()
+        .filter_map(move |&d| Some((d, ctx.e(d)?)))
+}
+
+/// The decision-records that carry their payload, with it (a record without one is
+/// HO-PAYLOAD-DECISION-RECORD's finding).
 fn records<'a>(ctx: &'a Ctx<'_>) -> impl Iterator<Item = (usize, &'a Envelope, &'a RecordP)> + 'a {
     ctx.records.iter().filter_map(move |&d| {
         let e = ctx.e(d)?;
@@ -21,16 +31,19 @@ fn deciders<'a>(ctx: &'a Ctx<'_>) -> impl Iterator<Item = (usize, &'a Envelope, 
     records(ctx).filter(|(_, _, p)| p.co_signs_task_id.is_none())
 }
 
-/// The decision-request a record binds, when it resolves to one.
+/// The decision-request a record binds, when request_task_id names one. The message_type
+/// decides: a decision-request without its payload is still one (and has a digest), and an
+/// envelope of another type carrying a decision_request payload is not.
 fn request_of<'a>(ctx: &'a Ctx<'_>, p: &RecordP) -> Option<(usize, &'a Envelope)> {
     let r = ctx.find(&p.request_task_id)?;
     let e = ctx.e(r)?;
-    e.request.is_some().then_some((r, e))
+    (e.message_type == MessageType::DecisionRequest).then_some((r, e))
 }
 
-/// DRC-PRINCIPAL-SOURCE: a decision-record is sent by a principal.
+/// DRC-PRINCIPAL-SOURCE: a decision-record is sent by a principal (with or without its
+/// payload).
 pub fn drc_principal_source(ctx: &Ctx<'_>, out: &mut Vec<Finding>) {
-    for (d, e, _) in records(ctx) {
+    for (d, e) in all_records(ctx) {
         if !e.source.is_principal() {
             ctx.report(
                 out,
@@ -42,11 +55,12 @@ pub fn drc_principal_source(ctx: &Ctx<'_>, out: &mut Vec<Finding>) {
     }
 }
 
-/// DRC-DECIDER-IS-SENDER: decision_record.decided_by is the record's own sender (checked when
-/// the sender is a principal; an agent sender is DRC-PRINCIPAL-SOURCE's finding).
+/// DRC-DECIDER-IS-SENDER: decision_record.decided_by is the record's own sender, whoever
+/// sent it: decided_by is always a principal, so an agent-sent record fails here as well as
+/// DRC-PRINCIPAL-SOURCE.
 pub fn drc_decider_is_sender(ctx: &Ctx<'_>, out: &mut Vec<Finding>) {
     for (d, e, p) in records(ctx) {
-        if e.source.is_principal() && !p.decided_by.same(&e.source) {
+        if !p.decided_by.same(&e.source) {
             ctx.report(
                 out,
                 RuleId::DrcDeciderIsSender,
@@ -206,9 +220,9 @@ pub fn drc_one_record(ctx: &Ctx<'_>, out: &mut Vec<Finding>) {
     }
 }
 
-/// DRC-COMPLETED: a decision-record has status completed.
+/// DRC-COMPLETED: a decision-record has status completed (with or without its payload).
 pub fn drc_completed(ctx: &Ctx<'_>, out: &mut Vec<Finding>) {
-    for (d, e, _) in records(ctx) {
+    for (d, e) in all_records(ctx) {
         if e.status != Status::Completed {
             ctx.report(
                 out,
@@ -292,6 +306,7 @@ pub fn drc_co_sign_binding(ctx: &Ctx<'_>, out: &mut Vec<Finding>) {
         let mut problems: Vec<String> = Vec::new();
         let decider = ctx
             .find(target)
+            .filter(|&d| ctx.is(d, MessageType::DecisionRecord))
             .and_then(|d| Some((d, ctx.e(d)?)))
             .and_then(|(d, de)| Some((d, de.record.as_ref()?)))
             .filter(|(_, dp)| dp.co_signs_task_id.is_none());

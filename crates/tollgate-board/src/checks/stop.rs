@@ -193,7 +193,8 @@ pub fn stop_routing_loop(ctx: &Ctx<'_>, out: &mut Vec<Finding>) {
 }
 
 /// STOP-TERMINAL: every child of a stopped envelope is an escalate, and no decision-record
-/// binds a decision-request that declares a stop reason (stopped or escalated).
+/// binds a decision-request (by message_type, with or without its payload) that declares a
+/// stop reason (stopped or escalated).
 pub fn stop_terminal(ctx: &Ctx<'_>, out: &mut Vec<Finding>) {
     for (i, e) in ctx.env.iter().enumerate() {
         if e.status != Status::Stopped {
@@ -224,7 +225,7 @@ pub fn stop_terminal(ctx: &Ctx<'_>, out: &mut Vec<Finding>) {
         let stopped_request = ctx
             .find(&p.request_task_id)
             .and_then(|r| ctx.e(r))
-            .filter(|r| r.request.is_some() && r.declares_stop());
+            .filter(|r| r.message_type == MessageType::DecisionRequest && r.declares_stop());
         if let Some(r) = stopped_request {
             ctx.report(
                 out,

@@ -479,6 +479,17 @@ def _():
     return m
 
 
+@invalid("HO-PAYLOAD-CHALLENGE--attached")
+def _():
+    # A challenge envelope without its payload is still a challenge envelope: attaching it
+    # resolves (no DR-CHALLENGE-RESOLVES); the missing payload is this rule's finding alone.
+    m = r2_architecture(with_record=False)
+    m.insert(5, env("challenge", "c-bare", "d-sec", 2, 21, SEC, ARCH,
+                    "Challenge the proposal that one agent with a fixed tool list suffices."))
+    find(m, "req-1")["decision_request"]["challenge_task_ids"].append("c-bare")
+    return m
+
+
 @invalid("HO-PAYLOAD-ESCALATE")
 def _():
     m = stopped_then_escalate()
@@ -491,6 +502,24 @@ def _():
     m = r2_architecture(with_record=False)
     del find(m, "req-1")["decision_request"]
     return m
+
+
+@invalid("HO-PAYLOAD-DECISION-REQUEST--decided")
+def _():
+    # Still a decision-request (its message_type says so), and its digest is the canonical
+    # digest of the whole envelope: a record carrying that digest binds it (no
+    # DRC-REQUEST-BINDING).
+    m = r2_architecture()
+    del find(m, "req-1")["decision_request"]
+    return bind(m)
+
+
+@invalid("HO-PAYLOAD-DECISION-REQUEST--superseded")
+def _():
+    # A request without its payload can still be superseded: it is a decision-request.
+    m = supersession()
+    del find(m, "req-1")["decision_request"]
+    return bind(m)
 
 
 @invalid("HO-PAYLOAD-DECISION-RECORD")
@@ -720,6 +749,15 @@ def _():
     return m
 
 
+@invalid("DR-TO-PRINCIPAL--without-payload")
+def _():
+    m = r2_architecture(with_record=False)
+    r = find(m, "req-1")
+    r["destination"] = agent(LEGAL)
+    del r["decision_request"]
+    return m
+
+
 @invalid("DR-PROPOSER-IS-SENDER")
 def _():
     m = r2_architecture(with_record=False)
@@ -742,6 +780,17 @@ def _():
 def _():
     m = r2_architecture(with_record=False)
     find(m, "req-1")["decision_request"]["challenge_task_ids"].append("ghost-challenge")
+    return m
+
+
+@invalid("DR-CHALLENGE-RESOLVES--not-a-challenge")
+def _():
+    # A return carrying a (sustained) challenge payload is still a return, not a challenge
+    # envelope: it is not attached, so it owes no dissent entry.
+    m = r2_architecture(with_record=False)
+    find(m, "r-legal")["challenge"] = {"proposal_task_id": "d-legal", "round": 1, "hard_gate": False,
+                                      "outcome": "sustained", "finding": "Retention is not met."}
+    find(m, "req-1")["decision_request"]["challenge_task_ids"].append("r-legal")
     return m
 
 
@@ -793,6 +842,15 @@ def _():
     return m
 
 
+@invalid("DR-RISK-CARRIED--without-payload")
+def _():
+    m = r2_architecture(with_record=False)
+    for tid in ("d-legal", "r-legal"):
+        find(m, tid)["subject_risk_tier"] = "R3"
+    del find(m, "req-1")["decision_request"]
+    return m
+
+
 @invalid("DR-ONE-REQUEST")
 def _():
     m = r2_architecture(with_record=False)
@@ -803,10 +861,28 @@ def _():
     return m
 
 
+@invalid("DR-ONE-REQUEST--supersedes-not-a-request")
+def _():
+    # req-2 names a delegate that carries a decision_request payload: not a decision-request.
+    m = supersession()
+    find(m, "d-sec")["decision_request"] = copy.deepcopy(find(m, "req-1")["decision_request"])
+    find(m, "req-2")["decision_request"]["supersedes_task_id"] = "d-sec"
+    return bind(m)
+
+
 @invalid("DR-OWNER-FROM-ROOT")
 def _():
     m = r2_architecture(with_record=False)
     find(m, "root-frame")["decision_owner"] = principal(REQ)
+    return m
+
+
+@invalid("DR-OWNER-FROM-ROOT--without-payload")
+def _():
+    m = r2_architecture(with_record=False)
+    r = find(m, "req-1")
+    r["destination"] = principal(OTHER)
+    del r["decision_request"]
     return m
 
 
@@ -856,11 +932,31 @@ def _():
     return m
 
 
+@invalid("DR-UNRESOLVED-DISSENT--challenge-without-payload")
+def _():
+    # A stopped challenge is open whatever it records; without its payload it is still an
+    # attached challenge envelope, so it still needs a dissent entry.
+    m = r2_architecture(with_record=False)
+    m.insert(5, env("challenge", "c-bare", "d-sec", 2, 21, SEC, ARCH,
+                    "Challenge the proposal that one agent with a fixed tool list suffices.",
+                    status="stopped", stop_reasons=["missing-evidence"]))
+    find(m, "req-1")["decision_request"]["challenge_task_ids"].append("c-bare")
+    return m
+
+
 @invalid("DR-NO-APPROVE-OVER-DISSENT")
 def _():
     m = r2_architecture(with_record=False)
     find(m, "req-1")["decision_request"]["recommended_outcome"] = "approve"
     return m
+
+
+@invalid("DR-NO-APPROVE-OVER-DISSENT--conditional-over-hard-gate")
+def _():
+    # The only open challenge is a HARD gate (on the framing): conditional-approve is blocked.
+    m = hard_gate_on_framing()
+    find(m, "req-1")["decision_request"]["recommended_outcome"] = "conditional-approve"
+    return bind(m)
 
 
 @invalid("DR-HARD-GATE")
@@ -883,10 +979,33 @@ def _():
     return bind(m)
 
 
+@invalid("DRC-PRINCIPAL-SOURCE--without-payload")
+def _():
+    m = r2_architecture(with_record=False)
+    m.append(record("rec-1", "c-sec-1", 3, 30, DECIDER, REQ, "req-1"))
+    r = find(m, "rec-1")
+    r["source"] = agent(ARCH)
+    r["approval_state"] = "pending-human-review"
+    del r["decision_record"]
+    return m
+
+
 @invalid("DRC-DECIDER-IS-SENDER")
 def _():
     m = r5_cosigned()
     find(m, "rec-cosign")["decision_record"]["decided_by"] = principal(DECIDER)
+    return bind(m)
+
+
+@invalid("DRC-DECIDER-IS-SENDER--agent-sender")
+def _():
+    # An agent sends a record naming the decision owner as decided_by. It leaves approval_state
+    # pending, so DRC-APPROVAL-STATE (not HO-AGENT-NO-APPROVAL) is the third finding.
+    m = r2_architecture(with_record=False)
+    m.append(record("rec-1", "c-sec-1", 3, 30, DECIDER, REQ, "req-1"))
+    r = find(m, "rec-1")
+    r["source"] = agent(ARCH)
+    r["approval_state"] = "pending-human-review"
     return bind(m)
 
 
@@ -944,6 +1063,15 @@ def _():
     return m
 
 
+@invalid("DRC-COMPLETED--without-payload")
+def _():
+    m = r2_architecture()
+    r = find(m, "rec-1")
+    r["status"] = "dispatched"
+    del r["decision_record"]
+    return m
+
+
 @invalid("DRC-SECOND-APPROVER")
 def _():
     m = r5_cosigned(with_cosign=False)
@@ -961,6 +1089,18 @@ def _():
     m = r5_cosigned()
     find(m, "rec-cosign")["decision_record"]["outcome"] = "conditional-approve"
     return m
+
+
+@invalid("DRC-CO-SIGN-BINDING--not-a-record")
+def _():
+    # A second co-signature names a delegate that carries a copy of the decider's record
+    # payload: a delegate is not a decider's record. (rec-1 keeps its proper co-signature.)
+    m = r5_cosigned()
+    find(m, "d-sec")["decision_record"] = copy.deepcopy(find(m, "rec-1")["decision_record"])
+    m.append(record("rec-cosign-2", "rec-1", 5, 26, SECOND, DECIDER, "req-1", outcome="approve",
+                    dr={"co_signs_task_id": "d-sec"},
+                    subject_risk_tier="R5", materiality_flags=["irreversible", "regulatory"]))
+    return bind(m)
 
 
 @invalid("DRC-HARD-GATE-ACCEPTANCE")
@@ -1042,6 +1182,17 @@ def _():
     r["status"] = "escalated"
     r["stop_reasons"] = ["missing-evidence"]
     r["missing_evidence"] = [{"item": "Connector permission scope", "blocking": True}]
+    return bind(m)
+
+
+@invalid("STOP-TERMINAL--decided-stopped-request-without-payload")
+def _():
+    m = r2_architecture()
+    r = find(m, "req-1")
+    r["status"] = "escalated"
+    r["stop_reasons"] = ["missing-evidence"]
+    r["missing_evidence"] = [{"item": "Connector permission scope", "blocking": True}]
+    del r["decision_request"]
     return bind(m)
 
 
