@@ -2,7 +2,7 @@
 //! the client fails closed.
 
 use std::path::Path;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use prost::Message;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -24,7 +24,7 @@ async fn exchange(stream: &mut UnixStream, body: &[u8]) -> Option<Envelope> {
     read_reply(stream).await
 }
 
-async fn read_reply(stream: &mut UnixStream) -> Option<Envelope> {
+pub(crate) async fn read_reply(stream: &mut UnixStream) -> Option<Envelope> {
     let mut header = [0u8; 4];
     tokio::time::timeout(Duration::from_secs(5), stream.read_exact(&mut header))
         .await
@@ -35,7 +35,7 @@ async fn read_reply(stream: &mut UnixStream) -> Option<Envelope> {
     Envelope::decode(body.as_slice()).ok()
 }
 
-fn error_code(env: &Option<Envelope>) -> Option<ErrorCode> {
+pub(crate) fn error_code(env: &Option<Envelope>) -> Option<ErrorCode> {
     match env.as_ref()?.payload.as_ref()? {
         Payload::Error(e) => ErrorCode::try_from(e.code).ok(),
         _ => None,
@@ -151,6 +151,101 @@ async fn garbage_bytes_get_an_error_and_others_are_still_served() {
         error_code(&exchange(&mut raw, &empty).await),
         Some(ErrorCode::MalformedMessage)
     );
+    d.stop().await;
+}
+
+/// Whether the daemon closed `stream` within a generous wait, sending nothing more: end
+/// of file, or a reset (a Unix socket closed with our bytes unread in it reads as one).
+pub(crate) async fn closed(stream: &mut UnixStream) -> bool {
+    let mut rest = Vec::new();
+    match tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut rest)).await {
+        Ok(Ok(n)) => n == 0,
+        Ok(Err(e)) => e.kind() == std::io::ErrorKind::ConnectionReset && rest.is_empty(),
+        Err(_) => false,
+    }
+}
+
+/// Register a fresh client, retrying (the daemon may be at its connection cap) until it is
+/// served or a generous deadline passes.
+async fn served_eventually(socket: &Path) -> DaemonClient {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match DaemonClient::connect(crate::client_config(socket, "research-bot")).await {
+            Ok(c) => return c,
+            Err(e) => {
+                assert!(
+                    Instant::now() < deadline,
+                    "a fresh client was never served: {e:?}"
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+
+/// Slow senders: two bytes of a header, then silence, on more connections than the cap.
+/// The frame deadline starts at a frame's first byte, so each is closed once
+/// `frame_timeout` has passed, not after the idle timeout, and a fresh client is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn half_headers_cannot_lock_others_out() {
+    const CAP: usize = 8;
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(dir.path());
+    cfg.limits.max_connections = CAP;
+    cfg.limits.frame_timeout = Duration::from_millis(200);
+    cfg.limits.idle_timeout = Duration::from_secs(300);
+    let d = start(cfg).await;
+    let mut slow = Vec::new();
+    for _ in 0..CAP + 4 {
+        let mut s = UnixStream::connect(&d.socket).await.unwrap();
+        // A connection over the cap may already be closed: the write may fail.
+        let _ = s.write_all(&[0, 0]).await;
+        slow.push(s);
+    }
+    let c = served_eventually(&d.socket).await;
+    assert!(c
+        .pre_exec("t", &json::parse_str("{}").unwrap(), 0.0)
+        .await
+        .allowed());
+    // Every half-header got an unsealed, uncorrelated Error and was closed: the first CAP
+    // (they held every permit) MALFORMED_MESSAGE for the unfinished frame, the rest either
+    // that or DAEMON_UNAVAILABLE if they arrived while the cap was reached.
+    let mut timed_out = 0;
+    for s in &mut slow {
+        let reply = read_reply(s).await.expect("an Error before the close");
+        assert!(reply.hmac.is_empty() && reply.correlation_id.is_empty());
+        match error_code(&Some(reply)) {
+            Some(ErrorCode::MalformedMessage) => timed_out += 1,
+            Some(ErrorCode::DaemonUnavailable) => {}
+            other => panic!("unexpected reply {other:?}"),
+        }
+        assert!(closed(s).await, "the connection stayed open");
+    }
+    assert!(timed_out >= CAP, "{timed_out}");
+    d.stop().await;
+}
+
+/// Slow readers: a peer that sends requests and never reads the replies stalls the
+/// daemon's write; the write has the frame deadline too, so the connection is closed and
+/// its slot freed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_that_never_reads_cannot_hold_its_connection() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(dir.path());
+    cfg.limits.max_connections = 1;
+    cfg.limits.frame_timeout = Duration::from_millis(200);
+    let d = start(cfg).await;
+    let (_unread, mut write) = UnixStream::connect(&d.socket).await.unwrap().into_split();
+    // Garbage frames, each answered with an Error nobody reads, until the daemon stops
+    // reading (this write blocks) or hangs up (this write fails).
+    let garbage = frame::frame_bytes(&[0xff, 0xfe, 0x00, 0x13, 0x37, 0xff, 0xff, 0xff]).unwrap();
+    let hog = tokio::spawn(async move { while write.write_all(&garbage).await.is_ok() {} });
+    let c = served_eventually(&d.socket).await;
+    assert!(c
+        .pre_exec("t", &json::parse_str("{}").unwrap(), 0.0)
+        .await
+        .allowed());
+    hog.await.unwrap();
     d.stop().await;
 }
 
