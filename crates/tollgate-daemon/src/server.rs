@@ -48,7 +48,8 @@ pub async fn serve<S: SessionStore>(
                     // The refusal is one small write into a fresh socket's empty buffer; the
                     // limit only guards the accept loop against the unexpected.
                     let mut s = stream;
-                    write_error(&mut s, ErrorCode::DaemonUnavailable, "too many connections", Duration::from_millis(100)).await;
+                    let code = ErrorCode::DaemonUnavailable;
+                    write_error(&mut s, code, "too many connections", Duration::from_millis(100)).await;
                     continue;
                 };
                 let service = service.clone();
