@@ -13,7 +13,7 @@ use tollgate_proto::auth::{seal, MessageKey};
 use tollgate_proto::frame;
 use tollgate_proto::sp1::{self, envelope::Payload, Envelope, ErrorCode};
 
-use crate::{audited, config, connect, start, SECRET};
+use crate::{audited, config, connect, start, OPERATOR_SECRET, SECRET};
 
 /// Send one frame body, read one reply envelope (None if the daemon closed instead).
 async fn exchange(stream: &mut UnixStream, body: &[u8]) -> Option<Envelope> {
@@ -247,6 +247,54 @@ async fn a_peer_that_never_reads_cannot_hold_its_connection() {
         .allowed());
     hog.await.unwrap();
     d.stop().await;
+}
+
+/// A oneof member holding an empty message is still written, as a zero-length field, and
+/// read as present: an empty `HitlListRequest` (bytes `a2 01 00`) is a hitl_list, and the
+/// empty list it gets back is an `HitlListResponse` written as `aa 01 00`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_empty_message_in_the_oneof_is_present() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(dir.path());
+    cfg.organizations[0].id = tollgate_daemon::config::DEFAULT_ORG.into();
+    let d = start(cfg).await;
+    // protocol_version "1.0.0", message_id "m1", hitl_list {} (the docs' example bytes).
+    let b = hex("0a05312e302e3012026d31a20100");
+    let env = Envelope::decode(b.as_slice()).unwrap();
+    assert_eq!(
+        env.payload,
+        Some(Payload::HitlList(sp1::HitlListRequest::default()))
+    );
+    let key = MessageKey::derive(OPERATOR_SECRET);
+    let mut body = b.clone();
+    body.extend_from_slice(&[0x32, 0x20]);
+    body.extend_from_slice(&key.tag(&b));
+    let mut raw = UnixStream::connect(&d.socket).await.unwrap();
+    raw.write_all(&frame::frame_bytes(&body).unwrap())
+        .await
+        .unwrap();
+    let mut header = [0u8; 4];
+    raw.read_exact(&mut header).await.unwrap();
+    let mut reply = vec![0u8; frame::body_len(header).unwrap()];
+    raw.read_exact(&mut reply).await.unwrap();
+    let stripped = &reply[..reply.len() - 34];
+    assert_eq!(&reply[reply.len() - 34..reply.len() - 32], [0x32, 0x20]);
+    assert_eq!(&reply[reply.len() - 32..], key.tag(stripped));
+    assert!(stripped.ends_with(&[0xaa, 0x01, 0x00]), "{stripped:02x?}");
+    let env = Envelope::decode(reply.as_slice()).unwrap();
+    assert_eq!(env.correlation_id, "m1");
+    assert_eq!(
+        env.payload,
+        Some(Payload::HitlListResponse(sp1::HitlListResponse::default()))
+    );
+    d.stop().await;
+}
+
+fn hex(s: &str) -> Vec<u8> {
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
+        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
