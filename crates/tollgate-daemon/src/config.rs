@@ -619,6 +619,54 @@ mod tests {
         assert_eq!(c.guard_for("other").max_repeat_calls, 3);
     }
 
+    /// `[guard.agents.X]` inherits `[guard.default]` key by key: a key the agent does not
+    /// set takes the default's value (from the file, else the embedded default), wherever
+    /// the tables appear in the file.
+    #[test]
+    fn agent_guards_inherit_the_default_key_by_key() {
+        let c = DaemonConfig::from_toml(
+            r#"
+            [guard.agents.bot]
+            budget_usd = 0.25
+            [guard.agents.plain]
+            [guard.default]
+            budget_usd = 2.0
+            max_repeat_calls = 7
+            hitl_mode = "always"
+            settlement = "actual"
+            error_amplification = true
+            "#,
+            Path::new("."),
+        )
+        .unwrap();
+        let d = &c.default_guard;
+        assert_eq!(
+            (d.budget, d.max_repeat_calls, d.hitl_mode, d.settlement),
+            (
+                Money(2_000_000_000),
+                7,
+                HitlMode::Always,
+                Settlement::Actual
+            )
+        );
+        assert!(d.error_amplification);
+        let mut want = d.clone();
+        want.budget = Money(250_000_000);
+        assert_eq!(c.guard_for("bot"), &want);
+        assert_eq!(c.guard_for("plain"), d);
+        assert_eq!(c.guard_for("unlisted"), d);
+    }
+
+    /// Any `[[organization]]` replaces the embedded `default` organization.
+    #[test]
+    fn configured_organizations_replace_the_default_one() {
+        let c = DaemonConfig::from_toml("[[organization]]\nid = \"acme\"", Path::new(".")).unwrap();
+        let ids: Vec<&str> = c.organizations.iter().map(|o| o.id.as_str()).collect();
+        assert_eq!(ids, ["acme"]);
+        let c = DaemonConfig::from_toml("", Path::new(".")).unwrap();
+        assert_eq!(c.organizations[0].id, DEFAULT_ORG);
+    }
+
     #[test]
     fn mistakes_are_named() {
         let err = |t: &str| {

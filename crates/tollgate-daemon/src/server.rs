@@ -1,5 +1,10 @@
 //! The Unix-socket transport: accept, read frames with bounds and timeouts, hand each to
 //! the service, write the reply. One request at a time per connection, in order.
+//!
+//! Bounds on a peer: at most `max_connections` connections (one more is sent an unsealed
+//! `DAEMON_UNAVAILABLE` and closed); at most `idle_timeout` of silence between frames; at
+//! most `frame_timeout` from a frame's first byte to its last, and for a reply to be taken
+//! by the peer. So a slow or silent peer holds its slot for a bounded time.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -40,8 +45,11 @@ pub async fn serve<S: SessionStore>(
                 };
                 let Ok(permit) = permits.clone().try_acquire_owned() else {
                     tracing::warn!("connection refused: {} connections open", limits.max_connections);
+                    // The refusal is one small write into a fresh socket's empty buffer; the
+                    // limit only guards the accept loop against the unexpected.
                     let mut s = stream;
-                    let _ = write_error(&mut s, ErrorCode::DaemonUnavailable, "too many connections").await;
+                    let code = ErrorCode::DaemonUnavailable;
+                    write_error(&mut s, code, "too many connections", Duration::from_millis(100)).await;
                     continue;
                 };
                 let service = service.clone();
@@ -68,6 +76,14 @@ pub async fn serve<S: SessionStore>(
     }
 }
 
+/// Why a connection stops reading frames, and what it is told first.
+enum Close {
+    /// The peer hung up, or the daemon is stopping: close without a word.
+    Quietly,
+    /// Send an unsealed `Error` with this code and message, then close.
+    With(ErrorCode, String),
+}
+
 async fn connection<S: SessionStore>(
     mut stream: UnixStream,
     service: Arc<Service<S>>,
@@ -78,53 +94,24 @@ async fn connection<S: SessionStore>(
         uid: stream.peer_cred().map(|c| c.uid()).unwrap_or(0),
     };
     loop {
-        let mut header = [0u8; HEADER_LEN];
-        // Wait for the next frame, the idle timeout, or shutdown, whichever first.
-        tokio::select! {
-            r = tokio::time::timeout(limits.idle_timeout, stream.read_exact(&mut header)) => {
-                match r {
-                    Ok(Ok(_)) => {}
-                    Ok(Err(_)) => return, // closed by the peer
-                    Err(_) => {
-                        let _ = write_error(&mut stream, ErrorCode::InvalidRequest, "idle timeout").await;
-                        return;
-                    }
-                }
-            }
-            _ = stop.changed() => return,
-        }
-        let len = match frame::body_len(header) {
-            Ok(n) => n,
-            Err(e @ FrameError::TooLarge { .. }) => {
-                let _ = write_error(&mut stream, ErrorCode::MessageTooLarge, &e.to_string()).await;
-                return;
-            }
-            Err(e) => {
-                let _ = write_error(&mut stream, ErrorCode::MalformedMessage, &e.to_string()).await;
+        let body = match next_frame(&mut stream, limits, &mut stop).await {
+            Ok(body) => body,
+            Err(Close::Quietly) => return,
+            Err(Close::With(code, message)) => {
+                write_error(&mut stream, code, &message, limits.frame_timeout).await;
                 return;
             }
         };
-        let mut body = vec![0u8; len];
-        match tokio::time::timeout(limits.frame_timeout, stream.read_exact(&mut body)).await {
-            Ok(Ok(_)) => {}
-            Ok(Err(_)) => return,
-            Err(_) => {
-                let _ = write_error(
-                    &mut stream,
-                    ErrorCode::MalformedMessage,
-                    "frame timed out half-sent",
-                )
-                .await;
-                return;
-            }
-        }
         match service.handle(&body, peer).await {
             Reply::Frame(out) => {
                 let Ok(bytes) = frame::frame_bytes(&out) else {
                     return;
                 };
-                if stream.write_all(&bytes).await.is_err() {
-                    return;
+                // A peer that does not take its reply within the frame timeout is holding
+                // a connection slot without reading: close it.
+                match tokio::time::timeout(limits.frame_timeout, stream.write_all(&bytes)).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(_)) | Err(_) => return,
                 }
             }
             Reply::Nothing => {}
@@ -135,13 +122,62 @@ async fn connection<S: SessionStore>(
     }
 }
 
-async fn write_error(
+/// Read the next frame's body.
+///
+/// Between frames the connection may be silent for `idle_timeout`.
+// INVARIANT (frame-deadline): a frame's deadline is set when its first byte arrives, and
+// covers the rest of its header and its whole body; a peer that sends part of a frame
+// holds its connection for at most `frame_timeout`, whatever it sends or withholds.
+async fn next_frame(
     stream: &mut UnixStream,
-    code: ErrorCode,
-    message: &str,
-) -> std::io::Result<()> {
-    if let Ok(bytes) = frame::frame_bytes(&crate::service::transport_error(code, message)) {
-        stream.write_all(&bytes).await?;
+    limits: &crate::config::Limits,
+    stop: &mut watch::Receiver<bool>,
+) -> Result<Vec<u8>, Close> {
+    let mut header = [0u8; HEADER_LEN];
+    // Wait for the first byte of the next frame, the idle timeout, or shutdown.
+    let first = tokio::select! {
+        r = tokio::time::timeout(limits.idle_timeout, stream.read(&mut header)) => match r {
+            Ok(Ok(0) | Err(_)) => return Err(Close::Quietly), // closed by the peer
+            Ok(Ok(n)) => n,
+            Err(_) => return Err(Close::With(ErrorCode::InvalidRequest, "idle timeout".into())),
+        },
+        _ = stop.changed() => return Err(Close::Quietly),
+    };
+    let deadline = tokio::time::Instant::now() + limits.frame_timeout;
+    let late = || {
+        Close::With(
+            ErrorCode::MalformedMessage,
+            "frame not complete within the frame timeout".into(),
+        )
+    };
+    if let Some(rest) = header.get_mut(first..) {
+        match tokio::time::timeout_at(deadline, stream.read_exact(rest)).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(_)) => return Err(Close::Quietly),
+            Err(_) => return Err(late()),
+        }
     }
-    stream.flush().await
+    let len = frame::body_len(header).map_err(|e| match e {
+        FrameError::TooLarge { .. } => Close::With(ErrorCode::MessageTooLarge, e.to_string()),
+        FrameError::Malformed(_) => Close::With(ErrorCode::MalformedMessage, e.to_string()),
+    })?;
+    let mut body = vec![0u8; len];
+    match tokio::time::timeout_at(deadline, stream.read_exact(&mut body)).await {
+        Ok(Ok(_)) => Ok(body),
+        Ok(Err(_)) => Err(Close::Quietly),
+        Err(_) => Err(late()),
+    }
+}
+
+/// Send the transport's own unsealed `Error` (no correlation id), giving up after `limit`:
+/// the connection is closed next either way.
+async fn write_error(stream: &mut UnixStream, code: ErrorCode, message: &str, limit: Duration) {
+    let Ok(bytes) = frame::frame_bytes(&crate::service::transport_error(code, message)) else {
+        return;
+    };
+    let _ = tokio::time::timeout(limit, async {
+        stream.write_all(&bytes).await?;
+        stream.flush().await
+    })
+    .await;
 }

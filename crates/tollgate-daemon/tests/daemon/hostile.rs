@@ -2,7 +2,7 @@
 //! the client fails closed.
 
 use std::path::Path;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use prost::Message;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -13,7 +13,7 @@ use tollgate_proto::auth::{seal, MessageKey};
 use tollgate_proto::frame;
 use tollgate_proto::sp1::{self, envelope::Payload, Envelope, ErrorCode};
 
-use crate::{audited, config, connect, start, SECRET};
+use crate::{audited, config, connect, start, OPERATOR_SECRET, SECRET};
 
 /// Send one frame body, read one reply envelope (None if the daemon closed instead).
 async fn exchange(stream: &mut UnixStream, body: &[u8]) -> Option<Envelope> {
@@ -24,7 +24,7 @@ async fn exchange(stream: &mut UnixStream, body: &[u8]) -> Option<Envelope> {
     read_reply(stream).await
 }
 
-async fn read_reply(stream: &mut UnixStream) -> Option<Envelope> {
+pub(crate) async fn read_reply(stream: &mut UnixStream) -> Option<Envelope> {
     let mut header = [0u8; 4];
     tokio::time::timeout(Duration::from_secs(5), stream.read_exact(&mut header))
         .await
@@ -35,7 +35,7 @@ async fn read_reply(stream: &mut UnixStream) -> Option<Envelope> {
     Envelope::decode(body.as_slice()).ok()
 }
 
-fn error_code(env: &Option<Envelope>) -> Option<ErrorCode> {
+pub(crate) fn error_code(env: &Option<Envelope>) -> Option<ErrorCode> {
     match env.as_ref()?.payload.as_ref()? {
         Payload::Error(e) => ErrorCode::try_from(e.code).ok(),
         _ => None,
@@ -152,6 +152,149 @@ async fn garbage_bytes_get_an_error_and_others_are_still_served() {
         Some(ErrorCode::MalformedMessage)
     );
     d.stop().await;
+}
+
+/// Whether the daemon closed `stream` within a generous wait, sending nothing more: end
+/// of file, or a reset (a Unix socket closed with our bytes unread in it reads as one).
+pub(crate) async fn closed(stream: &mut UnixStream) -> bool {
+    let mut rest = Vec::new();
+    match tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut rest)).await {
+        Ok(Ok(n)) => n == 0,
+        Ok(Err(e)) => e.kind() == std::io::ErrorKind::ConnectionReset && rest.is_empty(),
+        Err(_) => false,
+    }
+}
+
+/// Register a fresh client, retrying (the daemon may be at its connection cap) until it is
+/// served or a generous deadline passes.
+async fn served_eventually(socket: &Path) -> DaemonClient {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match DaemonClient::connect(crate::client_config(socket, "research-bot")).await {
+            Ok(c) => return c,
+            Err(e) => {
+                assert!(
+                    Instant::now() < deadline,
+                    "a fresh client was never served: {e:?}"
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+
+/// Slow senders: two bytes of a header, then silence, on more connections than the cap.
+/// The frame deadline starts at a frame's first byte, so each is closed once
+/// `frame_timeout` has passed, not after the idle timeout, and a fresh client is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn half_headers_cannot_lock_others_out() {
+    const CAP: usize = 8;
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(dir.path());
+    cfg.limits.max_connections = CAP;
+    cfg.limits.frame_timeout = Duration::from_millis(200);
+    cfg.limits.idle_timeout = Duration::from_secs(300);
+    let d = start(cfg).await;
+    let mut slow = Vec::new();
+    for _ in 0..CAP + 4 {
+        let mut s = UnixStream::connect(&d.socket).await.unwrap();
+        // A connection over the cap may already be closed: the write may fail.
+        let _ = s.write_all(&[0, 0]).await;
+        slow.push(s);
+    }
+    let c = served_eventually(&d.socket).await;
+    assert!(c
+        .pre_exec("t", &json::parse_str("{}").unwrap(), 0.0)
+        .await
+        .allowed());
+    // Every half-header got an unsealed, uncorrelated Error and was closed: the first CAP
+    // (they held every permit) MALFORMED_MESSAGE for the unfinished frame, the rest either
+    // that or DAEMON_UNAVAILABLE if they arrived while the cap was reached.
+    let mut timed_out = 0;
+    for s in &mut slow {
+        let reply = read_reply(s).await.expect("an Error before the close");
+        assert!(reply.hmac.is_empty() && reply.correlation_id.is_empty());
+        match error_code(&Some(reply)) {
+            Some(ErrorCode::MalformedMessage) => timed_out += 1,
+            Some(ErrorCode::DaemonUnavailable) => {}
+            other => panic!("unexpected reply {other:?}"),
+        }
+        assert!(closed(s).await, "the connection stayed open");
+    }
+    assert!(timed_out >= CAP, "{timed_out}");
+    d.stop().await;
+}
+
+/// Slow readers: a peer that sends requests and never reads the replies stalls the
+/// daemon's write; the write has the frame deadline too, so the connection is closed and
+/// its slot freed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_that_never_reads_cannot_hold_its_connection() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(dir.path());
+    cfg.limits.max_connections = 1;
+    cfg.limits.frame_timeout = Duration::from_millis(200);
+    let d = start(cfg).await;
+    let (_unread, mut write) = UnixStream::connect(&d.socket).await.unwrap().into_split();
+    // Garbage frames, each answered with an Error nobody reads, until the daemon stops
+    // reading (this write blocks) or hangs up (this write fails).
+    let garbage = frame::frame_bytes(&[0xff, 0xfe, 0x00, 0x13, 0x37, 0xff, 0xff, 0xff]).unwrap();
+    let hog = tokio::spawn(async move { while write.write_all(&garbage).await.is_ok() {} });
+    let c = served_eventually(&d.socket).await;
+    assert!(c
+        .pre_exec("t", &json::parse_str("{}").unwrap(), 0.0)
+        .await
+        .allowed());
+    hog.await.unwrap();
+    d.stop().await;
+}
+
+/// A oneof member holding an empty message is still written, as a zero-length field, and
+/// read as present: an empty `HitlListRequest` (bytes `a2 01 00`) is a hitl_list, and the
+/// empty list it gets back is an `HitlListResponse` written as `aa 01 00`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_empty_message_in_the_oneof_is_present() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(dir.path());
+    cfg.organizations[0].id = tollgate_daemon::config::DEFAULT_ORG.into();
+    let d = start(cfg).await;
+    // protocol_version "1.0.0", message_id "m1", hitl_list {} (the docs' example bytes).
+    let b = hex("0a05312e302e3012026d31a20100");
+    let env = Envelope::decode(b.as_slice()).unwrap();
+    assert_eq!(
+        env.payload,
+        Some(Payload::HitlList(sp1::HitlListRequest::default()))
+    );
+    let key = MessageKey::derive(OPERATOR_SECRET);
+    let mut body = b.clone();
+    body.extend_from_slice(&[0x32, 0x20]);
+    body.extend_from_slice(&key.tag(&b));
+    let mut raw = UnixStream::connect(&d.socket).await.unwrap();
+    raw.write_all(&frame::frame_bytes(&body).unwrap())
+        .await
+        .unwrap();
+    let mut header = [0u8; 4];
+    raw.read_exact(&mut header).await.unwrap();
+    let mut reply = vec![0u8; frame::body_len(header).unwrap()];
+    raw.read_exact(&mut reply).await.unwrap();
+    let stripped = &reply[..reply.len() - 34];
+    assert_eq!(&reply[reply.len() - 34..reply.len() - 32], [0x32, 0x20]);
+    assert_eq!(&reply[reply.len() - 32..], key.tag(stripped));
+    assert!(stripped.ends_with(&[0xaa, 0x01, 0x00]), "{stripped:02x?}");
+    let env = Envelope::decode(reply.as_slice()).unwrap();
+    assert_eq!(env.correlation_id, "m1");
+    assert_eq!(
+        env.payload,
+        Some(Payload::HitlListResponse(sp1::HitlListResponse::default()))
+    );
+    d.stop().await;
+}
+
+fn hex(s: &str) -> Vec<u8> {
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
+        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -212,3 +212,73 @@ async fn an_agent_budget_is_shared_by_its_sessions() {
     assert!(v.allowed(), "{v:?}");
     d.stop().await;
 }
+
+/// The frame deadline runs from a frame's first byte, never between frames: a client
+/// silent for longer than `frame_timeout` (but less than the idle timeout) is still served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silence_between_frames_is_governed_by_the_idle_timeout() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(dir.path());
+    cfg.limits.frame_timeout = Duration::from_millis(100);
+    cfg.limits.idle_timeout = Duration::from_secs(300);
+    let d = start(cfg).await;
+    let c = connect(&d.socket, "research-bot").await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let v = c.pre_exec("t", &json::parse_str("{}").unwrap(), 0.0).await;
+    assert!(v.allowed(), "{v:?}");
+    d.stop().await;
+}
+
+/// A connection that sends nothing for the idle timeout gets an unsealed
+/// `INVALID_REQUEST` ("idle timeout") and is closed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_connection_is_told_and_closed() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(dir.path());
+    cfg.limits.idle_timeout = Duration::from_millis(300);
+    let d = start(cfg).await;
+    let mut raw = tokio::net::UnixStream::connect(&d.socket).await.unwrap();
+    let reply = crate::hostile::read_reply(&mut raw).await;
+    assert_eq!(
+        crate::hostile::error_code(&reply),
+        Some(ErrorCode::InvalidRequest)
+    );
+    assert!(reply.unwrap().hmac.is_empty());
+    assert!(crate::hostile::closed(&mut raw).await);
+    d.stop().await;
+}
+
+/// With any `[[organization]]` configured there is no `default` organization: a register
+/// without `organization_id` (or naming `default`) gets the unsealed
+/// `AUTHENTICATION_FAILED` an unknown organization gets, and no default secret is made.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn configured_organizations_replace_the_default_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = format!(
+        "[daemon]\ndata_dir = {:?}\n[[organization]]\nid = \"acme\"\nsecret = {:?}\n",
+        dir.path().to_str().unwrap(),
+        std::str::from_utf8(crate::SECRET).unwrap(),
+    );
+    let cfg = tollgate_daemon::DaemonConfig::from_toml(&text, dir.path()).unwrap();
+    let d = start(cfg).await;
+    for org in ["", "default"] {
+        let mut c = crate::client_config(&d.socket, "research-bot");
+        c.organization_id = org.into();
+        let e = tollgate_client::DaemonClient::connect(c).await.unwrap_err();
+        assert!(
+            matches!(
+                e,
+                tollgate_client::ClientError::Refused {
+                    code: ErrorCode::AuthenticationFailed,
+                    ..
+                }
+            ),
+            "organization `{org}`: {e:?}"
+        );
+        assert_eq!(e.reason(), "fail_closed:authentication_failed");
+    }
+    assert!(!dir.path().join("secrets/default.secret").exists());
+    // The configured organization is served.
+    connect(&d.socket, "research-bot").await;
+    d.stop().await;
+}

@@ -1,6 +1,6 @@
 //! `tollgate serve [--config FILE]`: run the daemon.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::Context;
@@ -38,13 +38,21 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         .context("starting the runtime")?;
     rt.block_on(async move {
         let daemon = Daemon::start(config).await?;
-        print_banner(&daemon, args.config.is_none());
+        print_banner(&daemon, args.config.as_deref());
         daemon.run(shutdown_signal()).await
     })?;
     Ok(ExitCode::SUCCESS)
 }
 
-fn print_banner(d: &Daemon, embedded: bool) {
+/// Where a generated secret lives: the file name `Daemon::start` gives it
+/// (`tollgate_daemon::org_secret`): `<data_dir>/secrets/<name>.secret`.
+fn generated_secret(data_dir: &Path, name: &str) -> PathBuf {
+    data_dir.join("secrets").join(format!("{name}.secret"))
+}
+
+/// Print where everything is and the settings in force: never a secret's value, only
+/// where it is kept.
+fn print_banner(d: &Daemon, config_file: Option<&Path>) {
     let c = d.config();
     let g = &c.default_guard;
     println!(
@@ -52,28 +60,32 @@ fn print_banner(d: &Daemon, embedded: bool) {
         env!("CARGO_PKG_VERSION"),
         d.socket().display()
     );
-    println!(
-        "  configuration: {}",
-        if embedded {
-            "embedded defaults"
-        } else {
-            "from file"
-        }
-    );
+    let configured = match config_file {
+        Some(f) => format!("in the configuration file {}", f.display()),
+        None => "in the configuration".to_owned(),
+    };
+    match config_file {
+        Some(f) => println!("  configuration: {}", f.display()),
+        None => println!("  configuration: embedded defaults"),
+    }
     println!("  data directory: {}", c.data_dir.display());
     for o in &c.organizations {
-        let src = if o.secret.is_some() {
-            "from configuration".to_owned()
-        } else {
-            format!(
-                "{}",
-                c.data_dir
-                    .join("secrets")
-                    .join(format!("{}.secret", o.id))
-                    .display()
-            )
+        let place = |given: bool, name: String| {
+            if given {
+                configured.clone()
+            } else {
+                generated_secret(&c.data_dir, &name).display().to_string()
+            }
         };
-        println!("  organization `{}`: secret {src}", o.id);
+        println!("  organization `{}`:", o.id);
+        println!(
+            "    agents' secret: {}",
+            place(o.secret.is_some(), o.id.clone())
+        );
+        println!(
+            "    operator secret: {}",
+            place(o.operator_secret.is_some(), format!("{}.operator", o.id))
+        );
     }
     println!(
         "  default guard: budget ${} ({}), max_repeat_calls {}, hitl_mode {}, settlement {:?}",
@@ -92,6 +104,10 @@ fn print_banner(d: &Daemon, embedded: bool) {
         l.max_connections,
         l.heartbeat_interval,
         l.missed_heartbeats_for_stale
+    );
+    println!(
+        "  timeouts: idle {:?} between frames, {:?} per frame from its first byte",
+        l.idle_timeout, l.frame_timeout
     );
     println!(
         "  audit: fsync {}, log {}",

@@ -17,8 +17,13 @@ struct Serve {
 
 impl Serve {
     fn start(dir: &Path) -> Serve {
+        Serve::start_with(dir, &[])
+    }
+
+    fn start_with(dir: &Path, extra: &[&str]) -> Serve {
         let child = Command::new(env!("CARGO_BIN_EXE_tollgate"))
             .args(["serve", "--data-dir", s(dir)])
+            .args(extra)
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()
@@ -50,6 +55,29 @@ impl Serve {
         c
     }
 
+    /// What `serve` printed at start: its lines up to the `audit:` line, which is the last.
+    fn banner(&mut self) -> String {
+        let out = self.child.stdout.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            use std::io::BufRead;
+            for line in std::io::BufReader::new(out).lines() {
+                let Ok(line) = line else { return };
+                let last = line.starts_with("  audit:");
+                let _ = tx.send(line);
+                if last {
+                    return;
+                }
+            }
+        });
+        let mut banner = String::new();
+        while let Ok(line) = rx.recv_timeout(Duration::from_secs(20)) {
+            banner.push_str(&line);
+            banner.push('\n');
+        }
+        banner
+    }
+
     fn kill_9(mut self) {
         self.child.kill().unwrap(); // SIGKILL
         self.child.wait().unwrap();
@@ -71,6 +99,16 @@ impl Serve {
                 "daemon did not stop on SIGTERM"
             );
             std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+/// A daemon left running by a failed assertion is killed, not leaked.
+impl Drop for Serve {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
         }
     }
 }
@@ -192,6 +230,61 @@ fn serve_hitl_kill_9_restart_sigterm_verify() {
         s(&dir.join("audit")),
     ]);
     assert_eq!(code(&verify), 0, "{}", text(&verify));
+}
+
+/// `serve` prints where each organization's agents' secret and operator secret are: the
+/// generated files' paths, or the configuration file that sets them; never a value.
+#[test]
+fn serve_prints_where_both_secrets_are() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("embedded");
+    let mut daemon = Serve::start(&dir);
+    let banner = daemon.banner();
+    let agents = dir.join("secrets/default.secret");
+    let operators = dir.join("secrets/default.operator.secret");
+    for want in [
+        "  organization `default`:".to_owned(),
+        format!("    agents' secret: {}", agents.display()),
+        format!("    operator secret: {}", operators.display()),
+    ] {
+        assert!(banner.contains(&want), "missing `{want}` in:\n{banner}");
+    }
+    for secret in [&agents, &operators] {
+        let value = std::fs::read_to_string(secret).unwrap();
+        assert!(!banner.contains(value.trim()), "a secret was printed");
+    }
+    assert!(daemon.terminate().success());
+
+    // A configured organization: its agents' secret is in the file, its operator secret
+    // generated; and no `default` organization is made beside it.
+    let dir = tmp.path().join("configured");
+    let file = tmp.path().join("tollgate.toml");
+    std::fs::write(
+        &file,
+        "[[organization]]\nid = \"acme\"\nsecret = \"an agents' secret of some length\"\n",
+    )
+    .unwrap();
+    let mut daemon = Serve::start_with(&dir, &["--config", s(&file)]);
+    let banner = daemon.banner();
+    for want in [
+        "  organization `acme`:".to_owned(),
+        format!(
+            "    agents' secret: in the configuration file {}",
+            file.display()
+        ),
+        format!(
+            "    operator secret: {}",
+            dir.join("secrets/acme.operator.secret").display()
+        ),
+    ] {
+        assert!(banner.contains(&want), "missing `{want}` in:\n{banner}");
+    }
+    assert!(
+        !banner.contains("an agents' secret"),
+        "a secret was printed"
+    );
+    assert!(!banner.contains("`default`"), "{banner}");
+    assert!(daemon.terminate().success());
 }
 
 #[test]
