@@ -142,6 +142,8 @@ impl Guard {
                 estimated_cost,
                 nonce,
                 config_digest: None,
+                // Placeholder until the guard tracks session versions (format 2: >= 1).
+                session_seq: 1,
             };
             if writer.append(record).is_err() {
                 // Not audited, not allowed.

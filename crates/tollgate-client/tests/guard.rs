@@ -86,7 +86,7 @@ fn library_mode_writes_a_verifiable_local_audit_log() {
     };
     let mut reasons = Vec::new();
     tollgate_audit::verify_paths(&[dir.path().to_owned()], &opts, &mut |e| {
-        if let tollgate_audit::Event::Verdict(v) = &e.event {
+        if let tollgate_audit::Event::Session(tollgate_audit::SessionEvent::Verdict(v)) = &e.event {
             reasons.push(v.reason);
         }
     })

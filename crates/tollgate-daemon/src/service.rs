@@ -573,6 +573,8 @@ impl<S: SessionStore> Service<S> {
             estimated_cost: call.estimated_cost,
             nonce: r.nonce,
             config_digest: None,
+            // Placeholder until the store tracks session versions (format 2 needs >= 1).
+            session_seq: 1,
         };
         let appended = self.audit.submit(record);
         let (stored, logged) = futures_join(durable, appended).await;
@@ -781,10 +783,17 @@ impl<S: SessionStore> Service<S> {
             probabilistic: false,
             budget_before: remaining,
             budget_after: remaining,
-            operator_id: Some(r.operator_id.clone()),
+            // Format 2: an operator only on a verdict that releases the call.
+            operator_id: matches!(
+                reason,
+                Reason::TransitionApprove | Reason::TransitionModifySuccessor
+            )
+            .then(|| r.operator_id.clone()),
             estimated_cost: Money::ZERO,
             nonce: p.original_nonce.unwrap_or(0),
             config_digest: None,
+            // Placeholder until the store tracks session versions (format 2 needs >= 1).
+            session_seq: 1,
         };
         let appended = self.audit.submit(record);
         let (stored, logged) = futures_join(durable, appended).await;

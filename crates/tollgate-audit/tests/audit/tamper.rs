@@ -26,7 +26,7 @@ fn untouched_log_verifies() {
     assert_eq!(entries.len(), 10);
     for (i, e) in entries.iter().enumerate() {
         assert_eq!(e.index, i as u64);
-        assert_eq!(e.event, tollgate_audit::Event::Verdict(record(i as u64)));
+        assert_eq!(e.event, ev(record(i as u64)));
         assert_eq!(e.entry_id.get_version_num(), 7);
     }
     // The chain starts at the documented genesis value.
@@ -80,20 +80,21 @@ fn flipped_length_prefix_is_a_bad_length() {
     assert_eq!(index, Some(3));
     match kind {
         BreakKind::BadLength { declared, actual } => {
-            assert_eq!(actual, len - 4);
+            assert_eq!(actual, Some(len - 4));
             assert_eq!(declared as usize, (len - 4) ^ 0x04);
         }
         other => panic!("{other:?}"),
     }
-    // A high byte flipped too: still a length break, not a huge allocation or a panic.
+    // A high byte flipped too: a prefix over the limit is too large, wherever the file
+    // ends (not a huge allocation, not a panic).
     let mut bytes = fs::read(&path).unwrap();
     bytes[off + 3] ^= 0x04;
     bytes[off] ^= 0x80;
     fs::write(&path, &bytes).unwrap();
-    assert!(matches!(
+    assert_eq!(
         break_of(dir.path(), &opts(&key(1))),
-        (Some(3), BreakKind::BadLength { .. })
-    ));
+        (Some(3), BreakKind::TooLarge(0x8000_0000 + len as u64))
+    );
 }
 
 #[test]
@@ -167,13 +168,25 @@ fn tail_truncated_mid_record_is_torn() {
     fs::write(&path, &bytes[..off + len / 2]).unwrap();
     assert_eq!(
         break_of(dir.path(), &opts(&key(1))),
-        (Some(9), BreakKind::TornRecord { available: len / 2 })
+        (
+            Some(9),
+            BreakKind::TornRecord {
+                available: len / 2,
+                needed: Some(len as u64)
+            }
+        )
     );
     // Cut inside the length prefix itself.
     fs::write(&path, &bytes[..off + 2]).unwrap();
     assert_eq!(
         break_of(dir.path(), &opts(&key(1))),
-        (Some(9), BreakKind::TornRecord { available: 2 })
+        (
+            Some(9),
+            BreakKind::TornRecord {
+                available: 2,
+                needed: None
+            }
+        )
     );
 }
 

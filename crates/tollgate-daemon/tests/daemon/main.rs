@@ -114,7 +114,7 @@ pub fn audited(dir: &Path) -> Vec<tollgate_audit::VerdictRecord> {
     };
     let mut out = Vec::new();
     tollgate_audit::verify_paths(&[dir.join("audit")], &opts, &mut |e| {
-        if let tollgate_audit::Event::Verdict(v) = &e.event {
+        if let tollgate_audit::Event::Session(tollgate_audit::SessionEvent::Verdict(v)) = &e.event {
             out.push(v.clone());
         }
     })

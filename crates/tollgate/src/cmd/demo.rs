@@ -155,7 +155,7 @@ async fn flow(data: std::path::PathBuf) -> anyhow::Result<bool> {
     };
     let mut verdicts = Vec::new();
     let summary = tollgate_audit::verify_paths(&[data.join("audit")], &opts, &mut |e| {
-        if let tollgate_audit::Event::Verdict(v) = &e.event {
+        if let tollgate_audit::Event::Session(tollgate_audit::SessionEvent::Verdict(v)) = &e.event {
             verdicts.push(format!("{} {} {}", v.call_number, v.verdict, v.reason));
         }
     })
