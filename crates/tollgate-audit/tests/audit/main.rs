@@ -13,5 +13,7 @@ mod export;
 mod known_answer;
 mod props;
 mod rotation;
+mod tail;
 mod tamper;
+mod tap;
 mod writer;
