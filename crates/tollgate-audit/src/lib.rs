@@ -44,6 +44,7 @@ pub mod tail;
 pub mod verify;
 pub mod writer;
 
+use std::io::Read as _;
 use std::path::{Path, PathBuf};
 
 pub use checkpoint::Checkpoint;
@@ -139,6 +140,12 @@ pub enum ReadCheckpointError {
         /// The failure (in the message only, so that it is not printed twice).
         error: std::io::Error,
     },
+    /// The file is larger than [`checkpoint::MAX_CHECKPOINT_BYTES`]: not a checkpoint.
+    #[error("`{path}`: larger than 4096 bytes, not a checkpoint")]
+    TooLarge {
+        /// The file.
+        path: PathBuf,
+    },
     /// The file is not a checkpoint.
     #[error("`{path}`: {error}")]
     Parse {
@@ -157,10 +164,20 @@ pub fn read_checkpoint(path: &Path) -> Result<Checkpoint, ReadCheckpointError> {
     } else {
         path.to_owned()
     };
-    let text = std::fs::read_to_string(&file).map_err(|error| ReadCheckpointError::Io {
+    let io = |error| ReadCheckpointError::Io {
         path: file.clone(),
         error,
-    })?;
+    };
+    let mut text = String::new();
+    std::fs::File::open(&file)
+        .and_then(|f| {
+            f.take(checkpoint::MAX_CHECKPOINT_BYTES + 1)
+                .read_to_string(&mut text)
+        })
+        .map_err(io)?;
+    if text.len() as u64 > checkpoint::MAX_CHECKPOINT_BYTES {
+        return Err(ReadCheckpointError::TooLarge { path: file });
+    }
     Checkpoint::parse(&text).map_err(|error| ReadCheckpointError::Parse { path: file, error })
 }
 

@@ -1263,10 +1263,15 @@ fn remove_stale_tmp(dir: &Path) {
     }
 }
 
-/// Compress a rotated file to `NAME.zst` (checked by decompressing), then remove it.
+/// Compress a rotated file to `NAME.zst` (one zstd frame with a content checksum,
+/// checked by decompressing), then remove it.
 pub fn compress_file(path: &Path) -> std::io::Result<PathBuf> {
     let data = fs::read(path)?;
-    let compressed = zstd::bulk::compress(&data, 3)?;
+    // One frame with a content checksum, so that a damaged archive is reported as one
+    // (a corrupt archive) rather than as whatever the damaged bytes decode to.
+    let mut zc = zstd::bulk::Compressor::new(3)?;
+    zc.set_parameter(zstd::zstd_safe::CParameter::ChecksumFlag(true))?;
+    let compressed = zc.compress(&data)?;
     let back = zstd::bulk::decompress(&compressed, data.len())?;
     if back != data {
         return Err(std::io::Error::other("zstd round trip differs"));
