@@ -44,6 +44,7 @@ fn record(i: u64) -> VerdictRecord {
         estimated_cost: Money(1_500_000),
         nonce: i,
         config_digest: Some(Digest([9; 32])),
+        session_seq: i + 1,
     }
 }
 
@@ -55,7 +56,7 @@ fn sign_only(c: &mut Criterion) {
     let key = SigningKey::from_bytes(&[1; 32]);
     let kid = KeyId::of(key.verifying_key().as_bytes());
     let prev = format::genesis_hash();
-    let event = Event::Verdict(record(1));
+    let event = Event::Session(record(1).into());
     let pos = Position {
         index: 1,
         timestamp_ns: 1,

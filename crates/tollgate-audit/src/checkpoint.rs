@@ -18,6 +18,8 @@ use tollgate_core::Digest;
 
 use crate::keys::{hex, unhex, KeyId};
 
+/// The largest checkpoint file a reader accepts (one is about 330 bytes).
+pub const MAX_CHECKPOINT_BYTES: u64 = 4096;
 /// The first line of a checkpoint file.
 pub const CHECKPOINT_TAG: &str = "tollgate-audit-checkpoint-v1";
 /// Domain separation prefix of a checkpoint's signed bytes.
@@ -100,7 +102,9 @@ impl Checkpoint {
         )
     }
 
-    /// Parse the text form (the signature is not checked here).
+    /// Parse the text form (the signature is not checked here). Lines may end in `\n`
+    /// or `\r\n` and carry surrounding spaces; after the six lines only blank lines may
+    /// follow.
     pub fn parse(text: &str) -> Result<Checkpoint, CheckpointError> {
         let lines: Vec<&str> = text.lines().map(str::trim).collect();
         let bad = |line: usize, expected: &'static str| CheckpointError::Line { line, expected };
@@ -128,6 +132,9 @@ impl Checkpoint {
         let signature = unhex(field(5, "signature")?)
             .and_then(|v| <[u8; 64]>::try_from(v.as_slice()).ok())
             .ok_or(bad(6, "signature"))?;
+        if let Some(extra) = lines.iter().skip(6).position(|l| !l.is_empty()) {
+            return Err(bad(extra + 7, "end of checkpoint"));
+        }
         Ok(Checkpoint {
             count,
             last_hash,

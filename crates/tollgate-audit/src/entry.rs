@@ -1,12 +1,13 @@
-//! What an audit entry says: the verdict record the daemon submits, the system events the
-//! writer adds itself, and the decoded entry as the verifier sees it.
+//! What an audit entry says: the session events the daemon submits (every change of a
+//! session's state), the system events the writer adds itself, and the decoded entry as
+//! the verifier sees it.
 
-use tollgate_core::{DenyReason, Digest, Money, Reason, Verdict};
+use tollgate_core::{BudgetScope, DenyReason, Digest, HumanDecision, Money, Reason, Verdict};
 use uuid::Uuid;
 
 use crate::keys::KeyId;
 
-/// One verdict, as the daemon submits it to the writer.
+/// One verdict, as the daemon submits it to the writer (record kind 1).
 ///
 /// The writer adds what only it can know: the chain position (index), the entry id, the
 /// previous entry's hash, the signing key id and the signature. Fields 1–13 of SP/1.0 §7.1
@@ -39,7 +40,11 @@ pub struct VerdictRecord {
     pub budget_before: Money,
     /// Budget remaining after the call, exact.
     pub budget_after: Money,
-    /// The human operator whose HITL decision this records, if any.
+    /// The operator whose human decision released this call. In format version 2 it
+    /// may be present only when `reason` is `hitl_transition:approve` or
+    /// `hitl_transition:modify_successor` (and should be, when the writer knows who);
+    /// a version-1 file used it loosely for "the human whose HITL decision this
+    /// records".
     pub operator_id: Option<String>,
     /// Addition: the call's estimated cost, exact.
     pub estimated_cost: Money,
@@ -47,13 +52,244 @@ pub struct VerdictRecord {
     pub nonce: u64,
     /// Addition: digest of the guard configuration that decided, if the daemon knows it.
     pub config_digest: Option<Digest>,
+    /// The session's state version after this entry (at least 1). A verdict read from a
+    /// version-1 file, which has no such field, has 0.
+    pub session_seq: u64,
+}
+
+/// A session was opened (record kind 4): everything needed to rebuild its starting state.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionRecord {
+    /// Daemon time the session was opened, nanoseconds since the Unix epoch (UTC).
+    pub timestamp_ns: i64,
+    /// The new session.
+    pub session_id: String,
+    /// Its agent.
+    pub agent_id: String,
+    /// Its agent's organization.
+    pub organization_id: String,
+    /// Whose budget the session spends: its own, its agent's or its organization's.
+    pub budget_scope: BudgetScope,
+    /// The budget the session's configuration gives.
+    pub budget_initial: Money,
+    /// What the session starts with: its own budget, or what remains of the shared
+    /// budget it joins.
+    pub budget_before: Money,
+    /// SHA-256 of `config`'s bytes.
+    pub config_digest: Digest,
+    /// The canonical JSON of the guard configuration the session runs under for its
+    /// whole life (at most [`crate::format::MAX_TEXT_LEN`] bytes).
+    pub config: String,
+    /// Always 1: the session's first state.
+    pub session_seq: u64,
+}
+
+/// How the cost an agent reported after a call was read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CostStatus {
+    /// A finite, non-negative amount within range: `actual_cost` is it, exactly.
+    Readable,
+    /// NaN, infinite or negative: charged as the estimate; `actual_cost` is 0.
+    Unreadable,
+    /// Finite but beyond the i64 nano-dollar range: saturates; `actual_cost` is 0.
+    OverRange,
+}
+
+impl CostStatus {
+    /// The one-byte code in the record: 0, 1, 2.
+    pub const fn code(self) -> u8 {
+        match self {
+            CostStatus::Readable => 0,
+            CostStatus::Unreadable => 1,
+            CostStatus::OverRange => 2,
+        }
+    }
+
+    /// The status of a code; `None` for any other byte.
+    pub const fn from_code(c: u8) -> Option<CostStatus> {
+        match c {
+            0 => Some(CostStatus::Readable),
+            1 => Some(CostStatus::Unreadable),
+            2 => Some(CostStatus::OverRange),
+            _ => None,
+        }
+    }
+
+    /// `readable`, `unreadable`, `over_range`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            CostStatus::Readable => "readable",
+            CostStatus::Unreadable => "unreadable",
+            CostStatus::OverRange => "over_range",
+        }
+    }
+}
+
+/// A post-execution report settled against the call's reservation (record kind 5).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SettlementRecord {
+    /// Daemon time of the settlement, nanoseconds since the Unix epoch (UTC).
+    pub timestamp_ns: i64,
+    /// The session.
+    pub session_id: String,
+    /// Its agent.
+    pub agent_id: String,
+    /// Its agent's organization.
+    pub organization_id: String,
+    /// The settled call's number.
+    pub call_number: u64,
+    /// Whether the agent reported success.
+    pub success: bool,
+    /// The IEEE 754 binary64 bits of the `actual_cost_usd` the agent sent, exactly as
+    /// sent. Never interpreted by a verifier.
+    pub reported_cost_bits: u64,
+    /// How that cost was read.
+    pub cost_status: CostStatus,
+    /// The reported cost, exact, when `cost_status` is readable; else 0.
+    pub actual_cost: Money,
+    /// The reservation's estimate; 0 without a reservation.
+    pub estimated_cost: Money,
+    /// Whether a reservation existed.
+    pub reserved: bool,
+    /// What the call was charged in the end.
+    pub charged: Money,
+    /// Budget remaining before the settlement.
+    pub budget_before: Money,
+    /// Budget remaining after it (higher than before for a refund).
+    pub budget_after: Money,
+    /// Whether the outcome carried an error signal.
+    pub error_signal: bool,
+    /// The session's state version after this entry (at least 1).
+    pub session_seq: u64,
+}
+
+/// A human decided a held call (record kind 6).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DecisionRecord {
+    /// Daemon time of the decision, nanoseconds since the Unix epoch (UTC).
+    pub timestamp_ns: i64,
+    /// The session.
+    pub session_id: String,
+    /// Its agent.
+    pub agent_id: String,
+    /// Its agent's organization.
+    pub organization_id: String,
+    /// The held call's own number.
+    pub call_number: u64,
+    /// The operator who decided.
+    pub operator_id: String,
+    /// Approve, reject, modify, defer or escalate (`Awaiting` and `Unknown` cannot be
+    /// recorded: the writer refuses them).
+    pub decision: HumanDecision,
+    /// The held call's tool.
+    pub tool_name: String,
+    /// The held call's nonce.
+    pub original_nonce: u64,
+    /// The held call's canonical params hash.
+    pub original_args_digest: Digest,
+    /// For modify (and only modify): the successor's nonce and params hash.
+    pub successor: Option<(u64, Digest)>,
+    /// Budget remaining when the decision was recorded.
+    pub budget_remaining: Money,
+    /// The session's state version after this entry (at least 1).
+    pub session_seq: u64,
+}
+
+/// Every entry that changes a session's state (kinds 4, 1, 5, 6).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SessionEvent {
+    /// The session was opened (kind 4).
+    Opened(SessionRecord),
+    /// A verdict (kind 1).
+    Verdict(VerdictRecord),
+    /// A post-execution report was settled (kind 5).
+    Settled(SettlementRecord),
+    /// A human decided a held call (kind 6).
+    HumanDecision(DecisionRecord),
+}
+
+impl SessionEvent {
+    /// The record kind byte: 4, 1, 5 or 6.
+    pub const fn kind(&self) -> u8 {
+        match self {
+            SessionEvent::Opened(_) => 4,
+            SessionEvent::Verdict(_) => 1,
+            SessionEvent::Settled(_) => 5,
+            SessionEvent::HumanDecision(_) => 6,
+        }
+    }
+
+    /// The session the entry belongs to.
+    pub fn session_id(&self) -> &str {
+        match self {
+            SessionEvent::Opened(r) => &r.session_id,
+            SessionEvent::Verdict(r) => &r.session_id,
+            SessionEvent::Settled(r) => &r.session_id,
+            SessionEvent::HumanDecision(r) => &r.session_id,
+        }
+    }
+
+    /// The session's state version after this entry.
+    pub const fn session_seq(&self) -> u64 {
+        match self {
+            SessionEvent::Opened(r) => r.session_seq,
+            SessionEvent::Verdict(r) => r.session_seq,
+            SessionEvent::Settled(r) => r.session_seq,
+            SessionEvent::HumanDecision(r) => r.session_seq,
+        }
+    }
+
+    /// The entry's daemon time, nanoseconds since the Unix epoch.
+    pub const fn timestamp_ns(&self) -> i64 {
+        match self {
+            SessionEvent::Opened(r) => r.timestamp_ns,
+            SessionEvent::Verdict(r) => r.timestamp_ns,
+            SessionEvent::Settled(r) => r.timestamp_ns,
+            SessionEvent::HumanDecision(r) => r.timestamp_ns,
+        }
+    }
+
+    /// A short name for the kind: `session_opened`, `verdict`, `settlement`,
+    /// `human_decision`.
+    pub const fn kind_name(&self) -> &'static str {
+        match self {
+            SessionEvent::Opened(_) => "session_opened",
+            SessionEvent::Verdict(_) => "verdict",
+            SessionEvent::Settled(_) => "settlement",
+            SessionEvent::HumanDecision(_) => "human_decision",
+        }
+    }
+}
+
+impl From<VerdictRecord> for SessionEvent {
+    fn from(r: VerdictRecord) -> Self {
+        SessionEvent::Verdict(r)
+    }
+}
+
+impl From<SessionRecord> for SessionEvent {
+    fn from(r: SessionRecord) -> Self {
+        SessionEvent::Opened(r)
+    }
+}
+
+impl From<SettlementRecord> for SessionEvent {
+    fn from(r: SettlementRecord) -> Self {
+        SessionEvent::Settled(r)
+    }
+}
+
+impl From<DecisionRecord> for SessionEvent {
+    fn from(r: DecisionRecord) -> Self {
+        SessionEvent::HumanDecision(r)
+    }
 }
 
 /// What an entry records.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Event {
-    /// A verdict (record kind 1).
-    Verdict(VerdictRecord),
+    /// A change of a session's state (record kinds 4, 1, 5, 6).
+    Session(SessionEvent),
     /// The signing key changes (record kind 2). Signed by the old key; every later entry
     /// and file header is signed by `new_public_key`.
     KeyHandover {
@@ -80,21 +316,53 @@ impl Event {
     /// The record kind byte.
     pub const fn kind(&self) -> u8 {
         match self {
-            Event::Verdict(_) => 1,
+            Event::Session(e) => e.kind(),
             Event::KeyHandover { .. } => 2,
             Event::Recovery { .. } => 3,
         }
     }
 
-    /// A short name for the kind: `verdict`, `key_handover`, `recovery`.
+    /// A short name for the kind: `session_opened`, `verdict`, `settlement`,
+    /// `human_decision`, `key_handover`, `recovery`.
     pub const fn kind_name(&self) -> &'static str {
         match self {
-            Event::Verdict(_) => "verdict",
+            Event::Session(e) => e.kind_name(),
             Event::KeyHandover { .. } => "key_handover",
             Event::Recovery { .. } => "recovery",
         }
     }
+
+    /// The session event, if this is one.
+    pub const fn as_session(&self) -> Option<&SessionEvent> {
+        match self {
+            Event::Session(e) => Some(e),
+            Event::KeyHandover { .. } | Event::Recovery { .. } => None,
+        }
+    }
 }
+
+impl From<SessionEvent> for Event {
+    fn from(e: SessionEvent) -> Self {
+        Event::Session(e)
+    }
+}
+
+macro_rules! event_from_record {
+    ($($t:ty),*) => {$(
+        impl From<$t> for Event {
+            fn from(r: $t) -> Self {
+                Event::Session(r.into())
+            }
+        }
+    )*};
+}
+
+event_from_record!(
+    VerdictRecord,
+    SessionRecord,
+    SettlementRecord,
+    DecisionRecord
+);
 
 /// A whole entry as stored: the event plus what the writer added.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -161,6 +429,36 @@ pub(crate) const fn deny_from_code(c: u8) -> Result<Option<DenyReason>, ()> {
         7 => Some(DenyReason::AuthFailed),
         8 => Some(DenyReason::Timeout),
         _ => return Err(()),
+    })
+}
+
+/// The one-byte code of a budget scope: 1, 2, 3.
+pub(crate) const fn scope_code(s: BudgetScope) -> u8 {
+    match s {
+        BudgetScope::PerSession => 1,
+        BudgetScope::PerAgent => 2,
+        BudgetScope::PerOrganization => 3,
+    }
+}
+
+pub(crate) const fn scope_from_code(c: u8) -> Option<BudgetScope> {
+    match c {
+        1 => Some(BudgetScope::PerSession),
+        2 => Some(BudgetScope::PerAgent),
+        3 => Some(BudgetScope::PerOrganization),
+        _ => None,
+    }
+}
+
+/// The decision words a record may hold.
+pub(crate) fn decision_from_word(w: &str) -> Option<HumanDecision> {
+    Some(match w {
+        "approve" => HumanDecision::Approve,
+        "reject" => HumanDecision::Reject,
+        "modify" => HumanDecision::Modify,
+        "defer" => HumanDecision::Defer,
+        "escalate" => HumanDecision::Escalate,
+        _ => return None,
     })
 }
 

@@ -3,13 +3,15 @@
 
 use std::fmt::Write as _;
 
-use tollgate_core::Verdict;
+use tollgate_core::{Digest, Money, Verdict};
 
-use crate::entry::{AuditEntry, Event};
+use crate::entry::{AuditEntry, Event, SessionEvent};
 use crate::files::rfc3339;
 use crate::keys::{hex, KeyId};
 
-/// Which entries to export. Filters on session or verdict select verdict entries only.
+/// Which entries to export. A session filter selects the session events (every kind
+/// but hand-overs and recoveries) of that session; a verdict filter selects verdict
+/// entries only.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Filter {
     /// Only this session.
@@ -32,9 +34,12 @@ impl Filter {
             return false;
         }
         match &e.event {
-            Event::Verdict(v) => {
-                self.session.as_ref().is_none_or(|s| *s == v.session_id)
-                    && self.verdict.is_none_or(|x| x == v.verdict)
+            Event::Session(ev) => {
+                self.session.as_ref().is_none_or(|s| s == ev.session_id())
+                    && self.verdict.is_none_or(|x| match ev {
+                        SessionEvent::Verdict(v) => x == v.verdict,
+                        _ => false,
+                    })
             }
             Event::KeyHandover { .. } | Event::Recovery { .. } => {
                 self.session.is_none() && self.verdict.is_none()
@@ -43,7 +48,9 @@ impl Filter {
     }
 }
 
-/// The export columns, in order (CSV header and JSON keys).
+/// The export columns, in order (CSV header and JSON keys). Every entry has every
+/// column; a column that does not apply to the entry's kind is empty (CSV) or `null`
+/// (JSON). docs/audit-format.md ("Export") says which kinds fill which columns.
 pub const COLUMNS: &[&str] = &[
     "index",
     "entry_id",
@@ -53,6 +60,7 @@ pub const COLUMNS: &[&str] = &[
     "session_id",
     "agent_id",
     "organization_id",
+    "session_seq",
     "call_number",
     "tool_name",
     "params_hash",
@@ -66,7 +74,30 @@ pub const COLUMNS: &[&str] = &[
     "nonce",
     "operator_id",
     "config_digest",
-    "detail",
+    "budget_scope",
+    "budget_initial_usd",
+    "config",
+    "success",
+    "reported_cost_bits",
+    "reported_cost",
+    "cost_status",
+    "actual_cost_usd",
+    "reserved",
+    "charged_usd",
+    "error_signal",
+    "decision",
+    "original_nonce",
+    "original_args_digest",
+    "successor_nonce",
+    "successor_args_digest",
+    "budget_remaining_usd",
+    "new_public_key",
+    "new_key_id",
+    "recovery_file",
+    "recovery_offset",
+    "recovery_length",
+    "recovery_sha256",
+    "recovery_moved_to",
     "key_id",
     "prev_hash",
     "signature",
@@ -81,64 +112,136 @@ enum Cell {
     Null,
 }
 
+/// The cells of one entry, in [`COLUMNS`] order.
 fn cells(e: &AuditEntry) -> Vec<Cell> {
+    let mut row: Vec<(&'static str, Cell)> = Vec::with_capacity(32);
     let t = |s: &str| Cell::Text(s.to_owned());
     let n = |x: &dyn std::fmt::Display| Cell::Num(x.to_string());
-    let mut row = vec![
-        n(&e.index),
-        t(&e.entry_id.to_string()),
-        t(&rfc3339(e.timestamp_ns)),
-        n(&e.timestamp_ns),
-        t(e.event.kind_name()),
-    ];
+    // Exact decimal dollars, as text so no float rounding creeps in.
+    let usd = |m: Money| Cell::Text(m.to_string());
+    let digest = |d: &Digest| Cell::Text(d.to_string());
+    row.extend([
+        ("index", n(&e.index)),
+        ("entry_id", t(&e.entry_id.to_string())),
+        ("time", t(&rfc3339(e.timestamp_ns))),
+        ("timestamp_ns", n(&e.timestamp_ns)),
+        ("kind", t(e.event.kind_name())),
+    ]);
+    if let Event::Session(ev) = &e.event {
+        let (agent, org) = match ev {
+            SessionEvent::Opened(r) => (&r.agent_id, &r.organization_id),
+            SessionEvent::Verdict(r) => (&r.agent_id, &r.organization_id),
+            SessionEvent::Settled(r) => (&r.agent_id, &r.organization_id),
+            SessionEvent::HumanDecision(r) => (&r.agent_id, &r.organization_id),
+        };
+        row.extend([
+            ("session_id", t(ev.session_id())),
+            ("agent_id", t(agent)),
+            ("organization_id", t(org)),
+            ("session_seq", n(&ev.session_seq())),
+        ]);
+    }
     match &e.event {
-        Event::Verdict(v) => row.extend([
-            t(&v.session_id),
-            t(&v.agent_id),
-            t(&v.organization_id),
-            n(&v.call_number),
-            t(&v.tool_name),
-            t(&v.params_hash.to_string()),
-            t(v.verdict.as_str()),
-            v.deny_reason.map_or(Cell::Null, |d| t(d.as_str())),
-            t(v.reason.as_str()),
-            Cell::Bool(v.probabilistic),
-            // Exact decimal dollars, as text so no float rounding creeps in.
-            t(&v.budget_before.to_string()),
-            t(&v.budget_after.to_string()),
-            t(&v.estimated_cost.to_string()),
-            n(&v.nonce),
-            v.operator_id.as_deref().map_or(Cell::Null, t),
-            v.config_digest.map_or(Cell::Null, |d| t(&d.to_string())),
-            Cell::Null,
+        Event::Session(SessionEvent::Verdict(v)) => row.extend([
+            ("call_number", n(&v.call_number)),
+            ("tool_name", t(&v.tool_name)),
+            ("params_hash", digest(&v.params_hash)),
+            ("verdict", t(v.verdict.as_str())),
+            (
+                "deny_reason",
+                v.deny_reason.map_or(Cell::Null, |d| t(d.as_str())),
+            ),
+            ("reason", t(v.reason.as_str())),
+            ("probabilistic", Cell::Bool(v.probabilistic)),
+            ("budget_before_usd", usd(v.budget_before)),
+            ("budget_after_usd", usd(v.budget_after)),
+            ("estimated_cost_usd", usd(v.estimated_cost)),
+            ("nonce", n(&v.nonce)),
+            (
+                "operator_id",
+                v.operator_id.as_deref().map_or(Cell::Null, t),
+            ),
+            (
+                "config_digest",
+                v.config_digest.as_ref().map_or(Cell::Null, digest),
+            ),
         ]),
-        Event::KeyHandover { new_public_key } => {
-            row.extend(std::iter::repeat_n(Cell::Null, 16));
-            row.push(t(&format!(
-                "new key {} ({})",
-                KeyId::of(new_public_key),
-                hex(new_public_key)
-            )));
-        }
+        Event::Session(SessionEvent::Opened(o)) => row.extend([
+            ("budget_before_usd", usd(o.budget_before)),
+            ("config_digest", digest(&o.config_digest)),
+            ("budget_scope", t(o.budget_scope.as_str())),
+            ("budget_initial_usd", usd(o.budget_initial)),
+            ("config", t(&o.config)),
+        ]),
+        Event::Session(SessionEvent::Settled(s)) => row.extend([
+            ("call_number", n(&s.call_number)),
+            ("budget_before_usd", usd(s.budget_before)),
+            ("budget_after_usd", usd(s.budget_after)),
+            ("estimated_cost_usd", usd(s.estimated_cost)),
+            ("success", Cell::Bool(s.success)),
+            (
+                "reported_cost_bits",
+                t(&format!("{:016x}", s.reported_cost_bits)),
+            ),
+            // For reading only: the record keeps the bits, never the float.
+            (
+                "reported_cost",
+                t(&format!("{:?}", f64::from_bits(s.reported_cost_bits))),
+            ),
+            ("cost_status", t(s.cost_status.as_str())),
+            ("actual_cost_usd", usd(s.actual_cost)),
+            ("reserved", Cell::Bool(s.reserved)),
+            ("charged_usd", usd(s.charged)),
+            ("error_signal", Cell::Bool(s.error_signal)),
+        ]),
+        Event::Session(SessionEvent::HumanDecision(d)) => row.extend([
+            ("call_number", n(&d.call_number)),
+            ("tool_name", t(&d.tool_name)),
+            ("operator_id", t(&d.operator_id)),
+            ("decision", t(d.decision.as_str())),
+            ("original_nonce", n(&d.original_nonce)),
+            ("original_args_digest", digest(&d.original_args_digest)),
+            (
+                "successor_nonce",
+                d.successor.as_ref().map_or(Cell::Null, |(s, _)| n(s)),
+            ),
+            (
+                "successor_args_digest",
+                d.successor.as_ref().map_or(Cell::Null, |(_, a)| digest(a)),
+            ),
+            ("budget_remaining_usd", usd(d.budget_remaining)),
+        ]),
+        Event::KeyHandover { new_public_key } => row.extend([
+            ("new_public_key", t(&hex(new_public_key))),
+            ("new_key_id", t(&KeyId::of(new_public_key).to_string())),
+        ]),
         Event::Recovery {
             file,
             offset,
             length,
             sha256,
             moved_to,
-        } => {
-            row.extend(std::iter::repeat_n(Cell::Null, 16));
-            row.push(t(&format!(
-                "torn tail of {length} bytes at offset {offset} of {file} (sha256 {sha256}) moved to {moved_to}"
-            )));
-        }
+        } => row.extend([
+            ("recovery_file", t(file)),
+            ("recovery_offset", n(offset)),
+            ("recovery_length", n(length)),
+            ("recovery_sha256", digest(sha256)),
+            ("recovery_moved_to", t(moved_to)),
+        ]),
     }
     row.extend([
-        t(&e.key_id.to_string()),
-        t(&e.prev_hash.to_string()),
-        t(&hex(&e.signature)),
+        ("key_id", t(&e.key_id.to_string())),
+        ("prev_hash", digest(&e.prev_hash)),
+        ("signature", t(&hex(&e.signature))),
     ]);
-    row
+    COLUMNS
+        .iter()
+        .map(|col| {
+            row.iter()
+                .position(|(name, _)| name == col)
+                .map_or(Cell::Null, |i| row.swap_remove(i).1)
+        })
+        .collect()
 }
 
 /// One JSON object (no trailing newline), keys in [`COLUMNS`] order.

@@ -74,26 +74,77 @@ pub fn list_log_files(dir: &Path) -> std::io::Result<Vec<LogFile>> {
     Ok(files)
 }
 
-/// Read a log file, decompressing `.zst`, refusing more than [`MAX_FILE_BYTES`].
-pub fn read_log_file(path: &Path) -> std::io::Result<Vec<u8>> {
-    let file = std::fs::File::open(path)?;
-    let compressed = path
-        .file_name()
-        .and_then(|n| n.to_str())
-        .is_some_and(|n| n.ends_with(".zst"));
-    let mut out = Vec::new();
-    if compressed {
-        zstd::stream::read::Decoder::new(file)?
-            .take(MAX_FILE_BYTES + 1)
-            .read_to_end(&mut out)?;
-    } else {
-        file.take(MAX_FILE_BYTES + 1).read_to_end(&mut out)?;
+/// Why a log file could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum ReadError {
+    /// The file could not be opened or read.
+    #[error("{0}")]
+    Io(std::io::Error),
+    /// A `.zst` file is not a whole zstd archive: its bytes were read but do not
+    /// decompress (damaged, cut short, or not zstd at all).
+    #[error("corrupt archive: {0}")]
+    CorruptArchive(String),
+    /// The file (after decompression) is larger than [`MAX_FILE_BYTES`].
+    #[error("larger than 1 GiB")]
+    TooLarge,
+}
+
+impl ReadError {
+    /// As an I/O error (a corrupt archive or an oversized file as `InvalidData`).
+    pub fn into_io(self) -> std::io::Error {
+        match self {
+            ReadError::Io(e) => e,
+            other => std::io::Error::new(std::io::ErrorKind::InvalidData, other.to_string()),
+        }
     }
+}
+
+/// Whether a path names a compressed log file (`.zst`).
+pub fn is_compressed(path: &Path) -> bool {
+    path.file_name()
+        .and_then(|n| n.to_str())
+        .is_some_and(|n| n.ends_with(".zst"))
+}
+
+/// Read a log file, decompressing `.zst`, refusing more than [`MAX_FILE_BYTES`] (before
+/// and after decompression). A compressed file is read whole first and then decompressed
+/// from memory, so that a decompression failure is told apart from an I/O failure.
+pub fn read_log_file(path: &Path) -> Result<Vec<u8>, ReadError> {
+    let file = std::fs::File::open(path).map_err(ReadError::Io)?;
+    let mut raw = Vec::new();
+    file.take(MAX_FILE_BYTES + 1)
+        .read_to_end(&mut raw)
+        .map_err(ReadError::Io)?;
+    if raw.len() as u64 > MAX_FILE_BYTES {
+        return Err(ReadError::TooLarge);
+    }
+    if !is_compressed(path) {
+        return Ok(raw);
+    }
+    let mut out = Vec::new();
+    zstd::stream::read::Decoder::with_buffer(raw.as_slice())
+        .and_then(|d| d.take(MAX_FILE_BYTES + 1).read_to_end(&mut out))
+        .map_err(|e| ReadError::CorruptArchive(e.to_string()))?;
     if out.len() as u64 > MAX_FILE_BYTES {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::InvalidData,
-            format!("`{}` is larger than 1 GiB", path.display()),
-        ));
+        return Err(ReadError::TooLarge);
+    }
+    Ok(out)
+}
+
+/// The first `n` bytes of a log file (fewer if it is shorter), decompressing only as
+/// much of a `.zst` as that needs.
+pub fn read_log_prefix(path: &Path, n: usize) -> Result<Vec<u8>, ReadError> {
+    let file = std::fs::File::open(path).map_err(ReadError::Io)?;
+    let limit = n as u64;
+    let mut out = Vec::with_capacity(n);
+    if is_compressed(path) {
+        zstd::stream::read::Decoder::new(file)
+            .and_then(|d| d.take(limit).read_to_end(&mut out))
+            .map_err(|e| ReadError::CorruptArchive(e.to_string()))?;
+    } else {
+        file.take(limit)
+            .read_to_end(&mut out)
+            .map_err(ReadError::Io)?;
     }
     Ok(out)
 }

@@ -4,16 +4,22 @@
 
 use ed25519_dalek::{Signer, SigningKey, VerifyingKey};
 use sha2::{Digest as _, Sha256};
-use tollgate_core::{Digest, Money, Reason};
+use tollgate_core::{Digest, HumanDecision, Money, Reason};
 use uuid::Uuid;
 
-use crate::entry::{self, AuditEntry, Event, VerdictRecord};
+use crate::entry::{
+    self, AuditEntry, CostStatus, DecisionRecord, Event, SessionEvent, SessionRecord,
+    SettlementRecord, VerdictRecord,
+};
 use crate::keys::KeyId;
 
 /// The first 8 bytes of every log file.
 pub const MAGIC: [u8; 8] = *b"TGAUDIT\0";
-/// The format version this crate writes and reads.
-pub const FORMAT_VERSION: u16 = 1;
+/// The format version this crate writes.
+pub const FORMAT_VERSION: u16 = 2;
+/// The oldest format version this crate reads. Version 1 has record kinds 1-3 and a
+/// verdict payload without `session_seq`; version 2 adds kinds 4-6 and `session_seq`.
+pub const OLDEST_VERSION: u16 = 1;
 /// Size of a file header in bytes.
 pub const HEADER_LEN: usize = 170;
 /// Bytes of the header covered by its signature (everything before the signature).
@@ -24,8 +30,10 @@ pub const HEADER_DOMAIN: &[u8] = b"tollgate-audit/v1 header\0";
 pub const ENTRY_DOMAIN: &[u8] = b"tollgate-audit/v1 entry\0";
 /// The largest record, length prefix included.
 pub const MAX_RECORD_LEN: usize = 64 * 1024;
-/// The longest string field, in bytes of UTF-8.
+/// The longest string field (`str`), in bytes of UTF-8.
 pub const MAX_STR_LEN: usize = 1024;
+/// The longest text field (`text`, format version 2), in bytes of UTF-8.
+pub const MAX_TEXT_LEN: usize = 16 * 1024;
 /// Bytes before the kind-specific payload: length prefix, kind, index, timestamp, entry
 /// id, key id.
 const RECORD_FIXED_PREFIX: usize = 4 + 1 + 8 + 8 + 16 + 8;
@@ -48,6 +56,8 @@ pub fn sha256(bytes: &[u8]) -> Digest {
 /// A log file's header.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FileHeader {
+    /// The format version of the file (and of every record in it).
+    pub version: u16,
     /// Position of the file in the log, from 0.
     pub file_seq: u64,
     /// Chain index of the file's first record.
@@ -80,7 +90,7 @@ pub enum HeaderError {
     /// The key id is not the id of the public key.
     #[error("header key id does not match its public key")]
     KeyId,
-    /// The public key is not a valid Ed25519 point.
+    /// The public key is not a valid Ed25519 point, or is of small order.
     #[error("header public key is not a valid Ed25519 key")]
     PublicKey,
     /// The header signature does not verify.
@@ -89,8 +99,28 @@ pub enum HeaderError {
 }
 
 impl FileHeader {
-    /// Build and sign a header.
+    /// Build and sign a header of the current [`FORMAT_VERSION`].
     pub fn new_signed(
+        key: &SigningKey,
+        file_seq: u64,
+        first_index: u64,
+        prev_hash: Digest,
+        created_ns: i64,
+    ) -> FileHeader {
+        Self::new_signed_version(
+            FORMAT_VERSION,
+            key,
+            file_seq,
+            first_index,
+            prev_hash,
+            created_ns,
+        )
+    }
+
+    /// Build and sign a header of a given version (the writer only writes
+    /// [`FORMAT_VERSION`]; older versions are for tests and conversion tools).
+    pub fn new_signed_version(
+        version: u16,
         key: &SigningKey,
         file_seq: u64,
         first_index: u64,
@@ -99,6 +129,7 @@ impl FileHeader {
     ) -> FileHeader {
         let public_key = key.verifying_key().to_bytes();
         let mut h = FileHeader {
+            version,
             file_seq,
             first_index,
             prev_hash,
@@ -125,7 +156,7 @@ impl FileHeader {
     pub fn encode(&self) -> Vec<u8> {
         let mut b = Vec::with_capacity(HEADER_LEN);
         b.extend_from_slice(&MAGIC);
-        b.extend_from_slice(&FORMAT_VERSION.to_be_bytes());
+        b.extend_from_slice(&self.version.to_be_bytes());
         b.extend_from_slice(&self.file_seq.to_be_bytes());
         b.extend_from_slice(&self.first_index.to_be_bytes());
         b.extend_from_slice(&self.prev_hash.0);
@@ -145,10 +176,11 @@ impl FileHeader {
             return Err(HeaderError::Magic);
         }
         let version = c.u16().map_err(short)?;
-        if version != FORMAT_VERSION {
+        if !(OLDEST_VERSION..=FORMAT_VERSION).contains(&version) {
             return Err(HeaderError::Version(version));
         }
         let h = FileHeader {
+            version,
             file_seq: c.u64().map_err(short)?,
             first_index: c.u64().map_err(short)?,
             prev_hash: Digest(c.arr().map_err(short)?),
@@ -169,30 +201,53 @@ impl FileHeader {
 
     /// The header's public key.
     pub fn verifying_key(&self) -> Result<VerifyingKey, HeaderError> {
-        VerifyingKey::from_bytes(&self.public_key).map_err(|_| HeaderError::PublicKey)
+        public_key(&self.public_key).ok_or(HeaderError::PublicKey)
     }
 }
 
-/// Why bytes at a record position are not a whole record.
+/// A usable Ed25519 public key: 32 bytes that decompress to a curve point that is not of
+/// small order (strict verification would reject every signature under such a key).
+pub fn public_key(bytes: &[u8; 32]) -> Option<VerifyingKey> {
+    VerifyingKey::from_bytes(bytes)
+        .ok()
+        .filter(|k| !k.is_weak())
+}
+
+/// Why bytes at a record position are not a whole record. docs/audit-format.md
+/// ("Reading a record") gives the order in which these are checked.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum RecordError {
-    /// The file ends inside the record (or only zero bytes follow): a torn write.
-    #[error("torn record: the file ends inside it ({available} bytes present)")]
+    /// Everything from the record start to the end of the file is zero bytes: what a
+    /// crash leaves on some file systems where a write never reached the disk.
+    #[error("zero-filled tail: the last {length} bytes of the file are all zero")]
+    ZeroFilled {
+        /// Bytes from the record start to the end of the file.
+        length: usize,
+    },
+    /// The file ends inside the record: inside its length prefix (`needed` is `None`),
+    /// or before the end the prefix declares.
+    #[error("torn record: the file ends inside it ({available} of {} bytes present)", needed.map_or_else(|| "its 4 length-prefix".to_owned(), |n| n.to_string()))]
     Torn {
         /// Bytes from the record start to the end of the file.
         available: usize,
+        /// The whole record's size, as its length prefix declares, when the prefix is
+        /// whole.
+        needed: Option<u64>,
     },
-    /// The length prefix disagrees with the length of the record's contents.
-    #[error("length prefix says {declared} bytes but the record holds {actual}")]
+    /// The length prefix declares a record larger than [`MAX_RECORD_LEN`].
+    #[error("length prefix declares a record of {0} bytes, over the 65536-byte limit")]
+    TooLarge(u64),
+    /// The length prefix declares less than the smallest record, or the record's fields
+    /// end somewhere other than where the prefix says.
+    #[error("length prefix says {declared} bytes but the fields {}", actual.map_or_else(|| "cannot be read to their end".to_owned(), |a| format!("need {a}")))]
     LengthMismatch {
-        /// What the prefix says.
+        /// What the prefix says (bytes after the prefix).
         declared: u32,
-        /// What the contents need.
-        actual: usize,
+        /// What the fields need (bytes after the prefix), parsed from the same start
+        /// without regard to the prefix, when they can be read within the file and the
+        /// size limit.
+        actual: Option<usize>,
     },
-    /// The record is longer than `MAX_RECORD_LEN`.
-    #[error("record of {0} bytes exceeds the 64 KiB limit")]
-    TooLarge(usize),
     /// A field holds a value the format does not allow.
     #[error("malformed record: {0}")]
     Malformed(&'static str),
@@ -228,17 +283,34 @@ fn signed_message(raw: &[u8]) -> Vec<u8> {
     msg
 }
 
-/// An entry that cannot be encoded.
+/// An entry that cannot be encoded. Nothing is written for it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum EncodeError {
-    /// A string field is longer than `MAX_STR_LEN` bytes.
-    #[error("field `{field}` is {len} bytes; the limit is 1024")]
+    /// A string or text field is longer than its limit.
+    #[error("field `{field}` is {len} bytes; the limit is {max}")]
     FieldTooLong {
         /// The field's name.
         field: &'static str,
         /// Its length in bytes.
         len: usize,
+        /// The limit.
+        max: usize,
     },
+    /// The entry breaks a rule of the format (the verifier would call it malformed).
+    #[error("entry breaks a format rule: {0}")]
+    Invalid(&'static str),
+    /// The record kind does not exist in the file's format version.
+    #[error("record kind {kind} does not exist in format version {version}")]
+    KindNotInVersion {
+        /// The kind.
+        kind: u8,
+        /// The version.
+        version: u16,
+    },
+    /// The whole record would exceed [`MAX_RECORD_LEN`] (cannot happen within the field
+    /// limits; checked anyway).
+    #[error("record of {0} bytes exceeds the 65536-byte limit")]
+    TooLarge(usize),
 }
 
 /// What the writer knows about an entry before it is signed.
@@ -254,13 +326,33 @@ pub struct Position<'a> {
     pub prev_hash: &'a Digest,
 }
 
-/// Encode and sign one record; returns its bytes (length prefix through signature).
+/// Encode and sign one record of the current [`FORMAT_VERSION`]; returns its bytes
+/// (length prefix through signature).
 pub fn encode_record(
     pos: Position<'_>,
     event: &Event,
     key: &SigningKey,
     key_id: KeyId,
 ) -> Result<Vec<u8>, EncodeError> {
+    encode_record_version(FORMAT_VERSION, pos, event, key, key_id)
+}
+
+/// Encode and sign one record for a file of format `version`. The entry is checked
+/// against the same rules the verifier applies, so a record this returns always parses.
+pub fn encode_record_version(
+    version: u16,
+    pos: Position<'_>,
+    event: &Event,
+    key: &SigningKey,
+    key_id: KeyId,
+) -> Result<Vec<u8>, EncodeError> {
+    if !kind_in_version(event.kind(), version) {
+        return Err(EncodeError::KindNotInVersion {
+            kind: event.kind(),
+            version,
+        });
+    }
+    check_event(event, version).map_err(EncodeError::Invalid)?;
     let mut b = Vec::with_capacity(256);
     b.extend_from_slice(&[0u8; 4]);
     b.push(event.kind());
@@ -269,7 +361,10 @@ pub fn encode_record(
     b.extend_from_slice(pos.entry_id.as_bytes());
     b.extend_from_slice(&key_id.0);
     match event {
-        Event::Verdict(v) => encode_verdict(&mut b, v)?,
+        Event::Session(SessionEvent::Verdict(v)) => encode_verdict(&mut b, v, version)?,
+        Event::Session(SessionEvent::Opened(o)) => encode_opened(&mut b, o)?,
+        Event::Session(SessionEvent::Settled(s)) => encode_settlement(&mut b, s)?,
+        Event::Session(SessionEvent::HumanDecision(d)) => encode_decision(&mut b, d)?,
         Event::KeyHandover { new_public_key } => b.extend_from_slice(new_public_key),
         Event::Recovery {
             file,
@@ -286,10 +381,14 @@ pub fn encode_record(
         }
     }
     b.extend_from_slice(&pos.prev_hash.0);
+    let total = b.len() + 64;
+    if total > MAX_RECORD_LEN {
+        return Err(EncodeError::TooLarge(total));
+    }
     // The length covers everything after the prefix, signature included.
-    let body_len = b.len() - 4 + 64;
-    // Bounded by MAX_STR_LEN per field: a record is at most a few KiB.
-    let prefix = u32::try_from(body_len).unwrap_or(u32::MAX).to_be_bytes();
+    let prefix = u32::try_from(total - 4)
+        .map_err(|_| EncodeError::TooLarge(total))?
+        .to_be_bytes();
     for (slot, p) in b.iter_mut().zip(prefix) {
         *slot = p;
     }
@@ -301,28 +400,54 @@ pub fn encode_record(
     Ok(b)
 }
 
-fn encode_verdict(b: &mut Vec<u8>, v: &VerdictRecord) -> Result<(), EncodeError> {
+/// Whether record `kind` exists in format `version`.
+pub const fn kind_in_version(kind: u8, version: u16) -> bool {
+    match kind {
+        1..=3 => true,
+        4..=6 => version >= 2,
+        _ => false,
+    }
+}
+
+fn put_u8(b: &mut Vec<u8>, v: u8) {
+    b.push(v);
+}
+
+fn put_u64(b: &mut Vec<u8>, v: u64) {
+    b.extend_from_slice(&v.to_be_bytes());
+}
+
+fn put_money(b: &mut Vec<u8>, v: Money) {
+    b.extend_from_slice(&v.0.to_be_bytes());
+}
+
+fn put_opt_str(b: &mut Vec<u8>, field: &'static str, v: Option<&str>) -> Result<(), EncodeError> {
+    match v {
+        None => b.push(0),
+        Some(s) => {
+            b.push(1);
+            put_str(b, field, s)?;
+        }
+    }
+    Ok(())
+}
+
+fn encode_verdict(b: &mut Vec<u8>, v: &VerdictRecord, version: u16) -> Result<(), EncodeError> {
     put_str(b, "session_id", &v.session_id)?;
     put_str(b, "agent_id", &v.agent_id)?;
     put_str(b, "organization_id", &v.organization_id)?;
-    b.extend_from_slice(&v.call_number.to_be_bytes());
+    put_u64(b, v.call_number);
     put_str(b, "tool_name", &v.tool_name)?;
     b.extend_from_slice(&v.params_hash.0);
-    b.push(entry::verdict_code(v.verdict));
-    b.push(entry::deny_code(v.deny_reason));
+    put_u8(b, entry::verdict_code(v.verdict));
+    put_u8(b, entry::deny_code(v.deny_reason));
     put_str(b, "reason", v.reason.as_str())?;
-    b.push(u8::from(v.probabilistic));
-    b.extend_from_slice(&v.budget_before.0.to_be_bytes());
-    b.extend_from_slice(&v.budget_after.0.to_be_bytes());
-    match &v.operator_id {
-        None => b.push(0),
-        Some(op) => {
-            b.push(1);
-            put_str(b, "operator_id", op)?;
-        }
-    }
-    b.extend_from_slice(&v.estimated_cost.0.to_be_bytes());
-    b.extend_from_slice(&v.nonce.to_be_bytes());
+    put_u8(b, u8::from(v.probabilistic));
+    put_money(b, v.budget_before);
+    put_money(b, v.budget_after);
+    put_opt_str(b, "operator_id", v.operator_id.as_deref())?;
+    put_money(b, v.estimated_cost);
+    put_u64(b, v.nonce);
     match &v.config_digest {
         None => b.push(0),
         Some(d) => {
@@ -330,110 +455,293 @@ fn encode_verdict(b: &mut Vec<u8>, v: &VerdictRecord) -> Result<(), EncodeError>
             b.extend_from_slice(&d.0);
         }
     }
+    if version >= 2 {
+        put_u64(b, v.session_seq);
+    }
+    Ok(())
+}
+
+fn encode_opened(b: &mut Vec<u8>, o: &SessionRecord) -> Result<(), EncodeError> {
+    put_str(b, "session_id", &o.session_id)?;
+    put_str(b, "agent_id", &o.agent_id)?;
+    put_str(b, "organization_id", &o.organization_id)?;
+    put_u8(b, entry::scope_code(o.budget_scope));
+    put_money(b, o.budget_initial);
+    put_money(b, o.budget_before);
+    b.extend_from_slice(&o.config_digest.0);
+    put_text(b, "config", &o.config)?;
+    put_u64(b, o.session_seq);
+    Ok(())
+}
+
+fn encode_settlement(b: &mut Vec<u8>, s: &SettlementRecord) -> Result<(), EncodeError> {
+    put_str(b, "session_id", &s.session_id)?;
+    put_str(b, "agent_id", &s.agent_id)?;
+    put_str(b, "organization_id", &s.organization_id)?;
+    put_u64(b, s.call_number);
+    put_u8(b, u8::from(s.success));
+    put_u64(b, s.reported_cost_bits);
+    put_u8(b, s.cost_status.code());
+    put_money(b, s.actual_cost);
+    put_money(b, s.estimated_cost);
+    put_u8(b, u8::from(s.reserved));
+    put_money(b, s.charged);
+    put_money(b, s.budget_before);
+    put_money(b, s.budget_after);
+    put_u8(b, u8::from(s.error_signal));
+    put_u64(b, s.session_seq);
+    Ok(())
+}
+
+fn encode_decision(b: &mut Vec<u8>, d: &DecisionRecord) -> Result<(), EncodeError> {
+    put_str(b, "session_id", &d.session_id)?;
+    put_str(b, "agent_id", &d.agent_id)?;
+    put_str(b, "organization_id", &d.organization_id)?;
+    put_u64(b, d.call_number);
+    put_str(b, "operator_id", &d.operator_id)?;
+    put_str(b, "decision", d.decision.as_str())?;
+    put_str(b, "tool_name", &d.tool_name)?;
+    put_u64(b, d.original_nonce);
+    b.extend_from_slice(&d.original_args_digest.0);
+    match &d.successor {
+        None => b.extend_from_slice(&[0, 0]),
+        Some((nonce, digest)) => {
+            b.push(1);
+            put_u64(b, *nonce);
+            b.push(1);
+            b.extend_from_slice(&digest.0);
+        }
+    }
+    put_money(b, d.budget_remaining);
+    put_u64(b, d.session_seq);
     Ok(())
 }
 
 fn put_str(b: &mut Vec<u8>, field: &'static str, s: &str) -> Result<(), EncodeError> {
     let len = s.len();
+    let too_long = EncodeError::FieldTooLong {
+        field,
+        len,
+        max: MAX_STR_LEN,
+    };
     if len > MAX_STR_LEN {
-        return Err(EncodeError::FieldTooLong { field, len });
+        return Err(too_long);
     }
-    // len <= 1024 fits in u16.
-    b.extend_from_slice(&u16::try_from(len).unwrap_or(u16::MAX).to_be_bytes());
+    b.extend_from_slice(&u16::try_from(len).map_err(|_| too_long)?.to_be_bytes());
     b.extend_from_slice(s.as_bytes());
     Ok(())
 }
 
-/// Parse the record that starts at the beginning of `bytes` (which may run on to the end
-/// of the file). Returns the record and how many bytes it occupies. Checks structure only:
-/// signatures and links are the verifier's job.
-///
-/// The contents are self-delimiting, so the length prefix is checked against them: a
-/// changed prefix is reported as [`RecordError::LengthMismatch`], not misread.
-pub fn parse_record(bytes: &[u8]) -> Result<(Record<'_>, usize), RecordError> {
-    let torn = || RecordError::Torn {
-        available: bytes.len(),
+fn put_text(b: &mut Vec<u8>, field: &'static str, s: &str) -> Result<(), EncodeError> {
+    let len = s.len();
+    let too_long = EncodeError::FieldTooLong {
+        field,
+        len,
+        max: MAX_TEXT_LEN,
     };
-    let window = bytes.get(..MAX_RECORD_LEN).unwrap_or(bytes);
-    let mut c = Cur::new(window);
-    let result = parse_fields(&mut c);
-    let (declared, entry) = match result {
-        Ok(v) => v,
-        Err(Short) if window.len() == bytes.len() => return Err(torn()),
-        Err(Short) => return Err(RecordError::TooLarge(MAX_RECORD_LEN + 1)),
-    };
-    let entry = match entry {
-        Ok(e) => e,
-        Err(what) => {
-            // A run of zero bytes to the end of the file is what a crash leaves on some
-            // file systems: that is a torn tail, not a tampered record.
-            if bytes.iter().all(|&b| b == 0) {
-                return Err(torn());
-            }
-            return Err(RecordError::Malformed(what));
-        }
-    };
-    let actual = c.pos;
-    if usize::try_from(declared)
-        .ok()
-        .and_then(|d| d.checked_add(4))
-        != Some(actual)
-    {
-        return Err(RecordError::LengthMismatch {
-            declared,
-            actual: actual.saturating_sub(4),
-        });
+    if len > MAX_TEXT_LEN {
+        return Err(too_long);
     }
-    let raw = bytes.get(..actual).ok_or_else(torn)?;
-    Ok((Record { entry, raw }, actual))
+    b.extend_from_slice(&u32::try_from(len).map_err(|_| too_long)?.to_be_bytes());
+    b.extend_from_slice(s.as_bytes());
+    Ok(())
 }
 
-/// Too few bytes.
+/// The rules on an entry's values that the encoder and the verifier share (field
+/// lengths, codes and UTF-8 are checked where the bytes are read or written). The error
+/// says which rule broke.
+pub fn check_event(event: &Event, version: u16) -> Result<(), &'static str> {
+    match event {
+        Event::Session(SessionEvent::Verdict(v)) => {
+            if version >= 2 {
+                if v.session_seq == 0 {
+                    return Err("session_seq is 0");
+                }
+                let releases = matches!(
+                    v.reason,
+                    Reason::TransitionApprove | Reason::TransitionModifySuccessor
+                );
+                if v.operator_id.is_some() && !releases {
+                    return Err("operator_id on a verdict that releases no human-approved call");
+                }
+            }
+            Ok(())
+        }
+        Event::Session(SessionEvent::Opened(o)) => {
+            if o.session_seq != 1 {
+                return Err("session_seq of a session-opened entry is not 1");
+            }
+            if sha256(o.config.as_bytes()) != o.config_digest {
+                return Err("config_digest is not the SHA-256 of config");
+            }
+            Ok(())
+        }
+        Event::Session(SessionEvent::Settled(s)) => {
+            if s.session_seq == 0 {
+                return Err("session_seq is 0");
+            }
+            if s.cost_status != CostStatus::Readable && s.actual_cost != Money::ZERO {
+                return Err("actual_cost is not 0 though the cost was not readable");
+            }
+            if !s.reserved && s.estimated_cost != Money::ZERO {
+                return Err("estimated_cost is not 0 though nothing was reserved");
+            }
+            Ok(())
+        }
+        Event::Session(SessionEvent::HumanDecision(d)) => {
+            if d.session_seq == 0 {
+                return Err("session_seq is 0");
+            }
+            if entry::decision_from_word(d.decision.as_str()).is_none() {
+                return Err("decision is not approve, reject, modify, defer or escalate");
+            }
+            if (d.decision == HumanDecision::Modify) != d.successor.is_some() {
+                return Err("successor present without modify, or modify without successor");
+            }
+            Ok(())
+        }
+        Event::KeyHandover { new_public_key } => match public_key(new_public_key) {
+            Some(_) => Ok(()),
+            None => Err("hand-over names an invalid public key"),
+        },
+        Event::Recovery { .. } => Ok(()),
+    }
+}
+
+/// Parse the record that starts at the beginning of `bytes` (which may run on to the end
+/// of the file) in a file of the current [`FORMAT_VERSION`]. See
+/// [`parse_record_version`].
+pub fn parse_record(bytes: &[u8]) -> Result<(Record<'_>, usize), RecordError> {
+    parse_record_version(FORMAT_VERSION, bytes)
+}
+
+/// Parse the record that starts at the beginning of `bytes` (which may run on to the end
+/// of the file) in a file of format `version`. Returns the record and how many bytes it
+/// occupies. Checks structure and values only: signatures and links are the verifier's
+/// job. Reads at most [`MAX_RECORD_LEN`] bytes past the start (and scans ahead for
+/// non-zero bytes only until it finds one).
+///
+/// The checks come in the order docs/audit-format.md gives: a torn length prefix, a
+/// zero-filled tail, a length prefix over the limit or under the minimum, a record the file
+/// ends inside, then the fields inside the declared extent (a field that would cross its
+/// end, or fields that end before it, is a length mismatch), then the values.
+pub fn parse_record_version(
+    version: u16,
+    bytes: &[u8],
+) -> Result<(Record<'_>, usize), RecordError> {
+    let Some(prefix) = bytes.get(..4) else {
+        return Err(RecordError::Torn {
+            available: bytes.len(),
+            needed: None,
+        });
+    };
+    if bytes.iter().all(|&b| b == 0) {
+        return Err(RecordError::ZeroFilled {
+            length: bytes.len(),
+        });
+    }
+    let declared =
+        u32::from_be_bytes(<[u8; 4]>::try_from(prefix).map_err(|_| RecordError::Torn {
+            available: bytes.len(),
+            needed: None,
+        })?);
+    let total = u64::from(declared) + 4;
+    if total > MAX_RECORD_LEN as u64 {
+        return Err(RecordError::TooLarge(total));
+    }
+    // total <= 65536 fits in usize.
+    let total = usize::try_from(total).unwrap_or(MAX_RECORD_LEN);
+    let mismatch = || RecordError::LengthMismatch {
+        declared,
+        actual: fields_len(version, bytes),
+    };
+    if total < MIN_RECORD_LEN {
+        return Err(mismatch());
+    }
+    let Some(raw) = bytes.get(..total) else {
+        return Err(RecordError::Torn {
+            available: bytes.len(),
+            needed: Some(total as u64),
+        });
+    };
+    let mut c = Cur::new(raw);
+    let entry = match parse_fields(version, &mut c) {
+        Err(Stop::Short) => return Err(mismatch()),
+        Err(Stop::Malformed(what)) => return Err(RecordError::Malformed(what)),
+        Ok(_) if c.pos != total => return Err(mismatch()),
+        Ok(Err(what)) => return Err(RecordError::Malformed(what)),
+        Ok(Ok(e)) => e,
+    };
+    Ok((Record { entry, raw }, total))
+}
+
+/// Where the fields of the record at the start of `bytes` end (bytes after the length
+/// prefix), ignoring the prefix, if they can be read within the file and the size limit.
+fn fields_len(version: u16, bytes: &[u8]) -> Option<usize> {
+    let window = bytes.get(..MAX_RECORD_LEN).unwrap_or(bytes);
+    let mut c = Cur::new(window);
+    match parse_fields(version, &mut c) {
+        Ok(_) => c.pos.checked_sub(4),
+        Err(_) => None,
+    }
+}
+
+/// Why reading the fields stopped before their end.
 #[derive(Debug)]
-struct Short;
+enum Stop {
+    /// A field would cross the end of the bytes.
+    Short,
+    /// A kind or presence flag that leaves the rest of the structure unknown.
+    Malformed(&'static str),
+}
 
-type Fields = (u32, Result<AuditEntry, &'static str>);
+/// The structure was read whole; the inner result says whether the values are valid.
+type Parsed<T> = Result<Result<T, &'static str>, Stop>;
 
-fn parse_fields(c: &mut Cur<'_>) -> Result<Fields, Short> {
-    let declared = c.u32()?;
+fn parse_fields(version: u16, c: &mut Cur<'_>) -> Parsed<AuditEntry> {
+    let _declared = c.u32()?;
     let kind = c.u8()?;
     let index = c.u64()?;
     let timestamp_ns = c.i64()?;
     let entry_id = Uuid::from_bytes(c.arr()?);
     let key_id = KeyId(c.arr()?);
+    if !kind_in_version(kind, version) {
+        return Err(Stop::Malformed(if (1..=6).contains(&kind) {
+            "record kind 4, 5 or 6 in a format-version-1 file"
+        } else {
+            "unknown record kind"
+        }));
+    }
     let event = match kind {
-        1 => parse_verdict(c, timestamp_ns)?.map(Event::Verdict),
+        1 => parse_verdict(c, timestamp_ns, version)?.map(Event::from_verdict),
         2 => Ok(Event::KeyHandover {
             new_public_key: c.arr()?,
         }),
-        3 => (|| {
+        3 => {
             let file = c.str()?;
             let offset = c.u64()?;
             let length = c.u64()?;
             let sha256 = Digest(c.arr()?);
             let moved_to = c.str()?;
-            Ok(match (file, moved_to) {
-                (Ok(file), Ok(moved_to)) => Ok(Event::Recovery {
-                    file,
+            (|| {
+                Ok(Event::Recovery {
+                    file: utf8(file)?,
                     offset,
                     length,
                     sha256,
-                    moved_to,
-                }),
-                (Err(e), _) | (_, Err(e)) => Err(e),
-            })
-        })()?,
-        _ => Err("unknown record kind"),
-    };
-    let event = match event {
-        Ok(e) => e,
-        Err(what) => return Ok((declared, Err(what))),
+                    moved_to: utf8(moved_to)?,
+                })
+            })()
+        }
+        4 => parse_opened(c, timestamp_ns)?,
+        5 => parse_settlement(c, timestamp_ns)?,
+        _ => parse_decision(c, timestamp_ns)?,
     };
     let prev_hash = Digest(c.arr()?);
     let signature = c.arr()?;
-    Ok((
-        declared,
-        Ok(AuditEntry {
+    Ok(event
+        .and_then(|event| check_event(&event, version).map(|()| event))
+        .map(|event| AuditEntry {
             index,
             timestamp_ns,
             entry_id,
@@ -441,64 +749,209 @@ fn parse_fields(c: &mut Cur<'_>) -> Result<Fields, Short> {
             event,
             prev_hash,
             signature,
-        }),
-    ))
+        }))
 }
 
-fn parse_verdict(
-    c: &mut Cur<'_>,
-    timestamp_ns: i64,
-) -> Result<Result<VerdictRecord, &'static str>, Short> {
+impl Event {
+    fn from_verdict(v: VerdictRecord) -> Event {
+        Event::Session(SessionEvent::Verdict(v))
+    }
+}
+
+/// A presence flag. Any value but 0 or 1 stops the parse as malformed: the structure
+/// after it is unknown.
+fn flag(c: &mut Cur<'_>, what: &'static str) -> Result<bool, Stop> {
+    match c.u8()? {
+        0 => Ok(false),
+        1 => Ok(true),
+        _ => Err(Stop::Malformed(what)),
+    }
+}
+
+fn bool_value(b: u8, what: &'static str) -> Result<bool, &'static str> {
+    match b {
+        0 => Ok(false),
+        1 => Ok(true),
+        _ => Err(what),
+    }
+}
+
+fn utf8(raw: &[u8]) -> Result<String, &'static str> {
+    if raw.len() > MAX_STR_LEN {
+        return Err("string longer than 1024 bytes");
+    }
+    std::str::from_utf8(raw)
+        .map(str::to_owned)
+        .map_err(|_| "string is not UTF-8")
+}
+
+fn utf8_text(raw: &[u8]) -> Result<String, &'static str> {
+    if raw.len() > MAX_TEXT_LEN {
+        return Err("text longer than 16384 bytes");
+    }
+    std::str::from_utf8(raw)
+        .map(str::to_owned)
+        .map_err(|_| "text is not UTF-8")
+}
+
+fn parse_verdict(c: &mut Cur<'_>, timestamp_ns: i64, version: u16) -> Parsed<VerdictRecord> {
     let session_id = c.str()?;
     let agent_id = c.str()?;
     let organization_id = c.str()?;
     let call_number = c.u64()?;
     let tool_name = c.str()?;
     let params_hash = Digest(c.arr()?);
-    let verdict = entry::verdict_from_code(c.u8()?);
-    let deny = entry::deny_from_code(c.u8()?);
+    let verdict = c.u8()?;
+    let deny = c.u8()?;
     let reason = c.str()?;
     let probabilistic = c.u8()?;
     let budget_before = Money(c.i64()?);
     let budget_after = Money(c.i64()?);
-    let operator_id = match c.u8()? {
-        0 => Ok(None),
-        1 => c.str()?.map(Some),
-        _ => Err("bad operator_id presence flag"),
+    let operator_id = match flag(c, "bad operator_id presence flag")? {
+        false => None,
+        true => Some(c.str()?),
     };
     let estimated_cost = Money(c.i64()?);
     let nonce = c.u64()?;
-    let config_digest = match c.u8()? {
-        0 => Ok(None),
-        1 => Ok(Some(Digest(c.arr()?))),
-        _ => Err("bad config_digest presence flag"),
+    let config_digest = match flag(c, "bad config_digest presence flag")? {
+        false => None,
+        true => Some(Digest(c.arr()?)),
     };
+    let session_seq = if version >= 2 { c.u64()? } else { 0 };
     Ok((|| {
         Ok(VerdictRecord {
             timestamp_ns,
-            session_id: session_id?,
-            agent_id: agent_id?,
-            organization_id: organization_id?,
+            session_id: utf8(session_id)?,
+            agent_id: utf8(agent_id)?,
+            organization_id: utf8(organization_id)?,
             call_number,
-            tool_name: tool_name?,
+            tool_name: utf8(tool_name)?,
             params_hash,
-            verdict: verdict.ok_or("unknown verdict code")?,
-            deny_reason: deny.map_err(|()| "unknown deny reason code")?,
-            reason: reason?
+            verdict: entry::verdict_from_code(verdict).ok_or("unknown verdict code")?,
+            deny_reason: entry::deny_from_code(deny).map_err(|()| "unknown deny reason code")?,
+            reason: utf8(reason)?
                 .parse::<Reason>()
                 .map_err(|_| "unknown reason string")?,
-            probabilistic: match probabilistic {
-                0 => false,
-                1 => true,
-                _ => return Err("bad probabilistic flag"),
-            },
+            probabilistic: bool_value(probabilistic, "bad probabilistic flag")?,
             budget_before,
             budget_after,
-            operator_id: operator_id?,
+            operator_id: operator_id.map(utf8).transpose()?,
             estimated_cost,
             nonce,
-            config_digest: config_digest?,
+            config_digest,
+            session_seq,
         })
+    })())
+}
+
+fn parse_opened(c: &mut Cur<'_>, timestamp_ns: i64) -> Parsed<Event> {
+    let session_id = c.str()?;
+    let agent_id = c.str()?;
+    let organization_id = c.str()?;
+    let scope = c.u8()?;
+    let budget_initial = Money(c.i64()?);
+    let budget_before = Money(c.i64()?);
+    let config_digest = Digest(c.arr()?);
+    let config = c.text()?;
+    let session_seq = c.u64()?;
+    Ok((|| {
+        Ok(Event::Session(SessionEvent::Opened(SessionRecord {
+            timestamp_ns,
+            session_id: utf8(session_id)?,
+            agent_id: utf8(agent_id)?,
+            organization_id: utf8(organization_id)?,
+            budget_scope: entry::scope_from_code(scope).ok_or("unknown budget_scope code")?,
+            budget_initial,
+            budget_before,
+            config_digest,
+            config: utf8_text(config)?,
+            session_seq,
+        })))
+    })())
+}
+
+fn parse_settlement(c: &mut Cur<'_>, timestamp_ns: i64) -> Parsed<Event> {
+    let session_id = c.str()?;
+    let agent_id = c.str()?;
+    let organization_id = c.str()?;
+    let call_number = c.u64()?;
+    let success = c.u8()?;
+    let reported_cost_bits = c.u64()?;
+    let cost_status = c.u8()?;
+    let actual_cost = Money(c.i64()?);
+    let estimated_cost = Money(c.i64()?);
+    let reserved = c.u8()?;
+    let charged = Money(c.i64()?);
+    let budget_before = Money(c.i64()?);
+    let budget_after = Money(c.i64()?);
+    let error_signal = c.u8()?;
+    let session_seq = c.u64()?;
+    Ok((|| {
+        Ok(Event::Session(SessionEvent::Settled(SettlementRecord {
+            timestamp_ns,
+            session_id: utf8(session_id)?,
+            agent_id: utf8(agent_id)?,
+            organization_id: utf8(organization_id)?,
+            call_number,
+            success: bool_value(success, "bad success flag")?,
+            reported_cost_bits,
+            cost_status: CostStatus::from_code(cost_status).ok_or("unknown cost_status code")?,
+            actual_cost,
+            estimated_cost,
+            reserved: bool_value(reserved, "bad reserved flag")?,
+            charged,
+            budget_before,
+            budget_after,
+            error_signal: bool_value(error_signal, "bad error_signal flag")?,
+            session_seq,
+        })))
+    })())
+}
+
+fn parse_decision(c: &mut Cur<'_>, timestamp_ns: i64) -> Parsed<Event> {
+    let session_id = c.str()?;
+    let agent_id = c.str()?;
+    let organization_id = c.str()?;
+    let call_number = c.u64()?;
+    let operator_id = c.str()?;
+    let decision = c.str()?;
+    let tool_name = c.str()?;
+    let original_nonce = c.u64()?;
+    let original_args_digest = Digest(c.arr()?);
+    let successor_nonce = match flag(c, "bad successor_nonce presence flag")? {
+        false => None,
+        true => Some(c.u64()?),
+    };
+    let successor_digest = match flag(c, "bad successor_args_digest presence flag")? {
+        false => None,
+        true => Some(Digest(c.arr()?)),
+    };
+    let budget_remaining = Money(c.i64()?);
+    let session_seq = c.u64()?;
+    Ok((|| {
+        let successor = match (successor_nonce, successor_digest) {
+            (Some(n), Some(d)) => Some((n, d)),
+            (None, None) => None,
+            _ => return Err("only one of successor_nonce and successor_args_digest present"),
+        };
+        Ok(Event::Session(SessionEvent::HumanDecision(
+            DecisionRecord {
+                timestamp_ns,
+                session_id: utf8(session_id)?,
+                agent_id: utf8(agent_id)?,
+                organization_id: utf8(organization_id)?,
+                call_number,
+                operator_id: utf8(operator_id)?,
+                decision: entry::decision_from_word(&utf8(decision)?)
+                    .ok_or("decision is not approve, reject, modify, defer or escalate")?,
+                tool_name: utf8(tool_name)?,
+                original_nonce,
+                original_args_digest,
+                successor,
+                budget_remaining,
+                session_seq,
+            },
+        )))
     })())
 }
 
@@ -513,47 +966,48 @@ impl<'a> Cur<'a> {
         Cur { buf, pos: 0 }
     }
 
-    fn take(&mut self, n: usize) -> Result<&'a [u8], Short> {
-        let end = self.pos.checked_add(n).ok_or(Short)?;
-        let s = self.buf.get(self.pos..end).ok_or(Short)?;
+    fn take(&mut self, n: usize) -> Result<&'a [u8], Stop> {
+        let end = self.pos.checked_add(n).ok_or(Stop::Short)?;
+        let s = self.buf.get(self.pos..end).ok_or(Stop::Short)?;
         self.pos = end;
         Ok(s)
     }
 
-    fn arr<const N: usize>(&mut self) -> Result<[u8; N], Short> {
-        <[u8; N]>::try_from(self.take(N)?).map_err(|_| Short)
+    fn arr<const N: usize>(&mut self) -> Result<[u8; N], Stop> {
+        <[u8; N]>::try_from(self.take(N)?).map_err(|_| Stop::Short)
     }
 
-    fn u8(&mut self) -> Result<u8, Short> {
+    fn u8(&mut self) -> Result<u8, Stop> {
         Ok(u8::from_be_bytes(self.arr()?))
     }
 
-    fn u16(&mut self) -> Result<u16, Short> {
+    fn u16(&mut self) -> Result<u16, Stop> {
         Ok(u16::from_be_bytes(self.arr()?))
     }
 
-    fn u32(&mut self) -> Result<u32, Short> {
+    fn u32(&mut self) -> Result<u32, Stop> {
         Ok(u32::from_be_bytes(self.arr()?))
     }
 
-    fn u64(&mut self) -> Result<u64, Short> {
+    fn u64(&mut self) -> Result<u64, Stop> {
         Ok(u64::from_be_bytes(self.arr()?))
     }
 
-    fn i64(&mut self) -> Result<i64, Short> {
+    fn i64(&mut self) -> Result<i64, Stop> {
         Ok(i64::from_be_bytes(self.arr()?))
     }
 
-    /// A u16-prefixed UTF-8 string; the inner error is a malformed value.
-    fn str(&mut self) -> Result<Result<String, &'static str>, Short> {
+    /// A `str`: u16 length, then that many bytes (their value is checked later).
+    fn str(&mut self) -> Result<&'a [u8], Stop> {
         let len = usize::from(self.u16()?);
-        let bytes = self.take(len)?;
-        if len > MAX_STR_LEN {
-            return Ok(Err("string longer than 1024 bytes"));
-        }
-        Ok(std::str::from_utf8(bytes)
-            .map(str::to_owned)
-            .map_err(|_| "string is not UTF-8"))
+        self.take(len)
+    }
+
+    /// A `text`: u32 length, then that many bytes (their value is checked later). The
+    /// record is at most 64 KiB, so a longer length is simply a field that does not fit.
+    fn text(&mut self) -> Result<&'a [u8], Stop> {
+        let len = usize::try_from(self.u32()?).map_err(|_| Stop::Short)?;
+        self.take(len)
     }
 }
 

@@ -1,9 +1,12 @@
 //! # tollgate-audit: the signed, chain-linked, append-only audit log
 //!
-//! Every verdict the daemon gives is written here, signed with Ed25519 and linked to the
-//! entry before it by SHA-256, before the verdict is returned. Anyone with the public key
-//! can verify a log and learn exactly where and how it breaks if it was changed, cut,
-//! reordered or spliced. docs/audit-format.md is the byte-level specification.
+//! Every change of a session's state (opened, verdict, settlement, human decision) is
+//! written here, signed with Ed25519 and linked to the entry before it by SHA-256, before
+//! it takes effect. Anyone with the public key can verify a log and learn exactly where
+//! and how it breaks if it was changed, cut, reordered or spliced. The log is also the
+//! session store's write-ahead log: the store replays it after its last snapshot with
+//! [`read_tail`] and follows it live through the writer's tap
+//! ([`Writer::open_with_tap`]). docs/audit-format.md is the byte-level specification.
 //!
 //! - [`format`](mod@format): the byte layout (pure): headers, records, signed bytes, hashes.
 //! - [`verify`](mod@verify): the verifier (pure over bytes), plus [`verify_paths`] for files and
@@ -11,6 +14,7 @@
 //! - [`Writer`]: a dedicated thread that signs, chains, writes and fsyncs in batches
 //!   (group commit), rotates and compresses files, writes checkpoints and recovers torn
 //!   tails. Callers get a [`Pending`] they can `.await` or [`Pending::wait`] on.
+//! - [`read_tail`]: the entries from a given index on, for replay.
 //! - [`keys`], [`checkpoint`], [`export`]: key files, signed checkpoints, auditor export.
 //!
 //! What this crate does **not** do: it decides nothing (verdicts come from
@@ -36,32 +40,39 @@ pub mod export;
 pub mod files;
 pub mod format;
 pub mod keys;
+pub mod tail;
 pub mod verify;
 pub mod writer;
 
+use std::io::Read as _;
 use std::path::{Path, PathBuf};
 
 pub use checkpoint::Checkpoint;
 pub use completion::Pending;
 pub use ed25519_dalek::{SigningKey, VerifyingKey};
-pub use entry::{AuditEntry, Event, VerdictRecord};
+pub use entry::{
+    AuditEntry, CostStatus, DecisionRecord, Event, SessionEvent, SessionRecord, SettlementRecord,
+    VerdictRecord,
+};
 pub use keys::KeyId;
+pub use tail::{read_tail, TailEnd, TailError};
 pub use verify::{verify, Break, BreakKind, Summary, Verifier, VerifyOptions};
 pub use writer::{
-    Appended, Clock, FsyncPolicy, OpenError, OpenReport, Recovered, Stats, SystemClock, WriteError,
-    Writer, WriterConfig,
+    Appended, Clock, Committed, FsyncPolicy, OpenError, OpenReport, Recovered, Stats, SystemClock,
+    Tap, WriteError, Writer, WriterConfig,
 };
 
 /// Why files could not be verified.
 #[derive(Debug, thiserror::Error)]
 pub enum PathsError {
-    /// A file or directory could not be read.
-    #[error("`{path}`: {source}")]
+    /// A file or directory could not be read (or a file is larger than 1 GiB).
+    #[error("`{path}`: {error}")]
     Io {
         /// The path.
         path: PathBuf,
-        /// The failure.
-        source: std::io::Error,
+        /// The failure (in the message, not a separate error source, so that a report
+        /// that prints the chain does not print it twice).
+        error: std::io::Error,
     },
     /// The log is not whole.
     #[error("{0}")]
@@ -73,14 +84,14 @@ pub enum PathsError {
 pub fn collect_files(paths: &[PathBuf]) -> Result<Vec<PathBuf>, PathsError> {
     let mut out = Vec::new();
     for p in paths {
-        let meta = std::fs::metadata(p).map_err(|source| PathsError::Io {
+        let meta = std::fs::metadata(p).map_err(|error| PathsError::Io {
             path: p.clone(),
-            source,
+            error,
         })?;
         if meta.is_dir() {
-            let listed = files::list_log_files(p).map_err(|source| PathsError::Io {
+            let listed = files::list_log_files(p).map_err(|error| PathsError::Io {
                 path: p.clone(),
-                source,
+                error,
             })?;
             out.extend(listed.into_iter().map(|f| f.path));
         } else {
@@ -91,7 +102,8 @@ pub fn collect_files(paths: &[PathBuf]) -> Result<Vec<PathBuf>, PathsError> {
 }
 
 /// Verify the log files named by `paths` (see [`collect_files`]), showing every verified
-/// entry to `visit`.
+/// entry to `visit`. A `.zst` file that does not decompress is a break of kind
+/// [`BreakKind::CorruptArchive`] (the log is damaged), not an I/O error.
 pub fn verify_paths(
     paths: &[PathBuf],
     opts: &VerifyOptions,
@@ -99,9 +111,17 @@ pub fn verify_paths(
 ) -> Result<Summary, PathsError> {
     let mut v = Verifier::new(opts.clone());
     for path in collect_files(paths)? {
-        let bytes = files::read_log_file(&path).map_err(|source| PathsError::Io {
-            path: path.clone(),
-            source,
+        let bytes = files::read_log_file(&path).map_err(|e| match e {
+            files::ReadError::CorruptArchive(reason) => PathsError::Break(Break {
+                file: display_name(&path),
+                index: None,
+                offset: 0,
+                kind: BreakKind::CorruptArchive(reason),
+            }),
+            other => PathsError::Io {
+                path: path.clone(),
+                error: other.into_io(),
+            },
         })?;
         v.feed_file(&display_name(&path), &bytes, visit)
             .map_err(PathsError::Break)?;
@@ -113,20 +133,26 @@ pub fn verify_paths(
 #[derive(Debug, thiserror::Error)]
 pub enum ReadCheckpointError {
     /// The file could not be read.
-    #[error("`{path}`: {source}")]
+    #[error("`{path}`: {error}")]
     Io {
         /// The file.
         path: PathBuf,
-        /// The failure.
-        source: std::io::Error,
+        /// The failure (in the message only, so that it is not printed twice).
+        error: std::io::Error,
+    },
+    /// The file is larger than [`checkpoint::MAX_CHECKPOINT_BYTES`]: not a checkpoint.
+    #[error("`{path}`: larger than 4096 bytes, not a checkpoint")]
+    TooLarge {
+        /// The file.
+        path: PathBuf,
     },
     /// The file is not a checkpoint.
-    #[error("`{path}`: {source}")]
+    #[error("`{path}`: {error}")]
     Parse {
         /// The file.
         path: PathBuf,
-        /// What is wrong with it.
-        source: checkpoint::CheckpointError,
+        /// What is wrong with it (in the message only).
+        error: checkpoint::CheckpointError,
     },
 }
 
@@ -138,11 +164,21 @@ pub fn read_checkpoint(path: &Path) -> Result<Checkpoint, ReadCheckpointError> {
     } else {
         path.to_owned()
     };
-    let text = std::fs::read_to_string(&file).map_err(|source| ReadCheckpointError::Io {
+    let io = |error| ReadCheckpointError::Io {
         path: file.clone(),
-        source,
-    })?;
-    Checkpoint::parse(&text).map_err(|source| ReadCheckpointError::Parse { path: file, source })
+        error,
+    };
+    let mut text = String::new();
+    std::fs::File::open(&file)
+        .and_then(|f| {
+            f.take(checkpoint::MAX_CHECKPOINT_BYTES + 1)
+                .read_to_string(&mut text)
+        })
+        .map_err(io)?;
+    if text.len() as u64 > checkpoint::MAX_CHECKPOINT_BYTES {
+        return Err(ReadCheckpointError::TooLarge { path: file });
+    }
+    Checkpoint::parse(&text).map_err(|error| ReadCheckpointError::Parse { path: file, error })
 }
 
 fn display_name(path: &Path) -> String {

@@ -15,13 +15,13 @@ use crate::keys::KeyId;
 /// How far ahead the verifier looks to tell a deleted entry from a reordered one.
 const LOOKAHEAD: usize = 4096;
 /// Records parsed and signature-checked together (in parallel).
-const WINDOW: usize = 4096;
+pub(crate) const WINDOW: usize = 4096;
 /// Below this many records a window is checked on the calling thread.
 const PARALLEL_MIN: usize = 256;
 
 /// Check the signatures of a window of records, following key hand-overs inside it.
 /// Uses the machine's cores for large windows; the result is in record order.
-fn check_signatures(
+pub(crate) fn check_signatures(
     window: &[(usize, format::Record<'_>, usize)],
     start_key: VerifyingKey,
 ) -> Vec<bool> {
@@ -32,7 +32,7 @@ fn check_signatures(
     for (_, r, _) in window {
         keys.push(key);
         if let Event::KeyHandover { new_public_key } = &r.entry.event {
-            if let Ok(k) = VerifyingKey::from_bytes(new_public_key) {
+            if let Some(k) = format::public_key(new_public_key) {
                 key = k;
             }
         }
@@ -112,23 +112,46 @@ pub enum BreakKind {
         /// What the entry says.
         found: Digest,
     },
-    /// The file ends inside a record.
-    #[error("torn record: the file ends inside a record ({available} bytes of it present)")]
+    /// The file ends inside a record: inside its length prefix, or before the end its
+    /// length prefix declares.
+    #[error("torn record: the file ends inside a record ({available} of {} bytes present)", needed.map_or_else(|| "its 4 length-prefix".to_owned(), |n| n.to_string()))]
     TornRecord {
-        /// Bytes present from the record start.
+        /// Bytes present from the record start to the end of the file.
         available: usize,
+        /// The record's whole size as its length prefix declares, when the prefix is
+        /// whole.
+        needed: Option<u64>,
     },
-    /// A length prefix disagrees with the record.
-    #[error("bad length prefix: it says {declared} bytes, the record holds {actual}")]
+    /// Everything from a record start to the end of the file is zero bytes (a write that
+    /// never reached the disk). Like a torn record, the writer moves it aside on open.
+    #[error("zero-filled tail: the last {length} bytes of the file are all zero")]
+    ZeroFilledTail {
+        /// Bytes from the record start to the end of the file.
+        length: usize,
+    },
+    /// A length prefix is under the smallest record, or disagrees with the record's
+    /// fields.
+    #[error("bad length prefix: it says {declared} bytes, the fields {}", actual.map_or_else(|| "cannot be read to their end".to_owned(), |a| format!("need {a}")))]
     BadLength {
-        /// What the prefix says.
+        /// What the prefix says (bytes after the prefix).
         declared: u32,
-        /// What the record holds.
-        actual: usize,
+        /// What the fields need (bytes after the prefix), when they can be read.
+        actual: Option<usize>,
     },
-    /// A record exceeds the size limit.
-    #[error("record too large: {0} bytes")]
-    TooLarge(usize),
+    /// A length prefix declares a record over the size limit.
+    #[error("record too large: the length prefix declares {0} bytes, over the 65536-byte limit")]
+    TooLarge(u64),
+    /// A compressed (`.log.zst`) file cannot be decompressed: the archive is damaged.
+    #[error("corrupt archive: {0}")]
+    CorruptArchive(String),
+    /// A file of an older format version follows a file of a newer one.
+    #[error("version downgrade: a format-version-{found} file follows a version-{previous} file")]
+    VersionDowngrade {
+        /// The previous file's version.
+        previous: u16,
+        /// This file's version.
+        found: u16,
+    },
     /// A record field holds an impossible value.
     #[error("malformed record: {0}")]
     Malformed(&'static str),
@@ -186,8 +209,10 @@ pub enum BreakKind {
         /// The entry's index.
         index: u64,
     },
-    /// The checkpoint is not signed by any key of the log.
-    #[error("checkpoint signature does not verify with any key of the log")]
+    /// The checkpoint is not signed by the key it must be: the key current after entry
+    /// `count - 1` (the key that signs entry `count`), or, for a checkpoint the log does
+    /// not reach, any key of the log.
+    #[error("checkpoint signature does not verify with the log's key at the checkpoint")]
     BadCheckpoint,
     /// Nothing to verify.
     #[error("no log files")]
@@ -274,6 +299,8 @@ pub struct Verifier {
     entries: u64,
     keys_seen: Vec<VerifyingKey>,
     checkpoint_matched: bool,
+    /// The name of the last file fed, for log-level breaks found at the end.
+    last_file: String,
 }
 
 impl Verifier {
@@ -288,6 +315,7 @@ impl Verifier {
             entries: 0,
             keys_seen,
             checkpoint_matched: false,
+            last_file: String::new(),
         }
     }
 
@@ -309,6 +337,7 @@ impl Verifier {
             offset: offset as u64,
             kind,
         };
+        self.last_file = name.to_owned();
         let header =
             FileHeader::decode(bytes).map_err(|e| brk(None, 0, BreakKind::BadHeader(e)))?;
         let header_key = header
@@ -386,6 +415,11 @@ impl Verifier {
                         expected: next,
                         found: header.file_seq,
                     })
+                } else if header.version < tip.header.version {
+                    Err(BreakKind::VersionDowngrade {
+                        previous: tip.header.version,
+                        found: header.version,
+                    })
                 } else if header.key_id != expected_key {
                     Err(BreakKind::UnknownKey {
                         expected: expected_key,
@@ -438,7 +472,7 @@ impl Verifier {
             let mut at = offset;
             while at < bytes.len() && window.len() < WINDOW {
                 let rest = bytes.get(at..).unwrap_or_default();
-                match format::parse_record(rest) {
+                match format::parse_record_version(header.version, rest) {
                     Ok((record, used)) => {
                         window.push((at, record, used));
                         at = at.saturating_add(used);
@@ -473,7 +507,8 @@ impl Verifier {
                 }
                 if e.index != expected {
                     let rest = bytes.get(rec_offset..).unwrap_or_default();
-                    let kind = if e.index > expected && !index_appears_later(rest, *used, expected)
+                    let kind = if e.index > expected
+                        && !index_appears_later(header.version, rest, *used, expected)
                     {
                         BreakKind::MissingEntry {
                             expected,
@@ -498,10 +533,28 @@ impl Verifier {
                     ));
                 }
                 let hash = record.hash();
+                if let Event::KeyHandover { new_public_key } = &e.event {
+                    // The parser accepted the key, so it is valid.
+                    let new_key = format::public_key(new_public_key).ok_or_else(|| {
+                        brk(
+                            Some(expected),
+                            rec_offset,
+                            BreakKind::Malformed("hand-over names an invalid public key"),
+                        )
+                    })?;
+                    tip.key = new_key;
+                    tip_key_id = KeyId::of(new_key.as_bytes());
+                    if !self.keys_seen.contains(&new_key) {
+                        self.keys_seen.push(new_key);
+                    }
+                }
                 if let Some(cp) = &self.opts.checkpoint {
                     if cp.count == expected.saturating_add(1) {
-                        if !self.keys_seen.iter().any(|k| cp.verify_with(k)) {
-                            return Err(brk(None, 0, BreakKind::BadCheckpoint));
+                        // INVARIANT (checkpoint-key): a checkpoint is signed by the key
+                        // current after its last counted entry (after a hand-over at
+                        // `count - 1`, the new key). The writer signs with that key.
+                        if !cp.verify_with(&tip.key) {
+                            return Err(brk(Some(expected), rec_offset, BreakKind::BadCheckpoint));
                         }
                         if cp.last_hash != hash {
                             return Err(brk(
@@ -513,20 +566,6 @@ impl Verifier {
                         self.checkpoint_matched = true;
                     }
                 }
-                if let Event::KeyHandover { new_public_key } = &e.event {
-                    let new_key = VerifyingKey::from_bytes(new_public_key).map_err(|_| {
-                        brk(
-                            Some(expected),
-                            rec_offset,
-                            BreakKind::Malformed("handover names an invalid public key"),
-                        )
-                    })?;
-                    tip.key = new_key;
-                    tip_key_id = KeyId::of(new_key.as_bytes());
-                    if !self.keys_seen.contains(&new_key) {
-                        self.keys_seen.push(new_key);
-                    }
-                }
                 visit(e);
                 tip.last_hash = hash;
                 tip.next_index = expected.saturating_add(1);
@@ -534,15 +573,7 @@ impl Verifier {
                 self.entries += 1;
             }
             if let Some((at, e)) = parse_error {
-                let kind = match e {
-                    RecordError::Torn { available } => BreakKind::TornRecord { available },
-                    RecordError::LengthMismatch { declared, actual } => {
-                        BreakKind::BadLength { declared, actual }
-                    }
-                    RecordError::TooLarge(n) => BreakKind::TooLarge(n),
-                    RecordError::Malformed(what) => BreakKind::Malformed(what),
-                };
-                return Err(brk(Some(tip.next_index), at, kind));
+                return Err(brk(Some(tip.next_index), at, record_break(e)));
             }
             offset = at;
         }
@@ -559,7 +590,7 @@ impl Verifier {
                 kind: BreakKind::Empty,
             });
         };
-        let last_file = format!("file {}", tip.header.file_seq);
+        let last_file = self.last_file;
         if let Some(cp) = &self.opts.checkpoint {
             if !self.checkpoint_matched {
                 if !self.keys_seen.iter().any(|k| cp.verify_with(k)) {
@@ -596,15 +627,28 @@ impl Verifier {
     }
 }
 
+/// The break a record that does not parse is.
+pub(crate) fn record_break(e: RecordError) -> BreakKind {
+    match e {
+        RecordError::Torn { available, needed } => BreakKind::TornRecord { available, needed },
+        RecordError::ZeroFilled { length } => BreakKind::ZeroFilledTail { length },
+        RecordError::LengthMismatch { declared, actual } => {
+            BreakKind::BadLength { declared, actual }
+        }
+        RecordError::TooLarge(n) => BreakKind::TooLarge(n),
+        RecordError::Malformed(what) => BreakKind::Malformed(what),
+    }
+}
+
 /// Whether a record with index `wanted` appears after the record at the start of `rest`
 /// (which is `used` bytes long): that tells a reorder from a deletion.
-fn index_appears_later(rest: &[u8], used: usize, wanted: u64) -> bool {
+pub(crate) fn index_appears_later(version: u16, rest: &[u8], used: usize, wanted: u64) -> bool {
     let mut off = used;
     for _ in 0..LOOKAHEAD {
         let Some(tail) = rest.get(off..) else {
             return false;
         };
-        match format::parse_record(tail) {
+        match format::parse_record_version(version, tail) {
             Ok((r, n)) => {
                 if r.entry.index == wanted {
                     return true;

@@ -20,7 +20,7 @@ use uuid::Uuid;
 
 use crate::checkpoint::Checkpoint;
 use crate::completion::{self, Completer, Pending};
-use crate::entry::{self, Event, VerdictRecord};
+use crate::entry::{self, Event, SessionEvent};
 use crate::files::{self, LogFile, ARCHIVED_SUFFIX, CHECKPOINT_FILE, TORN_DIR};
 use crate::format::{self, EncodeError, FileHeader, Position};
 use crate::keys::KeyId;
@@ -144,12 +144,21 @@ pub enum WriteError {
 #[derive(Debug, thiserror::Error)]
 pub enum OpenError {
     /// A file operation failed.
-    #[error("`{path}`: {source}")]
+    #[error("`{path}`: {error}")]
     Io {
         /// The path involved.
         path: PathBuf,
-        /// The failure.
-        source: std::io::Error,
+        /// The failure (in the message, not a separate error source, so that a report
+        /// that prints the chain does not print it twice).
+        error: std::io::Error,
+    },
+    /// A compressed file of the log cannot be decompressed.
+    #[error("`{path}`: corrupt archive: {reason}")]
+    CorruptArchive {
+        /// The file.
+        path: PathBuf,
+        /// What the decompressor said.
+        reason: String,
     },
     /// The tail file is broken in a way other than a torn tail: refuse to continue it.
     #[error("the log is broken: {0}")]
@@ -201,7 +210,27 @@ pub struct OpenReport {
     pub created: bool,
     /// A torn tail that was moved aside, if any.
     pub recovered: Option<Recovered>,
+    /// The format version of the log's last file when it was older than
+    /// [`format::FORMAT_VERSION`]: the writer left that file as it was and started a new
+    /// file of the current version that continues the chain, as a rotation does.
+    pub upgraded_from: Option<u16>,
 }
+
+/// An entry that is durable, as the tap sees it: its chain position, its record hash and
+/// what it says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Committed {
+    /// Its chain index.
+    pub index: u64,
+    /// SHA-256 of its record.
+    pub hash: Digest,
+    /// What it records.
+    pub event: Event,
+}
+
+/// The tap: a function the writer calls with every entry once it is durable. See
+/// [`Writer::open_with_tap`].
+pub type Tap = Box<dyn FnMut(Vec<Committed>) + Send>;
 
 enum Msg {
     Entry(Box<Event>, i64, Completer<Appended>),
@@ -253,24 +282,59 @@ impl std::fmt::Debug for Msg {
 impl Writer {
     /// Open (or create) the log in `config.dir` and start the writer thread. A torn tail
     /// is moved into `torn/` and a recovery entry records it; any other break refuses.
+    /// A last file of an older format version is left as it is and continued in a new
+    /// file (see [`OpenReport::upgraded_from`]).
     pub fn open(config: WriterConfig, key: SigningKey) -> Result<(Writer, OpenReport), OpenError> {
+        Self::start(config, key, None)
+    }
+
+    /// [`Writer::open`], with a tap: `tap` is called with every entry written after this
+    /// returns (session events, key hand-overs; every kind), once it is durable under the
+    /// fsync policy (after the fsync that covers it; under `never`, once written), in
+    /// chain order, with no entry skipped or repeated, and before the completions of
+    /// those entries fire. It runs on whichever writer thread made the entries durable
+    /// (the fsync thread under `batch`, the writer thread otherwise), so it must not
+    /// block for long: every later entry waits for it.
+    ///
+    /// Not tapped: the entries already in the log when this returns, including a
+    /// recovery entry written by the open itself (see [`OpenReport::recovered`]); read
+    /// those with [`crate::read_tail`] before submitting. After a write or sync failure
+    /// nothing more is tapped (the failed entries' completions report the error; some
+    /// of them may still have reached the file, where the next open finds them).
+    pub fn open_with_tap(
+        config: WriterConfig,
+        key: SigningKey,
+        tap: Tap,
+    ) -> Result<(Writer, OpenReport), OpenError> {
+        Self::start(config, key, Some(tap))
+    }
+
+    fn start(
+        config: WriterConfig,
+        key: SigningKey,
+        tap: Option<Tap>,
+    ) -> Result<(Writer, OpenReport), OpenError> {
         let (mut state, report) = State::open(config, key)?;
         let stats = state.stats.clone();
+        state.tapping = tap.is_some();
         if state.cfg.fsync == FsyncPolicy::Batch {
-            state.syncer = Some(
-                Syncer::start(stats.clone()).map_err(|source| OpenError::Io {
-                    path: PathBuf::from("<fsync thread>"),
-                    source,
-                })?,
-            );
+            state.syncer =
+                Some(
+                    Syncer::start(stats.clone(), tap).map_err(|error| OpenError::Io {
+                        path: PathBuf::from("<fsync thread>"),
+                        error,
+                    })?,
+                );
+        } else {
+            state.tap = tap;
         }
         let (tx, rx) = mpsc::sync_channel(state.cfg.queue_capacity.max(1));
         let thread = std::thread::Builder::new()
             .name("tollgate-audit-writer".into())
             .spawn(move || state.run(&rx))
-            .map_err(|source| OpenError::Io {
+            .map_err(|error| OpenError::Io {
                 path: PathBuf::from("<writer thread>"),
-                source,
+                error,
             })?;
         Ok((
             Writer {
@@ -290,29 +354,35 @@ impl Writer {
         p
     }
 
-    /// Submit a verdict. The writer assigns its index, id, previous hash and signature.
-    /// Blocks only when `queue_capacity` submissions are already waiting.
-    pub fn submit(&self, record: VerdictRecord) -> Pending<Appended> {
-        let ts = record.timestamp_ns;
-        self.send(|c| Msg::Entry(Box::new(Event::Verdict(record)), ts, c))
+    /// Submit a session event (a verdict, a session opened, a settlement or a human
+    /// decision). The writer assigns its index, id, previous hash and signature; the
+    /// entry's timestamp is the event's. Blocks only when `queue_capacity` submissions
+    /// are already waiting.
+    pub fn submit(&self, event: impl Into<SessionEvent>) -> Pending<Appended> {
+        let event = event.into();
+        let ts = event.timestamp_ns();
+        self.send(|c| Msg::Entry(Box::new(Event::Session(event)), ts, c))
     }
 
-    /// Like [`Writer::submit`] but fails instead of blocking when the queue is full.
+    /// Like [`Writer::submit`] but fails instead of blocking when the queue is full,
+    /// handing the event back.
     pub fn try_submit(
         &self,
-        record: VerdictRecord,
-    ) -> Result<Pending<Appended>, Box<VerdictRecord>> {
+        event: impl Into<SessionEvent>,
+    ) -> Result<Pending<Appended>, Box<SessionEvent>> {
+        let event = event.into();
         let (c, p) = completion::pair();
-        let ts = record.timestamp_ns;
+        let ts = event.timestamp_ns();
         match self
             .tx
-            .try_send(Msg::Entry(Box::new(Event::Verdict(record)), ts, c))
+            .try_send(Msg::Entry(Box::new(Event::Session(event)), ts, c))
         {
             Ok(()) => Ok(p),
             Err(TrySendError::Full(Msg::Entry(ev, _, _))) => match *ev {
-                Event::Verdict(r) => Err(Box::new(r)),
+                Event::Session(e) => Err(Box::new(e)),
                 _ => Ok(p),
             },
+            // The writer is gone: the dropped completer makes `p` report it.
             Err(_) => Ok(p),
         }
     }
@@ -327,8 +397,8 @@ impl Writer {
     }
 
     /// Submit and wait.
-    pub fn append(&self, record: VerdictRecord) -> Result<Appended, WriteError> {
-        self.submit(record).wait()
+    pub fn append(&self, event: impl Into<SessionEvent>) -> Result<Appended, WriteError> {
+        self.submit(event).wait()
     }
 
     /// Ready once everything submitted before it is durable.
@@ -374,7 +444,6 @@ impl Drop for Writer {
 }
 
 /// The writer thread's state.
-#[derive(Debug)]
 struct State {
     cfg: WriterConfig,
     key: SigningKey,
@@ -393,6 +462,15 @@ struct State {
     buf: Vec<u8>,
     done: Vec<(Completer<Appended>, Appended)>,
     flushes: Vec<Completer<()>>,
+    /// The staged entries, for the tap (empty when there is no tap).
+    // INVARIANT (tap-order): `committed` holds exactly the entries whose bytes are in
+    // `buf`, in chain order; it is handed to the tap only after those bytes are durable,
+    // and before `done` completes.
+    committed: Vec<Committed>,
+    /// Whether there is a tap (here or in the fsync stage): entries are kept for it.
+    tapping: bool,
+    /// The tap, when this thread delivers (policies `always` and `never`).
+    tap: Option<Tap>,
     stats: Arc<Counters>,
     /// The fsync stage of the pipeline (batch policy only).
     syncer: Option<Syncer>,
@@ -414,10 +492,11 @@ struct SyncJob {
     path: PathBuf,
     done: Vec<(Completer<Appended>, Appended)>,
     flushes: Vec<Completer<()>>,
+    committed: Vec<Committed>,
 }
 
 impl Syncer {
-    fn start(stats: Arc<Counters>) -> std::io::Result<Syncer> {
+    fn start(stats: Arc<Counters>, mut tap: Option<Tap>) -> std::io::Result<Syncer> {
         let (tx, rx) = mpsc::channel::<SyncJob>();
         let failed = Arc::new(Mutex::new(None::<String>));
         let shared = failed.clone();
@@ -453,6 +532,13 @@ impl Syncer {
                         }
                     }
                     for job in jobs {
+                        // INVARIANT (tap-order): jobs arrive in chain order; each is
+                        // tapped after the sync that covers it, before it completes.
+                        if error.is_none() && !job.committed.is_empty() {
+                            if let Some(tap) = tap.as_mut() {
+                                tap(job.committed);
+                            }
+                        }
                         for (c, a) in job.done {
                             c.complete(match &error {
                                 Some(e) => Err(WriteError::Io(e.clone())),
@@ -473,9 +559,19 @@ impl Syncer {
 }
 
 fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> OpenError + '_ {
-    move |source| OpenError::Io {
+    move |error| OpenError::Io {
         path: path.to_owned(),
-        source,
+        error,
+    }
+}
+
+impl std::fmt::Debug for State {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("State")
+            .field("file_path", &self.file_path)
+            .field("next_index", &self.next_index)
+            .field("failed", &self.failed)
+            .finish_non_exhaustive()
     }
 }
 
@@ -507,6 +603,7 @@ impl State {
                 next_index: 0,
                 created: true,
                 recovered: None,
+                upgraded_from: None,
             };
             return Ok((state, report));
         };
@@ -517,7 +614,16 @@ impl State {
                 let _ = fs::remove_file(&zst);
             }
         }
-        let bytes = files::read_log_file(&last.path).map_err(io_err(&last.path))?;
+        let bytes = files::read_log_file(&last.path).map_err(|e| match e {
+            files::ReadError::CorruptArchive(reason) => OpenError::CorruptArchive {
+                path: last.path.clone(),
+                reason,
+            },
+            other => OpenError::Io {
+                path: last.path.clone(),
+                error: other.into_io(),
+            },
+        })?;
         let mut v = Verifier::new(VerifyOptions {
             allow_head_gap: true,
             check_signatures: cfg.verify_on_open,
@@ -529,7 +635,7 @@ impl State {
         match result {
             Ok(()) => {}
             Err(Break {
-                kind: BreakKind::TornRecord { .. },
+                kind: BreakKind::TornRecord { .. } | BreakKind::ZeroFilledTail { .. },
                 offset,
                 ..
             }) if !last.compressed => torn = Some(offset),
@@ -589,9 +695,13 @@ impl State {
                 tail.len() as u64,
             ));
         }
-        let (file, path, len, header) = if last.compressed {
-            // Every file we would append to is uncompressed; a compressed tail means the
-            // current file was lost after rotation. Continue in a fresh file.
+        let old_version = tip.header.version;
+        let upgraded_from = (old_version < format::FORMAT_VERSION).then_some(old_version);
+        let (file, path, len, header) = if last.compressed || upgraded_from.is_some() {
+            // Every file we would append to is uncompressed and of the current version.
+            // A compressed tail means the current file was lost after rotation; an older
+            // version is left as written. Either way, continue in a fresh file, as a
+            // rotation would.
             let header =
                 FileHeader::new_signed(&key, tip.next_file_seq, tip.next_index, tip.last_hash, now);
             let (file, path) = create_log_file(&dir, &header).map_err(io_err(&dir))?;
@@ -618,11 +728,12 @@ impl State {
             next_index: state.next_index,
             created: false,
             recovered: None,
+            upgraded_from,
         };
         if let Some((event, moved_to, offset, length)) = moved {
             let appended = state.append_system(event).map_err(|e| OpenError::Io {
                 path: state.file_path.clone(),
-                source: std::io::Error::other(e.to_string()),
+                error: std::io::Error::other(e.to_string()),
             })?;
             report.recovered = Some(Recovered {
                 file: last.path,
@@ -662,6 +773,9 @@ impl State {
             buf: Vec::with_capacity(1 << 16),
             done: Vec::new(),
             flushes: Vec::new(),
+            committed: Vec::new(),
+            tapping: false,
+            tap: None,
             stats: Arc::new(Counters::default()),
             syncer: None,
             cfg,
@@ -708,7 +822,7 @@ impl State {
                         c.complete(Err(WriteError::Failed(f.clone())));
                         continue;
                     }
-                    match self.stage(&event, ts) {
+                    match self.stage(*event, ts) {
                         Ok(a) => self.done.push((c, a)),
                         Err(e) => c.complete(Err(e)),
                     }
@@ -750,7 +864,7 @@ impl State {
     }
 
     /// Sign and chain one entry into the batch buffer (rotating first if due).
-    fn stage(&mut self, event: &Event, ts: i64) -> Result<Appended, WriteError> {
+    fn stage(&mut self, event: Event, ts: i64) -> Result<Appended, WriteError> {
         self.maybe_rotate();
         if let Some(f) = &self.failed {
             return Err(WriteError::Failed(f.clone()));
@@ -769,7 +883,7 @@ impl State {
             entry_id,
             prev_hash: &self.last_hash,
         };
-        let record = format::encode_record(pos, event, &self.key, self.key_id)?;
+        let record = format::encode_record(pos, &event, &self.key, self.key_id)?;
         let hash = format::sha256(&record);
         let a = Appended {
             index: self.next_index,
@@ -777,6 +891,13 @@ impl State {
             hash,
         };
         self.buf.extend_from_slice(&record);
+        if self.tapping {
+            self.committed.push(Committed {
+                index: a.index,
+                hash,
+                event,
+            });
+        }
         self.last_hash = hash;
         self.next_index = self.next_index.saturating_add(1);
         Ok(a)
@@ -788,7 +909,7 @@ impl State {
             return Err(WriteError::Failed(f.clone()));
         }
         let now = self.cfg.clock.now_ns();
-        let a = self.stage(&event, now)?;
+        let a = self.stage(event, now)?;
         self.commit_durable();
         match &self.failed {
             Some(f) => Err(WriteError::Io(f.clone())),
@@ -832,8 +953,16 @@ impl State {
         self.failed.is_none()
     }
 
-    /// Complete staged entries and flushes with `Ok` (or the failure).
+    /// Hand the written entries to the tap (unless writing failed), then complete staged
+    /// entries and flushes with `Ok` (or the failure). Called once they are durable.
     fn complete_all(&mut self) {
+        let committed = std::mem::take(&mut self.committed);
+        // INVARIANT (tap-order): tapped before the completions fire, only when written.
+        if self.failed.is_none() && !committed.is_empty() {
+            if let Some(tap) = self.tap.as_mut() {
+                tap(committed);
+            }
+        }
         for (c, a) in self.done.drain(..) {
             c.complete(match &self.failed {
                 Some(f) => Err(WriteError::Io(f.clone())),
@@ -864,7 +993,7 @@ impl State {
             self.complete_all();
             return;
         }
-        if self.done.is_empty() && self.flushes.is_empty() {
+        if self.done.is_empty() && self.flushes.is_empty() && self.committed.is_empty() {
             return;
         }
         let job = SyncJob {
@@ -872,6 +1001,7 @@ impl State {
             path: self.file_path.clone(),
             done: std::mem::take(&mut self.done),
             flushes: std::mem::take(&mut self.flushes),
+            committed: std::mem::take(&mut self.committed),
         };
         if let Some(s) = &self.syncer {
             // If the fsync stage is gone, the job's completers report WriterGone.
@@ -879,9 +1009,20 @@ impl State {
         }
     }
 
-    /// Write the staged entries and sync here, now (system entries, checkpoints,
-    /// `always`). One sync covers everything written before it, queued jobs included.
+    /// Write the staged entries and make them durable before returning (system entries,
+    /// checkpoints, `always`). Under `batch` they go through the fsync stage like any
+    /// batch, and this waits for it: that keeps the tap and the completions in chain
+    /// order. Otherwise one sync here covers everything written before it.
     fn commit_durable(&mut self) {
+        if self.syncer.is_some() {
+            let (c, p) = completion::pair();
+            self.flushes.push(c);
+            self.commit();
+            // The result is also in the fsync stage's failure, adopted here.
+            let _ = p.wait();
+            self.take_sync_failure();
+            return;
+        }
         if self.write_out() && self.cfg.fsync != FsyncPolicy::Never {
             self.stats.syncs.fetch_add(1, Ordering::Relaxed);
             if let Err(e) = self.file.sync_data() {
@@ -1122,10 +1263,15 @@ fn remove_stale_tmp(dir: &Path) {
     }
 }
 
-/// Compress a rotated file to `NAME.zst` (checked by decompressing), then remove it.
+/// Compress a rotated file to `NAME.zst` (one zstd frame with a content checksum,
+/// checked by decompressing), then remove it.
 pub fn compress_file(path: &Path) -> std::io::Result<PathBuf> {
     let data = fs::read(path)?;
-    let compressed = zstd::bulk::compress(&data, 3)?;
+    // One frame with a content checksum, so that a damaged archive is reported as one
+    // (a corrupt archive) rather than as whatever the damaged bytes decode to.
+    let mut zc = zstd::bulk::Compressor::new(3)?;
+    zc.set_parameter(zstd::zstd_safe::CParameter::ChecksumFlag(true))?;
+    let compressed = zc.compress(&data)?;
     let back = zstd::bulk::decompress(&compressed, data.len())?;
     if back != data {
         return Err(std::io::Error::other("zstd round trip differs"));

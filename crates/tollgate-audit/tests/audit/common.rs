@@ -7,8 +7,8 @@ use std::sync::Arc;
 use ed25519_dalek::SigningKey;
 use tollgate_audit::format::{self, HEADER_LEN};
 use tollgate_audit::{
-    verify_paths, Appended, AuditEntry, BreakKind, Clock, FsyncPolicy, PathsError, Summary,
-    VerdictRecord, VerifyOptions, Writer, WriterConfig,
+    verify_paths, Appended, AuditEntry, BreakKind, Clock, Event, FsyncPolicy, PathsError,
+    SessionEvent, Summary, VerdictRecord, VerifyOptions, Writer, WriterConfig,
 };
 use tollgate_core::{DenyReason, Digest, Money, Reason, Verdict};
 
@@ -68,7 +68,13 @@ pub fn record(i: u64) -> VerdictRecord {
         estimated_cost: Money(1_500_000),
         nonce: 1000 + i,
         config_digest: Some(Digest([0xab; 32])),
+        session_seq: i + 1,
     }
+}
+
+/// A verdict as the event of an entry.
+pub fn ev(r: VerdictRecord) -> Event {
+    Event::Session(SessionEvent::Verdict(r))
 }
 
 /// Write `n` entries (indices 0..n) through a fresh writer and shut it down.

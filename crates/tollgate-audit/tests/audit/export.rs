@@ -74,7 +74,7 @@ fn json_lines_are_json_with_every_column() {
 #[test]
 fn csv_rows_quote_what_needs_quoting() {
     let mut e = entries()[0].clone();
-    if let tollgate_audit::Event::Verdict(v) = &mut e.event {
+    if let tollgate_audit::Event::Session(tollgate_audit::SessionEvent::Verdict(v)) = &mut e.event {
         v.tool_name = "say \"hi\", twice".into();
         v.operator_id = Some("=cmd()".into());
     }
@@ -83,7 +83,7 @@ fn csv_rows_quote_what_needs_quoting() {
     assert!(row.contains("\"'=cmd()\""), "{row}");
     assert_eq!(export::csv_header().split(',').count(), COLUMNS.len());
     // Negative money is a number, not a formula.
-    if let tollgate_audit::Event::Verdict(v) = &mut e.event {
+    if let tollgate_audit::Event::Session(tollgate_audit::SessionEvent::Verdict(v)) = &mut e.event {
         v.budget_after = tollgate_core::Money(-500_000_000);
     }
     assert!(export::to_csv_row(&e).contains(",-0.5,"));

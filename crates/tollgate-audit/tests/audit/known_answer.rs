@@ -5,14 +5,20 @@ use std::path::PathBuf;
 
 use ed25519_dalek::SigningKey;
 use tollgate_audit::format::{self, FileHeader, Position};
-use tollgate_audit::{keys, verify, Event, KeyId, VerdictRecord};
-use tollgate_core::{DenyReason, Digest, Money, Reason, Verdict};
+use tollgate_audit::verify::verify_visit;
+use tollgate_audit::{
+    keys, CostStatus, DecisionRecord, Event, KeyId, SessionEvent, SessionRecord, SettlementRecord,
+    VerdictRecord,
+};
+use tollgate_core::{BudgetScope, DenyReason, Digest, HumanDecision, Money, Reason, Verdict};
 use uuid::Uuid;
 
 use crate::common::*;
 
-fn data_path() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/known-answer.log")
+fn data_path(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data")
+        .join(name)
 }
 
 fn doc() -> String {
@@ -20,67 +26,19 @@ fn doc() -> String {
     std::fs::read_to_string(p).unwrap()
 }
 
-fn build() -> Vec<u8> {
+const T0: i64 = 1_796_040_000_000_000_000;
+
+/// Sign a header and the events (with their timestamps and entry ids) into one file of
+/// format `version`.
+fn build_file(version: u16, events: &[(i64, &str, Event)]) -> Vec<u8> {
     let k = SigningKey::from_bytes(&[1u8; 32]);
     let kid = KeyId::of(k.verifying_key().as_bytes());
-    let t0 = 1_796_040_000_000_000_000i64;
-    let header = FileHeader::new_signed(&k, 0, 0, format::genesis_hash(), t0);
+    let header = FileHeader::new_signed_version(version, &k, 0, 0, format::genesis_hash(), T0);
     let mut out = header.encode();
-    let r0 = VerdictRecord {
-        timestamp_ns: t0,
-        session_id: "s1".into(),
-        agent_id: "a1".into(),
-        organization_id: "o1".into(),
-        call_number: 1,
-        tool_name: "search".into(),
-        params_hash: format::sha256(b"{}"),
-        verdict: Verdict::Allow,
-        deny_reason: None,
-        reason: Reason::WithinThresholds,
-        probabilistic: false,
-        budget_before: Money(10_000_000_000),
-        budget_after: Money(9_998_500_000),
-        operator_id: None,
-        estimated_cost: Money(1_500_000),
-        nonce: 7,
-        config_digest: None,
-    };
-    let r1 = VerdictRecord {
-        timestamp_ns: t0 + 1_000_000,
-        call_number: 2,
-        tool_name: "send_email".into(),
-        verdict: Verdict::Deny,
-        deny_reason: Some(DenyReason::BudgetExhausted),
-        reason: Reason::BudgetOverrun,
-        probabilistic: true,
-        operator_id: Some("alice".into()),
-        config_digest: Some(Digest([0xab; 32])),
-        ..r0.clone()
-    };
-    let events = [
-        (
-            t0,
-            "0192f7c8-0000-7000-8000-000000000000",
-            Event::Verdict(r0),
-        ),
-        (
-            t0 + 1_000_000,
-            "0192f7c8-0001-7000-8000-000000000001",
-            Event::Verdict(r1),
-        ),
-        (
-            t0 + 2_000_000,
-            "0192f7c8-0002-7000-8000-000000000002",
-            Event::KeyHandover {
-                new_public_key: SigningKey::from_bytes(&[2u8; 32])
-                    .verifying_key()
-                    .to_bytes(),
-            },
-        ),
-    ];
     let mut prev = format::genesis_hash();
     for (i, (ts, id, ev)) in events.iter().enumerate() {
-        let rec = format::encode_record(
+        let rec = format::encode_record_version(
+            version,
             Position {
                 index: i as u64,
                 timestamp_ns: *ts,
@@ -98,17 +56,238 @@ fn build() -> Vec<u8> {
     out
 }
 
+fn handover() -> Event {
+    Event::KeyHandover {
+        new_public_key: SigningKey::from_bytes(&[2u8; 32])
+            .verifying_key()
+            .to_bytes(),
+    }
+}
+
+/// The version-1 known answer, as format version 1 defined it (frozen).
+fn build_v1() -> Vec<u8> {
+    let r0 = VerdictRecord {
+        timestamp_ns: T0,
+        session_id: "s1".into(),
+        agent_id: "a1".into(),
+        organization_id: "o1".into(),
+        call_number: 1,
+        tool_name: "search".into(),
+        params_hash: format::sha256(b"{}"),
+        verdict: Verdict::Allow,
+        deny_reason: None,
+        reason: Reason::WithinThresholds,
+        probabilistic: false,
+        budget_before: Money(10_000_000_000),
+        budget_after: Money(9_998_500_000),
+        operator_id: None,
+        estimated_cost: Money(1_500_000),
+        nonce: 7,
+        config_digest: None,
+        session_seq: 0,
+    };
+    let r1 = VerdictRecord {
+        timestamp_ns: T0 + 1_000_000,
+        call_number: 2,
+        tool_name: "send_email".into(),
+        verdict: Verdict::Deny,
+        deny_reason: Some(DenyReason::BudgetExhausted),
+        reason: Reason::BudgetOverrun,
+        probabilistic: true,
+        operator_id: Some("alice".into()),
+        config_digest: Some(Digest([0xab; 32])),
+        ..r0.clone()
+    };
+    build_file(
+        1,
+        &[
+            (T0, "0192f7c8-0000-7000-8000-000000000000", r0.into()),
+            (
+                T0 + 1_000_000,
+                "0192f7c8-0001-7000-8000-000000000001",
+                r1.into(),
+            ),
+            (
+                T0 + 2_000_000,
+                "0192f7c8-0002-7000-8000-000000000002",
+                handover(),
+            ),
+        ],
+    )
+}
+
+/// The configuration text of the version-2 known answer.
+const CONFIG: &str = r#"{"budget_scope":"per_agent","budget_usd":10}"#;
+
+/// The six events of the version-2 known answer, as docs/audit-format.md lists them.
+fn v2_events() -> Vec<(i64, &'static str, Event)> {
+    let config_digest = format::sha256(CONFIG.as_bytes());
+    let opened = SessionRecord {
+        timestamp_ns: T0,
+        session_id: "s1".into(),
+        agent_id: "a1".into(),
+        organization_id: "o1".into(),
+        budget_scope: BudgetScope::PerAgent,
+        budget_initial: Money(10_000_000_000),
+        budget_before: Money(7_500_000_000),
+        config_digest,
+        config: CONFIG.into(),
+        session_seq: 1,
+    };
+    let verdict = VerdictRecord {
+        timestamp_ns: T0 + 1_000_000,
+        session_id: "s1".into(),
+        agent_id: "a1".into(),
+        organization_id: "o1".into(),
+        call_number: 1,
+        tool_name: "search".into(),
+        params_hash: format::sha256(b"{}"),
+        verdict: Verdict::Allow,
+        deny_reason: None,
+        reason: Reason::WithinThresholds,
+        probabilistic: false,
+        budget_before: Money(7_500_000_000),
+        budget_after: Money(7_498_500_000),
+        operator_id: None,
+        estimated_cost: Money(1_500_000),
+        nonce: 7,
+        config_digest: Some(config_digest),
+        session_seq: 2,
+    };
+    let settled = SettlementRecord {
+        timestamp_ns: T0 + 2_000_000,
+        session_id: "s1".into(),
+        agent_id: "a1".into(),
+        organization_id: "o1".into(),
+        call_number: 1,
+        success: true,
+        reported_cost_bits: 0.001f64.to_bits(),
+        cost_status: CostStatus::Readable,
+        actual_cost: Money(1_000_000),
+        estimated_cost: Money(1_500_000),
+        reserved: true,
+        charged: Money(1_000_000),
+        budget_before: Money(7_498_500_000),
+        budget_after: Money(7_499_000_000),
+        error_signal: false,
+        session_seq: 3,
+    };
+    let decided = DecisionRecord {
+        timestamp_ns: T0 + 3_000_000,
+        session_id: "s1".into(),
+        agent_id: "a1".into(),
+        organization_id: "o1".into(),
+        call_number: 2,
+        operator_id: "alice".into(),
+        decision: HumanDecision::Modify,
+        tool_name: "send_email".into(),
+        original_nonce: 8,
+        original_args_digest: format::sha256(br#"{"to":"a"}"#),
+        successor: Some((9, format::sha256(br#"{"to":"b"}"#))),
+        budget_remaining: Money(7_499_000_000),
+        session_seq: 4,
+    };
+    let recovery = Event::Recovery {
+        file: "audit-00000000-20261130.log".into(),
+        offset: 1234,
+        length: 56,
+        sha256: Digest([0xcd; 32]),
+        moved_to: "torn/audit-00000000-20261130.log.1234.1796040000004000000.torn".into(),
+    };
+    vec![
+        (T0, "0192f7c8-0000-7000-8000-000000000000", opened.into()),
+        (
+            T0 + 1_000_000,
+            "0192f7c8-0001-7000-8000-000000000001",
+            verdict.into(),
+        ),
+        (
+            T0 + 2_000_000,
+            "0192f7c8-0002-7000-8000-000000000002",
+            settled.into(),
+        ),
+        (
+            T0 + 3_000_000,
+            "0192f7c8-0003-7000-8000-000000000003",
+            decided.into(),
+        ),
+        (
+            T0 + 4_000_000,
+            "0192f7c8-0004-7000-8000-000000000004",
+            recovery,
+        ),
+        (
+            T0 + 5_000_000,
+            "0192f7c8-0005-7000-8000-000000000005",
+            handover(),
+        ),
+    ]
+}
+
+fn check_stored(name: &str, built: &[u8]) -> Vec<u8> {
+    if std::env::var_os("TOLLGATE_BLESS").is_some() {
+        std::fs::write(data_path(name), built).unwrap();
+    }
+    let stored = std::fs::read(data_path(name)).unwrap();
+    assert_eq!(
+        built, stored,
+        "encoding of {name} changed: the format is frozen"
+    );
+    stored
+}
+
 #[test]
 fn file_is_reproduced_byte_for_byte() {
-    let built = build();
-    if std::env::var_os("TOLLGATE_BLESS").is_some() {
-        std::fs::write(data_path(), &built).unwrap();
+    let events = v2_events();
+    let stored = check_stored("known-answer.log", &build_file(2, &events));
+    let mut seen = Vec::new();
+    let s = verify_visit(&[("known-answer.log", &stored)], &opts(&key(1)), &mut |e| {
+        seen.push(e.clone());
+    })
+    .unwrap();
+    assert_eq!(s.entries, 6);
+    assert_eq!(s.key_id, KeyId::of(key(2).verifying_key().as_bytes()));
+    // Every value reads back as written, one record of each kind.
+    let kinds: Vec<u8> = seen.iter().map(|e| e.event.kind()).collect();
+    assert_eq!(kinds, [4, 1, 5, 6, 3, 2]);
+    for (e, (ts, id, ev)) in seen.iter().zip(&events) {
+        assert_eq!(&e.event, ev);
+        assert_eq!(e.timestamp_ns, *ts);
+        assert_eq!(e.entry_id.to_string(), *id);
     }
-    let stored = std::fs::read(data_path()).unwrap();
-    assert_eq!(built, stored, "encoding changed: the format is frozen");
-    let s = verify(&[("known-answer.log", &stored)], &opts(&key(1))).unwrap();
+    // The file's SHA-256 is in the doc, for implementations without the file.
+    let digest = format::sha256(&stored).to_string();
+    assert!(
+        doc().contains(&digest),
+        "docs lack the known answer's SHA-256 {digest}"
+    );
+}
+
+#[test]
+fn version_1_file_is_still_reproduced_and_verified() {
+    let stored = check_stored("known-answer-v1.log", &build_v1());
+    let mut seen = Vec::new();
+    let s = verify_visit(
+        &[("known-answer-v1.log", &stored)],
+        &opts(&key(1)),
+        &mut |e| {
+            seen.push(e.clone());
+        },
+    )
+    .unwrap();
     assert_eq!(s.entries, 3);
     assert_eq!(s.key_id, KeyId::of(key(2).verifying_key().as_bytes()));
+    assert_eq!(u16::from_be_bytes([stored[8], stored[9]]), 1);
+    // A version-1 verdict has no session_seq: it reads as 0.
+    match &seen[0].event {
+        Event::Session(SessionEvent::Verdict(v)) => assert_eq!(v.session_seq, 0),
+        other => panic!("{other:?}"),
+    }
+    let digest = format::sha256(&stored).to_string();
+    assert!(
+        doc().contains(&digest),
+        "docs lack the v1 known answer's SHA-256 {digest}"
+    );
 }
 
 #[test]

@@ -7,11 +7,15 @@
     clippy::indexing_slicing
 )]
 
+mod agreement;
 mod common;
 mod crash;
 mod export;
 mod known_answer;
 mod props;
+mod raw;
 mod rotation;
+mod tail;
 mod tamper;
+mod tap;
 mod writer;

@@ -5,7 +5,7 @@ use std::fs;
 
 use proptest::prelude::*;
 use tollgate_audit::format::{self, FileHeader, HEADER_LEN};
-use tollgate_audit::{verify, Event, VerdictRecord, VerifyOptions, Writer};
+use tollgate_audit::{verify, VerdictRecord, VerifyOptions, Writer};
 use tollgate_core::{DenyReason, Digest, Money, Reason, Verdict};
 
 use crate::common::*;
@@ -55,10 +55,16 @@ fn arb_record() -> impl Strategy<Value = VerdictRecord> {
             probabilistic: b.4,
             budget_before: Money(c.0),
             budget_after: Money(c.1),
-            operator_id: c.2,
+            // Version 2: an operator exactly on a verdict that releases an approved call.
+            operator_id: matches!(
+                Reason::ALL[b.3],
+                Reason::TransitionApprove | Reason::TransitionModifySuccessor
+            )
+            .then(|| c.2.unwrap_or_default()),
             estimated_cost: Money(c.3),
             nonce: c.4,
             config_digest: c.5.map(Digest),
+            session_seq: 1,
         })
 }
 
@@ -81,7 +87,7 @@ proptest! {
         let (s, entries) = verify_dir(dir.path(), &opts(&key(1))).unwrap();
         prop_assert_eq!(s.entries, records.len() as u64);
         for (e, r) in entries.iter().zip(&records) {
-            prop_assert_eq!(&e.event, &Event::Verdict(r.clone()));
+            prop_assert_eq!(&e.event, &ev(r.clone()));
             prop_assert_eq!(e.timestamp_ns, r.timestamp_ns);
         }
         // Any single-byte change anywhere in the file is detected.

@@ -26,7 +26,7 @@ fn untouched_log_verifies() {
     assert_eq!(entries.len(), 10);
     for (i, e) in entries.iter().enumerate() {
         assert_eq!(e.index, i as u64);
-        assert_eq!(e.event, tollgate_audit::Event::Verdict(record(i as u64)));
+        assert_eq!(e.event, ev(record(i as u64)));
         assert_eq!(e.entry_id.get_version_num(), 7);
     }
     // The chain starts at the documented genesis value.
@@ -80,20 +80,21 @@ fn flipped_length_prefix_is_a_bad_length() {
     assert_eq!(index, Some(3));
     match kind {
         BreakKind::BadLength { declared, actual } => {
-            assert_eq!(actual, len - 4);
+            assert_eq!(actual, Some(len - 4));
             assert_eq!(declared as usize, (len - 4) ^ 0x04);
         }
         other => panic!("{other:?}"),
     }
-    // A high byte flipped too: still a length break, not a huge allocation or a panic.
+    // A high byte flipped too: a prefix over the limit is too large, wherever the file
+    // ends (not a huge allocation, not a panic).
     let mut bytes = fs::read(&path).unwrap();
     bytes[off + 3] ^= 0x04;
     bytes[off] ^= 0x80;
     fs::write(&path, &bytes).unwrap();
-    assert!(matches!(
+    assert_eq!(
         break_of(dir.path(), &opts(&key(1))),
-        (Some(3), BreakKind::BadLength { .. })
-    ));
+        (Some(3), BreakKind::TooLarge(0x8000_0000 + len as u64))
+    );
 }
 
 #[test]
@@ -167,13 +168,25 @@ fn tail_truncated_mid_record_is_torn() {
     fs::write(&path, &bytes[..off + len / 2]).unwrap();
     assert_eq!(
         break_of(dir.path(), &opts(&key(1))),
-        (Some(9), BreakKind::TornRecord { available: len / 2 })
+        (
+            Some(9),
+            BreakKind::TornRecord {
+                available: len / 2,
+                needed: Some(len as u64)
+            }
+        )
     );
     // Cut inside the length prefix itself.
     fs::write(&path, &bytes[..off + 2]).unwrap();
     assert_eq!(
         break_of(dir.path(), &opts(&key(1))),
-        (Some(9), BreakKind::TornRecord { available: 2 })
+        (
+            Some(9),
+            BreakKind::TornRecord {
+                available: 2,
+                needed: None
+            }
+        )
     );
 }
 
@@ -357,6 +370,250 @@ fn parallel_signature_checks_report_the_first_break_in_order() {
         assert_eq!(
             break_of(dir.path(), &opts(&key(1))),
             (Some(first as u64), BreakKind::BadSignature)
+        );
+    }
+}
+
+// One test per malformed rule of format version 2 (docs/audit-format.md, "Malformed").
+// Each starts from a valid, signed record (raw::baselines_verify) and changes one value.
+
+mod malformed {
+    use tollgate_audit::format;
+    use tollgate_core::Digest;
+
+    use crate::raw::{self, assert_malformed, d, encode, s, P};
+
+    fn with(mut parts: Vec<P>, i: usize, p: P) -> Vec<P> {
+        parts[i] = p;
+        parts
+    }
+
+    #[test]
+    fn the_baselines_verify() {
+        raw::baselines_verify();
+    }
+
+    #[test]
+    fn text_over_16384_bytes() {
+        let big = "x".repeat(16_385);
+        let mut parts = raw::opened(&big);
+        parts[6] = d(format::sha256(big.as_bytes()));
+        assert_malformed(4, &parts, "text longer than 16384 bytes");
+        // 16384 is allowed.
+        let ok = "x".repeat(16_384);
+        let bytes = raw::file(2, &[(4, encode(&raw::opened(&ok)))]);
+        assert_eq!(raw::check(&bytes).unwrap(), 1);
+    }
+
+    #[test]
+    fn text_not_utf8() {
+        let bad = vec![b'{', 0xff, b'}'];
+        let parts = with(
+            with(raw::opened("{}"), 7, P::Text(bad.clone())),
+            6,
+            d(format::sha256(&bad)),
+        );
+        assert_malformed(4, &parts, "text is not UTF-8");
+    }
+
+    #[test]
+    fn budget_scope_outside_1_to_3() {
+        for scope in [0, 4, 255] {
+            assert_malformed(
+                4,
+                &with(raw::opened("{}"), 3, P::U8(scope)),
+                "unknown budget_scope code",
+            );
+        }
+    }
+
+    #[test]
+    fn config_digest_not_the_sha256_of_config() {
+        assert_malformed(
+            4,
+            &with(raw::opened("{}"), 6, d(Digest([0; 32]))),
+            "config_digest is not the SHA-256 of config",
+        );
+    }
+
+    #[test]
+    fn session_opened_with_session_seq_other_than_1() {
+        for seq in [0, 2] {
+            assert_malformed(
+                4,
+                &with(raw::opened("{}"), 8, P::U64(seq)),
+                "session_seq of a session-opened entry is not 1",
+            );
+        }
+    }
+
+    #[test]
+    fn session_seq_0_on_a_verdict_settlement_or_decision() {
+        let v = raw::verdict(2);
+        let last = v.len() - 1;
+        assert_malformed(1, &with(v, last, P::U64(0)), "session_seq is 0");
+        assert_malformed(
+            5,
+            &with(raw::settlement(), 14, P::U64(0)),
+            "session_seq is 0",
+        );
+        assert_malformed(6, &with(raw::decision(), 14, P::U64(0)), "session_seq is 0");
+    }
+
+    #[test]
+    fn settlement_flag_other_than_0_or_1() {
+        for (i, what) in [
+            (4, "bad success flag"),
+            (9, "bad reserved flag"),
+            (13, "bad error_signal flag"),
+        ] {
+            assert_malformed(5, &with(raw::settlement(), i, P::U8(2)), what);
+        }
+    }
+
+    #[test]
+    fn cost_status_outside_0_to_2() {
+        assert_malformed(
+            5,
+            &with(raw::settlement(), 6, P::U8(3)),
+            "unknown cost_status code",
+        );
+    }
+
+    #[test]
+    fn actual_cost_not_0_when_the_cost_was_not_readable() {
+        for status in [1, 2] {
+            assert_malformed(
+                5,
+                &with(raw::settlement(), 6, P::U8(status)),
+                "actual_cost is not 0 though the cost was not readable",
+            );
+            // With actual_cost 0 the same status is fine.
+            let parts = with(with(raw::settlement(), 6, P::U8(status)), 7, P::I64(0));
+            let bytes = raw::file(2, &[(5, encode(&parts))]);
+            assert_eq!(raw::check(&bytes).unwrap(), 1);
+        }
+    }
+
+    #[test]
+    fn estimated_cost_not_0_without_a_reservation() {
+        assert_malformed(
+            5,
+            &with(raw::settlement(), 9, P::U8(0)),
+            "estimated_cost is not 0 though nothing was reserved",
+        );
+    }
+
+    #[test]
+    fn decision_word_not_one_of_the_five() {
+        for word in ["", "Approve", "approved", "awaiting", "maybe"] {
+            assert_malformed(
+                6,
+                &with(raw::decision(), 5, s(word)),
+                "decision is not approve, reject, modify, defer or escalate",
+            );
+        }
+    }
+
+    #[test]
+    fn successor_present_exactly_for_modify() {
+        let none = |parts: Vec<P>| -> Vec<P> {
+            let mut p = parts;
+            p.splice(9..13, [P::U8(0), P::U8(0)]);
+            p
+        };
+        // approve with a successor
+        assert_malformed(
+            6,
+            &with(raw::decision(), 5, s("approve")),
+            "successor present without modify, or modify without successor",
+        );
+        // modify without one
+        assert_malformed(
+            6,
+            &none(raw::decision()),
+            "successor present without modify, or modify without successor",
+        );
+        // only one half present
+        let mut half = raw::decision();
+        half.splice(11..13, [P::U8(0)]);
+        assert_malformed(
+            6,
+            &half,
+            "only one of successor_nonce and successor_args_digest present",
+        );
+        // approve without a successor is fine
+        let ok = none(with(raw::decision(), 5, s("approve")));
+        assert_eq!(raw::check(&raw::file(2, &[(6, encode(&ok))])).unwrap(), 1);
+    }
+
+    #[test]
+    fn successor_presence_flag_other_than_0_or_1() {
+        assert_malformed(
+            6,
+            &with(raw::decision(), 9, P::U8(2)),
+            "bad successor_nonce presence flag",
+        );
+        assert_malformed(
+            6,
+            &with(raw::decision(), 11, P::U8(7)),
+            "bad successor_args_digest presence flag",
+        );
+    }
+
+    #[test]
+    fn operator_on_a_verdict_that_releases_nothing() {
+        let mut v = raw::verdict(2);
+        v.splice(12..13, [P::U8(1), s("alice")]);
+        assert_malformed(
+            1,
+            &v,
+            "operator_id on a verdict that releases no human-approved call",
+        );
+        // On a release it is allowed, and so is its absence.
+        v[8] = s("hitl_transition:approve");
+        assert_eq!(raw::check(&raw::file(2, &[(1, encode(&v))])).unwrap(), 1);
+        let mut w = raw::verdict(2);
+        w[8] = s("hitl_transition:modify_successor");
+        assert_eq!(raw::check(&raw::file(2, &[(1, encode(&w))])).unwrap(), 1);
+        // Version 1 had no such rule.
+        let mut v1 = raw::verdict(1);
+        v1.splice(12..13, [P::U8(1), s("alice")]);
+        assert_eq!(raw::check(&raw::file(1, &[(1, encode(&v1))])).unwrap(), 1);
+    }
+
+    #[test]
+    fn kinds_4_to_6_in_a_version_1_file() {
+        for (kind, parts) in [
+            (4, raw::opened("{}")),
+            (5, raw::settlement()),
+            (6, raw::decision()),
+        ] {
+            let bytes = raw::file(1, &[(kind, encode(&parts))]);
+            assert_eq!(
+                raw::kind_of(&bytes),
+                tollgate_audit::BreakKind::Malformed(
+                    "record kind 4, 5 or 6 in a format-version-1 file"
+                )
+            );
+        }
+        let bytes = raw::file(2, &[(7, encode(&raw::settlement()))]);
+        assert_eq!(
+            raw::kind_of(&bytes),
+            tollgate_audit::BreakKind::Malformed("unknown record kind")
+        );
+    }
+
+    #[test]
+    fn handover_to_a_small_order_key() {
+        // The identity point (y = 1) decompresses but has order 1: strict verification
+        // would refuse every later signature. The hand-over itself is malformed.
+        let mut identity = [0u8; 32];
+        identity[0] = 1;
+        assert_malformed(
+            2,
+            &[P::Bytes(identity.to_vec())],
+            "hand-over names an invalid public key",
         );
     }
 }

@@ -118,7 +118,7 @@ fn reopen_continues_the_chain() {
     let (s, entries) = verify_dir(dir.path(), &opts(&key(1))).unwrap();
     assert_eq!(s.entries, 6);
     assert_eq!(s.files, 1);
-    assert_eq!(entries[5].event, Event::Verdict(record(5)));
+    assert_eq!(entries[5].event, ev(record(5)));
 }
 
 #[test]
@@ -200,7 +200,7 @@ fn an_entry_signed_by_the_old_key_after_handover_is_unknown_key() {
             entry_id: uuid::Uuid::nil(),
             prev_hash: &s.last_hash,
         },
-        &Event::Verdict(record(2)),
+        &ev(record(2)),
         &key(1),
         tollgate_audit::KeyId::of(key(1).verifying_key().as_bytes()),
     )

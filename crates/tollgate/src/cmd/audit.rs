@@ -345,6 +345,8 @@ fn demo_write(a: &DemoWriteArgs) -> anyhow::Result<ExitCode> {
             estimated_cost: Money(1_000_000),
             nonce: i,
             config_digest: None,
+            // Each demo session's version: s0, s1, s2 take turns.
+            session_seq: i / 3 + 1,
         };
         pending.push(w.submit(rec));
         if pending.len() as u64 >= a.pipeline.max(1) {
