@@ -49,10 +49,11 @@ fn the_pure_and_storage_layers_have_no_runtime_network_or_protobuf() {
     );
     // The board gate: pure too.
     assert_only("tollgate-board", &["tollgate-core", "thiserror", "regex"]);
-    // Storage and audit: files, but no async runtime, no sockets, no protobuf.
+    // Storage and audit: files, but no async runtime, no sockets, no protobuf. The store
+    // reads and writes through the audit log (its write-ahead log), never the reverse.
     assert_only(
         "tollgate-store",
-        &["tollgate-core", "redb", "sha2", "tracing", "thiserror"],
+        &["tollgate-core", "tollgate-audit", "redb", "tracing", "thiserror"],
     );
     assert_only(
         "tollgate-audit",
