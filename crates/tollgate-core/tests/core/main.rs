@@ -11,6 +11,7 @@ mod alloc;
 mod architecture;
 mod conformance;
 mod flows;
+mod opaque;
 mod properties;
 mod robustness;
 mod support;
