@@ -14,6 +14,35 @@ fn failures(outcomes: &[Outcome]) -> Vec<String> {
         .collect()
 }
 
+/// Tollgate's own vectors (tests/data/sp1-tollgate/README.md), in the published format.
+const OWN: &[(&str, &[u8], usize)] = &[
+    (
+        "transition-modify-terminal.json",
+        include_bytes!("../../../../tests/data/sp1-tollgate/transition-modify-terminal.json"),
+        23,
+    ),
+    (
+        "opaque-context.json",
+        include_bytes!("../../../../tests/data/sp1-tollgate/opaque-context.json"),
+        25,
+    ),
+];
+
+#[test]
+fn all_own_vectors_pass_with_their_seals() {
+    for (file, bytes, count) in OWN {
+        let out = run_file(bytes).unwrap();
+        assert_eq!(out.len(), *count, "{file}");
+        assert!(failures(&out).is_empty(), "{file}: {:#?}", failures(&out));
+        // Every one is sealed, so an edit to an expectation cannot pass unnoticed.
+        let doc = json::parse(bytes, json::Limits::default()).unwrap();
+        let items = doc.get("fixtures").and_then(Value::as_array).unwrap();
+        for v in items {
+            assert!(v.get("canonical_hash").is_some() && v.get("vector_hash").is_some());
+        }
+    }
+}
+
 #[test]
 fn all_29_published_vectors_pass() {
     let a = run_file(SP10).unwrap();
