@@ -1,7 +1,7 @@
 //! The published SP/1.0 vectors, and that the runner really checks what it claims to.
 
 use tollgate_core::json::{self, Value};
-use tollgate_core::vectors::{run_file, Outcome};
+use tollgate_core::vectors::{prepare_file, run_file, Outcome};
 
 const SP10: &[u8] = include_bytes!("../../../../tests/data/sp1/conformance.json");
 const SP101: &[u8] = include_bytes!("../../../../tests/data/sp1/conformance-1.0.1.json");
@@ -41,6 +41,32 @@ fn all_own_vectors_pass_with_their_seals() {
             assert!(v.get("canonical_hash").is_some() && v.get("vector_hash").is_some());
         }
     }
+}
+
+#[test]
+fn prepared_vectors_decide_as_they_are_checked() {
+    let items = prepare_file(SP101).unwrap();
+    assert_eq!(items.len(), 14);
+    for item in &items {
+        let p = item.as_ref().unwrap();
+        let outcome = p.check();
+        assert!(outcome.passed(), "{outcome}");
+        assert_eq!(outcome.got, Some(p.decide()));
+        assert_eq!(outcome.name, p.vector().name);
+    }
+    // An unreadable vector is its failed outcome, in place; the file still prepares.
+    let items = prepare_file(br#"[{"name":"x"}, 3]"#).unwrap();
+    let bad: Vec<String> = items
+        .iter()
+        .map(|i| i.as_ref().unwrap_err().to_string())
+        .collect();
+    assert_eq!(
+        bad,
+        vec![
+            "FAIL x: invalid vector: `config`: expected an object, found null",
+            "FAIL #1: invalid vector: ``: expected an object, found integer",
+        ]
+    );
 }
 
 #[test]
