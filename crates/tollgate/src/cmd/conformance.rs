@@ -43,7 +43,7 @@ pub struct Args {
     /// With --bench: timed decisions per vector (1 to 1,000,000,000).
     #[arg(
         long,
-        default_value_t = 100_000,
+        default_value_t = 1_000_000,
         requires = "bench",
         value_parser = clap::value_parser!(u64).range(1..=1_000_000_000)
     )]
