@@ -51,7 +51,8 @@ fn library_mode_hitl_release_with_the_original_nonce() {
     let p = json::parse_str(r#"{"to":"acct_1"}"#).unwrap();
     let held = g.check("pay", &p, Money::ZERO);
     assert_eq!(held.decision.verdict, Verdict::Hitl);
-    g.decide_human(HumanDecision::Approve, None, "alice").unwrap();
+    g.decide_human(HumanDecision::Approve, None, "alice")
+        .unwrap();
     let other = json::parse_str(r#"{"to":"acct_2"}"#).unwrap();
     let released = g.check_with_nonce("pay", &p, Money::ZERO, held.nonce);
     assert_eq!(released.decision.reason, Reason::TransitionApprove);
@@ -124,11 +125,16 @@ fn the_local_audit_log_folds_back_into_the_guard() {
     assert!(c.allowed());
     let s = g.post_exec(c.call_number, f64::NAN, Some("HTTP 401"));
     assert!(s.cost_unreadable && s.audited);
-    assert_eq!(s.charged, Money::from_usd(0.1).unwrap(), "no refund on a NaN cost");
+    assert_eq!(
+        s.charged,
+        Money::from_usd(0.1).unwrap(),
+        "no refund on a NaN cost"
+    );
     // An overrun goes to a human, who approves it.
     let held = g.check("big", &p, Money::from_usd(5.0).unwrap());
     assert_eq!(held.decision.verdict, Verdict::Hitl);
-    g.decide_human(HumanDecision::Approve, None, "alice").unwrap();
+    g.decide_human(HumanDecision::Approve, None, "alice")
+        .unwrap();
     let released = g.check_with_nonce("big", &p, Money::from_usd(5.0).unwrap(), held.nonce);
     assert_eq!(released.decision.reason, Reason::TransitionApprove);
     let session = g.session();

@@ -183,9 +183,11 @@ fn is_one_of(text: &str, words: &[&str]) -> bool {
 }
 
 /// Rule 10's key-class × value-class product: a context-bearing key, at any depth, whose
-/// value is an opaque marker (or an array holding one). A context key with an ordinary
-/// value is evaluable and does not match. Every other JSON value can be introspected, so
-/// for JSON params the markers are the whole value class.
+/// own value is an opaque marker string. A context key with any other value is evaluable
+/// and does not match; a list or object under it is not itself a marker but is walked like
+/// the rest of the params, so context keys inside its objects (also objects inside lists)
+/// count, while a bare marker string inside a list binds nothing. Every JSON value can be
+/// introspected, so for JSON params the markers are the whole value class.
 fn has_opaque_context(v: &Value, level: usize) -> bool {
     if level > MAX_PARAMS_DEPTH {
         return false; // unreachable after check_canonicalizable; bounds the walk anyway
@@ -201,13 +203,7 @@ fn has_opaque_context(v: &Value, level: usize) -> bool {
 }
 
 fn is_opaque_value(v: &Value) -> bool {
-    match v {
-        Value::String(s) => is_one_of(s, OPAQUE_MARKERS),
-        Value::Array(items) => items
-            .iter()
-            .any(|i| matches!(i, Value::String(s) if is_one_of(s, OPAQUE_MARKERS))),
-        _ => false,
-    }
+    matches!(v, Value::String(s) if is_one_of(s, OPAQUE_MARKERS))
 }
 
 #[cfg(test)]
@@ -291,7 +287,8 @@ mod tests {
             r#"{"blob":"untestable"}"#,
             r#"{" Context ":" OPAQUE "}"#,
             r#"{"outer":{"inner":[{"context":"opaque"}]}}"#,
-            r#"{"opaque":["x","unknown"]}"#,
+            r#"{"ctx":[{"context":"opaque"}]}"#,
+            r#"{"ctx":{"blob":"untestable"}}"#,
         ] {
             assert!(classify(text).has_opaque_context(), "{text}");
         }
@@ -301,6 +298,10 @@ mod tests {
             r#"{"ctx":{"kind":"web"}}"#,
             r#"{"ctx":null}"#,
             r#"{"tool":"click"}"#,
+            // A marker string inside a list binds nothing; the list is walked, not matched.
+            r#"{"opaque":["x","unknown"]}"#,
+            r#"{"ctx":[42,"unknown"]}"#,
+            r#"{"ctx":{"note":"opaque"}}"#,
         ] {
             assert!(!classify(text).has_opaque_context(), "{text}");
         }

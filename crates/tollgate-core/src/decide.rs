@@ -4,7 +4,7 @@ use crate::call::ToolCall;
 use crate::config::{GuardConfig, HitlMode};
 use crate::digest::Digest;
 use crate::signals::has_error_signal;
-use crate::state::{HumanDecision, PendingTransition, SessionState, TransitionStatus, UnixNanos};
+use crate::state::{HumanDecision, PendingTransition, SessionState, UnixNanos};
 use crate::types::{Decision, Reason, Verdict};
 
 /// The `rng` argument of [`decide`] from 8 random bytes: a uniform draw in [0, 1) with 53
@@ -232,19 +232,19 @@ fn resolve_transition(p: &PendingTransition, nonce: Option<u64>, digest: Digest)
             if nonce.is_some() && nonce == p.original_nonce {
                 return Decision::of(Reason::TransitionSupersededOriginal);
             }
-            // `superseded` describes the original; any other terminal status means the
-            // successor's release is spent too.
-            if p.terminal_status.is_terminal() && p.terminal_status != TransitionStatus::Superseded
-            {
-                return Decision::of(Reason::TransitionTerminalNoEffect);
-            }
+            // The terminal status of a modify describes the superseded original, not the
+            // successor, so it bars nothing here (§3.6 step 4 bars only an approve). This
+            // opens no second use of the successor: its release clears the pending
+            // transition (`apply_decision`), and the released call's nonce is recorded, so a
+            // replay is refused by rule 3 before this step is reached.
             (
                 p.successor_nonce,
                 p.successor_args_digest,
                 Reason::TransitionModifySuccessor,
             )
         }
-        // 4. Approve authorizes the original, once.
+        // 4. Approve authorizes the original, once: a terminal status (consumed, expired,
+        // revoked, ...) means that one use is gone.
         HumanDecision::Approve => {
             if p.terminal_status.is_terminal() {
                 return Decision::of(Reason::TransitionTerminalNoEffect);

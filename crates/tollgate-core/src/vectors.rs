@@ -9,6 +9,10 @@
 //! the extension layers: `now_ns` (the clock, default 0) and `rng` (the random draw,
 //! default 1.0, which never draws a probabilistic denial).
 //!
+//! [`run_file`] reads, checks and decides every vector of a file; [`prepare_file`] reads
+//! them and classifies their params once ([`Prepared`]), so a caller can decide them
+//! repeatedly with nothing else in the loop (`tollgate conformance --bench`).
+//!
 //! Unknown keys are errors, so a typo cannot silently change what a vector tests.
 //! Defaults for absent state: `budget_initial_usd` is the config's `budget_usd`, and
 //! `budget_remaining_usd` is `budget_initial_usd`.
@@ -123,6 +127,19 @@ impl fmt::Display for Outcome {
 /// Read every vector of a file and run it. A file that is not in either shape is an error;
 /// a single bad vector is a failed [`Outcome`], and the others still run.
 pub fn run_file(bytes: &[u8]) -> Result<Vec<Outcome>, FileError> {
+    Ok(prepare_file(bytes)?
+        .into_iter()
+        .map(|item| match item {
+            Ok(prepared) => prepared.check(),
+            Err(unreadable) => unreadable,
+        })
+        .collect())
+}
+
+/// Read every vector of a file and classify its params, deciding nothing yet. A file that
+/// is not in either shape is an error; a vector that cannot be read is its failed
+/// [`Outcome`] (`invalid vector: ...`), in file order with the others.
+pub fn prepare_file(bytes: &[u8]) -> Result<Vec<Result<Prepared, Outcome>>, FileError> {
     let doc = json::parse(bytes, json::Limits::default())?;
     let items = match &doc {
         Value::Array(items) => items.as_slice(),
@@ -150,74 +167,118 @@ pub fn run_file(bytes: &[u8]) -> Result<Vec<Outcome>, FileError> {
     Ok(items
         .iter()
         .enumerate()
-        .map(|(i, v)| run_value(i, v))
+        .map(|(i, v)| prepare_value(i, v))
         .collect())
 }
 
-fn run_value(index: usize, v: &Value) -> Outcome {
-    let fallback_name = v
-        .get("name")
-        .and_then(Value::as_str)
-        .map_or_else(|| format!("#{index}"), str::to_owned);
+fn prepare_value(index: usize, v: &Value) -> Result<Prepared, Outcome> {
     match Vector::from_value(v) {
-        Ok(vector) => run(&vector),
-        Err(e) => Outcome {
-            name: fallback_name,
+        Ok(vector) => Ok(Prepared::new(vector)),
+        Err(e) => Err(Outcome {
+            name: v
+                .get("name")
+                .and_then(Value::as_str)
+                .map_or_else(|| format!("#{index}"), str::to_owned),
             expected: None,
             got: None,
             problems: vec![format!("invalid vector: {e}")],
-        },
+        }),
     }
 }
 
 /// Run one vector: check its hashes, decide, compare.
 pub fn run(v: &Vector) -> Outcome {
-    let mut problems = Vec::new();
-    if let Some(want) = &v.canonical_hash {
-        match json::canonical_hash(&v.params) {
-            Ok(got) if got.to_string() == want.trim().to_ascii_lowercase() => {}
-            Ok(got) => problems.push(format!(
-                "canonical_hash mismatch: vector says {want}, params hash to {got}"
-            )),
-            Err(e) => problems.push(format!("canonical_hash cannot be computed: {e}")),
+    Prepared::new(v.clone()).check()
+}
+
+/// A vector with its params classified ([`Params::json`]) and its call built once, so that
+/// [`decide`] can be run on it any number of times with nothing else in the loop (what
+/// `tollgate conformance --bench` times).
+#[derive(Debug, Clone)]
+pub struct Prepared {
+    vector: Vector,
+    params: Params,
+    /// The canonical params text, scanned for error signals when the vector gives no
+    /// `raw_params`.
+    canonical_text: Option<String>,
+}
+
+impl Prepared {
+    /// Classify `vector`'s params.
+    pub fn new(vector: Vector) -> Prepared {
+        let params = Params::json(&vector.params);
+        let canonical_text = json::to_canonical_vec(&vector.params)
+            .ok()
+            .and_then(|b| String::from_utf8(b).ok());
+        Prepared {
+            vector,
+            params,
+            canonical_text,
         }
     }
-    if let Some(want) = &v.vector_hash {
-        match vector_seal(&v.raw) {
-            Ok(got) if got.to_string() == want.trim().to_ascii_lowercase() => {}
-            Ok(got) => problems.push(format!(
-                "vector_hash mismatch: vector says {want}, vector hashes to {got}"
-            )),
-            Err(e) => problems.push(format!("vector_hash cannot be computed: {e}")),
+
+    /// The vector.
+    pub fn vector(&self) -> &Vector {
+        &self.vector
+    }
+
+    /// The `call` argument of [`decide`].
+    pub fn call(&self) -> ToolCall<'_> {
+        let v = &self.vector;
+        ToolCall {
+            tool_name: &v.tool_name,
+            params: self.params,
+            nonce: v.nonce,
+            estimated_cost: v.estimated_cost,
+            raw_params: v.raw_params.as_deref().or(self.canonical_text.as_deref()),
         }
     }
-    let params = Params::json(&v.params);
-    let canonical_text = json::to_canonical_vec(&v.params)
-        .ok()
-        .and_then(|b| String::from_utf8(b).ok());
-    let call = ToolCall {
-        tool_name: &v.tool_name,
-        params,
-        nonce: v.nonce,
-        estimated_cost: v.estimated_cost,
-        raw_params: v.raw_params.as_deref().or(canonical_text.as_deref()),
-    };
-    let got = decide(&v.config, &v.state, &call, v.now_ns, v.rng);
-    let verdict_ok = v
-        .expected_verdict
-        .parse::<Verdict>()
-        .is_ok_and(|e| e == got.verdict);
-    if !verdict_ok || got.reason.as_str() != v.expected_reason {
-        problems.push(format!(
-            "expected {} {}, got {} {}",
-            v.expected_verdict, v.expected_reason, got.verdict, got.reason
-        ));
+
+    /// Decide the vector's call once.
+    pub fn decide(&self) -> Decision {
+        let v = &self.vector;
+        decide(&v.config, &v.state, &self.call(), v.now_ns, v.rng)
     }
-    Outcome {
-        name: v.name.clone(),
-        expected: Some((v.expected_verdict.clone(), v.expected_reason.clone())),
-        got: Some(got),
-        problems,
+
+    /// Check the vector's hashes, decide, and compare with what it expects.
+    pub fn check(&self) -> Outcome {
+        let v = &self.vector;
+        let mut problems = Vec::new();
+        if let Some(want) = &v.canonical_hash {
+            match json::canonical_hash(&v.params) {
+                Ok(got) if got.to_string() == want.trim().to_ascii_lowercase() => {}
+                Ok(got) => problems.push(format!(
+                    "canonical_hash mismatch: vector says {want}, params hash to {got}"
+                )),
+                Err(e) => problems.push(format!("canonical_hash cannot be computed: {e}")),
+            }
+        }
+        if let Some(want) = &v.vector_hash {
+            match vector_seal(&v.raw) {
+                Ok(got) if got.to_string() == want.trim().to_ascii_lowercase() => {}
+                Ok(got) => problems.push(format!(
+                    "vector_hash mismatch: vector says {want}, vector hashes to {got}"
+                )),
+                Err(e) => problems.push(format!("vector_hash cannot be computed: {e}")),
+            }
+        }
+        let got = self.decide();
+        let verdict_ok = v
+            .expected_verdict
+            .parse::<Verdict>()
+            .is_ok_and(|e| e == got.verdict);
+        if !verdict_ok || got.reason.as_str() != v.expected_reason {
+            problems.push(format!(
+                "expected {} {}, got {} {}",
+                v.expected_verdict, v.expected_reason, got.verdict, got.reason
+            ));
+        }
+        Outcome {
+            name: v.name.clone(),
+            expected: Some((v.expected_verdict.clone(), v.expected_reason.clone())),
+            got: Some(got),
+            problems,
+        }
     }
 }
 

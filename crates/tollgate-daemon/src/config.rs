@@ -557,7 +557,11 @@ fn guard(t: &GuardTable, base: &GuardConfig, key: &str) -> Result<GuardConfig, C
             .map_err(|e| bad(k("settlement"), e.to_string()))?;
     }
     g.nonce_window = positive(&k("nonce_window"), t.nonce_window, g.nonce_window)?;
-    g.max_reservations = positive(&k("max_reservations"), t.max_reservations, g.max_reservations)?;
+    g.max_reservations = positive(
+        &k("max_reservations"),
+        t.max_reservations,
+        g.max_reservations,
+    )?;
     Ok(g)
 }
 

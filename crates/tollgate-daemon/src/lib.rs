@@ -34,8 +34,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use tokio::net::UnixListener;
-use tollgate_store::{EmbeddedStore, SessionStore, StoreOptions};
 pub use tollgate_store::StoreReport;
+use tollgate_store::{EmbeddedStore, SessionStore, StoreOptions};
 
 pub use config::DaemonConfig;
 pub use service::{Clock, Service, SystemClock};

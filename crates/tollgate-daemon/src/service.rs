@@ -723,12 +723,15 @@ impl<S: SessionStore> Service<S> {
         let operator = r.operator_id.clone();
         let (outcome, durable) = self
             .store
-            .apply(&r.session_id, move |s: &mut Session| {
-                match ops::human_decision(s, decision, successor, &operator, now) {
+            .apply(
+                &r.session_id,
+                move |s: &mut Session| match ops::human_decision(
+                    s, decision, successor, &operator, now,
+                ) {
                     Ok(record) => Change::Commit(Ok(s.state.pending.clone()), record.into()),
                     Err(e) => Change::Keep(Err(e)),
-                }
-            })
+                },
+            )
             .await
             .map_err(|e| refuse(ErrorCode::DaemonUnavailable, e.to_string()))?;
         let pending = outcome.map_err(|e| refuse(ErrorCode::HitlRefused, e.to_string()))?;

@@ -61,7 +61,12 @@ fn params(n: u64) -> Params {
 }
 
 /// The daemon's pre_exec inside `apply`, with a fresh nonce and call number.
-fn pre_exec<S: tollgate_store::SessionStore>(store: &S, id: &str, nonce: u64, p: Params) -> Durable {
+fn pre_exec<S: tollgate_store::SessionStore>(
+    store: &S,
+    id: &str,
+    nonce: u64,
+    p: Params,
+) -> Durable {
     let run = store.apply(id, move |s| {
         let call = ToolCall {
             tool_name: "web_search",
@@ -95,10 +100,17 @@ fn history(c: &mut Criterion) {
     g.throughput(Throughput::Elements(1));
     for (name, calls) in [("1k", 1_000u64), ("100k", 100_000), ("1m", 1_000_000)] {
         let store = MemoryStore::default();
-        store.create_sync(session("h"), 0).unwrap().1.wait().unwrap();
+        store
+            .create_sync(session("h"), 0)
+            .unwrap()
+            .1
+            .wait()
+            .unwrap();
         let params: Vec<Params> = (0..4).map(params).collect();
         for n in 1..=calls {
-            pre_exec(&store, "h", n, params[(n % 4) as usize]).wait().unwrap();
+            pre_exec(&store, "h", n, params[(n % 4) as usize])
+                .wait()
+                .unwrap();
         }
         let s = store.get_sync("h").unwrap().unwrap();
         assert_eq!(s.state.total_calls, calls);
@@ -106,7 +118,9 @@ fn history(c: &mut Criterion) {
         g.bench_function(name, |b| {
             b.iter(|| {
                 nonce += 1;
-                pre_exec(&store, "h", nonce, params[(nonce % 4) as usize]).wait().unwrap();
+                pre_exec(&store, "h", nonce, params[(nonce % 4) as usize])
+                    .wait()
+                    .unwrap();
             })
         });
     }
@@ -137,7 +151,12 @@ fn durable(c: &mut Criterion, threads: usize) {
     let dir = tempfile::tempdir().unwrap();
     let (writer, store) = open(dir.path());
     for t in 0..threads {
-        store.create_sync(session(&format!("d{t}")), 0).unwrap().1.wait().unwrap();
+        store
+            .create_sync(session(&format!("d{t}")), 0)
+            .unwrap()
+            .1
+            .wait()
+            .unwrap();
     }
     let p = params(0);
     let mut g = c.benchmark_group("apply_durable");
@@ -180,7 +199,12 @@ fn durable_64(c: &mut Criterion) {
 
 fn encode(c: &mut Criterion) {
     let store = MemoryStore::default();
-    store.create_sync(session("e"), 0).unwrap().1.wait().unwrap();
+    store
+        .create_sync(session("e"), 0)
+        .unwrap()
+        .1
+        .wait()
+        .unwrap();
     for n in 1..=5_000u64 {
         pre_exec(&store, "e", n, params(n)).wait().unwrap();
     }

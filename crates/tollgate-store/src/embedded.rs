@@ -455,8 +455,8 @@ fn snapshot_loop(db: &Database, mut ledger: Ledger, rx: &Receiver<Msg>, options:
     let mut last = Instant::now();
     let interval = options.snapshot_interval.max(Duration::from_millis(10));
     let snap = |ledger: &mut Ledger,
-                    stats: &mut SnapshotStats,
-                    broken: &Option<StoreError>|
+                stats: &mut SnapshotStats,
+                broken: &Option<StoreError>|
      -> Result<SnapshotStats, StoreError> {
         if let Some(e) = broken {
             return Err(e.clone());

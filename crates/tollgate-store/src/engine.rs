@@ -170,9 +170,9 @@ impl Engine {
                 let mut budgets = lock(&self.budgets);
                 let slot = match budgets.entry(key) {
                     Entry::Occupied(e) => Arc::clone(e.get()),
-                    Entry::Vacant(e) => Arc::clone(
-                        e.insert(Arc::new(Mutex::new(Budget::of(&session.state)))),
-                    ),
+                    Entry::Vacant(e) => {
+                        Arc::clone(e.insert(Arc::new(Mutex::new(Budget::of(&session.state)))))
+                    }
                 };
                 drop(budgets);
                 let b = lock(&slot);

@@ -130,10 +130,13 @@ impl Ledger {
             self.sessions.insert(id.to_owned(), s);
             return Ok(());
         }
-        let s = self.sessions.get_mut(id).ok_or_else(|| FoldError::Session {
-            session: id.to_owned(),
-            what: "an entry for a session that was never opened".to_owned(),
-        })?;
+        let s = self
+            .sessions
+            .get_mut(id)
+            .ok_or_else(|| FoldError::Session {
+                session: id.to_owned(),
+                what: "an entry for a session that was never opened".to_owned(),
+            })?;
         let key = s.meta.shared_budget_key();
         if let Some(k) = &key {
             if let Some(b) = self.budgets.get(k) {
@@ -165,7 +168,11 @@ impl Ledger {
     /// A session with its shared budget loaded.
     pub fn session(&self, id: &str) -> Option<Session> {
         let mut s = self.sessions.get(id)?.clone();
-        if let Some(b) = s.meta.shared_budget_key().and_then(|k| self.budgets.get(&k)) {
+        if let Some(b) = s
+            .meta
+            .shared_budget_key()
+            .and_then(|k| self.budgets.get(&k))
+        {
             b.load_into(&mut s.state);
         }
         Some(s)

@@ -21,7 +21,8 @@ use tollgate_audit::{
 };
 use tollgate_core::transition::HumanDecisionRefused;
 use tollgate_core::{
-    apply_decision, apply_post_exec, record_human_decision, Decision, Digest, HumanDecision, Money, Params, Reason, ReportedCost, Successor, ToolCall, UnixNanos, Verdict,
+    apply_decision, apply_post_exec, record_human_decision, Decision, Digest, HumanDecision, Money,
+    Params, Reason, ReportedCost, Successor, ToolCall, UnixNanos, Verdict,
 };
 
 use crate::session::{Policy, Session, SessionMeta};
@@ -239,10 +240,9 @@ pub fn session_from_record(r: &SessionRecord) -> Result<Session, FoldError> {
     if policy.digest != r.config_digest {
         return Err(bad("config_digest is not the digest of config".to_owned()));
     }
-    if policy.config.budget != r.budget_initial || policy.config.budget_scope != r.budget_scope
-    {
+    if policy.config.budget != r.budget_initial || policy.config.budget_scope != r.budget_scope {
         return Err(bad(
-            "budget_initial or budget_scope disagrees with config".to_owned(),
+            "budget_initial or budget_scope disagrees with config".to_owned()
         ));
     }
     let meta = SessionMeta {
@@ -319,10 +319,9 @@ pub fn replay(session: &mut Session, event: &SessionEvent) -> Result<(), FoldErr
             s.timestamp_ns,
         )),
         SessionEvent::HumanDecision(d) => {
-            let successor = d.successor.map(|(nonce, args_digest)| Successor {
-                nonce,
-                args_digest,
-            });
+            let successor = d
+                .successor
+                .map(|(nonce, args_digest)| Successor { nonce, args_digest });
             let r = human_decision(
                 session,
                 d.decision.clone(),

@@ -259,7 +259,11 @@ mod tests {
         let mut back = decode_session(&bytes, 1 << 20, -1).unwrap();
         assert_eq!(back, s);
         back.last_heartbeat_ns = 5;
-        assert_eq!(encode_session(&back), bytes, "the heartbeat is not recorded");
+        assert_eq!(
+            encode_session(&back),
+            bytes,
+            "the heartbeat is not recorded"
+        );
         assert!(decode_session(&bytes, bytes.len() - 1, 0).is_err());
     }
 
@@ -277,7 +281,10 @@ mod tests {
             decode_session(v1.as_bytes(), 1 << 20, 0).unwrap_err(),
             RecordError::Version
         );
-        let scope = text.replace("\"budget_scope\":\"per_agent\"", "\"budget_scope\":\"per_galaxy\"");
+        let scope = text.replace(
+            "\"budget_scope\":\"per_agent\"",
+            "\"budget_scope\":\"per_galaxy\"",
+        );
         assert_eq!(
             decode_session(scope.as_bytes(), 1 << 20, 0).unwrap_err(),
             RecordError::Invalid("budget_scope")

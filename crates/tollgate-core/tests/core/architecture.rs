@@ -53,7 +53,13 @@ fn the_pure_and_storage_layers_have_no_runtime_network_or_protobuf() {
     // reads and writes through the audit log (its write-ahead log), never the reverse.
     assert_only(
         "tollgate-store",
-        &["tollgate-core", "tollgate-audit", "redb", "tracing", "thiserror"],
+        &[
+            "tollgate-core",
+            "tollgate-audit",
+            "redb",
+            "tracing",
+            "thiserror",
+        ],
     );
     assert_only(
         "tollgate-audit",

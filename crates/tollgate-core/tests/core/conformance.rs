@@ -1,7 +1,7 @@
 //! The published SP/1.0 vectors, and that the runner really checks what it claims to.
 
 use tollgate_core::json::{self, Value};
-use tollgate_core::vectors::{run_file, Outcome};
+use tollgate_core::vectors::{prepare_file, run_file, Outcome};
 
 const SP10: &[u8] = include_bytes!("../../../../tests/data/sp1/conformance.json");
 const SP101: &[u8] = include_bytes!("../../../../tests/data/sp1/conformance-1.0.1.json");
@@ -12,6 +12,61 @@ fn failures(outcomes: &[Outcome]) -> Vec<String> {
         .filter(|o| !o.passed())
         .map(ToString::to_string)
         .collect()
+}
+
+/// Tollgate's own vectors (tests/data/sp1-tollgate/README.md), in the published format.
+const OWN: &[(&str, &[u8], usize)] = &[
+    (
+        "transition-modify-terminal.json",
+        include_bytes!("../../../../tests/data/sp1-tollgate/transition-modify-terminal.json"),
+        23,
+    ),
+    (
+        "opaque-context.json",
+        include_bytes!("../../../../tests/data/sp1-tollgate/opaque-context.json"),
+        25,
+    ),
+];
+
+#[test]
+fn all_own_vectors_pass_with_their_seals() {
+    for (file, bytes, count) in OWN {
+        let out = run_file(bytes).unwrap();
+        assert_eq!(out.len(), *count, "{file}");
+        assert!(failures(&out).is_empty(), "{file}: {:#?}", failures(&out));
+        // Every one is sealed, so an edit to an expectation cannot pass unnoticed.
+        let doc = json::parse(bytes, json::Limits::default()).unwrap();
+        let items = doc.get("fixtures").and_then(Value::as_array).unwrap();
+        for v in items {
+            assert!(v.get("canonical_hash").is_some() && v.get("vector_hash").is_some());
+        }
+    }
+}
+
+#[test]
+fn prepared_vectors_decide_as_they_are_checked() {
+    let items = prepare_file(SP101).unwrap();
+    assert_eq!(items.len(), 14);
+    for item in &items {
+        let p = item.as_ref().unwrap();
+        let outcome = p.check();
+        assert!(outcome.passed(), "{outcome}");
+        assert_eq!(outcome.got, Some(p.decide()));
+        assert_eq!(outcome.name, p.vector().name);
+    }
+    // An unreadable vector is its failed outcome, in place; the file still prepares.
+    let items = prepare_file(br#"[{"name":"x"}, 3]"#).unwrap();
+    let bad: Vec<String> = items
+        .iter()
+        .map(|i| i.as_ref().unwrap_err().to_string())
+        .collect();
+    assert_eq!(
+        bad,
+        vec![
+            "FAIL x: invalid vector: `config`: expected an object, found null",
+            "FAIL #1: invalid vector: ``: expected an object, found integer",
+        ]
+    );
 }
 
 #[test]

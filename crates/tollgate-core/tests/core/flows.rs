@@ -4,8 +4,8 @@ use tollgate_core::signals::has_error_signal;
 use tollgate_core::transition::HumanDecisionRefused;
 use tollgate_core::{
     apply_post_exec, decide, record_human_decision, GuardConfig, HitlMode, HumanDecision, Money,
-    Params, Reason, ReportedCost, SessionState, SessionStatus, Settlement, Successor, ToolCall,
-    Verdict,
+    Params, PendingTransition, Reason, ReportedCost, SessionState, SessionStatus, Settlement,
+    Successor, ToolCall, TransitionStatus, Verdict,
 };
 
 use crate::support::{call, params, step, usd};
@@ -508,5 +508,244 @@ fn unreadable_inputs_are_denied_as_malformed() {
     assert_eq!(
         (d.verdict, d.reason),
         (Verdict::Deny, Reason::MalformedInput)
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// §3.6 step 4: a terminal status bars only an approve
+// ---------------------------------------------------------------------------------------
+
+/// Every status word a transition can carry that reads as terminal.
+const TERMINAL: &[&str] = &[
+    "superseded",
+    "consumed",
+    "executed",
+    "expired",
+    "revoked",
+    "cancelled",
+    "rejected",
+    " EXPIRED ",
+];
+
+/// A decided MODIFY: original `{"amount":5}` nonce 22, successor `{"amount":2}` nonce 23.
+fn modify_pending(
+    status: &str,
+    successor_nonce: Option<u64>,
+    successor_digest: bool,
+) -> PendingTransition {
+    PendingTransition {
+        decision: HumanDecision::Modify,
+        original_nonce: Some(22),
+        original_args_digest: Params::json(&params(r#"{"amount":5}"#))
+            .canonical_digest()
+            .ok(),
+        successor_nonce,
+        successor_args_digest: successor_digest
+            .then(|| {
+                Params::json(&params(r#"{"amount":2}"#))
+                    .canonical_digest()
+                    .ok()
+            })
+            .flatten(),
+        terminal_status: TransitionStatus::parse(status),
+        ..PendingTransition::default()
+    }
+}
+
+/// Decide one call (`params` text, nonce) against a session holding `pending`.
+fn check_transition(pending: &PendingTransition, p: &str, nonce: u64, want: (Verdict, Reason)) {
+    let config = hitl_always();
+    let mut s = SessionState::new(config.budget, 0);
+    s.pending = Some(pending.clone());
+    let value = params(p);
+    let d = decide(
+        &config,
+        &s,
+        &call("buy", &value, nonce, Money::ZERO),
+        1,
+        1.0,
+    );
+    assert_eq!(
+        (d.verdict, d.reason),
+        want,
+        "status {} with {p} nonce {nonce}",
+        pending.terminal_status
+    );
+}
+
+#[test]
+fn modify_with_a_terminal_status_still_releases_only_the_successor() {
+    for status in TERMINAL {
+        assert!(TransitionStatus::parse(status).is_terminal(), "{status}");
+        let both = modify_pending(status, Some(23), true);
+        // The successor pair: released.
+        check_transition(
+            &both,
+            r#"{"amount":2}"#,
+            23,
+            (Verdict::Allow, Reason::TransitionModifySuccessor),
+        );
+        // The original's nonce, with either arguments: superseded.
+        for p in [r#"{"amount":5}"#, r#"{"amount":2}"#] {
+            check_transition(
+                &both,
+                p,
+                22,
+                (Verdict::Deny, Reason::TransitionSupersededOriginal),
+            );
+        }
+        // Another nonce with the successor's arguments: not the authorized call.
+        check_transition(
+            &both,
+            r#"{"amount":2}"#,
+            24,
+            (Verdict::Deny, Reason::TransitionNonceMismatch),
+        );
+        // The successor's nonce with other arguments: not the authorized arguments.
+        for p in [r#"{"amount":5}"#, r#"{"amount":3}"#] {
+            check_transition(
+                &both,
+                p,
+                23,
+                (Verdict::Deny, Reason::TransitionDigestMismatch),
+            );
+        }
+        // A transition binding neither successor field is a blank cheque...
+        let unbound = modify_pending(status, None, false);
+        check_transition(
+            &unbound,
+            r#"{"amount":2}"#,
+            23,
+            (Verdict::Deny, Reason::TransitionUnboundAuthorization),
+        );
+        // ...but the original is still superseded first (step 4 before step 5).
+        check_transition(
+            &unbound,
+            r#"{"amount":5}"#,
+            22,
+            (Verdict::Deny, Reason::TransitionSupersededOriginal),
+        );
+        // One bound field is enough, and only it is checked.
+        check_transition(
+            &modify_pending(status, Some(23), false),
+            r#"{"amount":9}"#,
+            23,
+            (Verdict::Allow, Reason::TransitionModifySuccessor),
+        );
+        check_transition(
+            &modify_pending(status, None, true),
+            r#"{"amount":2}"#,
+            99,
+            (Verdict::Allow, Reason::TransitionModifySuccessor),
+        );
+    }
+}
+
+#[test]
+fn a_resume_of_a_terminal_modify_has_no_effect_before_anything_else() {
+    for status in TERMINAL {
+        for pending in [
+            modify_pending(status, Some(23), true),
+            modify_pending(status, None, false),
+        ] {
+            let resume = PendingTransition {
+                resume_attempt: true,
+                ..pending
+            };
+            // Step 2 comes before step 4: even the successor pair and the original are
+            // answered as a resume without effect.
+            for (p, nonce) in [(r#"{"amount":2}"#, 23), (r#"{"amount":5}"#, 22)] {
+                check_transition(
+                    &resume,
+                    p,
+                    nonce,
+                    (Verdict::Deny, Reason::DuplicateResumeNoEffect),
+                );
+            }
+        }
+    }
+    // A resume of a transition that is not terminal is resolved normally.
+    let resume = PendingTransition {
+        resume_attempt: true,
+        ..modify_pending("pending", Some(23), true)
+    };
+    check_transition(
+        &resume,
+        r#"{"amount":2}"#,
+        23,
+        (Verdict::Allow, Reason::TransitionModifySuccessor),
+    );
+}
+
+#[test]
+fn approve_with_a_terminal_status_stays_spent() {
+    for status in TERMINAL {
+        let approve = PendingTransition {
+            decision: HumanDecision::Approve,
+            original_nonce: Some(22),
+            original_args_digest: Params::json(&params(r#"{"amount":5}"#))
+                .canonical_digest()
+                .ok(),
+            terminal_status: TransitionStatus::parse(status),
+            ..PendingTransition::default()
+        };
+        check_transition(
+            &approve,
+            r#"{"amount":5}"#,
+            22,
+            (Verdict::Deny, Reason::TransitionTerminalNoEffect),
+        );
+    }
+}
+
+#[test]
+fn a_released_successor_cannot_be_replayed() {
+    // The runtime's own flow: modify (status `superseded`), release the successor once.
+    // The release clears the pending transition and records the successor's nonce, so
+    // allowing a terminal-status modify's successor opens no second use.
+    let config = hitl_always();
+    let mut s = SessionState::new(config.budget, 0);
+    let original = params(r#"{"amount":5}"#);
+    let edited = params(r#"{"amount":2}"#);
+    step(
+        &config,
+        &mut s,
+        &call("buy", &original, 22, Money::ZERO),
+        1,
+        0,
+    );
+    let successor = Successor {
+        nonce: 23,
+        args_digest: Params::json(&edited).canonical_digest().unwrap(),
+    };
+    record_human_decision(&mut s, HumanDecision::Modify, Some(successor), 1).unwrap();
+    let d = step(
+        &config,
+        &mut s,
+        &call("buy", &edited, 23, Money::ZERO),
+        2,
+        2,
+    );
+    assert_eq!(d.reason, Reason::TransitionModifySuccessor);
+    assert!(s.pending.is_none());
+    let d = decide(&config, &s, &call("buy", &edited, 23, Money::ZERO), 3, 1.0);
+    assert_eq!(
+        (d.verdict, d.reason),
+        (Verdict::Deny, Reason::DuplicateNonce)
+    );
+    // Even with a stale pending transition put back (a store restored from before the
+    // release), the recorded nonce answers first: a resume without effect.
+    let mut stale = s.clone();
+    stale.pending = Some(modify_pending("consumed", Some(23), true));
+    let d = decide(
+        &config,
+        &stale,
+        &call("buy", &edited, 23, Money::ZERO),
+        3,
+        1.0,
+    );
+    assert_eq!(
+        (d.verdict, d.reason),
+        (Verdict::Deny, Reason::DuplicateResumeNoEffect)
     );
 }

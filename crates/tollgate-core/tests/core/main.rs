@@ -12,6 +12,7 @@ mod architecture;
 mod conformance;
 mod flows;
 mod history;
+mod opaque;
 mod properties;
 mod robustness;
 mod support;

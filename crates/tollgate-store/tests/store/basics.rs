@@ -8,8 +8,8 @@ use tollgate_store::{
 };
 
 use crate::support::{
-    agent_session, block_on, close, create, meta, open_embedded, policy, pre_exec, session,
-    settle, Call, Recorder,
+    agent_session, block_on, close, create, meta, open_embedded, policy, pre_exec, session, settle,
+    Call, Recorder,
 };
 
 fn contract<S: SessionStore>(store: &S) {

@@ -290,7 +290,11 @@ fn kill_9_at_many_points_leaves_the_state_the_fold_of_the_log() {
         let (acked, resends) = run_and_kill(dir.path(), round, acks, snapshot_entries);
         // Every resent call was a replay of a call the state remembers.
         if round > 0 {
-            assert_eq!(resends.len(), THREADS as usize, "round {round}: {resends:?}");
+            assert_eq!(
+                resends.len(),
+                THREADS as usize,
+                "round {round}: {resends:?}"
+            );
             for r in &resends {
                 assert!(
                     r.ends_with(&format!("DENY {}", Reason::DuplicateNonce))

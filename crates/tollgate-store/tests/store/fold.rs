@@ -126,13 +126,15 @@ fn run(store: &MemoryStore, ops_list: &[Op]) {
                     nonce: *nonce,
                     args_digest: Digest([1; 32]),
                 });
-                let _ = block_on(store.apply(&format!("s{session}"), move |s| {
-                    match ops::human_decision(s, decision, successor, "op", now) {
-                        Ok(r) => Change::Commit((), r.into()),
-                        Err(_) => Change::Keep(()),
-                    }
-                }))
-                .unwrap();
+                let _ =
+                    block_on(store.apply(
+                        &format!("s{session}"),
+                        move |s| match ops::human_decision(s, decision, successor, "op", now) {
+                            Ok(r) => Change::Commit((), r.into()),
+                            Err(_) => Change::Keep(()),
+                        },
+                    ))
+                    .unwrap();
             }
         }
     }
@@ -147,7 +149,11 @@ fn assert_same(store: &MemoryStore, ledger: &Ledger) {
     }
     let mut budgets = budgets;
     budgets.sort_by(|a, b| a.0.cmp(&b.0));
-    let mut folded: Vec<_> = ledger.budgets.iter().map(|(k, b)| (k.clone(), *b)).collect();
+    let mut folded: Vec<_> = ledger
+        .budgets
+        .iter()
+        .map(|(k, b)| (k.clone(), *b))
+        .collect();
     folded.sort_by(|a, b| a.0.cmp(&b.0));
     assert_eq!(budgets, folded);
 }
@@ -223,7 +229,12 @@ fn a_record_that_does_not_follow_from_its_inputs_is_refused() {
     let fold = |events: &[SessionEvent]| -> Result<Ledger, LedgerError> {
         let mut l = Ledger::new();
         for (i, e) in events.iter().enumerate() {
-            l.fold(i as u64, Digest::default(), None, &Event::Session(e.clone()))?;
+            l.fold(
+                i as u64,
+                Digest::default(),
+                None,
+                &Event::Session(e.clone()),
+            )?;
         }
         Ok(l)
     };
@@ -260,13 +271,20 @@ fn a_record_that_does_not_follow_from_its_inputs_is_refused() {
     // An opening whose config does not match its digest.
     let mut forged = events.clone();
     if let SessionEvent::Opened(o) = &mut forged[0] {
-        o.config = o.config.replace("\"budget_nanos\":2000", "\"budget_nanos\":9000");
+        o.config = o
+            .config
+            .replace("\"budget_nanos\":2000", "\"budget_nanos\":9000");
     }
     assert!(fold(&forged).is_err());
     // Gaps in the chain are refused.
     let mut l = Ledger::new();
     assert!(matches!(
-        l.fold(3, Digest::default(), None, &Event::Session(events[0].clone())),
+        l.fold(
+            3,
+            Digest::default(),
+            None,
+            &Event::Session(events[0].clone())
+        ),
         Err(LedgerError::Gap { .. })
     ));
 }

@@ -9,8 +9,8 @@ use tollgate_core::Money;
 use tollgate_store::{EmbeddedStore, StoreError, StoreOptions};
 
 use crate::support::{
-    agent_session, block_on, close, create, fold_log, normalize, open_embedded, pre_exec,
-    session, settle, Call,
+    agent_session, block_on, close, create, fold_log, normalize, open_embedded, pre_exec, session,
+    settle, Call,
 };
 
 /// Never snapshot on a timer or count: only at close or when asked.

@@ -40,15 +40,28 @@ fn sessions_join_a_shared_budget() {
     .unwrap();
     assert_eq!(d.verdict, Verdict::Allow);
     assert_eq!(
-        store.get_sync("a2").unwrap().unwrap().state.budget_remaining,
+        store
+            .get_sync("a2")
+            .unwrap()
+            .unwrap()
+            .state
+            .budget_remaining,
         Money(600)
     );
     assert_eq!(
-        store.budget_sync(&agent_key("bot")).unwrap().unwrap().remaining,
+        store
+            .budget_sync(&agent_key("bot"))
+            .unwrap()
+            .unwrap()
+            .remaining,
         Money(600)
     );
     assert_eq!(
-        store.budget_sync(&agent_key("bot-2")).unwrap().unwrap().remaining,
+        store
+            .budget_sync(&agent_key("bot-2"))
+            .unwrap()
+            .unwrap()
+            .remaining,
         Money(50)
     );
 }
@@ -56,7 +69,10 @@ fn sessions_join_a_shared_budget() {
 /// Eight sessions of one agent, each on its own thread, spend a shared budget of 1_000 at
 /// 7 per call: exactly 142 calls are allowed, however the threads interleave, and the
 /// journal folds back to the same amounts.
-fn concurrent<S: SessionStore>(store: &S, journal_fold: impl Fn() -> Option<tollgate_store::Ledger>) {
+fn concurrent<S: SessionStore>(
+    store: &S,
+    journal_fold: impl Fn() -> Option<tollgate_store::Ledger>,
+) {
     for t in 0..8 {
         create(store, agent_session(&format!("c{t}"), "spender", 1_000)).unwrap();
     }
@@ -87,7 +103,9 @@ fn concurrent<S: SessionStore>(store: &S, journal_fold: impl Fn() -> Option<toll
         }
     });
     assert_eq!(allowed.load(Ordering::Relaxed), 1_000 / 7);
-    let b = block_on(store.budget(&agent_key("spender"))).unwrap().unwrap();
+    let b = block_on(store.budget(&agent_key("spender")))
+        .unwrap()
+        .unwrap();
     assert_eq!(b.remaining, Money(1_000 % 7));
     if let Some(ledger) = journal_fold() {
         assert_eq!(ledger.budgets.get(&agent_key("spender")), Some(&b));

@@ -177,8 +177,7 @@ pub fn open_embedded(
 ) -> Result<(Arc<Writer>, EmbeddedStore, StoreReport), StoreError> {
     let (tap, rx) = tollgate_store::tap();
     let (writer, _) =
-        Writer::open_with_tap(WriterConfig::new(dir.join("audit")), key(), tap.into_fn())
-            .unwrap();
+        Writer::open_with_tap(WriterConfig::new(dir.join("audit")), key(), tap.into_fn()).unwrap();
     let writer = Arc::new(writer);
     let (store, report) = EmbeddedStore::open(
         dir.join("state.redb"),
