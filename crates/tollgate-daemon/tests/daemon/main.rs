@@ -11,6 +11,7 @@
 mod flows;
 mod hostile;
 mod lifecycle;
+mod settlement;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -116,6 +117,24 @@ pub fn audited(dir: &Path) -> Vec<tollgate_audit::VerdictRecord> {
     tollgate_audit::verify_paths(&[dir.join("audit")], &opts, &mut |e| {
         if let tollgate_audit::Event::Session(tollgate_audit::SessionEvent::Verdict(v)) = &e.event {
             out.push(v.clone());
+        }
+    })
+    .unwrap();
+    out
+}
+
+/// Every session entry in the daemon's audit log, verified with its public key.
+pub fn session_events(dir: &Path) -> Vec<tollgate_audit::SessionEvent> {
+    let public = std::fs::read_to_string(dir.join("audit.pub")).unwrap();
+    let key = tollgate_audit::keys::parse_public_key(&public).unwrap();
+    let opts = tollgate_audit::VerifyOptions {
+        trusted_key: Some(key),
+        ..Default::default()
+    };
+    let mut out = Vec::new();
+    tollgate_audit::verify_paths(&[dir.join("audit")], &opts, &mut |e| {
+        if let tollgate_audit::Event::Session(ev) = &e.event {
+            out.push(ev.clone());
         }
     })
     .unwrap();

@@ -13,6 +13,7 @@ use std::process::{Command, Output};
 mod audit;
 mod board;
 mod conformance;
+mod crash;
 mod daemon;
 
 pub fn tollgate(args: &[&str]) -> Output {
