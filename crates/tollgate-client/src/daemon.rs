@@ -212,7 +212,10 @@ impl DaemonClient {
                 if let Err(e) = read.read_exact(&mut body).await {
                     break ClientError::Unreachable(format!("connection closed: {e}"));
                 }
-                deliver(&reader_waiters, &reader_key, &body);
+                if let Some(refusal) = deliver(&reader_waiters, &reader_key, &body) {
+                    // The daemon refused the connection itself and closes it.
+                    break refusal;
+                }
             };
             // Everyone still waiting fails closed.
             for (_, tx) in lock_waiters(&reader_waiters).drain() {
@@ -232,6 +235,7 @@ impl DaemonClient {
         let Some(session_id) = session_id else {
             return Ok(client);
         };
+        let resume = (!session_id.is_empty()).then(|| session_id.clone());
         let reply = client
             .request(Payload::Register(sp1::RegisterRequest {
                 agent_id: client.config.agent_id.clone(),
@@ -249,6 +253,11 @@ impl DaemonClient {
                 "expected a register response".into(),
             ));
         };
+        if !resumed_as_asked(&r, resume.as_deref()) {
+            return Err(ClientError::Malformed(
+                "the registration does not answer the session asked for".into(),
+            ));
+        }
         client.session_id = r.session_id.clone();
         let last = r.state.as_ref().map_or(0, |s| s.last_call_number);
         client.next_call = AtomicU64::new(last + 1);
@@ -372,6 +381,7 @@ impl DaemonClient {
     /// re-dispatching a call a human approved with its original nonce.
     pub async fn pre_exec_request(&self, req: sp1::PreExecRequest) -> ClientVerdict {
         let call_number = req.call_number;
+        let session_id = req.session_id.clone();
         match self.request(Payload::PreExec(req)).await {
             Ok(Payload::PreExecResponse(r)) => {
                 let verdict = match sp1::Verdict::try_from(r.verdict) {
@@ -380,14 +390,14 @@ impl DaemonClient {
                     // DENY, and anything unknown or unspecified: fail closed.
                     _ => tollgate_core::Verdict::Deny,
                 };
-                self.last_remaining
-                    .store(r.budget_remaining_nanos, Ordering::Relaxed);
-                if r.call_number != call_number {
+                if r.call_number != call_number || r.session_id != session_id {
                     return ClientVerdict::fail_closed(
                         call_number,
                         ClientError::Malformed("reply is for another call".into()),
                     );
                 }
+                self.last_remaining
+                    .store(r.budget_remaining_nanos, Ordering::Relaxed);
                 ClientVerdict {
                     verdict,
                     reason: r.reason.clone(),
@@ -445,8 +455,10 @@ impl DaemonClient {
             }))
             .await?
         {
-            Payload::HeartbeatAck(a) => Ok(a),
-            _ => Err(ClientError::Malformed("expected a heartbeat ack".into())),
+            Payload::HeartbeatAck(a) if a.session_id == self.session_id => Ok(a),
+            _ => Err(ClientError::Malformed(
+                "expected this session's heartbeat ack".into(),
+            )),
         }
     }
 
@@ -484,8 +496,10 @@ impl DaemonClient {
             }))
             .await?
         {
-            Payload::SessionState(s) => Ok(s),
-            _ => Err(ClientError::Malformed("expected a session state".into())),
+            Payload::SessionState(s) if s.session_id == session_id => Ok(s),
+            _ => Err(ClientError::Malformed(
+                "expected that session's state".into(),
+            )),
         }
     }
 
@@ -507,8 +521,9 @@ impl DaemonClient {
         &self,
         req: sp1::HitlDecideRequest,
     ) -> Result<sp1::HitlDecideResponse, ClientError> {
+        let session_id = req.session_id.clone();
         match self.request(Payload::HitlDecide(req)).await? {
-            Payload::HitlDecideResponse(r) => Ok(r),
+            Payload::HitlDecideResponse(r) if r.session_id == session_id => Ok(r),
             _ => Err(ClientError::Malformed(
                 "expected a HITL decision response".into(),
             )),
@@ -516,14 +531,33 @@ impl DaemonClient {
     }
 }
 
-/// Route a reply to its waiter, if it verifies.
-fn deliver(waiters: &Waiters, key: &MessageKey, body: &[u8]) {
+/// Whether a registration reply answers what was asked: a resume must come back as that
+/// session, resumed; a new registration as a new session.
+fn resumed_as_asked(r: &sp1::RegisterResponse, resume: Option<&str>) -> bool {
+    match resume {
+        Some(id) => r.resumed && r.session_id == id,
+        None => !r.resumed && !r.session_id.is_empty(),
+    }
+}
+
+/// Route a reply to its waiter, if it verifies. An unsealed error with no correlation id
+/// is the daemon refusing the connection itself (at its connection cap, or after a frame
+/// or idle timeout): returned, so that every waiter fails with it.
+fn deliver(waiters: &Waiters, key: &MessageKey, body: &[u8]) -> Option<ClientError> {
     let Ok(unverified) = Unverified::decode(body) else {
-        return; // unreadable: whoever waits times out, failing closed
+        return None; // unreadable: whoever waits times out, failing closed
     };
     let correlation = unverified.envelope().correlation_id.clone();
+    if correlation.is_empty() {
+        if let Some(Payload::Error(e)) = &unverified.envelope().payload {
+            return Some(ClientError::Refused {
+                code: sp1::ErrorCode::try_from(e.code).unwrap_or(sp1::ErrorCode::Unspecified),
+                message: e.message.clone(),
+            });
+        }
+    }
     let Some(tx) = lock_waiters(waiters).remove(&correlation) else {
-        return;
+        return None;
     };
     // An unauthenticated error (sent before the daemon knew our key) is still a failure;
     // anything else unauthenticated is a forgery.
@@ -539,4 +573,5 @@ fn deliver(waiters: &Waiters, key: &MessageKey, body: &[u8]) {
         Err(_) => Err(unsealed_error.unwrap_or(ClientError::BadMac)),
     };
     let _ = tx.send(result);
+    None
 }

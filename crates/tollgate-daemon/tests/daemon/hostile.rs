@@ -492,14 +492,15 @@ async fn imposter(socket: &Path, answer: fn(&MessageKey, &Envelope) -> Option<Ve
 }
 
 fn allow_response(req: &Envelope) -> Envelope {
-    let call = match &req.payload {
-        Some(Payload::PreExec(p)) => p.call_number,
-        _ => 0,
+    let (call, session_id) = match &req.payload {
+        Some(Payload::PreExec(p)) => (p.call_number, p.session_id.clone()),
+        _ => (0, String::new()),
     };
     Envelope {
         protocol_version: "1.0.0".into(),
         correlation_id: req.message_id.clone(),
         payload: Some(Payload::PreExecResponse(sp1::PreExecResponse {
+            session_id,
             call_number: call,
             verdict: sp1::Verdict::Allow as i32,
             reason: "within_thresholds".into(),
@@ -575,4 +576,50 @@ async fn client_fails_closed_on_timeout_bad_mac_and_malformed_replies() {
     })
     .await;
     assert_eq!(v.verdict, Verdict::Deny);
+    // A sealed ALLOW for the same call number of another session.
+    let v = verdict_from_imposter(|k, req| {
+        let mut e = allow_response(req);
+        if let Some(Payload::PreExecResponse(r)) = &mut e.payload {
+            r.session_id = "s_someone_else".into();
+        }
+        seal(k, &e).ok()
+    })
+    .await;
+    assert_eq!(
+        (v.verdict, v.reason.as_str()),
+        (Verdict::Deny, "fail_closed:malformed_reply")
+    );
+    // The daemon refusing the connection itself (an unsealed, uncorrelated error, as at
+    // its connection cap): every waiting call fails with the daemon's code.
+    let v = verdict_from_imposter(|_, _| {
+        Some(
+            Envelope {
+                protocol_version: "1.0.0".into(),
+                payload: Some(Payload::Error(sp1::Error {
+                    code: sp1::ErrorCode::DaemonUnavailable as i32,
+                    message: "too many connections".into(),
+                    retry_after_ms: 0,
+                })),
+                ..Default::default()
+            }
+            .encode_to_vec(),
+        )
+    })
+    .await;
+    assert_eq!(
+        (v.verdict, v.reason.as_str()),
+        (Verdict::Deny, "fail_closed:daemon_unavailable")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resume_must_come_back_as_the_session_asked_for() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("fake.sock");
+    // The imposter answers every registration as a new session `s_fake`.
+    imposter(&socket, |_, _| None).await;
+    let e = DaemonClient::resume(cfg_for(&socket), "s_mine")
+        .await
+        .unwrap_err();
+    assert_eq!(e.reason(), "fail_closed:malformed_reply");
 }

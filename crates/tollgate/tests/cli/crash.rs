@@ -122,7 +122,11 @@ async fn load(dir: &Path, agents: &mut [Agent], stop: Arc<AtomicBool>, salt: u64
                 }
                 next += 1;
                 if v.verdict == Verdict::Allow {
-                    let actual = if n.is_multiple_of(5) { f64::NAN } else { cost / 2.0 };
+                    let actual = if n.is_multiple_of(5) {
+                        f64::NAN
+                    } else {
+                        cost / 2.0
+                    };
                     if c.post_exec(v.call_number, actual, true, "").await.is_err() {
                         return (next, None);
                     }
