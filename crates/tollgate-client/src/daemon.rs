@@ -556,9 +556,7 @@ fn deliver(waiters: &Waiters, key: &MessageKey, body: &[u8]) -> Option<ClientErr
             });
         }
     }
-    let Some(tx) = lock_waiters(waiters).remove(&correlation) else {
-        return None;
-    };
+    let tx = lock_waiters(waiters).remove(&correlation)?;
     // An unauthenticated error (sent before the daemon knew our key) is still a failure;
     // anything else unauthenticated is a forgery.
     let unsealed_error = match &unverified.envelope().payload {
