@@ -107,20 +107,13 @@ pub async fn connect(socket: &Path, agent: &str) -> DaemonClient {
 
 /// The verdict entries in the daemon's audit log, verified with its public key.
 pub fn audited(dir: &Path) -> Vec<tollgate_audit::VerdictRecord> {
-    let public = std::fs::read_to_string(dir.join("audit.pub")).unwrap();
-    let key = tollgate_audit::keys::parse_public_key(&public).unwrap();
-    let opts = tollgate_audit::VerifyOptions {
-        trusted_key: Some(key),
-        ..Default::default()
-    };
-    let mut out = Vec::new();
-    tollgate_audit::verify_paths(&[dir.join("audit")], &opts, &mut |e| {
-        if let tollgate_audit::Event::Session(tollgate_audit::SessionEvent::Verdict(v)) = &e.event {
-            out.push(v.clone());
-        }
-    })
-    .unwrap();
-    out
+    session_events(dir)
+        .into_iter()
+        .filter_map(|e| match e {
+            tollgate_audit::SessionEvent::Verdict(v) => Some(v),
+            _ => None,
+        })
+        .collect()
 }
 
 /// Every session entry in the daemon's audit log, verified with its public key.

@@ -66,6 +66,16 @@ fn assert_is_fold_of_log(store: &EmbeddedStore, dir: &Path) {
     }
 }
 
+/// The files of a running store copied as a kill -9 would leave them: its last snapshot,
+/// and the log with everything made durable so far.
+fn crash_copy(writer: &tollgate_audit::Writer, dir: &Path) -> tempfile::TempDir {
+    writer.flush().wait().unwrap();
+    let crashed = tempfile::tempdir().unwrap();
+    std::fs::copy(dir.join("state.redb"), crashed.path().join("state.redb")).unwrap();
+    copy_dir(&dir.join("audit"), &crashed.path().join("audit"));
+    crashed
+}
+
 fn copy_dir(from: &Path, to: &Path) {
     std::fs::create_dir_all(to).unwrap();
     for e in std::fs::read_dir(from).unwrap() {
@@ -103,16 +113,8 @@ fn entries_after_the_snapshot_are_replayed() {
     let snap = store.snapshot().unwrap();
     assert_eq!(snap.snapshots, 1);
     work(&store, 10, 10);
-    // Everything is durable; copy the files as a crash would leave them: the snapshot
-    // from before the second half, the log with all of it.
-    writer.flush().wait().unwrap();
-    let crashed = tempfile::tempdir().unwrap();
-    std::fs::copy(
-        dir.path().join("state.redb"),
-        crashed.path().join("state.redb"),
-    )
-    .unwrap();
-    copy_dir(&dir.path().join("audit"), &crashed.path().join("audit"));
+    // The snapshot from before the second half, the log with all of it.
+    let crashed = crash_copy(&writer, dir.path());
     close(&writer, &store);
 
     let (writer, store, report) = open_embedded(crashed.path(), manual()).unwrap();
@@ -198,14 +200,7 @@ fn a_tampered_entry_after_the_snapshot_is_refused() {
     work(&store, 0, 2);
     store.snapshot().unwrap();
     work(&store, 2, 2);
-    writer.flush().wait().unwrap();
-    let crashed = tempfile::tempdir().unwrap();
-    std::fs::copy(
-        dir.path().join("state.redb"),
-        crashed.path().join("state.redb"),
-    )
-    .unwrap();
-    copy_dir(&dir.path().join("audit"), &crashed.path().join("audit"));
+    let crashed = crash_copy(&writer, dir.path());
     close(&writer, &store);
     // Flip a byte near the end of the log (inside the last entry's signed fields).
     let log = std::fs::read_dir(crashed.path().join("audit"))

@@ -8,7 +8,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -19,6 +19,7 @@ use tollgate_core::{BudgetScope, Money, Verdict};
 use tollgate_proto::sp1;
 use tollgate_store::{BudgetKey, Ledger};
 
+use crate::daemon::Serve;
 use crate::s;
 
 const CONFIG: &str = r#"
@@ -38,29 +39,8 @@ settlement = "actual"
 
 const SESSIONS: usize = 8;
 
-fn start(dir: &Path) -> Child {
-    let child = Command::new(env!("CARGO_BIN_EXE_tollgate"))
-        .args([
-            "serve",
-            "--data-dir",
-            s(dir),
-            "--config",
-            s(&dir.join("crash.toml")),
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let socket = dir.join("tollgate.sock");
-    let t = Instant::now();
-    while std::os::unix::net::UnixStream::connect(&socket).is_err() {
-        assert!(
-            t.elapsed() < Duration::from_secs(30),
-            "daemon did not start"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    child
+fn start(dir: &Path) -> Serve {
+    Serve::start_with(dir, &["--config", s(&dir.join("crash.toml"))])
 }
 
 fn client_config(dir: &Path, agent: &str) -> ClientConfig {
@@ -243,7 +223,7 @@ fn kill_9_under_load_leaves_the_state_the_fold_of_the_log() {
         let stop = Arc::new(AtomicBool::new(false));
         let killer = {
             let stop = stop.clone();
-            let pid = daemon.id();
+            let pid = daemon.child.id();
             std::thread::spawn(move || {
                 std::thread::sleep(Duration::from_millis(ms));
                 // SIGKILL: no drain, no flush, no last snapshot.
@@ -255,7 +235,7 @@ fn kill_9_under_load_leaves_the_state_the_fold_of_the_log() {
         };
         rt.block_on(load(dir, &mut agents, stop, round as u64 + 1));
         killer.join().unwrap();
-        daemon.wait().unwrap();
+        daemon.child.wait().unwrap();
         daemon = start(dir);
 
         // Before any new call: the state each session reports is the fold of the log.
@@ -325,8 +305,8 @@ fn kill_9_under_load_leaves_the_state_the_fold_of_the_log() {
     assert!(resent > 0, "some calls were in flight at the kills");
     // A graceful stop, and the whole log verifies and still folds and reconciles.
     let _ = Command::new("kill")
-        .args(["-TERM", &daemon.id().to_string()])
+        .args(["-TERM", &daemon.child.id().to_string()])
         .status();
-    daemon.wait().unwrap();
+    daemon.child.wait().unwrap();
     fold_and_reconcile(dir);
 }

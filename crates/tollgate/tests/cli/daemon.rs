@@ -10,8 +10,8 @@ use tollgate_core::{json, Verdict};
 
 use crate::{code, s, text, tollgate};
 
-struct Serve {
-    child: Child,
+pub(crate) struct Serve {
+    pub(crate) child: Child,
     dir: PathBuf,
 }
 
@@ -20,7 +20,7 @@ impl Serve {
         Serve::start_with(dir, &[])
     }
 
-    fn start_with(dir: &Path, extra: &[&str]) -> Serve {
+    pub(crate) fn start_with(dir: &Path, extra: &[&str]) -> Serve {
         let child = Command::new(env!("CARGO_BIN_EXE_tollgate"))
             .args(["serve", "--data-dir", s(dir)])
             .args(extra)
