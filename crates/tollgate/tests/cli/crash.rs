@@ -11,7 +11,7 @@ use std::path::Path;
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tollgate_audit::{Event, SessionEvent};
 use tollgate_client::{ClientConfig, DaemonClient};
