@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 mod audit;
+mod bench;
 mod board;
 mod conformance;
 mod crash;
