@@ -169,7 +169,12 @@ impl FileHeader {
 
     /// Parse a header and check its own consistency and signature (against the key it
     /// names; whether that key is trusted is the verifier's question).
+    ///
+    /// Checked in this order: length, magic, version, key id, key, signature.
     pub fn decode(bytes: &[u8]) -> Result<FileHeader, HeaderError> {
+        if bytes.len() < HEADER_LEN {
+            return Err(HeaderError::Short(bytes.len()));
+        }
         let mut c = Cur::new(bytes);
         let short = |_| HeaderError::Short(bytes.len());
         if c.arr::<8>().map_err(short)? != MAGIC {
