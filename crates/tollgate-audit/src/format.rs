@@ -169,7 +169,12 @@ impl FileHeader {
 
     /// Parse a header and check its own consistency and signature (against the key it
     /// names; whether that key is trusted is the verifier's question).
+    ///
+    /// Checked in this order: length, magic, version, key id, key, signature.
     pub fn decode(bytes: &[u8]) -> Result<FileHeader, HeaderError> {
+        if bytes.len() < HEADER_LEN {
+            return Err(HeaderError::Short(bytes.len()));
+        }
         let mut c = Cur::new(bytes);
         let short = |_| HeaderError::Short(bytes.len());
         if c.arr::<8>().map_err(short)? != MAGIC {
@@ -299,6 +304,9 @@ pub enum EncodeError {
     /// The entry breaks a rule of the format (the verifier would call it malformed).
     #[error("entry breaks a format rule: {0}")]
     Invalid(&'static str),
+    /// The format version is not one this crate writes or reads.
+    #[error("unknown format version {0}")]
+    Version(u16),
     /// The record kind does not exist in the file's format version.
     #[error("record kind {kind} does not exist in format version {version}")]
     KindNotInVersion {
@@ -346,6 +354,9 @@ pub fn encode_record_version(
     key: &SigningKey,
     key_id: KeyId,
 ) -> Result<Vec<u8>, EncodeError> {
+    if !(OLDEST_VERSION..=FORMAT_VERSION).contains(&version) {
+        return Err(EncodeError::Version(version));
+    }
     if !kind_in_version(event.kind(), version) {
         return Err(EncodeError::KindNotInVersion {
             kind: event.kind(),
@@ -713,7 +724,7 @@ fn parse_fields(version: u16, c: &mut Cur<'_>) -> Parsed<AuditEntry> {
         }));
     }
     let event = match kind {
-        1 => parse_verdict(c, timestamp_ns, version)?.map(Event::from_verdict),
+        1 => parse_verdict(c, timestamp_ns, version)?.map(Event::from),
         2 => Ok(Event::KeyHandover {
             new_public_key: c.arr()?,
         }),
@@ -750,12 +761,6 @@ fn parse_fields(version: u16, c: &mut Cur<'_>) -> Parsed<AuditEntry> {
             prev_hash,
             signature,
         }))
-}
-
-impl Event {
-    fn from_verdict(v: VerdictRecord) -> Event {
-        Event::Session(SessionEvent::Verdict(v))
-    }
 }
 
 /// A presence flag. Any value but 0 or 1 stops the parse as malformed: the structure

@@ -294,7 +294,8 @@ impl Writer {
     /// chain order, with no entry skipped or repeated, and before the completions of
     /// those entries fire. It runs on whichever writer thread made the entries durable
     /// (the fsync thread under `batch`, the writer thread otherwise), so it must not
-    /// block for long: every later entry waits for it.
+    /// block for long: every later entry waits for it. It must never wait on this
+    /// writer (a completion, a flush, a shutdown): that would deadlock.
     ///
     /// Not tapped: the entries already in the log when this returns, including a
     /// recovery entry written by the open itself (see [`OpenReport::recovered`]); read

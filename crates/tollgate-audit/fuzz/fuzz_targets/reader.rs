@@ -1,27 +1,49 @@
-//! Arbitrary bytes into every reader of tollgate-audit: the verifier, the record and
-//! header parsers, and the checkpoint and key file parsers. None may panic.
+//! Arbitrary bytes into every reader of tollgate-audit: the verifier (format versions 1
+//! and 2), the record and header parsers, and the checkpoint and key file parsers. None
+//! may panic. A record that parses must encode back to the same bytes.
 
 #![no_main]
 
 use std::sync::OnceLock;
 
 use libfuzzer_sys::fuzz_target;
-use tollgate_audit::format::{self, FileHeader};
+use tollgate_audit::format::{self, FileHeader, Position};
 use tollgate_audit::{checkpoint::Checkpoint, keys, verify, SigningKey, VerifyOptions};
 
-/// A validly signed header, so that record parsing and chain checks are reached.
-fn header() -> &'static [u8] {
-    static H: OnceLock<Vec<u8>> = OnceLock::new();
-    H.get_or_init(|| {
-        let k = SigningKey::from_bytes(&[1; 32]);
-        FileHeader::new_signed(&k, 0, 0, format::genesis_hash(), 0).encode()
-    })
+fn key() -> &'static SigningKey {
+    static K: OnceLock<SigningKey> = OnceLock::new();
+    K.get_or_init(|| SigningKey::from_bytes(&[1; 32]))
+}
+
+/// A validly signed header of `version`, so that record parsing and chain checks are
+/// reached.
+fn header(version: u16) -> Vec<u8> {
+    FileHeader::new_signed_version(version, key(), 0, 0, format::genesis_hash(), 0).encode()
+}
+
+/// Parse a record; if it parses, encoding its entry again must give the same bytes
+/// (the signature aside: the fuzzer's bytes were not signed by our key).
+fn round_trip(version: u16, bytes: &[u8]) {
+    let Ok((r, n)) = format::parse_record_version(version, bytes) else {
+        return;
+    };
+    let pos = Position {
+        index: r.entry.index,
+        timestamp_ns: r.entry.timestamp_ns,
+        entry_id: r.entry.entry_id,
+        prev_hash: &r.entry.prev_hash,
+    };
+    let again = format::encode_record_version(version, pos, &r.entry.event, key(), r.entry.key_id)
+        .expect("a parsed entry encodes");
+    assert_eq!(again.len(), n);
+    assert_eq!(again[..n - 64], bytes[..n - 64]);
 }
 
 fuzz_target!(|data: &[u8]| {
     let Some((&mode, rest)) = data.split_first() else {
         return;
     };
+    let version = if mode & 0x80 == 0 { 2 } else { 1 };
     match mode % 5 {
         0 => {
             let _ = verify(&[("f", rest)], &VerifyOptions::default());
@@ -33,13 +55,13 @@ fuzz_target!(|data: &[u8]| {
             let _ = verify(&[("a", a), ("b", b)], &VerifyOptions::default());
         }
         2 => {
-            let _ = format::parse_record(rest);
+            round_trip(version, rest);
             let _ = FileHeader::decode(rest);
         }
         3 => {
             // A valid header followed by arbitrary records, with and without signature
             // checks (without, the index, link and hand-over paths are reached).
-            let mut file = header().to_vec();
+            let mut file = header(version);
             file.extend_from_slice(rest);
             let _ = verify(&[("f", &file)], &VerifyOptions::default());
             let opts = VerifyOptions {

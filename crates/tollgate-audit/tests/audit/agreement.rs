@@ -320,6 +320,18 @@ fn a_version_1_file_after_a_version_2_file_is_a_downgrade() {
 }
 
 #[test]
+fn a_header_is_checked_for_length_before_magic() {
+    // Fewer than 170 bytes is a short header, whatever they hold.
+    assert_eq!(
+        FileHeader::decode(&[0x55; 100]),
+        Err(HeaderError::Short(100))
+    );
+    let mut h = FileHeader::new_signed(&key(1), 0, 0, format::genesis_hash(), NOON).encode();
+    h[0] = b'X';
+    assert_eq!(FileHeader::decode(&h), Err(HeaderError::Magic));
+}
+
+#[test]
 fn a_header_with_a_small_order_key_is_a_bad_public_key() {
     let k = key(1);
     let mut h = FileHeader::new_signed(&k, 0, 0, format::genesis_hash(), NOON);

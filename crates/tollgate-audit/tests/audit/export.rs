@@ -88,3 +88,159 @@ fn csv_rows_quote_what_needs_quoting() {
     }
     assert!(export::to_csv_row(&e).contains(",-0.5,"));
 }
+
+/// The entries of the version-2 known answer: one of each kind.
+fn every_kind() -> Vec<tollgate_audit::AuditEntry> {
+    let p =
+        std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/known-answer.log");
+    verify_dir_files(&p)
+}
+
+fn verify_dir_files(p: &std::path::Path) -> Vec<tollgate_audit::AuditEntry> {
+    let mut out = Vec::new();
+    tollgate_audit::verify_paths(&[p.to_owned()], &opts(&key(1)), &mut |e| {
+        out.push(e.clone())
+    })
+    .unwrap();
+    out
+}
+
+/// Split one RFC 4180 row (no line breaks inside fields in these tests).
+fn csv_fields(row: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut cur = String::new();
+    let mut quoted = false;
+    let mut chars = row.chars().peekable();
+    while let Some(c) = chars.next() {
+        match (c, quoted) {
+            ('"', true) if chars.peek() == Some(&'"') => {
+                cur.push('"');
+                chars.next();
+            }
+            ('"', _) => quoted = !quoted,
+            (',', false) => out.push(std::mem::take(&mut cur)),
+            (c, _) => cur.push(c),
+        }
+    }
+    out.push(cur);
+    out
+}
+
+#[test]
+fn every_kind_exports_every_field() {
+    let all = every_kind();
+    let objs: Vec<_> = all
+        .iter()
+        .map(|e| {
+            let v = json::parse_str(&export::to_json_line(e)).unwrap();
+            assert_eq!(v.as_object().unwrap().len(), COLUMNS.len());
+            v
+        })
+        .collect();
+    let get = |i: usize, k: &str| objs[i].get(k).unwrap().clone();
+    let text = |i: usize, k: &str| get(i, k).as_str().map(str::to_owned);
+    let kinds: Vec<_> = (0..6).map(|i| text(i, "kind").unwrap()).collect();
+    assert_eq!(
+        kinds,
+        [
+            "session_opened",
+            "verdict",
+            "settlement",
+            "human_decision",
+            "recovery",
+            "key_handover"
+        ]
+    );
+    // Session opened.
+    assert_eq!(text(0, "budget_scope").as_deref(), Some("per_agent"));
+    assert_eq!(text(0, "budget_initial_usd").as_deref(), Some("10"));
+    assert_eq!(text(0, "budget_before_usd").as_deref(), Some("7.5"));
+    assert_eq!(
+        text(0, "config").as_deref(),
+        Some(r#"{"budget_scope":"per_agent","budget_usd":10}"#)
+    );
+    assert_eq!(get(0, "session_seq").as_u64(), Some(1));
+    assert!(text(0, "config_digest").is_some());
+    assert!(get(0, "verdict").is_null());
+    // Verdict.
+    assert_eq!(text(1, "verdict").as_deref(), Some("ALLOW"));
+    assert_eq!(get(1, "session_seq").as_u64(), Some(2));
+    // Settlement.
+    assert_eq!(
+        text(2, "reported_cost_bits").as_deref(),
+        Some("3f50624dd2f1a9fc")
+    );
+    assert_eq!(text(2, "reported_cost").as_deref(), Some("0.001"));
+    assert_eq!(text(2, "cost_status").as_deref(), Some("readable"));
+    assert_eq!(text(2, "actual_cost_usd").as_deref(), Some("0.001"));
+    assert_eq!(text(2, "charged_usd").as_deref(), Some("0.001"));
+    assert_eq!(text(2, "estimated_cost_usd").as_deref(), Some("0.0015"));
+    assert_eq!(get(2, "reserved").as_bool(), Some(true));
+    assert_eq!(get(2, "success").as_bool(), Some(true));
+    assert_eq!(get(2, "error_signal").as_bool(), Some(false));
+    assert_eq!(text(2, "budget_after_usd").as_deref(), Some("7.499"));
+    assert_eq!(get(2, "call_number").as_u64(), Some(1));
+    // Human decision.
+    assert_eq!(text(3, "decision").as_deref(), Some("modify"));
+    assert_eq!(text(3, "operator_id").as_deref(), Some("alice"));
+    assert_eq!(get(3, "original_nonce").as_u64(), Some(8));
+    assert_eq!(get(3, "successor_nonce").as_u64(), Some(9));
+    assert!(text(3, "successor_args_digest").is_some());
+    assert_eq!(text(3, "budget_remaining_usd").as_deref(), Some("7.499"));
+    assert_eq!(text(3, "tool_name").as_deref(), Some("send_email"));
+    // Recovery and hand-over.
+    assert_eq!(get(4, "recovery_offset").as_u64(), Some(1234));
+    assert_eq!(get(4, "recovery_length").as_u64(), Some(56));
+    assert_eq!(
+        text(4, "recovery_file").as_deref(),
+        Some("audit-00000000-20261130.log")
+    );
+    assert!(get(4, "session_id").is_null());
+    assert_eq!(
+        text(5, "new_key_id"),
+        Some(tollgate_audit::KeyId::of(&key(2).verifying_key().to_bytes()).to_string())
+    );
+    // CSV: one field per column, the same values.
+    let header = export::csv_header();
+    assert_eq!(csv_fields(&header), COLUMNS);
+    for (e, obj) in all.iter().zip(&objs) {
+        let row = csv_fields(&export::to_csv_row(e));
+        assert_eq!(row.len(), COLUMNS.len(), "{}", export::to_csv_row(e));
+        for (col, cell) in COLUMNS.iter().zip(&row) {
+            let v = obj.get(col).unwrap();
+            let expected = if v.is_null() {
+                String::new()
+            } else if let Some(s) = v.as_str() {
+                s.to_owned()
+            } else {
+                String::from_utf8(json::to_canonical_vec(v).unwrap()).unwrap()
+            };
+            assert_eq!(cell, &expected, "column {col}");
+        }
+    }
+}
+
+#[test]
+fn a_session_filter_selects_every_kind_of_that_session() {
+    let all = every_kind();
+    let by_session = Filter {
+        session: Some("s1".into()),
+        ..Filter::default()
+    };
+    let picked: Vec<u8> = all
+        .iter()
+        .filter(|e| by_session.matches(e))
+        .map(|e| e.event.kind())
+        .collect();
+    assert_eq!(picked, [4, 1, 5, 6]);
+    let allows = Filter {
+        verdict: Some(Verdict::Allow),
+        ..Filter::default()
+    };
+    let picked: Vec<u8> = all
+        .iter()
+        .filter(|e| allows.matches(e))
+        .map(|e| e.event.kind())
+        .collect();
+    assert_eq!(picked, [1]);
+}

@@ -291,6 +291,36 @@ fn version_1_file_is_still_reproduced_and_verified() {
 }
 
 #[test]
+fn reason_strings_are_documented() {
+    // The doc's list of reason strings is the code's, in the same order.
+    let d = doc();
+    let start = d.find("##### Reason strings").unwrap();
+    let end = start + d[start..].find("These are SP/1.0.1").unwrap();
+    let listed: Vec<&str> = d[start..end].split('`').skip(1).step_by(2).collect();
+    let code: Vec<&str> = Reason::ALL.iter().map(|r| r.as_str()).collect();
+    assert_eq!(listed, code);
+}
+
+#[test]
+fn record_hashes_are_documented() {
+    let d = doc();
+    for name in ["known-answer.log", "known-answer-v1.log"] {
+        let bytes = std::fs::read(data_path(name)).unwrap();
+        let version = u16::from_be_bytes([bytes[8], bytes[9]]);
+        let mut off = format::HEADER_LEN;
+        while off < bytes.len() {
+            let (_, n) = format::parse_record_version(version, &bytes[off..]).unwrap();
+            let h = format::sha256(&bytes[off..off + n]).to_string();
+            assert!(
+                d.contains(&h),
+                "docs lack record hash {h} of {name} at {off}"
+            );
+            off += n;
+        }
+    }
+}
+
+#[test]
 fn genesis_value_is_documented() {
     let g = format::genesis_hash().to_string();
     assert!(doc().contains(&g), "genesis {g} not in docs");

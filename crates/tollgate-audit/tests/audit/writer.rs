@@ -317,3 +317,59 @@ fn writer_is_shareable_and_completions_cross_threads() {
     assert_eq!(a.index, 0);
     w.shutdown().unwrap();
 }
+
+#[test]
+fn the_encoder_refuses_what_the_verifier_would_call_malformed() {
+    use tollgate_audit::format::{encode_record_version, EncodeError, Position};
+    use tollgate_audit::{DecisionRecord, Event, KeyId, SessionEvent};
+    let k = key(1);
+    let kid = KeyId::of(k.verifying_key().as_bytes());
+    let prev = tollgate_audit::format::genesis_hash();
+    let pos = Position {
+        index: 0,
+        timestamp_ns: NOON,
+        entry_id: uuid::Uuid::nil(),
+        prev_hash: &prev,
+    };
+    let decision = DecisionRecord {
+        timestamp_ns: NOON,
+        session_id: "s".into(),
+        agent_id: "a".into(),
+        organization_id: "o".into(),
+        call_number: 1,
+        operator_id: "op".into(),
+        decision: tollgate_core::HumanDecision::Awaiting,
+        tool_name: "t".into(),
+        original_nonce: 1,
+        original_args_digest: tollgate_core::Digest([0; 32]),
+        successor: None,
+        budget_remaining: tollgate_core::Money(0),
+        session_seq: 1,
+    };
+    let ev = Event::Session(SessionEvent::HumanDecision(decision.clone()));
+    assert!(matches!(
+        encode_record_version(2, pos, &ev, &k, kid),
+        Err(EncodeError::Invalid(_))
+    ));
+    assert!(matches!(
+        encode_record_version(1, pos, &ev, &k, kid),
+        Err(EncodeError::KindNotInVersion {
+            kind: 6,
+            version: 1
+        })
+    ));
+    assert_eq!(
+        encode_record_version(3, pos, &ev, &k, kid),
+        Err(EncodeError::Version(3))
+    );
+    // Through the writer: refused, nothing written, the chain goes on.
+    let dir = tempfile::tempdir().unwrap();
+    let (w, _) = Writer::open(fast(config(dir.path())), key(1)).unwrap();
+    assert!(matches!(w.append(decision), Err(WriteError::Encode(_))));
+    let mut verdict = record(0);
+    verdict.session_seq = 0;
+    assert!(matches!(w.append(verdict), Err(WriteError::Encode(_))));
+    assert_eq!(w.append(record(0)).unwrap().index, 0);
+    w.shutdown().unwrap();
+    assert_eq!(verify_dir(dir.path(), &opts(&key(1))).unwrap().0.entries, 1);
+}

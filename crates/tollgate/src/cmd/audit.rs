@@ -1,6 +1,7 @@
 //! `tollgate audit ...`: verify, checkpoint, export, rotate-key.
 //!
-//! Exit codes: 0 the log is whole, 1 a break was found, 2 usage or I/O error.
+//! Exit codes: 0 the log is whole, 1 a break was found (a corrupt `.zst` archive is a
+//! break), 2 usage or I/O error.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -285,6 +286,13 @@ fn rotate_key(a: &RotateKeyArgs) -> anyhow::Result<ExitCode> {
 }
 
 fn report_recovery(report: &tollgate_audit::OpenReport) {
+    if let Some(v) = report.upgraded_from {
+        eprintln!(
+            "tollgate: the log's last file is format version {v}; continuing in a new version-{} file `{}`",
+            tollgate_audit::format::FORMAT_VERSION,
+            report.file.display()
+        );
+    }
     if let Some(r) = &report.recovered {
         eprintln!(
             "tollgate: recovered a torn tail: {} bytes at offset {} of `{}` moved to `{}` (recorded as entry {})",

@@ -392,3 +392,183 @@ fn entries_in(f: &Fixture) -> u64 {
     );
     n
 }
+
+/// The audit crate's version-2 known answer (one entry of each kind), in a directory of
+/// its own, with the public key of its signer.
+fn known_answer(f: &Fixture) -> (PathBuf, PathBuf) {
+    let dir = f.path("ka");
+    fs::create_dir_all(&dir).unwrap();
+    fs::copy(
+        crate::repo("crates/tollgate-audit/tests/data/known-answer.log"),
+        dir.join("audit-00000000-20261130.log"),
+    )
+    .unwrap();
+    let key = tollgate_audit::SigningKey::from_bytes(&[1; 32]);
+    let public = f.path("ka.pub");
+    fs::write(
+        &public,
+        tollgate_audit::keys::public_key_text(&key.verifying_key()),
+    )
+    .unwrap();
+    (dir, public)
+}
+
+#[test]
+fn export_writes_every_kind_with_its_fields() {
+    let f = Fixture::new();
+    let (dir, public) = known_answer(&f);
+    let run = |format: &str| {
+        let o = tollgate(&[
+            "audit",
+            "export",
+            "--format",
+            format,
+            "--key",
+            s(&public),
+            s(&dir),
+        ]);
+        assert_eq!(code(&o), 0, "{}", text(&o));
+        String::from_utf8(o.stdout).unwrap()
+    };
+    let jsonl = run("jsonl");
+    let lines: Vec<_> = jsonl.lines().collect();
+    assert_eq!(lines.len(), 6);
+    let kinds: Vec<String> = lines
+        .iter()
+        .map(|l| {
+            let v = tollgate_core::json::parse_str(l).unwrap();
+            v.get("kind").unwrap().as_str().unwrap().to_owned()
+        })
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            "session_opened",
+            "verdict",
+            "settlement",
+            "human_decision",
+            "recovery",
+            "key_handover"
+        ]
+    );
+    assert!(
+        lines[0].contains(r#""budget_scope":"per_agent""#),
+        "{}",
+        lines[0]
+    );
+    assert!(
+        lines[2].contains(r#""reported_cost_bits":"3f50624dd2f1a9fc""#),
+        "{}",
+        lines[2]
+    );
+    assert!(lines[3].contains(r#""decision":"modify""#), "{}", lines[3]);
+    let csv = run("csv");
+    let rows: Vec<_> = csv.lines().collect();
+    assert_eq!(rows.len(), 7);
+    assert_eq!(rows[0], tollgate_audit::export::csv_header());
+    assert!(rows[1].starts_with("0,0192f7c8-0000-7000-8000-000000000000,"));
+    // The session filter takes every session event of the session.
+    let o = tollgate(&[
+        "audit",
+        "export",
+        "--format",
+        "jsonl",
+        "--session",
+        "s1",
+        "--key",
+        s(&public),
+        s(&dir),
+    ]);
+    assert_eq!(String::from_utf8(o.stdout).unwrap().lines().count(), 4);
+}
+
+#[test]
+fn a_corrupt_archive_is_a_break_reported_once() {
+    let f = Fixture::new();
+    let o = tollgate(&[
+        "audit",
+        "demo-write",
+        "--dir",
+        s(&f.log),
+        "--key",
+        s(&f.path("audit.key")),
+        "--count",
+        "40",
+        "--rotate-bytes",
+        "2000",
+    ]);
+    assert_eq!(code(&o), 0, "{}", text(&o));
+    let zst = fs::read_dir(&f.log)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.to_str().unwrap().ends_with(".log.zst"))
+        .expect("a compressed file");
+    let bytes = fs::read(&zst).unwrap();
+    fs::write(&zst, &bytes[..bytes.len() / 2]).unwrap();
+    let o = f.verify(&[]);
+    let out = text(&o);
+    assert_eq!(code(&o), 1, "{out}");
+    assert!(out.contains("BROKEN:"), "{out}");
+    assert_eq!(out.matches("corrupt archive").count(), 1, "{out}");
+    assert!(
+        out.contains(zst.file_name().unwrap().to_str().unwrap()),
+        "{out}"
+    );
+}
+
+#[test]
+fn an_io_error_is_printed_once() {
+    let f = Fixture::new();
+    let missing = f.path("no-such-log");
+    let o = f_verify_path(&f, &missing);
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert_eq!(code(&o), 2, "{err}");
+    assert_eq!(err.matches("No such file or directory").count(), 1, "{err}");
+}
+
+fn f_verify_path(f: &Fixture, p: &Path) -> Output {
+    tollgate(&["audit", "verify", "--key", s(&f.path("audit.pub")), s(p)])
+}
+
+#[test]
+fn a_version_1_log_is_continued_in_version_2() {
+    let f = Fixture::new();
+    fs::create_dir_all(&f.log).unwrap();
+    fs::copy(
+        crate::repo("crates/tollgate-audit/tests/data/known-answer-v1.log"),
+        f.log.join("audit-00000000-20261130.log"),
+    )
+    .unwrap();
+    // The v1 known answer ends by handing over to the key of seed 0x02.
+    let k1 = tollgate_audit::SigningKey::from_bytes(&[1; 32]);
+    let k2 = tollgate_audit::SigningKey::from_bytes(&[2; 32]);
+    fs::write(
+        f.path("k1.pub"),
+        tollgate_audit::keys::public_key_text(&k1.verifying_key()),
+    )
+    .unwrap();
+    fs::write(f.path("k2.key"), tollgate_audit::keys::secret_key_text(&k2)).unwrap();
+    let o = tollgate(&[
+        "audit",
+        "demo-write",
+        "--dir",
+        s(&f.log),
+        "--key",
+        s(&f.path("k2.key")),
+        "--count",
+        "2",
+    ]);
+    assert_eq!(code(&o), 0, "{}", text(&o));
+    assert!(
+        text(&o).contains("format version 1; continuing in a new version-2 file"),
+        "{}",
+        text(&o)
+    );
+    let o = tollgate(&["audit", "verify", "--key", s(&f.path("k1.pub")), s(&f.log)]);
+    assert_eq!(code(&o), 0, "{}", text(&o));
+    assert!(
+        text(&o).contains("ok: 5 entries (index 0..5) in 2 file(s)"),
+        "{}",
+        text(&o)
+    );
+}
