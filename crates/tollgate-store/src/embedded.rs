@@ -36,6 +36,8 @@ const FORMAT_KEY: &str = "format";
 const FORMAT: &[u8] = b"tollgate-snapshot/1";
 /// META key: the chain position: next index (u64 big-endian) then the last hash.
 const POSITION_KEY: &str = "position";
+/// META key: the public key that signs the entry at the position (32 bytes).
+const KEY_KEY: &str = "key";
 
 /// How to open an [`EmbeddedStore`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -151,9 +153,14 @@ pub struct EmbeddedStore {
 
 impl EmbeddedStore {
     /// Open (or create) the snapshot file `path`, fold the audit log in `log_dir` from
-    /// the snapshot's position to its end (checking signatures with `key` when given),
-    /// and start the snapshot thread on `tap`. `journal` is where changes are written: the
-    /// audit writer of `log_dir`, opened with `tap`'s other end, before this.
+    /// the snapshot's position to its end, and start the snapshot thread on `tap`.
+    /// `journal` is where changes are written: the audit writer of `log_dir`, opened with
+    /// `tap`'s other end, before this; `key` is that writer's key (the log's current key).
+    ///
+    /// Signatures of the entries folded are checked with the key the snapshot recorded
+    /// for its position (following hand-overs after it). A rebuild from the start of the
+    /// log (no snapshot) checks structure and links only: `tollgate audit verify` checks
+    /// a whole log's signatures.
     ///
     /// Refuses to open ([`StoreError::Corrupt`]) when the snapshot and the log disagree:
     /// the log ends before the snapshot's position, the entry at the position does not
@@ -184,19 +191,34 @@ impl EmbeddedStore {
             reason,
         };
         let mut fold_error = None;
-        let end = tollgate_audit::read_tail(log_dir.as_ref(), snapshot_index, key, &mut |e| {
-            // The reader checks every link after the first; the first must link to the
-            // snapshot. Record hashes are not handed out by the reader: the ledger's last
-            // hash is set from the reader's end below.
-            let prev = (e.index == snapshot_index).then_some(e.prev_hash);
-            ledger
-                .fold(e.index, Digest::default(), prev, &e.event)
-                .map_err(|err| {
-                    let text = err.to_string();
-                    fold_error = Some(err);
-                    text
-                })
-        });
+        let from_key =
+            match ledger.key {
+                Some(k) if snapshot_index > 0 => Some(VerifyingKey::from_bytes(&k).map_err(
+                    |e| StoreError::Corrupt {
+                        key: KEY_KEY.into(),
+                        reason: e.to_string(),
+                    },
+                )?),
+                _ => None,
+            };
+        let end = tollgate_audit::read_tail(
+            log_dir.as_ref(),
+            snapshot_index,
+            from_key.as_ref(),
+            &mut |e| {
+                // The reader checks every link after the first; the first must link to the
+                // snapshot. Record hashes are not handed out by the reader: the ledger's last
+                // hash is set from the reader's end below.
+                let prev = (e.index == snapshot_index).then_some(e.prev_hash);
+                ledger
+                    .fold(e.index, Digest::default(), prev, &e.event)
+                    .map_err(|err| {
+                        let text = err.to_string();
+                        fold_error = Some(err);
+                        text
+                    })
+            },
+        );
         let end = match end {
             Ok(end) => end,
             Err(e) => {
@@ -221,8 +243,12 @@ impl EmbeddedStore {
                 "the entry before position {snapshot_index} is not the one the snapshot recorded"
             )));
         }
+        // The writer opened the log with `key`, which it checked is the log's current key.
+        if let Some(k) = key {
+            ledger.key = Some(k.to_bytes());
+        }
         let replayed = ledger.next_index - snapshot_index;
-        if replayed > 0 {
+        if replayed > 0 || from_key.is_none() {
             write_snapshot(&db, &mut ledger)?;
         }
         let engine = Engine::new(options.max_sessions, Some(journal));
@@ -349,7 +375,8 @@ fn init(db: &Database) -> Result<(), StoreError> {
 /// The snapshot as a ledger.
 fn load(db: &Database, options: &StoreOptions) -> Result<Ledger, StoreError> {
     type Rows = Vec<(String, Vec<u8>)>;
-    let read = || -> Result<(Rows, Rows, Option<Vec<u8>>), redb::Error> {
+    type Meta = (Option<Vec<u8>>, Option<Vec<u8>>);
+    let read = || -> Result<(Rows, Rows, Meta), redb::Error> {
         let txn = db.begin_read()?;
         let mut sessions = Vec::new();
         for row in txn.open_table(SESSIONS)?.iter()? {
@@ -361,13 +388,12 @@ fn load(db: &Database, options: &StoreOptions) -> Result<Ledger, StoreError> {
             let (k, v) = row?;
             budgets.push((k.value().to_owned(), v.value().to_vec()));
         }
-        let position = txn
-            .open_table(META)?
-            .get(POSITION_KEY)?
-            .map(|v| v.value().to_vec());
-        Ok((sessions, budgets, position))
+        let meta = txn.open_table(META)?;
+        let position = meta.get(POSITION_KEY)?.map(|v| v.value().to_vec());
+        let key = meta.get(KEY_KEY)?.map(|v| v.value().to_vec());
+        Ok((sessions, budgets, (position, key)))
     };
-    let (sessions, budgets, position) = read().map_err(backend("load"))?;
+    let (sessions, budgets, (position, key)) = read().map_err(backend("load"))?;
     let corrupt = |key: &str, reason: String| StoreError::Corrupt {
         key: key.chars().take(300).collect(),
         reason,
@@ -380,6 +406,11 @@ fn load(db: &Database, options: &StoreOptions) -> Result<Ledger, StoreError> {
             .ok_or_else(|| corrupt(POSITION_KEY, "not 40 bytes".into()))?;
         ledger.next_index = index;
         ledger.last_hash = hash;
+    }
+    if let Some(k) = key {
+        let k = <[u8; 32]>::try_from(k.as_slice())
+            .map_err(|_| corrupt(KEY_KEY, "not 32 bytes".into()))?;
+        ledger.key = Some(k);
     }
     for (k, v) in sessions {
         let s = record::decode_session(&v, options.max_record_bytes, 0)
@@ -432,8 +463,11 @@ fn write_snapshot(db: &Database, ledger: &mut Ledger) -> Result<u64, StoreError>
             }
             let mut position = ledger.next_index.to_be_bytes().to_vec();
             position.extend_from_slice(ledger.last_hash.as_bytes());
-            txn.open_table(META)?
-                .insert(POSITION_KEY, position.as_slice())?;
+            let mut meta = txn.open_table(META)?;
+            meta.insert(POSITION_KEY, position.as_slice())?;
+            if let Some(k) = &ledger.key {
+                meta.insert(KEY_KEY, k.as_slice())?;
+            }
         }
         txn.commit()?;
         Ok(written)

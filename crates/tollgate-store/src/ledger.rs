@@ -28,6 +28,9 @@ pub struct Ledger {
     pub next_index: u64,
     /// The record hash of entry `next_index - 1` (the genesis hash before any entry).
     pub last_hash: Digest,
+    /// The public key that signs entry `next_index` (the log's key after the hand-overs
+    /// folded so far), when known: what reading on from here checks signatures with.
+    pub key: Option<[u8; 32]>,
     /// Sessions changed since [`Ledger::take_dirty`] was last called.
     dirty_sessions: BTreeSet<String>,
     /// Shared budgets changed since then.
@@ -97,9 +100,12 @@ impl Ledger {
         if prev.is_some_and(|p| p != self.last_hash) {
             return Err(LedgerError::Link { index });
         }
-        if let Event::Session(e) = event {
-            self.apply(e)
-                .map_err(|source| LedgerError::Fold { index, source })?;
+        match event {
+            Event::Session(e) => self
+                .apply(e)
+                .map_err(|source| LedgerError::Fold { index, source })?,
+            Event::KeyHandover { new_public_key } => self.key = Some(*new_public_key),
+            Event::Recovery { .. } => {}
         }
         self.next_index = index.saturating_add(1);
         self.last_hash = hash;

@@ -9,8 +9,8 @@ use tollgate_core::Money;
 use tollgate_store::{EmbeddedStore, StoreError, StoreOptions};
 
 use crate::support::{
-    agent_session, block_on, close, create, fold_log, normalize, open_embedded, pre_exec, session,
-    settle, Call,
+    agent_session, block_on, close, create, fold_log, normalize, open_embedded, open_embedded_with,
+    pre_exec, session, settle, Call,
 };
 
 /// Never snapshot on a timer or count: only at close or when asked.
@@ -251,5 +251,55 @@ fn snapshots_happen_on_their_own() {
     let s = store.snapshot().unwrap();
     assert_eq!(s.position, 63);
     assert!(s.snapshots >= 6, "{s:?}");
+    close(&writer, &store);
+}
+
+#[test]
+fn replay_follows_a_key_handover() {
+    // A snapshot, more work, a hand-over to a new key, more work: the entries after the
+    // snapshot are signed by two keys, and replay checks each with the right one.
+    let dir = tempfile::tempdir().unwrap();
+    let new_key = tollgate_audit::SigningKey::from_bytes(&[8; 32]);
+    let (writer, store, _) = open_embedded(dir.path(), manual()).unwrap();
+    work(&store, 0, 3);
+    store.snapshot().unwrap();
+    work(&store, 3, 2);
+    writer.rotate_key(new_key.clone()).wait().unwrap();
+    work(&store, 5, 2);
+    let crashed = crash_copy(&writer, dir.path());
+    close(&writer, &store);
+    let (writer, store, report) =
+        open_embedded_with(crashed.path(), manual(), new_key.clone()).unwrap();
+    assert!(
+        report.replayed > 0 && report.snapshot_index > 0,
+        "{report:?}"
+    );
+    work(&store, 7, 1);
+    close(&writer, &store);
+    // And the snapshot written since records the new key: a restart reads on with it.
+    let (writer, store, report) = open_embedded_with(crashed.path(), manual(), new_key).unwrap();
+    assert_eq!(report.replayed, 0);
+    close(&writer, &store);
+}
+
+#[test]
+fn a_handover_while_the_daemon_was_stopped_is_followed() {
+    let dir = tempfile::tempdir().unwrap();
+    let (writer, store, _) = open_embedded(dir.path(), manual()).unwrap();
+    work(&store, 0, 2);
+    close(&writer, &store);
+    // `tollgate audit rotate-key` while the daemon is down: a hand-over entry after the
+    // last snapshot's position, signed by the old key.
+    let new_key = tollgate_audit::SigningKey::from_bytes(&[9; 32]);
+    let (w, _) = tollgate_audit::Writer::open(
+        tollgate_audit::WriterConfig::new(dir.path().join("audit")),
+        crate::support::key(),
+    )
+    .unwrap();
+    w.rotate_key(new_key.clone()).wait().unwrap();
+    w.shutdown().unwrap();
+    let (writer, store, report) = open_embedded_with(dir.path(), manual(), new_key).unwrap();
+    assert_eq!(report.replayed, 1);
+    assert_eq!(report.sessions, 3);
     close(&writer, &store);
 }

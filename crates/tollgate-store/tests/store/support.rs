@@ -175,14 +175,24 @@ pub fn open_embedded(
     dir: &Path,
     options: StoreOptions,
 ) -> Result<(Arc<Writer>, EmbeddedStore, StoreReport), StoreError> {
+    open_embedded_with(dir, options, key())
+}
+
+/// [`open_embedded`] with the log's current signing key.
+pub fn open_embedded_with(
+    dir: &Path,
+    options: StoreOptions,
+    key: SigningKey,
+) -> Result<(Arc<Writer>, EmbeddedStore, StoreReport), StoreError> {
     let (tap, rx) = tollgate_store::tap();
+    let public = key.verifying_key();
     let (writer, _) =
-        Writer::open_with_tap(WriterConfig::new(dir.join("audit")), key(), tap.into_fn()).unwrap();
+        Writer::open_with_tap(WriterConfig::new(dir.join("audit")), key, tap.into_fn()).unwrap();
     let writer = Arc::new(writer);
     let (store, report) = EmbeddedStore::open(
         dir.join("state.redb"),
         dir.join("audit"),
-        Some(&key().verifying_key()),
+        Some(&public),
         writer.clone(),
         rx,
         options,
