@@ -66,8 +66,22 @@ fn main() -> ExitCode {
     match result {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("tollgate: error: {e:#}");
+            eprintln!("tollgate: error: {}", describe(&e));
             ExitCode::from(2)
         }
     }
+}
+
+/// The error and its causes, `a: b: c`, each said once: the library errors already end
+/// their message with their cause's, which anyhow's `{:#}` would repeat.
+fn describe(e: &anyhow::Error) -> String {
+    let mut out = e.to_string();
+    for cause in e.chain().skip(1) {
+        let c = cause.to_string();
+        if !out.ends_with(&c) {
+            out.push_str(": ");
+            out.push_str(&c);
+        }
+    }
+    out
 }

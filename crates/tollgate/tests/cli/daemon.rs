@@ -304,3 +304,17 @@ fn demo_runs_appendix_a_as_written() {
         assert!(t.contains(want), "missing `{want}` in:\n{t}");
     }
 }
+
+#[test]
+fn a_broken_audit_log_stops_serve_with_its_cause_said_once() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    std::fs::create_dir_all(dir.join("audit")).unwrap();
+    std::fs::write(dir.join("audit/audit-00000000-20261201.log"), b"garbage").unwrap();
+    let out = tollgate(&["serve", "--data-dir", s(dir)]);
+    assert_eq!(code(&out), 2);
+    let t = text(&out);
+    let cause = "file is shorter than a header";
+    assert_eq!(t.matches(cause).count(), 1, "{t}");
+    assert!(t.contains("opening the audit log"), "{t}");
+}
