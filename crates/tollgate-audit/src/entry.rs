@@ -178,7 +178,7 @@ pub struct DecisionRecord {
     pub call_number: u64,
     /// The operator who decided.
     pub operator_id: String,
-    /// Approve, reject, modify, defer or escalate (`Awaiting` and `Unknown` cannot be
+    /// Approve, reject, modify, defer, escalate, or the runtime's expire (`Awaiting` and `Unknown` cannot be
     /// recorded: the writer refuses them).
     pub decision: HumanDecision,
     /// The held call's tool.
@@ -458,6 +458,7 @@ pub(crate) fn decision_from_word(w: &str) -> Option<HumanDecision> {
         "modify" => HumanDecision::Modify,
         "defer" => HumanDecision::Defer,
         "escalate" => HumanDecision::Escalate,
+        "expire" => HumanDecision::Expire,
         _ => return None,
     })
 }

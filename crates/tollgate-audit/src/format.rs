@@ -604,7 +604,7 @@ pub fn check_event(event: &Event, version: u16) -> Result<(), &'static str> {
                 return Err("session_seq is 0");
             }
             if entry::decision_from_word(d.decision.as_str()).is_none() {
-                return Err("decision is not approve, reject, modify, defer or escalate");
+                return Err("decision is not approve, reject, modify, defer, escalate or expire");
             }
             if (d.decision == HumanDecision::Modify) != d.successor.is_some() {
                 return Err("successor present without modify, or modify without successor");
@@ -948,7 +948,7 @@ fn parse_decision(c: &mut Cur<'_>, timestamp_ns: i64) -> Parsed<Event> {
                 call_number,
                 operator_id: utf8(operator_id)?,
                 decision: entry::decision_from_word(&utf8(decision)?)
-                    .ok_or("decision is not approve, reject, modify, defer or escalate")?,
+                    .ok_or("decision is not approve, reject, modify, defer, escalate or expire")?,
                 tool_name: utf8(tool_name)?,
                 original_nonce,
                 original_args_digest,

@@ -223,7 +223,10 @@ fn resolve_transition(p: &PendingTransition, nonce: Option<u64>, digest: Digest)
     }
     // 3. Reject denies; defer, escalate and "no decision yet" stay with the human.
     let (auth_nonce, auth_digest, ok_reason) = match p.decision {
-        HumanDecision::Reject => return Decision::of(Reason::TransitionReject),
+        // An expiry is a rejection by the clock.
+        HumanDecision::Reject | HumanDecision::Expire => {
+            return Decision::of(Reason::TransitionReject)
+        }
         HumanDecision::Defer | HumanDecision::Escalate | HumanDecision::Awaiting => {
             return Decision::of(Reason::TransitionDeferEscalate)
         }

@@ -50,5 +50,7 @@ pub use state::{
     HumanDecision, NonceWindow, PendingTransition, SessionState, SessionStatus, TransitionStatus,
     UnixNanos,
 };
-pub use transition::{apply_decision, apply_post_exec, record_human_decision, Settled, Successor};
+pub use transition::{
+    apply_decision, apply_post_exec, expire_pending, record_human_decision, Settled, Successor,
+};
 pub use types::{Decision, DenyReason, Money, Reason, ReportedCost, Verdict};

@@ -51,6 +51,11 @@ pub enum HumanDecision {
     Defer,
     /// Stay pending, routed higher.
     Escalate,
+    /// Nobody decided in time: the runtime expired the held call (a rejection whose
+    /// terminal status is `expired`). Not a word SP/1.0 knows: [`HumanDecision::parse`]
+    /// never returns it (a vector saying `expire` is an unknown decision), and a human
+    /// cannot record it; only the runtime's timeout does, and the audit log says so.
+    Expire,
     /// A word this implementation does not know. Never executes.
     Unknown(Box<str>),
 }
@@ -88,6 +93,7 @@ impl HumanDecision {
             HumanDecision::Modify => "modify",
             HumanDecision::Defer => "defer",
             HumanDecision::Escalate => "escalate",
+            HumanDecision::Expire => "expire",
             HumanDecision::Unknown(w) => w,
         }
     }
@@ -196,6 +202,11 @@ pub struct PendingTransition {
     /// The operator who recorded the decision, once one has (for the audit record of the
     /// call it releases; not used by `decide`).
     pub operator_id: Option<String>,
+    /// Why the call was held (the HITL verdict's reason), for operators; not used by
+    /// `decide`. `None` for a transition supplied by a vector.
+    pub held_reason: Option<Reason>,
+    /// The held call's estimated cost, for operators; not used by `decide`.
+    pub estimated_cost: Money,
     /// When the HITL verdict was given.
     pub requested_at_ns: UnixNanos,
 }

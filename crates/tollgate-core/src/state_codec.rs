@@ -401,6 +401,13 @@ fn pending_value(p: &PendingTransition) -> Value {
     put(&mut m, "requested_at_ns", int(p.requested_at_ns));
     put(&mut m, "call_number", uint(p.call_number));
     put(&mut m, "operator_id", opt_str(p.operator_id.as_deref()));
+    put(
+        &mut m,
+        "held_reason",
+        p.held_reason
+            .map_or(Value::Null, |r| Value::from(r.as_str())),
+    );
+    put(&mut m, "estimated_cost", int(p.estimated_cost.0));
     Value::Object(m)
 }
 
@@ -414,6 +421,7 @@ fn parse_pending(v: &Value) -> Result<PendingTransition, StateCodecError> {
             "modify" => HumanDecision::Modify,
             "defer" => HumanDecision::Defer,
             "escalate" => HumanDecision::Escalate,
+            "expire" => HumanDecision::Expire,
             _ => return Err(bad_decision()),
         },
         other => HumanDecision::Unknown(parse_other(other, bad_decision)?.into()),
@@ -447,7 +455,26 @@ fn parse_pending(v: &Value) -> Result<PendingTransition, StateCodecError> {
     let requested_at_ns = get_i64(o.take("requested_at_ns")?, "pending.requested_at_ns")?;
     let call_number = get_u64(o.take("call_number")?, "pending.call_number")?;
     let operator_id = get_opt_str(o.take("operator_id")?, "pending.operator_id")?;
+    let held_reason = match o.take("held_reason")? {
+        Value::Null => None,
+        Value::String(s) => Some(s.parse::<Reason>().map_err(|_| StateCodecError::Invalid {
+            field: "pending.held_reason",
+            expected: "null or a known reason string",
+        })?),
+        _ => {
+            return Err(StateCodecError::Invalid {
+                field: "pending.held_reason",
+                expected: "null or a known reason string",
+            })
+        }
+    };
+    let estimated_cost = Money(get_i64(
+        o.take("estimated_cost")?,
+        "pending.estimated_cost",
+    )?);
     Ok(PendingTransition {
+        held_reason,
+        estimated_cost,
         call_number,
         operator_id,
         decision,
@@ -642,6 +669,8 @@ const PENDING_KEYS: &[&str] = &[
     "requested_at_ns",
     "call_number",
     "operator_id",
+    "held_reason",
+    "estimated_cost",
 ];
 
 #[cfg(test)]
@@ -662,6 +691,7 @@ mod tests {
             Just(HumanDecision::Modify),
             Just(HumanDecision::Defer),
             Just(HumanDecision::Escalate),
+            Just(HumanDecision::Expire),
             // Including words that spell known ones: they must stay `Unknown`.
             prop_oneof![Just("approve".to_owned()), Just(String::new()), ".{0,12}"]
                 .prop_map(|w| HumanDecision::Unknown(w.into())),
@@ -696,11 +726,14 @@ mod tests {
             requested_at_ns in any::<i64>(),
             call_number in any::<u64>(),
             operator_id in proptest::option::of(".{0,8}"),
+            held_reason in proptest::option::of(proptest::sample::select(Reason::ALL)),
+            estimated_cost in any::<i64>(),
         ) -> PendingTransition {
             PendingTransition {
                 decision, original_nonce, original_args_digest, successor_nonce,
                 successor_args_digest, terminal_status, resume_attempt, tool_name,
-                requested_at_ns, call_number, operator_id,
+                requested_at_ns, call_number, operator_id, held_reason,
+                estimated_cost: Money(estimated_cost),
             }
         }
     }

@@ -51,6 +51,8 @@ pub fn apply_decision(
                     tool_name: Some(call.tool_name.to_owned()),
                     requested_at_ns: now,
                     call_number,
+                    held_reason: Some(decision.reason),
+                    estimated_cost: call.estimated_cost,
                     ..PendingTransition::default()
                 });
             }
@@ -284,13 +286,39 @@ pub fn record_human_decision(
             pending.successor_args_digest = Some(s.args_digest);
             pending.terminal_status = TransitionStatus::Superseded;
         }
-        HumanDecision::Awaiting | HumanDecision::Unknown(_) => {
+        HumanDecision::Awaiting | HumanDecision::Expire | HumanDecision::Unknown(_) => {
             return Err(HumanDecisionRefused::NotADecision(
                 decision.as_str().to_owned(),
             ))
         }
     }
     pending.decision = decision;
+    state.last_activity_ns = now;
+    Ok(())
+}
+
+/// Expire the session's held call: nobody decided it (awaiting, deferred or escalated) in
+/// time. The transition becomes a rejection whose terminal status is `expired`: the held
+/// call, if dispatched again, is DENIED `hitl_transition:reject`. A transition a human
+/// already approved, rejected or modified is not expired.
+pub fn expire_pending(
+    state: &mut SessionState,
+    now: UnixNanos,
+) -> Result<(), HumanDecisionRefused> {
+    let pending = state
+        .pending
+        .as_mut()
+        .ok_or(HumanDecisionRefused::NothingPending)?;
+    if !matches!(
+        pending.decision,
+        HumanDecision::Awaiting | HumanDecision::Defer | HumanDecision::Escalate
+    ) {
+        return Err(HumanDecisionRefused::AlreadyDecided(
+            pending.decision.as_str().to_owned(),
+        ));
+    }
+    pending.decision = HumanDecision::Expire;
+    pending.terminal_status = TransitionStatus::Expired;
     state.last_activity_ns = now;
     Ok(())
 }

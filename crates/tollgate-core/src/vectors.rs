@@ -666,5 +666,7 @@ fn read_pending(p: &Obj<'_>) -> Result<PendingTransition, VectorError> {
         requested_at_ns: p.i64("requested_at_ns")?,
         call_number: 0,
         operator_id: None,
+        held_reason: None,
+        estimated_cost: Money::ZERO,
     })
 }

@@ -152,31 +152,47 @@ pub fn settle(
     }
 }
 
-/// Record `operator_id`'s `decision` on the session's held call.
-pub fn human_decision(
+/// The operator id an expiry is recorded under: the runtime, not a person.
+pub const EXPIRY_OPERATOR: &str = "tollgate";
+
+/// Expire the session's held call, undecided after the runtime's HITL timeout
+/// ([`tollgate_core::expire_pending`]): recorded as a human-decision entry whose decision is
+/// `expire` and whose operator is [`EXPIRY_OPERATOR`].
+pub fn expire(
+    session: &mut Session,
+    now: UnixNanos,
+) -> Result<DecisionRecord, HumanDecisionRefused> {
+    tollgate_core::expire_pending(&mut session.state, now)?;
+    Ok(decision_record(
+        session,
+        HumanDecision::Expire,
+        None,
+        EXPIRY_OPERATOR,
+        now,
+    ))
+}
+
+/// The record of a decision just applied to the session's pending transition.
+fn decision_record(
     session: &mut Session,
     decision: HumanDecision,
     successor: Option<Successor>,
     operator_id: &str,
     now: UnixNanos,
-) -> Result<DecisionRecord, HumanDecisionRefused> {
-    record_human_decision(&mut session.state, decision.clone(), successor, now)?;
-    let pending = session.state.pending.as_mut();
-    let (call_number, tool_name, original_nonce, original_args_digest) = match pending {
-        Some(p) => {
-            p.operator_id = Some(operator_id.to_owned());
-            (
+) -> DecisionRecord {
+    let (call_number, tool_name, original_nonce, original_args_digest) =
+        match session.state.pending.as_ref() {
+            Some(p) => (
                 p.call_number,
                 p.tool_name.clone().unwrap_or_default(),
                 p.original_nonce.unwrap_or(0),
                 p.original_args_digest.unwrap_or_default(),
-            )
-        }
-        // record_human_decision succeeded, so a transition is pending.
-        None => (0, String::new(), 0, Digest::default()),
-    };
+            ),
+            // The caller applied a decision, so a transition is pending.
+            None => (0, String::new(), 0, Digest::default()),
+        };
     session.seq = session.seq.saturating_add(1);
-    Ok(DecisionRecord {
+    DecisionRecord {
         timestamp_ns: now,
         session_id: session.meta.session_id.clone(),
         agent_id: session.meta.agent_id.clone(),
@@ -190,7 +206,28 @@ pub fn human_decision(
         successor: successor.map(|s| (s.nonce, s.args_digest)),
         budget_remaining: session.state.budget_remaining,
         session_seq: session.seq,
-    })
+    }
+}
+
+/// Record `operator_id`'s `decision` on the session's held call.
+pub fn human_decision(
+    session: &mut Session,
+    decision: HumanDecision,
+    successor: Option<Successor>,
+    operator_id: &str,
+    now: UnixNanos,
+) -> Result<DecisionRecord, HumanDecisionRefused> {
+    record_human_decision(&mut session.state, decision.clone(), successor, now)?;
+    if let Some(p) = session.state.pending.as_mut() {
+        p.operator_id = Some(operator_id.to_owned());
+    }
+    Ok(decision_record(
+        session,
+        decision,
+        successor,
+        operator_id,
+        now,
+    ))
 }
 
 /// Why a logged entry does not fold onto the state it follows.
@@ -322,13 +359,17 @@ pub fn replay(session: &mut Session, event: &SessionEvent) -> Result<(), FoldErr
             let successor = d
                 .successor
                 .map(|(nonce, args_digest)| Successor { nonce, args_digest });
-            let r = human_decision(
-                session,
-                d.decision.clone(),
-                successor,
-                &d.operator_id,
-                d.timestamp_ns,
-            )
+            let r = if d.decision == HumanDecision::Expire {
+                expire(session, d.timestamp_ns)
+            } else {
+                human_decision(
+                    session,
+                    d.decision.clone(),
+                    successor,
+                    &d.operator_id,
+                    d.timestamp_ns,
+                )
+            }
             .map_err(|e| FoldError::Diverged {
                 session: d.session_id.clone(),
                 seq: d.session_seq,

@@ -505,12 +505,12 @@ mod malformed {
     }
 
     #[test]
-    fn decision_word_not_one_of_the_five() {
-        for word in ["", "Approve", "approved", "awaiting", "maybe"] {
+    fn decision_word_not_one_of_the_six() {
+        for word in ["", "Approve", "approved", "awaiting", "maybe", "expired"] {
             assert_malformed(
                 6,
                 &with(raw::decision(), 5, s(word)),
-                "decision is not approve, reject, modify, defer or escalate",
+                "decision is not approve, reject, modify, defer, escalate or expire",
             );
         }
     }

@@ -36,6 +36,9 @@ enum Op {
         decision: &'static str,
         nonce: u64,
     },
+    Expire {
+        session: usize,
+    },
 }
 
 const SESSIONS: usize = 5;
@@ -45,6 +48,7 @@ fn op() -> impl Strategy<Value = Op> {
         5 => (0..SESSIONS, 0usize..3, 0i64..3, 0u64..40, 0i64..300).prop_map(|(session, tool, arg, nonce, cost)| Op::Call { session, tool, arg, nonce, cost }),
         2 => (0..SESSIONS, 0u64..4, prop_oneof![0.0f64..0.000_000_5, Just(f64::NAN), Just(-1.0), Just(1e300)]).prop_map(|(session, back, reported)| Op::Settle { session, back, reported }),
         1 => (0..SESSIONS, prop::sample::select(vec!["approve", "reject", "modify", "defer"]), 0u64..40).prop_map(|(session, decision, nonce)| Op::Decide { session, decision, nonce }),
+        1 => (0..SESSIONS).prop_map(|session| Op::Expire { session }),
     ]
 }
 
@@ -136,6 +140,15 @@ fn run(store: &MemoryStore, ops_list: &[Op]) {
                     ))
                     .unwrap();
             }
+            Op::Expire { session } => {
+                let _ = block_on(store.apply(&format!("s{session}"), move |s| {
+                    match ops::expire(s, now) {
+                        Ok(r) => Change::Commit((), r.into()),
+                        Err(_) => Change::Keep(()),
+                    }
+                }))
+                .unwrap();
+            }
         }
     }
 }
@@ -187,9 +200,10 @@ fn a_long_workload_folds_too() {
                 back: i % 3,
                 reported: if i % 2 == 0 { f64::NAN } else { 0.000_000_05 },
             },
+            6 if i % 5 == 0 => Op::Expire { session },
             6 => Op::Decide {
                 session,
-                decision: ["approve", "modify", "reject"][(i % 3) as usize],
+                decision: ["approve", "modify", "defer"][(i % 3) as usize],
                 nonce: i,
             },
             _ => Op::Call {
