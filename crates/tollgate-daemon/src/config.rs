@@ -84,6 +84,8 @@ struct LimitsSection {
     frame_timeout_ms: Option<u64>,
     heartbeat_interval_secs: Option<u64>,
     missed_heartbeats_for_stale: Option<u32>,
+    hitl_timeout_secs: Option<u64>,
+    await_decision_max_secs: Option<u64>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -180,6 +182,12 @@ pub struct Limits {
     pub heartbeat_interval: Duration,
     /// Missed intervals after which a session is STALE.
     pub missed_heartbeats_for_stale: u32,
+    /// A held call nobody decides for this long expires (audited; the transition becomes
+    /// `expired` and the call is refused). Zero: held calls never expire.
+    pub hitl_timeout: Duration,
+    /// The longest one `AwaitDecision` waits before answering `pending` (the client asks
+    /// again).
+    pub await_decision_max: Duration,
 }
 
 impl Default for Limits {
@@ -193,6 +201,8 @@ impl Default for Limits {
             frame_timeout: Duration::from_secs(5),
             heartbeat_interval: Duration::from_secs(30),
             missed_heartbeats_for_stale: 3,
+            hitl_timeout: Duration::from_secs(900),
+            await_decision_max: Duration::from_secs(60),
         }
     }
 }
@@ -373,6 +383,14 @@ impl DaemonConfig {
                 l.missed_heartbeats_for_stale,
                 d.missed_heartbeats_for_stale,
             )?,
+            hitl_timeout: l
+                .hitl_timeout_secs
+                .map_or(d.hitl_timeout, Duration::from_secs),
+            await_decision_max: Duration::from_secs(positive(
+                "limits.await_decision_max_secs",
+                l.await_decision_max_secs,
+                d.await_decision_max.as_secs(),
+            )?),
         };
         let a = file.audit;
         let da = AuditSettings::default();

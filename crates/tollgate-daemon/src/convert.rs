@@ -78,8 +78,9 @@ fn digest_bytes(d: Option<Digest>) -> Vec<u8> {
     d.map(|d| d.0.to_vec()).unwrap_or_default()
 }
 
-/// The wire pending transition, with the held call's own call number.
-pub fn pending(p: &PendingTransition) -> sp1::PendingTransition {
+/// The wire pending transition, with the held call's own call number. `expires_at_ns` is
+/// when an undecided transition expires (0: never); the caller computes it.
+pub fn pending(p: &PendingTransition, expires_at_ns: i64) -> sp1::PendingTransition {
     sp1::PendingTransition {
         decision: p.decision.as_str().to_owned(),
         original_nonce: p.original_nonce.unwrap_or(0),
@@ -90,6 +91,13 @@ pub fn pending(p: &PendingTransition) -> sp1::PendingTransition {
         tool_name: p.tool_name.clone().unwrap_or_default(),
         requested_at_ns: p.requested_at_ns,
         call_number: p.call_number,
+        held_reason: p
+            .held_reason
+            .map(|r| r.as_str().to_owned())
+            .unwrap_or_default(),
+        estimated_cost_nanos: p.estimated_cost.0,
+        operator_id: p.operator_id.clone().unwrap_or_default(),
+        expires_at_ns,
     }
 }
 
@@ -148,7 +156,7 @@ pub fn session_state(
         last_activity_ns: s.last_activity_ns,
         metadata: Default::default(),
         last_call_number,
-        pending_transition: s.pending.as_ref().map(pending),
+        pending_transition: s.pending.as_ref().map(|p| pending(p, 0)),
         started_at_ns: s.started_at_ns,
     }
 }

@@ -23,9 +23,10 @@
 
 pub mod config;
 pub mod convert;
+pub mod hitl;
 pub mod ratelimit;
-pub mod server;
 pub mod service;
+pub mod transport;
 
 use std::collections::HashMap;
 use std::io::Write;
@@ -38,7 +39,7 @@ pub use tollgate_store::StoreReport;
 use tollgate_store::{EmbeddedStore, SessionStore, StoreOptions};
 
 pub use config::DaemonConfig;
-pub use service::{Clock, Service, SystemClock};
+pub use service::{Caller, Clock, Service, SystemClock};
 
 /// Why the daemon could not start or stop cleanly.
 #[derive(Debug, thiserror::Error)]
@@ -255,7 +256,19 @@ impl Daemon {
             service,
             socket,
         } = self;
-        server::serve(listener, service.clone(), config.limits.clone(), shutdown).await;
+        // Held calls nobody decides in time expire, audited, once a second.
+        let expiry = {
+            let service = service.clone();
+            tokio::spawn(async move {
+                let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
+                loop {
+                    tick.tick().await;
+                    service.expire_overdue(service.now()).await;
+                }
+            })
+        };
+        transport::socket::serve(listener, service.clone(), config.limits.clone(), shutdown).await;
+        expiry.abort();
         let _ = std::fs::remove_file(&socket);
         // The audit log first: once it is shut down every entry has been reported to the
         // store, whose last snapshot then holds them all.
@@ -325,5 +338,5 @@ pub async fn serve_with<S: SessionStore>(
     limits: config::Limits,
     shutdown: impl std::future::Future<Output = ()>,
 ) {
-    server::serve(listener, service, limits, shutdown).await;
+    transport::socket::serve(listener, service, limits, shutdown).await;
 }

@@ -1,8 +1,11 @@
-//! The protocol, independent of the transport: a verified request in, a response out.
+//! The protocol, independent of the transport: an authenticated request in, a response out.
 //!
-//! Every request is authenticated before anything else happens; every verdict is decided
-//! by `tollgate_core::decide`, applied to the store atomically, written to the audit log,
-//! and returned only once both the state change and the audit entry are durable.
+//! Every transport (`crate::transport`) authenticates its peer first and names it as a
+//! [`Caller`]; then it calls the one handler for the request here, so decisions, state,
+//! audit and errors are the same whichever way a request came. Every verdict is decided by
+//! `tollgate_core::decide`, applied to the store atomically through `tollgate_store::ops`,
+//! and returned only once its audit entry (the one durable record of the change) is
+//! durable.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -10,12 +13,11 @@ use std::time::Instant;
 
 use tollgate_core::signals::has_error_signal;
 use tollgate_core::{
-    decide, Decision, Digest, HumanDecision, Money, Params, Reason, SessionState, SessionStatus,
-    Successor, ToolCall, UnixNanos,
+    decide, Decision, Digest, Money, Params, Reason, SessionState, SessionStatus, ToolCall,
+    UnixNanos,
 };
-use tollgate_proto::auth::{self, AuthError, Unverified};
-use tollgate_proto::sp1::{self, envelope::Payload, Envelope, ErrorCode};
-use tollgate_proto::{MessageKey, Verified, SUPPORTED_VERSIONS};
+use tollgate_proto::sp1::{self, ErrorCode};
+use tollgate_proto::{MessageKey, SUPPORTED_VERSIONS};
 use tollgate_store::{ops, Change, Policy, Session, SessionMeta, SessionStore};
 
 use crate::config::{DaemonConfig, DEFAULT_ORG};
@@ -56,31 +58,67 @@ impl Clock for SystemClock {
     }
 }
 
+/// Who sent a request, as its transport authenticated it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Caller {
+    /// An agent of one organization: a socket message sealed with the organization's
+    /// agents' key, or a gRPC client whose certificate maps to the organization.
+    Agent {
+        /// The organization.
+        organization: String,
+    },
+    /// A human operator: a socket message sealed with an organization's operators' key
+    /// (the operator id then comes from the request), or a control-plane token bound to
+    /// organizations and to an operator id.
+    Operator {
+        /// The organizations whose sessions the operator may see and decide.
+        organizations: Vec<String>,
+        /// The operator's id, when the credential names one (it then overrides the one a
+        /// request carries).
+        operator_id: Option<String>,
+    },
+}
+
+impl Caller {
+    fn is_agent_of(&self, org: &str) -> bool {
+        matches!(self, Caller::Agent { organization } if organization == org)
+    }
+
+    fn is_operator_of(&self, org: &str) -> bool {
+        matches!(self, Caller::Operator { organizations, .. } if organizations.iter().any(|o| o == org))
+    }
+}
+
 /// What the daemon remembers of a live session, beside the store: who it belongs to and
 /// the policy it runs under (fixed when it was opened).
 #[derive(Debug, Clone)]
-struct SessionInfo {
-    organization_id: String,
-    agent_id: String,
-    policy: Arc<Policy>,
+pub(crate) struct SessionInfo {
+    pub(crate) organization_id: String,
+    pub(crate) agent_id: String,
+    pub(crate) policy: Arc<Policy>,
 }
 
 /// The protocol engine.
 pub struct Service<S> {
-    config: Arc<DaemonConfig>,
-    store: S,
+    pub(crate) config: Arc<DaemonConfig>,
+    pub(crate) store: S,
     audit: Arc<tollgate_audit::Writer>,
     clock: Arc<dyn Clock>,
     /// The policy new sessions get: per configured agent, and the default.
     agent_policies: HashMap<String, Arc<Policy>>,
     default_policy: Arc<Policy>,
-    /// Agents' keys, by organization.
-    keys: HashMap<String, MessageKey>,
-    /// Operators' keys, by organization: human decisions need one of these.
-    operator_keys: HashMap<String, MessageKey>,
+    /// Agents' keys, by organization (the socket binding's credential).
+    pub(crate) keys: HashMap<String, MessageKey>,
+    /// Operators' keys, by organization: human decisions over the socket need one.
+    pub(crate) operator_keys: HashMap<String, MessageKey>,
     sessions: Mutex<HashMap<String, SessionInfo>>,
     pre_exec_limits: Mutex<RateLimiter<String>>,
     register_limits: Mutex<RateLimiter<Peer>>,
+    /// Held calls' params and modify successors' params (in memory: a restart forgets them,
+    /// and the console then shows the digest alone).
+    pub(crate) held: Mutex<HashMap<String, crate::hitl::HeldParams>>,
+    /// HITL events for operators' consoles and waiting agents.
+    pub(crate) events: tokio::sync::broadcast::Sender<crate::hitl::HitlEvent>,
 }
 
 impl<S> std::fmt::Debug for Service<S> {
@@ -89,7 +127,7 @@ impl<S> std::fmt::Debug for Service<S> {
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
@@ -104,21 +142,12 @@ pub struct Refusal {
     pub retry_after_ms: u64,
 }
 
-fn refuse(code: ErrorCode, message: impl Into<String>) -> Refusal {
+pub(crate) fn refuse(code: ErrorCode, message: impl Into<String>) -> Refusal {
     Refusal {
         code,
         message: message.into(),
         retry_after_ms: 0,
     }
-}
-
-/// What to send back, if anything.
-#[derive(Debug)]
-pub enum Reply {
-    /// A response frame body (sealed when the peer authenticated).
-    Frame(Vec<u8>),
-    /// Nothing (post-exec is fire-and-forget).
-    Nothing,
 }
 
 impl<S: SessionStore> Service<S> {
@@ -160,7 +189,19 @@ impl<S: SessionStore> Service<S> {
             keys,
             operator_keys,
             sessions: Mutex::new(HashMap::new()),
+            held: Mutex::new(HashMap::new()),
+            events: tokio::sync::broadcast::channel(1024).0,
         }
+    }
+
+    /// The daemon's clock reading.
+    pub fn now(&self) -> UnixNanos {
+        self.clock.now_ns()
+    }
+
+    /// The configuration in force.
+    pub fn config(&self) -> &DaemonConfig {
+        &self.config
     }
 
     /// The store.
@@ -181,216 +222,68 @@ impl<S: SessionStore> Service<S> {
             .clone()
     }
 
-    /// Handle one frame body from `peer`.
-    pub async fn handle(&self, body: &[u8], peer: Peer) -> Reply {
-        let received_ns = self.clock.now_ns();
-        let unverified = match Unverified::decode(body) {
-            Ok(u) => u,
-            Err(e) => {
-                return self.error_reply(
-                    None,
-                    "",
-                    received_ns,
-                    refuse(ErrorCode::MalformedMessage, e.to_string()),
-                )
-            }
-        };
-        let message_id = unverified.envelope().message_id.clone();
-        let keys = match self.keys_for(unverified.envelope()).await {
-            Ok(k) => k,
-            Err(r) => return self.error_reply(None, &message_id, received_ns, r),
-        };
-        let mut outcome = Err(AuthError::BadMac);
-        for k in &keys {
-            outcome = unverified.clone().verify(k).map(|v| (v, k.clone()));
-            if outcome.is_ok() {
-                break;
-            }
-        }
-        let (verified, key) = match outcome {
-            Ok(v) => v,
-            Err(e) => {
-                let message = match e {
-                    AuthError::BadMac => "message authentication failed".to_owned(),
-                    other => other.to_string(),
-                };
-                tracing::warn!(%message_id, "authentication failed: {message}");
-                return self.error_reply(
-                    None,
-                    &message_id,
-                    received_ns,
-                    refuse(ErrorCode::AuthenticationFailed, message),
-                );
-            }
-        };
-        let result = self.dispatch(verified, peer, received_ns).await;
-        match result {
-            Ok(Some(payload)) => self.reply(&key, &message_id, received_ns, payload),
-            Ok(None) => Reply::Nothing,
-            Err(r) => self.error_reply(Some(&key), &message_id, received_ns, r),
-        }
+    /// The session's organization, for a transport choosing how to authenticate a request
+    /// about it. `SESSION_NOT_FOUND` for an unknown session.
+    pub async fn session_organization(&self, id: &str) -> Result<String, Refusal> {
+        Ok(self.session_info(id).await?.organization_id)
     }
 
-    fn reply(
+    /// The session, if `caller` may act on it as an agent: an agent of its organization.
+    /// Anyone else is told the session does not exist (an agent of another organization
+    /// learns nothing about it).
+    pub(crate) async fn agent_session(
         &self,
-        key: &MessageKey,
-        correlation: &str,
-        received_ns: i64,
-        payload: Payload,
-    ) -> Reply {
-        match auth::seal(key, &reply_envelope(correlation, received_ns, payload)) {
-            Ok(body) => Reply::Frame(body),
-            Err(e) => {
-                tracing::error!("response too large to send: {e}");
-                Reply::Nothing
-            }
+        caller: &Caller,
+        id: &str,
+    ) -> Result<SessionInfo, Refusal> {
+        let info = self.session_info(id).await?;
+        if !caller.is_agent_of(&info.organization_id) {
+            return Err(not_found(id));
         }
+        Ok(info)
     }
 
-    /// An error reply: sealed with the peer's key once it is authenticated, plain before.
-    fn error_reply(
+    /// The session, if `caller` operates its organization.
+    pub(crate) async fn operated_session(
         &self,
-        key: Option<&MessageKey>,
-        correlation: &str,
-        received_ns: i64,
-        r: Refusal,
-    ) -> Reply {
-        let payload = Payload::Error(sp1::Error {
-            code: r.code as i32,
-            message: r.message,
-            retry_after_ms: r.retry_after_ms,
-        });
-        match key {
-            Some(k) => self.reply(k, correlation, received_ns, payload),
-            None => Reply::Frame(unsealed(correlation, received_ns, payload)),
+        caller: &Caller,
+        id: &str,
+    ) -> Result<SessionInfo, Refusal> {
+        let info = self.session_info(id).await?;
+        if !caller.is_operator_of(&info.organization_id) {
+            return Err(not_found(id));
         }
+        Ok(info)
     }
 
-    /// The keys one of which must have sealed this envelope: its organization's agent key,
-    /// or operator key for human decisions, or either for reading a session's state.
-    async fn keys_for(&self, env: &Envelope) -> Result<Vec<MessageKey>, Refusal> {
-        #[derive(PartialEq)]
-        enum Who {
-            Agent,
-            Operator,
-            Either,
-        }
-        let who = match &env.payload {
-            Some(Payload::HitlList(_) | Payload::HitlDecide(_)) => Who::Operator,
-            Some(Payload::GetSessionState(_)) => Who::Either,
-            _ => Who::Agent,
-        };
-        let org = match &env.payload {
-            Some(Payload::Register(r)) => {
-                if r.organization_id.is_empty() {
-                    DEFAULT_ORG.to_owned()
-                } else {
-                    r.organization_id.clone()
-                }
-            }
-            Some(Payload::HitlList(r)) => {
-                if r.organization_id.is_empty() {
-                    DEFAULT_ORG.to_owned()
-                } else {
-                    r.organization_id.clone()
-                }
-            }
-            Some(Payload::PreExec(r)) => self.session_info(&r.session_id).await?.organization_id,
-            Some(Payload::PostExec(r)) => self.session_info(&r.session_id).await?.organization_id,
-            Some(Payload::Heartbeat(r)) => self.session_info(&r.session_id).await?.organization_id,
-            Some(Payload::GetSessionState(r)) => {
-                self.session_info(&r.session_id).await?.organization_id
-            }
-            Some(Payload::HitlDecide(r)) => self.session_info(&r.session_id).await?.organization_id,
-            Some(_) => {
-                return Err(refuse(
-                    ErrorCode::InvalidRequest,
-                    "the daemon does not accept responses",
-                ))
-            }
-            None => {
-                return Err(refuse(
-                    ErrorCode::MalformedMessage,
-                    "envelope has no payload",
-                ))
-            }
-        };
-        let mut keys = Vec::with_capacity(2);
-        if who != Who::Operator {
-            keys.extend(self.keys.get(&org).cloned());
-        }
-        if who != Who::Agent {
-            keys.extend(self.operator_keys.get(&org).cloned());
-        }
-        if keys.is_empty() {
-            // Same answer as a bad MAC: do not reveal which organizations exist.
-            return Err(refuse(
-                ErrorCode::AuthenticationFailed,
-                "message authentication failed",
-            ));
-        }
-        Ok(keys)
-    }
-
-    async fn session_info(&self, id: &str) -> Result<SessionInfo, Refusal> {
+    pub(crate) async fn session_info(&self, id: &str) -> Result<SessionInfo, Refusal> {
         if let Some(info) = lock(&self.sessions).get(id) {
             return Ok(info.clone());
         }
-        let not_found = || {
-            refuse(
-                ErrorCode::SessionNotFound,
-                format!("unknown session `{id}`"),
-            )
-        };
         if id.is_empty() || id.len() > 128 {
-            return Err(not_found());
+            return Err(not_found(id));
         }
         let session = self
             .store
             .get(id)
             .await
             .map_err(|e| refuse(ErrorCode::DaemonUnavailable, e.to_string()))?
-            .ok_or_else(not_found)?;
+            .ok_or_else(|| not_found(id))?;
         let info = info_for(&session);
         lock(&self.sessions).insert(id.to_owned(), info.clone());
         Ok(info)
     }
 
-    async fn dispatch(
+    /// `register`: a new session, or the resumption of one. `caller` must be an agent of
+    /// the organization the request names (an empty name: the caller's).
+    pub async fn register(
         &self,
-        env: Verified<Envelope>,
-        peer: Peer,
-        now: i64,
-    ) -> Result<Option<Payload>, Refusal> {
-        let env = env.into_inner();
-        if !matches!(env.payload, Some(Payload::Register(_))) {
-            check_major(&env.protocol_version)?;
-        }
-        match env.payload {
-            Some(Payload::Register(r)) => self
-                .register(r, &env.protocol_version, peer, now)
-                .await
-                .map(Some),
-            Some(Payload::PreExec(r)) => self.pre_exec(r, now).await.map(Some),
-            Some(Payload::PostExec(r)) => {
-                self.post_exec(r, now).await?;
-                Ok(None)
-            }
-            Some(Payload::Heartbeat(r)) => self.heartbeat(r, now).await.map(Some),
-            Some(Payload::GetSessionState(r)) => self.get_state(&r.session_id, now).await.map(Some),
-            Some(Payload::HitlList(r)) => self.hitl_list(r).await.map(Some),
-            Some(Payload::HitlDecide(r)) => self.hitl_decide(r, now).await.map(Some),
-            _ => Err(refuse(ErrorCode::InvalidRequest, "not a request")),
-        }
-    }
-
-    async fn register(
-        &self,
+        caller: &Caller,
         r: sp1::RegisterRequest,
         envelope_version: &str,
         peer: Peer,
         now: i64,
-    ) -> Result<Payload, Refusal> {
+    ) -> Result<sp1::RegisterResponse, Refusal> {
         if let Err(wait) = lock(&self.register_limits).check(&peer, Instant::now()) {
             return Err(Refusal {
                 code: ErrorCode::RateLimited,
@@ -399,11 +292,17 @@ impl<S: SessionStore> Service<S> {
             });
         }
         let negotiated = negotiate(envelope_version, &r.supported_versions)?;
-        let org = if r.organization_id.is_empty() {
-            DEFAULT_ORG.to_owned()
-        } else {
-            r.organization_id.clone()
+        let org = match (r.organization_id.is_empty(), caller) {
+            (false, _) => r.organization_id.clone(),
+            (true, Caller::Agent { organization }) => organization.clone(),
+            (true, Caller::Operator { .. }) => DEFAULT_ORG.to_owned(),
         };
+        if !caller.is_agent_of(&org) {
+            return Err(refuse(
+                ErrorCode::AuthenticationFailed,
+                "message authentication failed",
+            ));
+        }
         if r.agent_id.is_empty() || r.agent_id.len() > 128 {
             return Err(refuse(
                 ErrorCode::InvalidRequest,
@@ -438,7 +337,7 @@ impl<S: SessionStore> Service<S> {
                 agent_id: &info.agent_id,
                 organization_id: &info.organization_id,
             };
-            return Ok(Payload::RegisterResponse(sp1::RegisterResponse {
+            return Ok(sp1::RegisterResponse {
                 session_id: r.session_id.clone(),
                 daemon_version: DAEMON_VERSION.into(),
                 negotiated_protocol: negotiated,
@@ -451,7 +350,7 @@ impl<S: SessionStore> Service<S> {
                     &info.policy.config,
                     last,
                 )),
-            }));
+            });
         }
 
         let policy = self.policy_for(&r.agent_id);
@@ -480,7 +379,7 @@ impl<S: SessionStore> Service<S> {
             agent_id: &r.agent_id,
             organization_id: &org,
         };
-        Ok(Payload::RegisterResponse(sp1::RegisterResponse {
+        Ok(sp1::RegisterResponse {
             session_id: session_id.clone(),
             daemon_version: DAEMON_VERSION.into(),
             negotiated_protocol: negotiated,
@@ -488,7 +387,7 @@ impl<S: SessionStore> Service<S> {
             daemon_time_ns: now,
             resumed: false,
             state: Some(convert::session_state(id, &state, &policy.config, 0)),
-        }))
+        })
     }
 
     fn stale_after_ns(&self) -> i64 {
@@ -497,8 +396,15 @@ impl<S: SessionStore> Service<S> {
         i64::try_from(ns).unwrap_or(i64::MAX)
     }
 
-    async fn pre_exec(&self, r: sp1::PreExecRequest, now: i64) -> Result<Payload, Refusal> {
-        self.session_info(&r.session_id).await?;
+    /// `pre_exec`: decide a proposed call. `caller` must be an agent of the session's
+    /// organization.
+    pub async fn pre_exec(
+        &self,
+        caller: &Caller,
+        r: sp1::PreExecRequest,
+        now: i64,
+    ) -> Result<sp1::PreExecResponse, Refusal> {
+        let info = self.agent_session(caller, &r.session_id).await?;
         if let Err(wait) = lock(&self.pre_exec_limits).check(&r.session_id, Instant::now()) {
             return Err(Refusal {
                 code: ErrorCode::RateLimited,
@@ -574,7 +480,22 @@ impl<S: SessionStore> Service<S> {
             })?
             .ok_or_else(|| refuse(ErrorCode::DaemonUnavailable, "verdict not journaled"))?;
         let d = decided.decision;
-        Ok(Payload::PreExecResponse(sp1::PreExecResponse {
+        if d.verdict == tollgate_core::Verdict::Hitl {
+            self.announce_held(&info, &r.session_id).await;
+        } else if matches!(
+            d.reason,
+            Reason::TransitionApprove | Reason::TransitionModifySuccessor
+        ) {
+            lock(&self.held).remove(&r.session_id);
+            let _ = self.events.send(crate::hitl::HitlEvent::Resolved {
+                organization_id: info.organization_id.clone(),
+                session_id: r.session_id.clone(),
+                call_number: r.call_number,
+                outcome: "released".into(),
+                operator_id: String::new(),
+            });
+        }
+        Ok(sp1::PreExecResponse {
             session_id: r.session_id,
             call_number: r.call_number,
             verdict: convert::verdict(d.verdict) as i32,
@@ -587,11 +508,18 @@ impl<S: SessionStore> Service<S> {
             reason: d.reason.as_str().to_owned(),
             budget_remaining_nanos: decided.after.0,
             audit_entry_id: entry.entry_id.to_string(),
-        }))
+        })
     }
 
-    async fn post_exec(&self, r: sp1::PostExecNotification, now: i64) -> Result<(), Refusal> {
-        self.session_info(&r.session_id).await?;
+    /// `post_exec`: settle a call's reported cost. `caller` must be an agent of the
+    /// session's organization.
+    pub async fn post_exec(
+        &self,
+        caller: &Caller,
+        r: sp1::PostExecNotification,
+        now: i64,
+    ) -> Result<(), Refusal> {
+        self.agent_session(caller, &r.session_id).await?;
         // The reported cost is settled as sent: a cost the core cannot read (NaN, ±∞,
         // negative) is charged as the estimate and flagged in the entry, never refunded.
         let error = !r.success || !r.error_message.is_empty();
@@ -617,8 +545,15 @@ impl<S: SessionStore> Service<S> {
             .map_err(|e| refuse(ErrorCode::DaemonUnavailable, e.to_string()))
     }
 
-    async fn heartbeat(&self, r: sp1::Heartbeat, now: i64) -> Result<Payload, Refusal> {
-        self.session_info(&r.session_id).await?;
+    /// `heartbeat`: the session is alive; report the daemon's budget. `caller` must be an
+    /// agent of the session's organization.
+    pub async fn heartbeat(
+        &self,
+        caller: &Caller,
+        r: sp1::Heartbeat,
+        now: i64,
+    ) -> Result<sp1::HeartbeatAck, Refusal> {
+        self.agent_session(caller, &r.session_id).await?;
         let local = Money::from_usd(r.local_budget_remaining).ok();
         let ((remaining, status), _) = self
             .store
@@ -632,17 +567,29 @@ impl<S: SessionStore> Service<S> {
             })
             .await
             .map_err(|e| refuse(ErrorCode::DaemonUnavailable, e.to_string()))?;
-        Ok(Payload::HeartbeatAck(sp1::HeartbeatAck {
+        Ok(sp1::HeartbeatAck {
             session_id: r.session_id,
             daemon_budget_remaining: remaining.to_usd(),
             drift_detected: local != Some(remaining),
             daemon_time_ns: now,
             status: convert::status(status) as i32,
-        }))
+        })
     }
 
-    async fn get_state(&self, id: &str, now: i64) -> Result<Payload, Refusal> {
+    /// `get_session_state`: the daemon's view of a session, for an agent or an operator of
+    /// its organization.
+    pub async fn session_state(
+        &self,
+        caller: &Caller,
+        id: &str,
+        now: i64,
+    ) -> Result<sp1::SessionState, Refusal> {
         let info = self.session_info(id).await?;
+        if !caller.is_agent_of(&info.organization_id)
+            && !caller.is_operator_of(&info.organization_id)
+        {
+            return Err(not_found(id));
+        }
         let mut s = self
             .store
             .get(id)
@@ -663,126 +610,13 @@ impl<S: SessionStore> Service<S> {
             agent_id: &info.agent_id,
             organization_id: &info.organization_id,
         };
-        Ok(Payload::SessionState(convert::session_state(
+        Ok(convert::session_state(
             ident,
             &s.state,
             &info.policy.config,
             s.last_call_number,
-        )))
+        ))
     }
-
-    async fn hitl_list(&self, r: sp1::HitlListRequest) -> Result<Payload, Refusal> {
-        let org = if r.organization_id.is_empty() {
-            DEFAULT_ORG.to_owned()
-        } else {
-            r.organization_id
-        };
-        let sessions = self
-            .store
-            .pending_hitl(Some(&org))
-            .await
-            .map_err(|e| refuse(ErrorCode::DaemonUnavailable, e.to_string()))?;
-        let pending = sessions
-            .iter()
-            .filter_map(|s| {
-                s.state.pending.as_ref().map(|p| sp1::HitlPending {
-                    session_id: s.meta.session_id.clone(),
-                    agent_id: s.meta.agent_id.clone(),
-                    organization_id: s.meta.organization_id.clone(),
-                    transition: Some(convert::pending(p)),
-                })
-            })
-            .collect();
-        Ok(Payload::HitlListResponse(sp1::HitlListResponse { pending }))
-    }
-
-    async fn hitl_decide(&self, r: sp1::HitlDecideRequest, now: i64) -> Result<Payload, Refusal> {
-        self.session_info(&r.session_id).await?;
-        if r.operator_id.trim().is_empty() || r.operator_id.len() > 256 {
-            return Err(refuse(
-                ErrorCode::InvalidRequest,
-                "operator_id must be 1 to 256 bytes",
-            ));
-        }
-        let decision = HumanDecision::parse(&r.decision);
-        let successor = match decision {
-            HumanDecision::Modify => {
-                let digest = Digest::from_slice(&r.successor_args_digest).ok_or_else(|| {
-                    refuse(
-                        ErrorCode::HitlRefused,
-                        "modify needs a 32-byte successor_args_digest",
-                    )
-                })?;
-                Some(Successor {
-                    nonce: r.successor_nonce,
-                    args_digest: digest,
-                })
-            }
-            _ => None,
-        };
-        let operator = r.operator_id.clone();
-        let (outcome, durable) = self
-            .store
-            .apply(
-                &r.session_id,
-                move |s: &mut Session| match ops::human_decision(
-                    s, decision, successor, &operator, now,
-                ) {
-                    Ok(record) => Change::Commit(Ok(s.state.pending.clone()), record.into()),
-                    Err(e) => Change::Keep(Err(e)),
-                },
-            )
-            .await
-            .map_err(|e| refuse(ErrorCode::DaemonUnavailable, e.to_string()))?;
-        let pending = outcome.map_err(|e| refuse(ErrorCode::HitlRefused, e.to_string()))?;
-        let entry = durable
-            .await
-            .map_err(|e| refuse(ErrorCode::DaemonUnavailable, e.to_string()))?
-            .ok_or_else(|| refuse(ErrorCode::DaemonUnavailable, "decision not journaled"))?;
-        tracing::info!(session = %r.session_id, operator = %r.operator_id, decision = %r.decision, "human decision recorded");
-        Ok(Payload::HitlDecideResponse(sp1::HitlDecideResponse {
-            session_id: r.session_id,
-            transition: pending.as_ref().map(convert::pending),
-            audit_entry_id: entry.entry_id.to_string(),
-        }))
-    }
-}
-
-/// An unauthenticated reply body: only ever an `Error`, sent before the daemon knows which
-/// key to seal with (clients treat it as a failure, never a verdict).
-fn unsealed(correlation: &str, received_ns: i64, payload: Payload) -> Vec<u8> {
-    prost::Message::encode_to_vec(&reply_envelope(correlation, received_ns, payload))
-}
-
-/// The envelope of every reply: our version, a fresh id, the request's id as correlation.
-fn reply_envelope(correlation: &str, received_ns: i64, payload: Payload) -> Envelope {
-    Envelope {
-        protocol_version: SUPPORTED_VERSIONS
-            .first()
-            .copied()
-            .unwrap_or("1.0.0")
-            .to_owned(),
-        message_id: uuid::Uuid::now_v7().to_string(),
-        correlation_id: correlation.to_owned(),
-        client_timestamp_ns: 0,
-        server_timestamp_ns: received_ns,
-        hmac: Vec::new(),
-        payload: Some(payload),
-    }
-}
-
-/// The body of an unsealed `Error` reply, for the transport's own refusals (oversize
-/// frames, timeouts, too many connections), which come before any request is read.
-pub fn transport_error(code: ErrorCode, message: &str) -> Vec<u8> {
-    unsealed(
-        "",
-        0,
-        Payload::Error(sp1::Error {
-            code: code as i32,
-            message: message.to_owned(),
-            retry_after_ms: 0,
-        }),
-    )
 }
 
 /// What a pre-exec closure decided.
@@ -791,6 +625,13 @@ struct Decided {
     decision: Decision,
     after: Money,
     repeat: u32,
+}
+
+pub(crate) fn not_found(id: &str) -> Refusal {
+    refuse(
+        ErrorCode::SessionNotFound,
+        format!("unknown session `{id}`"),
+    )
 }
 
 fn info_for(session: &Session) -> SessionInfo {
@@ -808,7 +649,7 @@ enum PreExecRefusal {
 }
 
 /// The status a session returns to when it heartbeats again.
-fn live_status(s: &SessionState) -> SessionStatus {
+pub(crate) fn live_status(s: &SessionState) -> SessionStatus {
     if s.pending.is_some() {
         SessionStatus::Paused
     } else {
@@ -905,7 +746,7 @@ fn negotiate(envelope_version: &str, supported: &[String]) -> Result<String, Ref
     })
 }
 
-fn check_major(version: &str) -> Result<(), Refusal> {
+pub(crate) fn check_major(version: &str) -> Result<(), Refusal> {
     let ours = SUPPORTED_VERSIONS.iter().filter_map(|v| parse_semver(v));
     match parse_semver(version) {
         Some(v) if ours.clone().any(|o| o.0 == v.0) => Ok(()),

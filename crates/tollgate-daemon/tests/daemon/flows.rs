@@ -296,7 +296,7 @@ async fn hitl_modify_releases_the_successor_only() {
             operator_id: "bob".into(),
             successor_nonce: 23,
             successor_args_digest: digest(&edited),
-            note: String::new(),
+            ..Default::default()
         })
         .await
         .unwrap();

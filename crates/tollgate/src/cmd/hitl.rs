@@ -49,6 +49,11 @@ pub enum Args {
         /// For modify: the successor call's nonce.
         #[arg(long)]
         successor_nonce: Option<u64>,
+        /// For modify: the successor's params, a JSON file (the daemon canonicalizes them,
+        /// computes their digest and, without --successor-nonce, assigns a nonce; the
+        /// agent gets them from AwaitDecision). Or give --successor-digest instead.
+        #[arg(long, conflicts_with = "successor_digest")]
+        successor_params: Option<std::path::PathBuf>,
         /// For modify: the successor's canonical params hash (64 hex digits).
         #[arg(long)]
         successor_digest: Option<String>,
@@ -118,8 +123,13 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
                 decision,
                 operator,
                 successor_nonce,
+                successor_params,
                 successor_digest,
             } => {
+                let successor_params_json = match successor_params {
+                    Some(p) => std::fs::read_to_string(p)?,
+                    None => String::new(),
+                };
                 let client = connect(conn).await?;
                 let digest = match successor_digest {
                     Some(d) => Digest::from_hex(d)?.0.to_vec(),
@@ -133,12 +143,20 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
                         successor_nonce: successor_nonce.unwrap_or(0),
                         successor_args_digest: digest,
                         note: String::new(),
+                        successor_params_json,
                     })
                     .await?;
                 println!(
                     "{session}: {decision} recorded by {operator} (audit entry {})",
                     r.audit_entry_id
                 );
+                if let Some(t) = r.transition.as_ref().filter(|_| decision == "modify") {
+                    println!(
+                        "successor: nonce {} digest {}",
+                        t.successor_nonce,
+                        hex(&t.successor_args_digest)
+                    );
+                }
                 Ok(ExitCode::SUCCESS)
             }
         }

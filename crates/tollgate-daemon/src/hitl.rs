@@ -1,0 +1,491 @@
+//! Human in the loop, beside the decision core: what operators see of a held call (its
+//! params, sent by its agent and checked against the held digest), their decisions
+//! (modify with edited arguments), agents waiting for a decision, expiry of calls nobody
+//! decides, and the events operators' consoles follow.
+//!
+//! Every decision and every expiry is a state change made through `tollgate_store::ops`,
+//! audited and durable before anyone is told. The params shown to operators are kept in
+//! memory only: after a restart a held call shows its digest, and says its params are not
+//! known, until its agent sends them again.
+
+use std::time::Duration;
+
+use tollgate_core::json::{self, Limits};
+use tollgate_core::{Digest, HumanDecision, Successor};
+use tollgate_proto::sp1::{self, ErrorCode};
+use tollgate_store::{ops, Change, Session, SessionStore};
+
+use crate::convert;
+use crate::service::{lock, not_found, refuse, Caller, Refusal, Service, SessionInfo};
+
+/// The largest params a held call may show, and a modify may carry, in bytes.
+pub const MAX_PARAMS_BYTES: usize = 64 * 1024;
+
+/// What operators see of a held call beyond its state, and a modify's successor params.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct HeldParams {
+    /// The held call's number.
+    pub call_number: u64,
+    /// The held call's params, canonical, once its agent sent them and they matched.
+    pub params_json: Option<String>,
+    /// A modify's successor params, canonical, for the agent to run.
+    pub successor_json: Option<String>,
+}
+
+/// What happened to a held call, for consoles and waiting agents.
+#[derive(Debug, Clone, PartialEq)]
+pub enum HitlEvent {
+    /// A call was held, or something operators see of it changed (its params arrived, it
+    /// was deferred or escalated).
+    Held(Box<sp1::HitlPending>),
+    /// A held call is no longer waiting for a human: decided (`approve`, `reject`,
+    /// `modify`), expired (`expire`), or released (`released`: its approval was used).
+    Resolved {
+        /// Its session's organization.
+        organization_id: String,
+        /// Its session.
+        session_id: String,
+        /// Its call number.
+        call_number: u64,
+        /// The decision word, `expire`, or `released`.
+        outcome: String,
+        /// Who decided (`tollgate` for an expiry).
+        operator_id: String,
+    },
+}
+
+impl HitlEvent {
+    /// The organization the event belongs to (who may see it).
+    pub fn organization(&self) -> &str {
+        match self {
+            HitlEvent::Held(p) => &p.organization_id,
+            HitlEvent::Resolved {
+                organization_id, ..
+            } => organization_id,
+        }
+    }
+}
+
+/// Canonical JSON of a params document of at most [`MAX_PARAMS_BYTES`], and its digest.
+fn canonical_params(text: &str) -> Result<(String, Digest), Refusal> {
+    if text.len() > MAX_PARAMS_BYTES {
+        return Err(refuse(
+            ErrorCode::MessageTooLarge,
+            format!("params over {MAX_PARAMS_BYTES} bytes"),
+        ));
+    }
+    let v = json::parse(
+        text.as_bytes(),
+        Limits {
+            max_bytes: MAX_PARAMS_BYTES,
+            max_depth: tollgate_core::call::MAX_PARAMS_DEPTH + 1,
+        },
+    )
+    .map_err(|e| refuse(ErrorCode::InvalidRequest, format!("params: {e}")))?;
+    tollgate_core::call::check_canonicalizable(&v).map_err(|e| {
+        refuse(
+            ErrorCode::InvalidRequest,
+            format!("params are not canonicalizable: {e}"),
+        )
+    })?;
+    let bytes = json::to_canonical_vec(&v)
+        .map_err(|_| refuse(ErrorCode::InvalidRequest, "params are not canonicalizable"))?;
+    let digest = Digest::of(&bytes);
+    let canonical = String::from_utf8(bytes)
+        .map_err(|_| refuse(ErrorCode::InvalidRequest, "params are not UTF-8"))?;
+    Ok((canonical, digest))
+}
+
+fn random_nonce() -> u64 {
+    let mut b = [0u8; 8];
+    let _ = getrandom::fill(&mut b);
+    u64::from_le_bytes(b).max(1)
+}
+
+impl<S: SessionStore> Service<S> {
+    /// Events of held calls (every organization's: a subscriber filters by
+    /// [`HitlEvent::organization`]).
+    pub fn hitl_events(&self) -> tokio::sync::broadcast::Receiver<HitlEvent> {
+        self.events.subscribe()
+    }
+
+    fn hitl_timeout_ns(&self) -> i64 {
+        i64::try_from(self.config.limits.hitl_timeout.as_nanos()).unwrap_or(i64::MAX)
+    }
+
+    fn expires_at(&self, requested_at_ns: i64, decision: &HumanDecision) -> i64 {
+        let undecided = matches!(
+            decision,
+            HumanDecision::Awaiting | HumanDecision::Defer | HumanDecision::Escalate
+        );
+        if !undecided || self.config.limits.hitl_timeout.is_zero() {
+            return 0;
+        }
+        requested_at_ns.saturating_add(self.hitl_timeout_ns())
+    }
+
+    /// A session's held call as operators see it.
+    fn pending_view(&self, s: &Session) -> Option<sp1::HitlPending> {
+        let p = s.state.pending.as_ref()?;
+        let held = lock(&self.held)
+            .get(&s.meta.session_id)
+            .filter(|h| h.call_number == p.call_number)
+            .and_then(|h| h.params_json.clone());
+        Some(sp1::HitlPending {
+            session_id: s.meta.session_id.clone(),
+            agent_id: s.meta.agent_id.clone(),
+            organization_id: s.meta.organization_id.clone(),
+            transition: Some(convert::pending(
+                p,
+                self.expires_at(p.requested_at_ns, &p.decision),
+            )),
+            params_known: held.is_some(),
+            params_json: held.unwrap_or_default(),
+            budget_remaining_nanos: s.state.budget_remaining.0,
+        })
+    }
+
+    /// Tell consoles a session's held call, as it now stands.
+    pub(crate) async fn announce_held(&self, info: &SessionInfo, session_id: &str) {
+        let Ok(Some(s)) = self.store.get(session_id).await else {
+            return;
+        };
+        if let Some(view) = self.pending_view(&s) {
+            let _ = self.events.send(HitlEvent::Held(Box::new(view)));
+        } else {
+            tracing::debug!(org = %info.organization_id, %session_id, "nothing held to announce");
+        }
+    }
+
+    /// `hitl_list`: the held calls of `org`, for an operator of it.
+    pub async fn hitl_list(
+        &self,
+        caller: &Caller,
+        org: &str,
+    ) -> Result<sp1::HitlListResponse, Refusal> {
+        if !matches!(caller, Caller::Operator { organizations, .. } if organizations.iter().any(|o| o == org))
+        {
+            return Err(refuse(
+                ErrorCode::AuthenticationFailed,
+                "message authentication failed",
+            ));
+        }
+        let sessions = self
+            .store
+            .pending_hitl(Some(org))
+            .await
+            .map_err(|e| refuse(ErrorCode::DaemonUnavailable, e.to_string()))?;
+        Ok(sp1::HitlListResponse {
+            pending: sessions
+                .iter()
+                .filter_map(|s| self.pending_view(s))
+                .collect(),
+        })
+    }
+
+    /// `hitl_decide`: an operator of the session's organization decides its held call. The
+    /// operator id is the caller's when its credential names one, else the request's.
+    /// `modify` takes the successor's params (`successor_params_json`, canonicalized here;
+    /// its digest and, when not given, a nonce are the daemon's) or a successor nonce and
+    /// digest.
+    pub async fn hitl_decide(
+        &self,
+        caller: &Caller,
+        r: sp1::HitlDecideRequest,
+        now: i64,
+    ) -> Result<sp1::HitlDecideResponse, Refusal> {
+        let info = self.operated_session(caller, &r.session_id).await?;
+        let operator_id = match caller {
+            Caller::Operator {
+                operator_id: Some(id),
+                ..
+            } => id.clone(),
+            _ => r.operator_id.clone(),
+        };
+        if operator_id.trim().is_empty() || operator_id.len() > 256 {
+            return Err(refuse(
+                ErrorCode::InvalidRequest,
+                "operator_id must be 1 to 256 bytes",
+            ));
+        }
+        let decision = HumanDecision::parse(&r.decision);
+        let mut successor_json = None;
+        let successor = match decision {
+            HumanDecision::Modify if !r.successor_params_json.is_empty() => {
+                let (canonical, digest) = canonical_params(&r.successor_params_json)?;
+                successor_json = Some(canonical);
+                Some(Successor {
+                    nonce: if r.successor_nonce == 0 {
+                        random_nonce()
+                    } else {
+                        r.successor_nonce
+                    },
+                    args_digest: digest,
+                })
+            }
+            HumanDecision::Modify => {
+                let digest = Digest::from_slice(&r.successor_args_digest).ok_or_else(|| {
+                    refuse(
+                        ErrorCode::HitlRefused,
+                        "modify needs successor_params_json, or a successor_nonce and a 32-byte successor_args_digest",
+                    )
+                })?;
+                Some(Successor {
+                    nonce: r.successor_nonce,
+                    args_digest: digest,
+                })
+            }
+            _ => None,
+        };
+        let word = decision.as_str().to_owned();
+        let operator = operator_id.clone();
+        let (outcome, durable) = self
+            .store
+            .apply(
+                &r.session_id,
+                move |s: &mut Session| match ops::human_decision(
+                    s, decision, successor, &operator, now,
+                ) {
+                    Ok(record) => Change::Commit(
+                        Ok((s.state.pending.clone(), record.call_number)),
+                        record.into(),
+                    ),
+                    Err(e) => Change::Keep(Err(e)),
+                },
+            )
+            .await
+            .map_err(|e| refuse(ErrorCode::DaemonUnavailable, e.to_string()))?;
+        let (pending, call_number) =
+            outcome.map_err(|e| refuse(ErrorCode::HitlRefused, e.to_string()))?;
+        let entry = durable
+            .await
+            .map_err(|e| refuse(ErrorCode::DaemonUnavailable, e.to_string()))?
+            .ok_or_else(|| refuse(ErrorCode::DaemonUnavailable, "decision not journaled"))?;
+        if let Some(json) = &successor_json {
+            let mut held = lock(&self.held);
+            let h = held.entry(r.session_id.clone()).or_default();
+            if h.call_number != call_number {
+                *h = super::hitl::HeldParams {
+                    call_number,
+                    ..Default::default()
+                };
+            }
+            h.successor_json = Some(json.clone());
+        }
+        tracing::info!(session = %r.session_id, operator = %operator_id, decision = %word, "human decision recorded");
+        if matches!(word.as_str(), "defer" | "escalate") {
+            self.announce_held(&info, &r.session_id).await;
+        } else {
+            let _ = self.events.send(HitlEvent::Resolved {
+                organization_id: info.organization_id.clone(),
+                session_id: r.session_id.clone(),
+                call_number,
+                outcome: word,
+                operator_id,
+            });
+        }
+        Ok(sp1::HitlDecideResponse {
+            session_id: r.session_id,
+            transition: pending
+                .as_ref()
+                .map(|p| convert::pending(p, self.expires_at(p.requested_at_ns, &p.decision))),
+            audit_entry_id: entry.entry_id.to_string(),
+            successor_params_json: successor_json.unwrap_or_default(),
+        })
+    }
+
+    /// `held_params`: the agent of a held call shows operators its params. Accepted only
+    /// for the call held now, and only if their canonical SHA-256 is its args digest.
+    pub async fn held_params(
+        &self,
+        caller: &Caller,
+        r: sp1::HeldParams,
+    ) -> Result<sp1::HeldParamsAck, Refusal> {
+        let info = self.agent_session(caller, &r.session_id).await?;
+        let (canonical, digest) = canonical_params(&r.params_json)?;
+        let s = self
+            .store
+            .get(&r.session_id)
+            .await
+            .map_err(|e| refuse(ErrorCode::DaemonUnavailable, e.to_string()))?
+            .ok_or_else(|| not_found(&r.session_id))?;
+        let Some(p) = s
+            .state
+            .pending
+            .as_ref()
+            .filter(|p| p.call_number == r.call_number)
+        else {
+            return Err(refuse(
+                ErrorCode::InvalidRequest,
+                format!("call {} of `{}` is not held", r.call_number, r.session_id),
+            ));
+        };
+        if p.original_args_digest != Some(digest) {
+            return Err(refuse(
+                ErrorCode::InvalidRequest,
+                "params do not hash to the held call's args digest",
+            ));
+        }
+        {
+            let mut held = lock(&self.held);
+            let h = held.entry(r.session_id.clone()).or_default();
+            if h.call_number != r.call_number {
+                *h = HeldParams {
+                    call_number: r.call_number,
+                    ..Default::default()
+                };
+            }
+            h.params_json = Some(canonical);
+        }
+        self.announce_held(&info, &r.session_id).await;
+        Ok(sp1::HeldParamsAck {
+            session_id: r.session_id,
+            call_number: r.call_number,
+        })
+    }
+
+    /// The decision on a session's held call, as an agent waiting for it reads it; `None`
+    /// while nobody has decided.
+    fn outcome_of(&self, s: &Session, call_number: u64) -> Option<sp1::AwaitDecisionResponse> {
+        let respond = |outcome: &str, pending: Option<&tollgate_core::PendingTransition>| {
+            let successor = lock(&self.held)
+                .get(&s.meta.session_id)
+                .filter(|h| h.call_number == call_number)
+                .and_then(|h| h.successor_json.clone());
+            sp1::AwaitDecisionResponse {
+                session_id: s.meta.session_id.clone(),
+                call_number,
+                outcome: outcome.to_owned(),
+                transition: pending
+                    .map(|p| convert::pending(p, self.expires_at(p.requested_at_ns, &p.decision))),
+                successor_params_json: if outcome == "modify" {
+                    successor.unwrap_or_default()
+                } else {
+                    String::new()
+                },
+            }
+        };
+        let Some(p) = s
+            .state
+            .pending
+            .as_ref()
+            .filter(|p| p.call_number == call_number)
+        else {
+            return Some(respond("none", None));
+        };
+        match p.decision {
+            HumanDecision::Awaiting | HumanDecision::Defer | HumanDecision::Escalate => None,
+            HumanDecision::Approve => Some(respond("approve", Some(p))),
+            HumanDecision::Modify => Some(respond("modify", Some(p))),
+            HumanDecision::Reject => Some(respond("reject", Some(p))),
+            HumanDecision::Expire => Some(respond("expire", Some(p))),
+            HumanDecision::Unknown(_) => Some(respond("reject", Some(p))),
+        }
+    }
+
+    /// `await_decision`: wait, at most `timeout_ms` (capped by
+    /// `limits.await_decision_max_secs`), for a human's decision on the session's held call
+    /// `call_number`; `pending` if nobody decided by then.
+    pub async fn await_decision(
+        &self,
+        caller: &Caller,
+        r: sp1::AwaitDecisionRequest,
+    ) -> Result<sp1::AwaitDecisionResponse, Refusal> {
+        self.agent_session(caller, &r.session_id).await?;
+        // Subscribe before reading, so no decision can fall between the two.
+        let mut events = self.events.subscribe();
+        let wait = Duration::from_millis(u64::from(r.timeout_ms))
+            .min(self.config.limits.await_decision_max);
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            let s = self
+                .store
+                .get(&r.session_id)
+                .await
+                .map_err(|e| refuse(ErrorCode::DaemonUnavailable, e.to_string()))?
+                .ok_or_else(|| not_found(&r.session_id))?;
+            if let Some(out) = self.outcome_of(&s, r.call_number) {
+                return Ok(out);
+            }
+            // Wait for anything about this session, or the deadline.
+            let woke = tokio::time::timeout_at(deadline, async {
+                loop {
+                    match events.recv().await {
+                        Ok(HitlEvent::Resolved { session_id, .. })
+                            if session_id == r.session_id =>
+                        {
+                            return true
+                        }
+                        Ok(_) => {}
+                        // Missed events: re-read the state.
+                        Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => return true,
+                        Err(tokio::sync::broadcast::error::RecvError::Closed) => return false,
+                    }
+                }
+            })
+            .await;
+            if !matches!(woke, Ok(true)) {
+                let p = s.state.pending.as_ref();
+                return Ok(sp1::AwaitDecisionResponse {
+                    session_id: r.session_id,
+                    call_number: r.call_number,
+                    outcome: "pending".into(),
+                    transition: p.map(|p| {
+                        convert::pending(p, self.expires_at(p.requested_at_ns, &p.decision))
+                    }),
+                    successor_params_json: String::new(),
+                });
+            }
+        }
+    }
+
+    /// Expire every held call nobody decided within `limits.hitl_timeout_secs`, each
+    /// audited (a kind-6 entry, decision `expire`, operator `tollgate`) before consoles and
+    /// waiting agents are told. Returns how many expired. The daemon calls this every
+    /// second; it does nothing when the timeout is zero.
+    pub async fn expire_overdue(&self, now: i64) -> usize {
+        if self.config.limits.hitl_timeout.is_zero() {
+            return 0;
+        }
+        let Ok(sessions) = self.store.pending_hitl(None).await else {
+            return 0;
+        };
+        let timeout = self.hitl_timeout_ns();
+        let mut expired = 0;
+        for s in sessions {
+            let Some(p) = s.state.pending.as_ref() else {
+                continue;
+            };
+            if self.expires_at(p.requested_at_ns, &p.decision) == 0
+                || now.saturating_sub(p.requested_at_ns) < timeout
+            {
+                continue;
+            }
+            let id = s.meta.session_id.clone();
+            let applied = self
+                .store
+                .apply(&id, move |s: &mut Session| match ops::expire(s, now) {
+                    Ok(record) => Change::Commit(Some(record.call_number), record.into()),
+                    Err(_) => Change::Keep(None),
+                })
+                .await;
+            let Ok((Some(call_number), durable)) = applied else {
+                continue;
+            };
+            if let Err(e) = durable.await {
+                tracing::error!(session = %id, "expiry not durable: {e}");
+                continue;
+            }
+            expired += 1;
+            tracing::info!(session = %id, call_number, "held call expired");
+            let _ = self.events.send(HitlEvent::Resolved {
+                organization_id: s.meta.organization_id.clone(),
+                session_id: id,
+                call_number,
+                outcome: "expire".into(),
+                operator_id: ops::EXPIRY_OPERATOR.into(),
+            });
+        }
+        expired
+    }
+}

@@ -1,0 +1,8 @@
+//! The daemon's bindings. Each authenticates its peers in its own way, names them as a
+//! [`crate::service::Caller`], and calls the one handler per request in
+//! [`crate::service`]; none decides, stores or audits anything itself.
+//!
+//! - [`socket`]: the Unix socket (SP/1.0 §6.1): length-prefixed protobuf envelopes, each
+//!   sealed with HMAC-SHA256 under an organization's agents' or operators' key.
+
+pub mod socket;
