@@ -181,6 +181,8 @@ pub struct DecisionRecord {
     /// Approve, reject, modify, defer, escalate, or the runtime's expire (`Awaiting` and `Unknown` cannot be
     /// recorded: the writer refuses them).
     pub decision: HumanDecision,
+    /// The operator's note on the decision (why), as given; empty when none was.
+    pub note: String,
     /// The held call's tool.
     pub tool_name: String,
     /// The held call's nonce.

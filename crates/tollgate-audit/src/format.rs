@@ -511,6 +511,7 @@ fn encode_decision(b: &mut Vec<u8>, d: &DecisionRecord) -> Result<(), EncodeErro
     put_u64(b, d.call_number);
     put_str(b, "operator_id", &d.operator_id)?;
     put_str(b, "decision", d.decision.as_str())?;
+    put_str(b, "note", &d.note)?;
     put_str(b, "tool_name", &d.tool_name)?;
     put_u64(b, d.original_nonce);
     b.extend_from_slice(&d.original_args_digest.0);
@@ -920,6 +921,7 @@ fn parse_decision(c: &mut Cur<'_>, timestamp_ns: i64) -> Parsed<Event> {
     let call_number = c.u64()?;
     let operator_id = c.str()?;
     let decision = c.str()?;
+    let note = c.str()?;
     let tool_name = c.str()?;
     let original_nonce = c.u64()?;
     let original_args_digest = Digest(c.arr()?);
@@ -949,6 +951,7 @@ fn parse_decision(c: &mut Cur<'_>, timestamp_ns: i64) -> Parsed<Event> {
                 operator_id: utf8(operator_id)?,
                 decision: entry::decision_from_word(&utf8(decision)?)
                     .ok_or("decision is not approve, reject, modify, defer, escalate or expire")?,
+                note: utf8(note)?,
                 tool_name: utf8(tool_name)?,
                 original_nonce,
                 original_args_digest,

@@ -235,7 +235,7 @@ impl Guard {
     ) -> Result<(), HumanDecisionRefused> {
         let record = {
             let mut s = self.lock();
-            ops::human_decision(&mut s, decision, successor, operator, now_ns())?
+            ops::human_decision(&mut s, decision, successor, operator, "", now_ns())?
         };
         self.audit(record.into());
         Ok(())

@@ -238,13 +238,17 @@ impl<S: SessionStore> Service<S> {
             _ => None,
         };
         let word = decision.as_str().to_owned();
+        if r.note.len() > 1024 {
+            return Err(refuse(ErrorCode::InvalidRequest, "note over 1024 bytes"));
+        }
         let operator = operator_id.clone();
+        let note = r.note.clone();
         let (outcome, durable) = self
             .store
             .apply(
                 &r.session_id,
                 move |s: &mut Session| match ops::human_decision(
-                    s, decision, successor, &operator, now,
+                    s, decision, successor, &operator, &note, now,
                 ) {
                     Ok(record) => Change::Commit(
                         Ok((s.state.pending.clone(), record.call_number)),

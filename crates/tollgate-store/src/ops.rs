@@ -154,6 +154,8 @@ pub fn settle(
 
 /// The operator id an expiry is recorded under: the runtime, not a person.
 pub const EXPIRY_OPERATOR: &str = "tollgate";
+/// The note an expiry is recorded with.
+pub const EXPIRY_NOTE: &str = "nobody decided within the HITL timeout";
 
 /// Expire the session's held call, undecided after the runtime's HITL timeout
 /// ([`tollgate_core::expire_pending`]): recorded as a human-decision entry whose decision is
@@ -168,6 +170,7 @@ pub fn expire(
         HumanDecision::Expire,
         None,
         EXPIRY_OPERATOR,
+        EXPIRY_NOTE,
         now,
     ))
 }
@@ -178,6 +181,7 @@ fn decision_record(
     decision: HumanDecision,
     successor: Option<Successor>,
     operator_id: &str,
+    note: &str,
     now: UnixNanos,
 ) -> DecisionRecord {
     let (call_number, tool_name, original_nonce, original_args_digest) =
@@ -200,6 +204,7 @@ fn decision_record(
         call_number,
         operator_id: operator_id.to_owned(),
         decision,
+        note: note.to_owned(),
         tool_name,
         original_nonce,
         original_args_digest,
@@ -209,12 +214,13 @@ fn decision_record(
     }
 }
 
-/// Record `operator_id`'s `decision` on the session's held call.
+/// Record `operator_id`'s `decision` on the session's held call, with their `note`.
 pub fn human_decision(
     session: &mut Session,
     decision: HumanDecision,
     successor: Option<Successor>,
     operator_id: &str,
+    note: &str,
     now: UnixNanos,
 ) -> Result<DecisionRecord, HumanDecisionRefused> {
     record_human_decision(&mut session.state, decision.clone(), successor, now)?;
@@ -226,6 +232,7 @@ pub fn human_decision(
         decision,
         successor,
         operator_id,
+        note,
         now,
     ))
 }
@@ -367,6 +374,7 @@ pub fn replay(session: &mut Session, event: &SessionEvent) -> Result<(), FoldErr
                     d.decision.clone(),
                     successor,
                     &d.operator_id,
+                    &d.note,
                     d.timestamp_ns,
                 )
             }

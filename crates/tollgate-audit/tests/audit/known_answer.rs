@@ -180,6 +180,7 @@ fn v2_events() -> Vec<(i64, &'static str, Event)> {
         call_number: 2,
         operator_id: "alice".into(),
         decision: HumanDecision::Modify,
+        note: "checked the recipient".into(),
         tool_name: "send_email".into(),
         original_nonce: 8,
         original_args_digest: format::sha256(br#"{"to":"a"}"#),

@@ -151,7 +151,7 @@ fn arb_decision() -> impl Strategy<Value = DecisionRecord> {
     let text = "\\PC{0,40}";
     (
         (any::<i64>(), text, text, text, any::<u64>(), text),
-        (0usize..5, text, any::<u64>(), any::<[u8; 32]>()),
+        (0usize..6, text, any::<u64>(), any::<[u8; 32]>()),
         (any::<u64>(), any::<[u8; 32]>(), any::<i64>(), 1u64..),
     )
         .prop_map(|(a, b, c)| {
@@ -161,6 +161,7 @@ fn arb_decision() -> impl Strategy<Value = DecisionRecord> {
                 HumanDecision::Modify,
                 HumanDecision::Defer,
                 HumanDecision::Escalate,
+                HumanDecision::Expire,
             ][b.0]
                 .clone();
             DecisionRecord {
@@ -171,6 +172,7 @@ fn arb_decision() -> impl Strategy<Value = DecisionRecord> {
                 call_number: a.4,
                 operator_id: a.5,
                 successor: (decision == HumanDecision::Modify).then_some((c.0, Digest(c.1))),
+                note: b.1.chars().rev().collect(),
                 decision,
                 tool_name: b.1,
                 original_nonce: b.2,

@@ -156,6 +156,7 @@ pub fn decision() -> Vec<P> {
         P::U64(2),
         s("alice"),
         s("modify"),
+        s("edited the recipient"),
         s("send_email"),
         P::U64(8),
         d(Digest([1; 32])),

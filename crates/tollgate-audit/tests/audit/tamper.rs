@@ -457,7 +457,7 @@ mod malformed {
             &with(raw::settlement(), 14, P::U64(0)),
             "session_seq is 0",
         );
-        assert_malformed(6, &with(raw::decision(), 14, P::U64(0)), "session_seq is 0");
+        assert_malformed(6, &with(raw::decision(), 15, P::U64(0)), "session_seq is 0");
     }
 
     #[test]
@@ -519,7 +519,7 @@ mod malformed {
     fn successor_present_exactly_for_modify() {
         let none = |parts: Vec<P>| -> Vec<P> {
             let mut p = parts;
-            p.splice(9..13, [P::U8(0), P::U8(0)]);
+            p.splice(10..14, [P::U8(0), P::U8(0)]);
             p
         };
         // approve with a successor
@@ -536,7 +536,7 @@ mod malformed {
         );
         // only one half present
         let mut half = raw::decision();
-        half.splice(11..13, [P::U8(0)]);
+        half.splice(12..14, [P::U8(0)]);
         assert_malformed(
             6,
             &half,
@@ -551,12 +551,12 @@ mod malformed {
     fn successor_presence_flag_other_than_0_or_1() {
         assert_malformed(
             6,
-            &with(raw::decision(), 9, P::U8(2)),
+            &with(raw::decision(), 10, P::U8(2)),
             "bad successor_nonce presence flag",
         );
         assert_malformed(
             6,
-            &with(raw::decision(), 11, P::U8(7)),
+            &with(raw::decision(), 12, P::U8(7)),
             "bad successor_args_digest presence flag",
         );
     }

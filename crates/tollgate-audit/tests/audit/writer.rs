@@ -339,6 +339,7 @@ fn the_encoder_refuses_what_the_verifier_would_call_malformed() {
         call_number: 1,
         operator_id: "op".into(),
         decision: tollgate_core::HumanDecision::Awaiting,
+        note: "checked the recipient".into(),
         tool_name: "t".into(),
         original_nonce: 1,
         original_args_digest: tollgate_core::Digest([0; 32]),

@@ -133,7 +133,9 @@ fn run(store: &MemoryStore, ops_list: &[Op]) {
                 let _ =
                     block_on(store.apply(
                         &format!("s{session}"),
-                        move |s| match ops::human_decision(s, decision, successor, "op", now) {
+                        move |s| match ops::human_decision(
+                            s, decision, successor, "op", "a note", now,
+                        ) {
                             Ok(r) => Change::Commit((), r.into()),
                             Err(_) => Change::Keep(()),
                         },
