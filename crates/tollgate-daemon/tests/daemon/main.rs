@@ -9,6 +9,7 @@
 )]
 
 mod flows;
+mod hitl;
 mod hostile;
 mod lifecycle;
 mod settlement;
