@@ -179,11 +179,26 @@ fn from_status(s: Status) -> ClientError {
     }
 }
 
-/// Whether a TLS error is anywhere in `e`'s causes (including inside an I/O error).
+/// How rustls's errors read once HTTP/2 has turned them into text (h2 keeps an I/O
+/// error's kind and message, not the error itself).
+const RUSTLS_MESSAGES: &[&str] = &[
+    "received fatal alert",
+    "invalid peer certificate",
+    "peer sent no certificates",
+    "peer is incompatible",
+    "peer misbehaved",
+];
+
+/// Whether a TLS error is anywhere in `e`'s causes (including inside an I/O error, or
+/// as the text HTTP/2 kept of one).
 fn is_tls(e: &(dyn std::error::Error + 'static)) -> bool {
     let mut cur = Some(e);
     while let Some(err) = cur {
         if err.is::<rustls::Error>() {
+            return true;
+        }
+        let text = err.to_string();
+        if RUSTLS_MESSAGES.iter().any(|m| text.contains(m)) {
             return true;
         }
         if let Some(io) = err.downcast_ref::<std::io::Error>() {
@@ -212,4 +227,35 @@ fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
         cur = err.source();
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_status_with_the_code_is_the_daemons_refusal() {
+        let mut s = Status::not_found("unknown session `s_1`");
+        s.metadata_mut()
+            .insert(ERROR_CODE_KEY, "SESSION_NOT_FOUND".parse().unwrap());
+        let e = from_status(s);
+        assert_eq!(e.reason(), "fail_closed:session_not_found");
+        // Without it, a NOT_FOUND is not a refusal the client can trust.
+        let e = from_status(Status::not_found("x"));
+        assert_eq!(e.reason(), "fail_closed:malformed_reply");
+    }
+
+    /// HTTP/2 keeps only the text of the TLS error under a transport error.
+    #[test]
+    fn a_tls_alert_kept_as_text_is_a_tls_failure() {
+        let io = std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            "received fatal alert: CertificateRequired",
+        );
+        let e = from_status(Status::from_error(Box::new(io)));
+        assert_eq!(e.reason(), "fail_closed:tls", "{e:?}");
+        let io = std::io::Error::new(std::io::ErrorKind::BrokenPipe, "broken pipe");
+        let e = from_status(Status::from_error(Box::new(io)));
+        assert_eq!(e.reason(), "fail_closed:daemon_unreachable", "{e:?}");
+    }
 }
