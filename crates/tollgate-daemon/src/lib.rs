@@ -1,9 +1,11 @@
 //! # tollgate-daemon: the SP/1.0 sidecar
 //!
 //! The daemon is the sole authority for time, state and verdicts. It listens on a Unix
-//! socket (length-prefixed protobuf), authenticates every message with its organization's
-//! key, decides with `tollgate-core`, keeps state in a `tollgate-store` store, and writes
-//! every verdict to the `tollgate-audit` log before answering.
+//! socket (length-prefixed protobuf, every message authenticated with its organization's
+//! key) and, when `[grpc]` is configured, on gRPC with mutual TLS (the client certificate
+//! names the organization); decides with `tollgate-core`, keeps state in a
+//! `tollgate-store` store, and writes every verdict to the `tollgate-audit` log before
+//! answering.
 //!
 //! What it does **not** do: decide anything itself (the core does), or know protobuf
 //! encodings (the proto crate does). It is the only crate that knows sockets.

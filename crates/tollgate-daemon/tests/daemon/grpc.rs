@@ -747,3 +747,33 @@ async fn one_ca_for_two_organizations_needs_san_patterns_on_both() {
     let e = tollgate_daemon::Daemon::start(cfg).await.unwrap_err();
     assert!(e.to_string().contains("trust the same client CA"), "{e}");
 }
+
+/// A message over 1 MiB is refused by the gRPC layer before any handler sees it; nothing
+/// is decided, and the connection still works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oversized_message_is_refused_unread() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = start_both(dir.path()).await;
+    let agent = Via::Grpc(b.pki.client(b.grpc, Some(b.pki.acme_agent())))
+        .connect("research-bot")
+        .await;
+    let mut raw = raw_client(&b, Some(b.pki.acme_agent())).await;
+    let s = raw
+        .pre_exec(sp1::PreExecRequest {
+            session_id: agent.session_id().to_owned(),
+            call_number: 1,
+            tool_name: "t".repeat(1 << 20),
+            tool_params_hash: vec![0; 32],
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(s.code(), tonic::Code::OutOfRange, "{s:?}");
+    assert_eq!(code_of(&s), "", "not the daemon's handler");
+    let v = agent
+        .pre_exec("t", &json::parse_str("{}").unwrap(), 0.0)
+        .await;
+    assert_eq!((v.verdict, v.call_number), (Verdict::Allow, 1));
+    b.daemon.stop().await;
+    assert_eq!(audited(dir.path()).len(), 1);
+}
