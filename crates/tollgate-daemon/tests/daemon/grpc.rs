@@ -777,3 +777,115 @@ async fn an_oversized_message_is_refused_unread() {
     b.daemon.stop().await;
     assert_eq!(audited(dir.path()).len(), 1);
 }
+
+/// A fake daemon on gRPC with TLS: it registers anyone, answers every `PreExec` ALLOW
+/// for the wrong call (or with an unspecified verdict for call 2), and never answers a
+/// heartbeat.
+struct Liar;
+
+#[tonic::async_trait]
+impl sp1::shackle_daemon_server::ShackleDaemon for Liar {
+    async fn register(
+        &self,
+        _: tonic::Request<sp1::RegisterRequest>,
+    ) -> Result<tonic::Response<sp1::RegisterResponse>, tonic::Status> {
+        Ok(tonic::Response::new(sp1::RegisterResponse {
+            session_id: "s_fake".into(),
+            negotiated_protocol: "1.0.0".into(),
+            ..Default::default()
+        }))
+    }
+    async fn pre_exec(
+        &self,
+        r: tonic::Request<sp1::PreExecRequest>,
+    ) -> Result<tonic::Response<sp1::PreExecResponse>, tonic::Status> {
+        let r = r.into_inner();
+        let (call_number, verdict) = match r.call_number {
+            2 => (2, sp1::Verdict::Unspecified),
+            n => (n + 1, sp1::Verdict::Allow),
+        };
+        Ok(tonic::Response::new(sp1::PreExecResponse {
+            session_id: r.session_id,
+            call_number,
+            verdict: verdict as i32,
+            reason: "within_thresholds".into(),
+            ..Default::default()
+        }))
+    }
+    async fn post_exec(
+        &self,
+        _: tonic::Request<sp1::PostExecNotification>,
+    ) -> Result<tonic::Response<()>, tonic::Status> {
+        Ok(tonic::Response::new(()))
+    }
+    async fn heartbeat(
+        &self,
+        _: tonic::Request<sp1::Heartbeat>,
+    ) -> Result<tonic::Response<sp1::HeartbeatAck>, tonic::Status> {
+        std::future::pending().await
+    }
+    async fn get_session_state(
+        &self,
+        _: tonic::Request<sp1::GetSessionStateRequest>,
+    ) -> Result<tonic::Response<sp1::SessionState>, tonic::Status> {
+        Err(tonic::Status::not_found("no tollgate-error-code here"))
+    }
+    async fn send_held_params(
+        &self,
+        _: tonic::Request<sp1::HeldParams>,
+    ) -> Result<tonic::Response<sp1::HeldParamsAck>, tonic::Status> {
+        Err(tonic::Status::unimplemented(""))
+    }
+    async fn await_decision(
+        &self,
+        _: tonic::Request<sp1::AwaitDecisionRequest>,
+    ) -> Result<tonic::Response<sp1::AwaitDecisionResponse>, tonic::Status> {
+        Err(tonic::Status::unimplemented(""))
+    }
+}
+
+/// Over gRPC the client fails closed as over the socket: a reply for another call, an
+/// unspecified verdict, no reply in time, a status that is not the daemon's refusal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_client_fails_closed_on_a_lying_or_silent_grpc_daemon() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::new(dir.path());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let identity = tonic::transport::Identity::from_pem(
+        std::fs::read(pki.dir.join("server.pem")).unwrap(),
+        std::fs::read(pki.dir.join("server.key")).unwrap(),
+    );
+    let server = tokio::spawn(
+        tonic::transport::Server::builder()
+            .tls_config(tonic::transport::ServerTlsConfig::new().identity(identity))
+            .unwrap()
+            .serve_with_incoming(
+                sp1::shackle_daemon_server::ShackleDaemonServer::new(Liar),
+                tokio_stream::wrappers::TcpListenerStream::new(listener),
+            ),
+    );
+    let mut cfg = ClientConfig::grpc(pki.client(addr, Some(pki.acme_agent())), "", "bot");
+    cfg.timeout = Duration::from_millis(500);
+    let c = DaemonClient::connect(cfg).await.unwrap();
+    let p = json::parse_str("{}").unwrap();
+    let v = c.pre_exec("t", &p, 0.0).await;
+    assert_eq!(
+        (v.verdict, v.reason.as_str()),
+        (Verdict::Deny, "fail_closed:malformed_reply")
+    );
+    let v = c.pre_exec("t", &p, 0.0).await;
+    assert_eq!(v.call_number, 2);
+    assert_eq!(v.verdict, Verdict::Deny, "an unspecified verdict is a DENY");
+    let e = c.heartbeat(0.0).await.unwrap_err();
+    assert_eq!(e.reason(), "fail_closed:timeout");
+    let e = c.session_state().await.unwrap_err();
+    assert_eq!(e.reason(), "fail_closed:malformed_reply", "{e:?}");
+    server.abort();
+    // And a daemon that is not there at all.
+    let mut cfg = ClientConfig::grpc(pki.client(addr, Some(pki.acme_agent())), "", "bot");
+    cfg.timeout = Duration::from_millis(500);
+    let _ = server.await;
+    let e = DaemonClient::connect(cfg).await.unwrap_err();
+    assert!(e.reason().starts_with("fail_closed:"), "{e:?}");
+}
