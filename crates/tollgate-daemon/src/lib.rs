@@ -227,7 +227,9 @@ impl Daemon {
         let listener = bind(&socket, config.socket_mode).await?;
         // --- gRPC binding: bound here, so a bad certificate or a taken port stops the start ---
         let grpc = match &config.grpc {
-            Some(g) => Some(transport::grpc::bind(g, &config.grpc_clients).await?),
+            Some(g) => {
+                Some(transport::grpc::bind(g, &config.grpc_clients, &config.organizations).await?)
+            }
             None => None,
         };
         let service = Arc::new(Service::new(

@@ -77,6 +77,9 @@ pub enum GrpcError {
          grpc_client_san: every certificate of that CA would map to both"
     )]
     SharedCa(String, String),
+    /// Client rules name an organization the daemon does not serve.
+    #[error("gRPC client rules name `{0}`, which is not a configured organization")]
+    UnknownOrganization(String),
     /// The address cannot be bound.
     #[error("binding the gRPC address `{addr}`: {source}")]
     Bind {
@@ -130,12 +133,19 @@ fn read_certs(what: &'static str, path: &Path) -> Result<Vec<CertificateDer<'sta
     Ok(certs)
 }
 
-/// Load the server's certificate and key and the organizations' client rules, and bind
-/// `settings.listen`.
+/// Load the server's certificate and key and the client rules of `organizations` (every
+/// organization `clients` names must be one of them), and bind `settings.listen`.
 pub async fn bind(
     settings: &GrpcSettings,
     clients: &BTreeMap<String, GrpcClientRules>,
+    organizations: &[crate::config::Organization],
 ) -> Result<GrpcListener, GrpcError> {
+    if let Some(unknown) = clients
+        .keys()
+        .find(|id| !organizations.iter().any(|o| &o.id == *id))
+    {
+        return Err(GrpcError::UnknownOrganization(unknown.clone()));
+    }
     let chain = read_certs("gRPC server certificate", &settings.cert)?;
     let key = PrivateKeyDer::from_pem_file(&settings.key).map_err(|e| GrpcError::File {
         what: "gRPC server key",

@@ -748,6 +748,20 @@ async fn one_ca_for_two_organizations_needs_san_patterns_on_both() {
     assert!(e.to_string().contains("trust the same client CA"), "{e}");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_rules_for_an_organization_not_served_stop_the_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::new(dir.path());
+    let mut cfg = pki.daemon_config(dir.path());
+    cfg.organizations.retain(|o| o.id != BETA);
+    let e = tollgate_daemon::Daemon::start(cfg).await.unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("`beta`, which is not a configured organization"),
+        "{e}"
+    );
+}
+
 /// A message over 1 MiB is refused by the gRPC layer before any handler sees it; nothing
 /// is decided, and the connection still works.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
