@@ -323,7 +323,8 @@ impl DaemonClient {
         &self.session_id
     }
 
-    /// Requests sent and not yet answered (or timed out).
+    /// Requests sent on the socket and not yet answered (or timed out); 0 over gRPC,
+    /// where each request is its own rpc.
     pub fn in_flight(&self) -> usize {
         lock_waiters(&self.waiters).len()
     }
