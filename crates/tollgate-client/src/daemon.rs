@@ -1,6 +1,7 @@
-//! `DaemonClient`: an agent's connection to the daemon. Fails closed: when the daemon
-//! cannot be reached, does not answer in time, answers with a bad MAC or with something
-//! unreadable, the verdict is DENY with a reason saying which.
+//! `DaemonClient`: an agent's connection to the daemon, over its Unix socket or over gRPC
+//! with mutual TLS ([`crate::grpc`]). Fails closed: when the daemon cannot be reached,
+//! does not answer in time, answers with a bad MAC, fails the TLS handshake, or answers
+//! with something unreadable, the verdict is DENY with a reason saying which.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -38,6 +39,9 @@ pub struct ClientConfig {
     pub framework: String,
     /// How long to wait for any reply before failing closed.
     pub timeout: Duration,
+    /// Talk gRPC with mutual TLS to this endpoint instead of the socket (`socket` and
+    /// `secret` are then not used: the client certificate names the organization).
+    pub grpc: Option<crate::grpc::GrpcConfig>,
 }
 
 impl ClientConfig {
@@ -56,6 +60,16 @@ impl ClientConfig {
             agent_version: env!("CARGO_PKG_VERSION").to_owned(),
             framework: "rust".to_owned(),
             timeout: Duration::from_secs(2),
+            grpc: None,
+        }
+    }
+
+    /// A config for `agent_id` of `organization_id` over gRPC (`grpc`), with a 2 s
+    /// timeout.
+    pub fn grpc(grpc: crate::grpc::GrpcConfig, organization_id: &str, agent_id: &str) -> Self {
+        ClientConfig {
+            grpc: Some(grpc),
+            ..ClientConfig::new(PathBuf::new(), organization_id, &[], agent_id)
         }
     }
 }
@@ -75,6 +89,13 @@ pub enum ClientError {
     /// The reply could not be read, or was the wrong kind.
     #[error("malformed reply: {0}")]
     Malformed(String),
+    /// The TLS handshake or the TLS channel failed (gRPC): the daemon refused the
+    /// client's certificate, or the client the daemon's.
+    #[error("TLS failed: {0}")]
+    Tls(String),
+    /// The request is not served on this transport (operators' requests over gRPC).
+    #[error("not served over this transport: {0}")]
+    Unsupported(&'static str),
     /// The daemon answered with an error.
     #[error("daemon refused: {code:?}: {message}")]
     Refused {
@@ -93,6 +114,8 @@ impl ClientError {
             ClientError::Timeout(_) => "fail_closed:timeout".into(),
             ClientError::BadMac => "fail_closed:bad_mac".into(),
             ClientError::Malformed(_) => "fail_closed:malformed_reply".into(),
+            ClientError::Tls(_) => "fail_closed:tls".into(),
+            ClientError::Unsupported(_) => "fail_closed:unsupported".into(),
             ClientError::Refused { code, .. } => {
                 format!("fail_closed:{}", code.as_str_name().to_ascii_lowercase())
             }
@@ -148,6 +171,8 @@ pub struct DaemonClient {
     registration: sp1::RegisterResponse,
     /// The last remaining budget the daemon reported, in nano-dollars (for heartbeats).
     last_remaining: std::sync::atomic::AtomicI64,
+    /// The gRPC link, when the config asks for gRPC (then `writer` is `None`).
+    grpc: Option<crate::grpc::GrpcLink>,
 }
 
 impl std::fmt::Debug for DaemonClient {
@@ -189,6 +214,40 @@ impl DaemonClient {
         config: ClientConfig,
         session_id: Option<String>,
     ) -> Result<DaemonClient, ClientError> {
+        let (grpc, writer, key, waiters) = match &config.grpc {
+            Some(g) => (
+                Some(crate::grpc::GrpcLink::connect(g, config.timeout).await?),
+                None,
+                MessageKey::derive(&config.secret),
+                Waiters::default(),
+            ),
+            None => {
+                let (w, k, ws) = Self::open_socket(&config).await?;
+                (None, Some(w), k, ws)
+            }
+        };
+        let mut client = DaemonClient {
+            key,
+            writer: Mutex::new(writer),
+            waiters,
+            session_id: String::new(),
+            next_call: AtomicU64::new(1),
+            registration: sp1::RegisterResponse::default(),
+            last_remaining: std::sync::atomic::AtomicI64::new(0),
+            config,
+            grpc,
+        };
+        let Some(session_id) = session_id else {
+            return Ok(client);
+        };
+        client.register(session_id).await?;
+        Ok(client)
+    }
+
+    /// Connect to the socket and start the reader that routes replies to their waiters.
+    async fn open_socket(
+        config: &ClientConfig,
+    ) -> Result<(OwnedWriteHalf, MessageKey, Waiters), ClientError> {
         let stream = tokio::time::timeout(config.timeout, UnixStream::connect(&config.socket))
             .await
             .map_err(|_| ClientError::Timeout(config.timeout))?
@@ -222,27 +281,19 @@ impl DaemonClient {
                 let _ = tx.send(Err(failure.clone()));
             }
         });
-        let mut client = DaemonClient {
-            key,
-            writer: Mutex::new(Some(write)),
-            waiters,
-            session_id: String::new(),
-            next_call: AtomicU64::new(1),
-            registration: sp1::RegisterResponse::default(),
-            last_remaining: std::sync::atomic::AtomicI64::new(0),
-            config,
-        };
-        let Some(session_id) = session_id else {
-            return Ok(client);
-        };
+        Ok((write, key, waiters))
+    }
+
+    /// Register (an empty `session_id`) or resume a session.
+    async fn register(&mut self, session_id: String) -> Result<(), ClientError> {
         let resume = (!session_id.is_empty()).then(|| session_id.clone());
-        let reply = client
+        let reply = self
             .request(Payload::Register(sp1::RegisterRequest {
-                agent_id: client.config.agent_id.clone(),
-                agent_version: client.config.agent_version.clone(),
-                framework: client.config.framework.clone(),
+                agent_id: self.config.agent_id.clone(),
+                agent_version: self.config.agent_version.clone(),
+                framework: self.config.framework.clone(),
                 session_id,
-                organization_id: client.config.organization_id.clone(),
+                organization_id: self.config.organization_id.clone(),
                 runtime: "tollgate-client-rust".into(),
                 metadata: HashMap::new(),
                 supported_versions: SUPPORTED_VERSIONS.iter().map(|v| (*v).to_owned()).collect(),
@@ -258,13 +309,13 @@ impl DaemonClient {
                 "the registration does not answer the session asked for".into(),
             ));
         }
-        client.session_id = r.session_id.clone();
+        self.session_id = r.session_id.clone();
         let last = r.state.as_ref().map_or(0, |s| s.last_call_number);
-        client.next_call = AtomicU64::new(last + 1);
+        self.next_call = AtomicU64::new(last + 1);
         let remaining = r.state.as_ref().map_or(0, |s| s.budget_remaining_nanos);
-        client.last_remaining = std::sync::atomic::AtomicI64::new(remaining);
-        client.registration = r;
-        Ok(client)
+        self.last_remaining = std::sync::atomic::AtomicI64::new(remaining);
+        self.registration = r;
+        Ok(())
     }
 
     /// How long a request waits for its reply.
@@ -277,7 +328,8 @@ impl DaemonClient {
         &self.session_id
     }
 
-    /// Requests sent and not yet answered (or timed out).
+    /// Requests sent on the socket and not yet answered (or timed out); 0 over gRPC,
+    /// where each request is its own rpc.
     pub fn in_flight(&self) -> usize {
         lock_waiters(&self.waiters).len()
     }
@@ -293,6 +345,9 @@ impl DaemonClient {
         expect_reply: bool,
     ) -> Result<Option<(String, oneshot::Receiver<Result<Envelope, ClientError>>)>, ClientError>
     {
+        if let Some(link) = &self.grpc {
+            return self.send_grpc(link, payload, expect_reply).await;
+        }
         let message_id = uuid::Uuid::now_v7().to_string();
         let env = Envelope {
             protocol_version: SUPPORTED_VERSIONS
@@ -328,6 +383,41 @@ impl DaemonClient {
             return Err(ClientError::Unreachable(e.to_string()));
         }
         Ok(rx)
+    }
+
+    /// [`DaemonClient::send`] over gRPC. A request that expects a reply runs in its own
+    /// task, its answer delivered like a socket reply (so the caller's timeout and checks
+    /// apply unchanged), and abandoned when the caller stops waiting. A `post_exec` is
+    /// awaited here: its `Empty` reply means the settlement is durable, so it is settled
+    /// before this client's next request, as on the socket.
+    async fn send_grpc(
+        &self,
+        link: &crate::grpc::GrpcLink,
+        payload: Payload,
+        expect_reply: bool,
+    ) -> Result<Option<(String, oneshot::Receiver<Result<Envelope, ClientError>>)>, ClientError>
+    {
+        if !expect_reply {
+            return match tokio::time::timeout(self.config.timeout, link.call(payload)).await {
+                Err(_) => Err(ClientError::Timeout(self.config.timeout)),
+                Ok(r) => r.map(|_| None),
+            };
+        }
+        let (mut tx, rx) = oneshot::channel();
+        let link = link.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                r = link.call(payload) => {
+                    let reply = r.and_then(|p| {
+                        p.map(|p| Envelope { payload: Some(p), ..Envelope::default() })
+                            .ok_or_else(|| ClientError::Malformed("no reply".into()))
+                    });
+                    let _ = tx.send(reply);
+                }
+                () = tx.closed() => {}
+            }
+        });
+        Ok(Some((String::new(), rx)))
     }
 
     pub(crate) async fn request(&self, payload: Payload) -> Result<Payload, ClientError> {

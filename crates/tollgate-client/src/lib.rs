@@ -1,9 +1,10 @@
 //! # tollgate-client: the agent's side
 //!
 //! Two ways to guard an agent's tool calls:
-//! - [`DaemonClient`]: talk to `tollgate serve` over its Unix socket (the daemon decides,
-//!   keeps state and audits). Fails closed: an unreachable daemon, a timeout, a bad MAC or
-//!   a malformed reply is a DENY whose reason starts with `fail_closed:`.
+//! - [`DaemonClient`]: talk to `tollgate serve` over its Unix socket, or over gRPC with
+//!   mutual TLS ([`GrpcConfig`]) (the daemon decides, keeps state and audits). Fails
+//!   closed: an unreachable daemon, a timeout, a bad MAC, a TLS failure or a malformed
+//!   reply is a DENY whose reason starts with `fail_closed:`.
 //! - [`Guard`]: library mode, the same decision core in process, with an optional local
 //!   audit log.
 //!
@@ -20,10 +21,12 @@
 )]
 
 pub mod daemon;
+pub mod grpc;
 pub mod guard;
 pub mod hitl;
 mod util;
 
 pub use daemon::{ClientConfig, ClientError, ClientVerdict, DaemonClient};
+pub use grpc::GrpcConfig;
 pub use guard::{AuditIdentity, Checked, Guard, Settlement};
 pub use hitl::{HumanWait, Released, ShareParams};

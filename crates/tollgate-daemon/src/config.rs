@@ -63,6 +63,9 @@ struct File {
     organizations: Vec<OrgSection>,
     #[serde(default)]
     guard: GuardSection,
+    // --- gRPC binding (transport/grpc) ---
+    #[serde(default)]
+    grpc: GrpcSection,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -116,6 +119,12 @@ struct OrgSection {
     secret_file: Option<PathBuf>,
     operator_secret: Option<String>,
     operator_secret_file: Option<PathBuf>,
+    // --- gRPC binding: which client certificates are this organization's agents ---
+    grpc_client_ca: Option<PathBuf>,
+    #[serde(default)]
+    grpc_client_fingerprints: Vec<String>,
+    #[serde(default)]
+    grpc_client_san: Vec<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -285,6 +294,12 @@ pub struct DaemonConfig {
     pub default_guard: GuardConfig,
     /// Per-agent guards (complete configs: the default with the agent's keys applied).
     pub agent_guards: BTreeMap<String, GuardConfig>,
+    // --- gRPC binding (transport/grpc) ---
+    /// The gRPC binding (`[grpc]`): `None`, the default, leaves it off.
+    pub grpc: Option<GrpcSettings>,
+    /// Which client certificates are whose agents on the gRPC binding, by organization id
+    /// (`grpc_client_*` in `[[organization]]`).
+    pub grpc_clients: BTreeMap<String, GrpcClientRules>,
 }
 
 impl Default for DaemonConfig {
@@ -305,6 +320,8 @@ impl Default for DaemonConfig {
             }],
             default_guard: default_guard(),
             agent_guards: BTreeMap::new(),
+            grpc: None,
+            grpc_clients: BTreeMap::new(),
         }
     }
 }
@@ -429,6 +446,16 @@ impl DaemonConfig {
             let mut orgs = Vec::new();
             for (i, o) in file.organizations.into_iter().enumerate() {
                 let key = format!("organization[{i}]");
+                let rules = grpc_client_rules(
+                    &key,
+                    o.grpc_client_ca.as_deref(),
+                    &o.grpc_client_fingerprints,
+                    &o.grpc_client_san,
+                    base,
+                )?;
+                if let Some(rules) = rules {
+                    c.grpc_clients.insert(o.id.clone(), rules);
+                }
                 if o.id.is_empty() || o.id.len() > 128 {
                     return Err(bad(format!("{key}.id"), "must be 1 to 128 characters"));
                 }
@@ -460,6 +487,7 @@ impl DaemonConfig {
             }
             c.organizations = orgs;
         }
+        c.grpc = grpc_settings(file.grpc, &c.grpc_clients, base)?;
         c.default_guard = guard(&file.guard.default, &default_guard(), "guard.default")?;
         for (agent, table) in &file.guard.agents {
             let g = guard(table, &c.default_guard, &format!("guard.agents.{agent}"))?;
@@ -479,6 +507,207 @@ impl DaemonConfig {
     pub fn guard_for(&self, agent: &str) -> &GuardConfig {
         self.agent_guards.get(agent).unwrap_or(&self.default_guard)
     }
+}
+
+// --- gRPC binding (transport/grpc) ---
+
+/// `[grpc]` as written.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct GrpcSection {
+    listen: Option<String>,
+    cert: Option<PathBuf>,
+    key: Option<PathBuf>,
+}
+
+/// The gRPC binding: SP/1.0 §6.2, `ShackleDaemon` over HTTP/2 with mutual TLS.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GrpcSettings {
+    /// The address to listen on (`[grpc] listen`, e.g. `127.0.0.1:9000`; port 0 picks a
+    /// free port, see `Daemon::grpc_addr`).
+    pub listen: std::net::SocketAddr,
+    /// The server's certificate chain, PEM (leaf first).
+    pub cert: PathBuf,
+    /// The server's private key, PEM (PKCS#8, PKCS#1 or SEC1).
+    pub key: PathBuf,
+}
+
+/// Which client certificates are an organization's agents on the gRPC binding. A
+/// certificate maps to the organization when its SHA-256 is in `fingerprints`, or when it
+/// chains to `ca` and (if `san` is not empty) one of its subject alternative names
+/// matches one of the patterns. Exactly one organization must match (transport/grpc).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct GrpcClientRules {
+    /// A PEM file of CA certificates (`grpc_client_ca`).
+    pub ca: Option<PathBuf>,
+    /// SHA-256 of client certificates' DER (`grpc_client_fingerprints`).
+    pub fingerprints: Vec<[u8; 32]>,
+    /// Patterns for a DNS or URI subject alternative name (`grpc_client_san`), see
+    /// [`san_matches`].
+    pub san: Vec<String>,
+}
+
+/// The longest SAN pattern accepted.
+pub const MAX_SAN_PATTERN_BYTES: usize = 256;
+
+fn grpc_client_rules(
+    key: &str,
+    ca: Option<&Path>,
+    fingerprints: &[String],
+    san: &[String],
+    base: &Path,
+) -> Result<Option<GrpcClientRules>, ConfigError> {
+    if ca.is_none() && fingerprints.is_empty() && san.is_empty() {
+        return Ok(None);
+    }
+    if ca.is_none() && !san.is_empty() {
+        // A name in a certificate is only as trustworthy as the CA that signed it: a SAN
+        // pattern without this organization's CA would let any other organization's CA
+        // issue this organization's names.
+        return Err(bad(
+            format!("{key}.grpc_client_san"),
+            "needs grpc_client_ca: a name is only as trustworthy as the CA that issued it",
+        ));
+    }
+    let mut fps = Vec::with_capacity(fingerprints.len());
+    for f in fingerprints {
+        let fp = parse_fingerprint(f).ok_or_else(|| {
+            bad(
+                format!("{key}.grpc_client_fingerprints"),
+                format!("`{f}` is not a SHA-256 in hex (64 hex digits, colons allowed)"),
+            )
+        })?;
+        fps.push(fp);
+    }
+    for p in san {
+        check_san_pattern(p).map_err(|m| bad(format!("{key}.grpc_client_san"), m))?;
+    }
+    Ok(Some(GrpcClientRules {
+        ca: ca.map(|c| base.join(c)),
+        fingerprints: fps,
+        san: san.to_vec(),
+    }))
+}
+
+/// A SHA-256 fingerprint in hex: 64 hex digits, either case, optionally separated by
+/// colons (`AB:CD:...`, as `openssl x509 -fingerprint -sha256` prints it).
+pub fn parse_fingerprint(text: &str) -> Option<[u8; 32]> {
+    let hex: Vec<u8> = text.bytes().filter(|b| *b != b':').collect();
+    if hex.len() != 64 {
+        return None;
+    }
+    let mut out = [0u8; 32];
+    for (o, pair) in out.iter_mut().zip(hex.chunks_exact(2)) {
+        let s = std::str::from_utf8(pair).ok()?;
+        *o = u8::from_str_radix(s, 16).ok()?;
+    }
+    Some(out)
+}
+
+fn check_san_pattern(p: &str) -> Result<(), String> {
+    if p.is_empty() || p.len() > MAX_SAN_PATTERN_BYTES {
+        return Err(format!("a pattern is 1 to {MAX_SAN_PATTERN_BYTES} bytes"));
+    }
+    let stars = p.matches('*').count();
+    let ok = match stars {
+        0 => true,
+        1 => {
+            (p.starts_with("*.") && !p.contains("://") && p.len() > 2)
+                || (p.contains("://") && p.ends_with("/*"))
+        }
+        _ => false,
+    };
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "`{p}`: a `*` may only be a DNS name's whole first label (`*.agents.example`) \
+             or a URI's last path segment and what follows (`spiffe://acme/*`)"
+        ))
+    }
+}
+
+/// Whether a certificate's subject alternative name `name` (a DNS name or a URI) matches
+/// `pattern`:
+/// - no `*`: the same name (DNS names compared ASCII case-insensitively, URIs exactly);
+/// - `*.rest`: a DNS name of exactly one more, non-empty label before `.rest`
+///   (`*.agents.acme.example` matches `bot1.agents.acme.example`, not
+///   `a.b.agents.acme.example` nor `agents.acme.example`);
+/// - `prefix/*` (a URI): a URI that starts with `prefix/` and has at least one more
+///   character (`spiffe://acme/*` matches `spiffe://acme/agent/7`, not `spiffe://acme/`
+///   nor `spiffe://acme-evil/x`).
+pub fn san_matches(pattern: &str, name: &str) -> bool {
+    if let Some(rest) = pattern.strip_prefix("*.") {
+        let Some((first, tail)) = name.split_once('.') else {
+            return false;
+        };
+        return !first.is_empty() && !first.contains('*') && tail.eq_ignore_ascii_case(rest);
+    }
+    if let Some(prefix) = pattern.strip_suffix('*') {
+        return name.len() > prefix.len() && name.starts_with(prefix);
+    }
+    if pattern.contains("://") {
+        pattern == name
+    } else {
+        pattern.eq_ignore_ascii_case(name)
+    }
+}
+
+fn grpc_settings(
+    g: GrpcSection,
+    clients: &BTreeMap<String, GrpcClientRules>,
+    base: &Path,
+) -> Result<Option<GrpcSettings>, ConfigError> {
+    // A certificate pinned by two organizations would map to both: certain from the
+    // configuration alone, so refused here rather than at every connection.
+    let mut pinned: BTreeMap<[u8; 32], &str> = BTreeMap::new();
+    for (org, rules) in clients {
+        for fp in &rules.fingerprints {
+            if let Some(other) = pinned.insert(*fp, org) {
+                if other != org {
+                    return Err(bad(
+                        "grpc_client_fingerprints",
+                        format!("one certificate is pinned by both `{other}` and `{org}`"),
+                    ));
+                }
+            }
+        }
+    }
+    let Some(listen) = g.listen else {
+        if g.cert.is_some() || g.key.is_some() {
+            return Err(bad(
+                "grpc.listen",
+                "`cert` and `key` are set but `listen` is not",
+            ));
+        }
+        return Ok(None);
+    };
+    let listen = listen.parse::<std::net::SocketAddr>().map_err(|_| {
+        bad(
+            "grpc.listen",
+            format!("`{listen}` is not an IP address and port"),
+        )
+    })?;
+    let cert = g.cert.ok_or_else(|| {
+        bad(
+            "grpc.cert",
+            "required with `listen`: mutual TLS is required",
+        )
+    })?;
+    let key = g
+        .key
+        .ok_or_else(|| bad("grpc.key", "required with `listen`: mutual TLS is required"))?;
+    if clients.is_empty() {
+        return Err(bad(
+            "grpc.listen",
+            "no [[organization]] names grpc_client_ca or grpc_client_fingerprints: no client could connect",
+        ));
+    }
+    Ok(Some(GrpcSettings {
+        listen,
+        cert: base.join(cert),
+        key: base.join(key),
+    }))
 }
 
 /// A secret given inline or in a file (relative to `base`), at least 16 bytes.
@@ -687,6 +916,106 @@ mod tests {
         assert_eq!(ids, ["acme"]);
         let c = DaemonConfig::from_toml("", Path::new(".")).unwrap();
         assert_eq!(c.organizations[0].id, DEFAULT_ORG);
+    }
+
+    #[test]
+    fn the_grpc_binding_and_its_client_rules() {
+        let c = DaemonConfig::from_toml("", Path::new("/etc/t")).unwrap();
+        assert_eq!(c.grpc, None, "off by default");
+        let fp = "AB:".repeat(31) + "AB";
+        let c = DaemonConfig::from_toml(
+            &format!(
+                r#"
+            [grpc]
+            listen = "127.0.0.1:9000"
+            cert = "server.pem"
+            key = "/abs/server.key"
+            [[organization]]
+            id = "acme"
+            grpc_client_ca = "acme-ca.pem"
+            grpc_client_san = ["*.agents.acme.example", "spiffe://acme/*"]
+            [[organization]]
+            id = "beta"
+            grpc_client_fingerprints = ["{fp}"]
+            "#
+            ),
+            Path::new("/etc/t"),
+        )
+        .unwrap();
+        let g = c.grpc.unwrap();
+        assert_eq!(g.listen, "127.0.0.1:9000".parse().unwrap());
+        assert_eq!(g.cert, PathBuf::from("/etc/t/server.pem"));
+        assert_eq!(g.key, PathBuf::from("/abs/server.key"));
+        let acme = &c.grpc_clients["acme"];
+        assert_eq!(acme.ca, Some(PathBuf::from("/etc/t/acme-ca.pem")));
+        assert_eq!(acme.san.len(), 2);
+        assert_eq!(c.grpc_clients["beta"].fingerprints, vec![[0xab; 32]]);
+    }
+
+    #[test]
+    fn grpc_mistakes_are_named() {
+        let err = |t: &str| {
+            DaemonConfig::from_toml(t, Path::new("."))
+                .unwrap_err()
+                .to_string()
+        };
+        let org = "[[organization]]\nid = \"a\"\ngrpc_client_ca = \"ca.pem\"\n";
+        assert!(err(&format!(
+            "[grpc]\nlisten = \"127.0.0.1:1\"\nkey = \"k\"\n{org}"
+        ))
+        .contains("grpc.cert"));
+        assert!(err(&format!(
+            "[grpc]\nlisten = \"nowhere\"\ncert = \"c\"\nkey = \"k\"\n{org}"
+        ))
+        .contains("grpc.listen"));
+        assert!(
+            err("[grpc]\nlisten = \"127.0.0.1:1\"\ncert = \"c\"\nkey = \"k\"")
+                .contains("no client could connect")
+        );
+        assert!(err("[grpc]\ncert = \"c\"").contains("grpc.listen"));
+        assert!(
+            err("[[organization]]\nid = \"a\"\ngrpc_client_san = [\"x.example\"]")
+                .contains("needs grpc_client_ca")
+        );
+        assert!(
+            err("[[organization]]\nid = \"a\"\ngrpc_client_fingerprints = [\"abc\"]")
+                .contains("organization[0].grpc_client_fingerprints")
+        );
+        assert!(err(&format!("{org}grpc_client_san = [\"a.*.example\"]")).contains("`*`"));
+        assert!(err(&format!("{org}grpc_client_san = [\"*\"]")).contains("`*`"));
+        let fp = "0".repeat(64);
+        assert!(err(&format!(
+            "[[organization]]\nid = \"a\"\ngrpc_client_fingerprints = [\"{fp}\"]\n\
+             [[organization]]\nid = \"b\"\ngrpc_client_fingerprints = [\"{fp}\"]"
+        ))
+        .contains("pinned by both `a` and `b`"));
+    }
+
+    #[test]
+    fn san_patterns() {
+        let yes = [
+            ("*.agents.acme.example", "bot1.agents.acme.example"),
+            ("*.agents.acme.example", "BOT1.Agents.ACME.example"),
+            ("spiffe://acme/*", "spiffe://acme/agent/7"),
+            ("bot.acme.example", "BOT.acme.example"),
+            ("spiffe://acme/bot", "spiffe://acme/bot"),
+        ];
+        let no = [
+            ("*.agents.acme.example", "agents.acme.example"),
+            ("*.agents.acme.example", "a.b.agents.acme.example"),
+            ("*.agents.acme.example", ".agents.acme.example"),
+            ("*.agents.acme.example", "bot.agents.acme.example.evil"),
+            ("spiffe://acme/*", "spiffe://acme/"),
+            ("spiffe://acme/*", "spiffe://acme-evil/x"),
+            ("spiffe://acme/bot", "spiffe://ACME/bot"),
+            ("bot.acme.example", "bot.acme.example.evil"),
+        ];
+        for (p, n) in yes {
+            assert!(san_matches(p, n), "{p} should match {n}");
+        }
+        for (p, n) in no {
+            assert!(!san_matches(p, n), "{p} should not match {n}");
+        }
     }
 
     #[test]

@@ -1,9 +1,11 @@
 //! # tollgate-daemon: the SP/1.0 sidecar
 //!
 //! The daemon is the sole authority for time, state and verdicts. It listens on a Unix
-//! socket (length-prefixed protobuf), authenticates every message with its organization's
-//! key, decides with `tollgate-core`, keeps state in a `tollgate-store` store, and writes
-//! every verdict to the `tollgate-audit` log before answering.
+//! socket (length-prefixed protobuf, every message authenticated with its organization's
+//! key) and, when `[grpc]` is configured, on gRPC with mutual TLS (the client certificate
+//! names the organization); decides with `tollgate-core`, keeps state in a
+//! `tollgate-store` store, and writes every verdict to the `tollgate-audit` log before
+//! answering.
 //!
 //! What it does **not** do: decide anything itself (the core does), or know protobuf
 //! encodings (the proto crate does). It is the only crate that knows sockets.
@@ -88,6 +90,9 @@ pub enum DaemonError {
     /// Another daemon is serving the socket.
     #[error("another daemon is listening on `{0}`")]
     SocketInUse(PathBuf),
+    /// The gRPC binding cannot start.
+    #[error(transparent)]
+    Grpc(#[from] transport::grpc::GrpcError),
 }
 
 fn io(what: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> DaemonError {
@@ -101,6 +106,8 @@ pub struct Daemon {
     listener: UnixListener,
     service: Arc<Service<EmbeddedStore>>,
     socket: PathBuf,
+    /// The gRPC binding, when `[grpc]` is configured.
+    grpc: Option<transport::grpc::GrpcListener>,
 }
 
 impl std::fmt::Debug for Daemon {
@@ -218,6 +225,13 @@ impl Daemon {
 
         let socket = config.socket_path();
         let listener = bind(&socket, config.socket_mode).await?;
+        // --- gRPC binding: bound here, so a bad certificate or a taken port stops the start ---
+        let grpc = match &config.grpc {
+            Some(g) => {
+                Some(transport::grpc::bind(g, &config.grpc_clients, &config.organizations).await?)
+            }
+            None => None,
+        };
         let service = Arc::new(Service::new(
             config.clone(),
             store,
@@ -231,7 +245,15 @@ impl Daemon {
             listener,
             service,
             socket,
+            grpc,
         })
+    }
+
+    /// The gRPC binding's address (its port picked when configured as 0), when it is on.
+    pub fn grpc_addr(&self) -> Option<std::net::SocketAddr> {
+        self.grpc
+            .as_ref()
+            .map(transport::grpc::GrpcListener::local_addr)
     }
 
     /// The socket path.
@@ -255,6 +277,7 @@ impl Daemon {
             listener,
             service,
             socket,
+            grpc,
         } = self;
         // Held calls nobody decides in time expire, audited, once a second.
         let expiry = {
@@ -267,7 +290,25 @@ impl Daemon {
                 }
             })
         };
+        // --- gRPC binding: serves beside the socket and stops with it ---
+        let (grpc_stop, mut grpc_stopping) = tokio::sync::watch::channel(false);
+        let grpc_task = grpc.map(|l| {
+            let (service, limits) = (service.clone(), config.limits.clone());
+            tokio::spawn(async move {
+                let stop = async move {
+                    let _ = grpc_stopping.wait_for(|s| *s).await;
+                };
+                transport::grpc::serve(l, service, limits, stop).await;
+            })
+        });
+        let shutdown = async move {
+            shutdown.await;
+            let _ = grpc_stop.send(true);
+        };
         transport::socket::serve(listener, service.clone(), config.limits.clone(), shutdown).await;
+        if let Some(t) = grpc_task {
+            let _ = t.await;
+        }
         expiry.abort();
         let _ = std::fs::remove_file(&socket);
         // The audit log first: once it is shut down every entry has been reported to the

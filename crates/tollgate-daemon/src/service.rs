@@ -32,11 +32,13 @@ pub const MAX_TOOL_NAME_BYTES: usize = 256;
 /// The daemon's version, reported at registration.
 pub const DAEMON_VERSION: &str = env!("CARGO_PKG_VERSION");
 
-/// Who is on the other end of a connection.
+/// Who is on the other end of a connection (registrations are rate-limited per peer).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Peer {
     /// The peer's uid (Unix sockets), or 0 when unknown.
     pub uid: u32,
+    /// The peer's IP address (network transports: gRPC), `None` on the Unix socket.
+    pub ip: Option<std::net::IpAddr>,
 }
 
 /// The daemon's clock: the sole time authority.

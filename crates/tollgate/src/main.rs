@@ -36,6 +36,9 @@ enum Command {
     Demo(cmd::demo::Args),
     /// Load generator: throughput and latency percentiles of pre_exec round trips.
     Bench(cmd::bench::Args),
+    /// Make a test CA, a server certificate and client certificates for gRPC with mutual
+    /// TLS, and the configuration that trusts them.
+    Certs(cmd::certs::Args),
 }
 
 fn main() -> ExitCode {
@@ -62,6 +65,7 @@ fn main() -> ExitCode {
         Command::Hitl(args) => cmd::hitl::run(&args),
         Command::Demo(args) => cmd::demo::run(&args),
         Command::Bench(args) => cmd::bench::run(&args),
+        Command::Certs(args) => cmd::certs::run(&args),
     };
     match result {
         Ok(code) => code,

@@ -4,5 +4,8 @@
 //!
 //! - [`socket`]: the Unix socket (SP/1.0 §6.1): length-prefixed protobuf envelopes, each
 //!   sealed with HMAC-SHA256 under an organization's agents' or operators' key.
+//! - [`grpc`]: gRPC (SP/1.0 §6.2): the `ShackleDaemon` service over HTTP/2 with mutual
+//!   TLS; the client certificate names the organization (no HMAC).
 
+pub mod grpc;
 pub mod socket;

@@ -105,6 +105,7 @@ async fn connection<S: SessionStore>(
 ) {
     let peer = Peer {
         uid: stream.peer_cred().map(|c| c.uid()).unwrap_or(0),
+        ip: None,
     };
     loop {
         let body = match next_frame(&mut stream, limits, &mut stop).await {

@@ -9,6 +9,7 @@
 )]
 
 mod flows;
+mod grpc;
 mod hitl;
 mod hostile;
 mod lifecycle;
@@ -72,8 +73,12 @@ pub fn config(dir: &Path) -> DaemonConfig {
 }
 
 pub async fn start(config: DaemonConfig) -> Running {
-    let dir = config.data_dir.clone();
-    let daemon = Daemon::start(config).await.unwrap();
+    run(Daemon::start(config).await.unwrap())
+}
+
+/// Run a started daemon in this process.
+pub fn run(daemon: Daemon) -> Running {
+    let dir = daemon.config().data_dir.clone();
     let socket = daemon.socket().to_owned();
     let (tx, rx) = oneshot::channel::<()>();
     let task = tokio::spawn(daemon.run(async {

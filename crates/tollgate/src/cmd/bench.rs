@@ -13,6 +13,10 @@
 //! - `--socket S --secret-file F [--org O]`: a daemon already running, as it is
 //!   configured (its rate limits apply).
 //!
+//! `--grpc` sends the load over the bench's own daemon's gRPC binding with mutual TLS
+//! (on 127.0.0.1, with a CA, server and client certificate made by `tollgate certs`'s
+//! code in the temporary directory) instead of its Unix socket.
+//!
 //! How long: `--duration` seconds, or `--calls-per-session N` (history mode): every
 //! session makes exactly N calls, and at each mark M of `--marks` the report gives the
 //! throughput and p50/p99 of a window of calls ending at M, so the cost of a verdict deep
@@ -81,6 +85,10 @@ pub struct Args {
     /// An external daemon's socket (default: start one in a temporary directory).
     #[arg(long)]
     pub socket: Option<PathBuf>,
+    /// Over the bench's own daemon's gRPC binding with mutual TLS, on 127.0.0.1, instead
+    /// of its Unix socket.
+    #[arg(long, conflicts_with = "socket")]
+    pub grpc: bool,
     /// With --socket: the organization.
     #[arg(long, default_value = "default")]
     pub org: String,
@@ -136,6 +144,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
             socket: socket.clone(),
             org: args.org.clone(),
             secret: read_secret(secret_file)?,
+            grpc: None,
         };
         println!(
             "mode: external daemon at {} (as it is configured)",
@@ -161,6 +170,9 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     } else {
         let mut serve = Serve::spawn(&own)?;
         serve.wait_listening(&own.config.socket_path())?;
+        if let Some(g) = &own.config.grpc {
+            serve.wait_tcp(g.listen)?;
+        }
         println!(
             "mode: separate process: `tollgate serve` (pid {}), started by the bench",
             serve.child.id()
@@ -286,6 +298,8 @@ struct Target {
     socket: PathBuf,
     org: String,
     secret: Vec<u8>,
+    /// Over gRPC instead of the socket.
+    grpc: Option<tollgate_client::GrpcConfig>,
 }
 
 fn read_secret(path: &Path) -> anyhow::Result<Vec<u8>> {
@@ -305,6 +319,8 @@ struct OwnDaemon {
     /// The configuration as the daemon will read it (`data_dir` set).
     config: DaemonConfig,
     secret: Vec<u8>,
+    /// With `--grpc`: the client's side of the mutual TLS.
+    grpc: Option<tollgate_client::GrpcConfig>,
 }
 
 impl OwnDaemon {
@@ -312,7 +328,12 @@ impl OwnDaemon {
         // A random secret, mode 0600, in <dir>/secrets/bench.secret.
         let secret = tollgate_daemon::org_secret(dir, ORG)?;
         let config_file = dir.join("bench.toml");
-        std::fs::write(&config_file, config_text(args))
+        let pki = if args.grpc {
+            Some(grpc_pki(dir, &args.agent)?)
+        } else {
+            None
+        };
+        std::fs::write(&config_file, config_text(args, pki.as_ref()))
             .with_context(|| format!("writing {}", config_file.display()))?;
         let data_dir = dir.join("data");
         let mut config = DaemonConfig::load(&config_file)?;
@@ -323,6 +344,7 @@ impl OwnDaemon {
             log: dir.join("serve.log"),
             config,
             secret,
+            grpc: pki.map(|p| p.client),
         })
     }
 
@@ -331,6 +353,7 @@ impl OwnDaemon {
             socket: self.config.socket_path(),
             org: ORG.to_owned(),
             secret: self.secret.clone(),
+            grpc: self.grpc.clone(),
         }
     }
 }
@@ -340,7 +363,63 @@ impl OwnDaemon {
 /// the load can reach, the audit fsync policy from `--fsync`, and a guard for the bench's
 /// agent with no budget (every budget rule off: the path is measured, not the policy) and
 /// `max_repeat_calls = 3` (never reached: every call's params are new).
-fn config_text(args: &Args) -> String {
+/// With `--grpc`: what the daemon's configuration and the clients need.
+struct GrpcPki {
+    /// The configuration's `[grpc]` table.
+    table: String,
+    /// The organization's `grpc_client_*` keys.
+    org_keys: String,
+    /// The clients' side of the mutual TLS.
+    client: tollgate_client::GrpcConfig,
+}
+
+/// With `--grpc`: certificates in `<dir>/pki` (CA, server for 127.0.0.1, client for the
+/// bench's agent of organization `bench`) and a free port on 127.0.0.1.
+fn grpc_pki(dir: &Path, agent: &str) -> anyhow::Result<GrpcPki> {
+    let client = super::certs::Client::parse(&format!("{ORG}/{agent}"))?;
+    // A free port: bound, read, released (the daemon binds it a moment later).
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .context("finding a free port")?
+        .port();
+    let listen = format!("127.0.0.1:{port}");
+    let w = super::certs::write_pki(
+        &dir.join("pki"),
+        &["127.0.0.1".to_owned()],
+        std::slice::from_ref(&client),
+        &listen,
+        1,
+    )?;
+    let (_, cert, key) = w
+        .clients
+        .first()
+        .context("no client certificate was made")?;
+    let g = tollgate_client::GrpcConfig::from_files(&listen, "127.0.0.1", &w.ca, cert, key)
+        .context("reading the certificates")?;
+    let q = |p: &Path| toml_string(&p.display().to_string());
+    let text = format!(
+        "[grpc]\n\
+         listen = {}\n\
+         cert = {}\n\
+         key = {}\n",
+        toml_string(&listen),
+        q(&w.server.0),
+        q(&w.server.1)
+    );
+    let org_keys = format!(
+        "grpc_client_ca = {}\ngrpc_client_san = [{}]\n",
+        q(&w.ca),
+        toml_string(&format!("spiffe://{ORG}/*"))
+    );
+    Ok(GrpcPki {
+        table: format!("{text}\n"),
+        org_keys,
+        client: g,
+    })
+}
+
+fn config_text(args: &Args, grpc: Option<&GrpcPki>) -> String {
+    let (grpc_table, org_keys) = grpc.map_or(("", ""), |g| (g.table.as_str(), g.org_keys.as_str()));
     let d = Limits::default();
     let max_sessions = args.sessions.max(d.max_sessions);
     // One connection per session, and room for a few more (a listening check, an operator).
@@ -358,9 +437,11 @@ fn config_text(args: &Args) -> String {
          [audit]\n\
          fsync = {fsync}\n\
          \n\
+         {grpc_table}\
          [[organization]]\n\
          id = \"{ORG}\"\n\
          secret_file = \"secrets/{ORG}.secret\"\n\
+         {org_keys}\
          \n\
          [guard.agents.{agent}]\n\
          budget_usd = 0.0\n\
@@ -456,6 +537,32 @@ impl Serve {
                 anyhow::bail!(
                     "`tollgate serve` did not listen on {} within {} s (killed); its output:\n{}",
                     socket.display(),
+                    LISTEN_TIMEOUT.as_secs(),
+                    tail(&self.log)
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Wait until `addr` accepts a TCP connection (the gRPC binding), like
+    /// [`Serve::wait_listening`].
+    fn wait_tcp(&mut self, addr: std::net::SocketAddr) -> anyhow::Result<()> {
+        let started = Instant::now();
+        loop {
+            if let Some(status) = self.child.try_wait().context("waiting for the daemon")? {
+                anyhow::bail!(
+                    "`tollgate serve` exited ({status}) before listening on {addr}; its output:\n{}",
+                    tail(&self.log)
+                );
+            }
+            if std::net::TcpStream::connect(addr).is_ok() {
+                return Ok(());
+            }
+            if started.elapsed() > LISTEN_TIMEOUT {
+                self.kill();
+                anyhow::bail!(
+                    "`tollgate serve` did not listen on {addr} within {} s (killed); its output:\n{}",
                     LISTEN_TIMEOUT.as_secs(),
                     tail(&self.log)
                 );
@@ -634,11 +741,19 @@ async fn work(
 
 /// Register the sessions, run the workers, gather what they measured.
 async fn load(plan: &Plan, target: &Target) -> anyhow::Result<Report> {
+    match &target.grpc {
+        Some(g) => println!(
+            "transport: gRPC with mutual TLS at {} (one HTTP/2 connection per session)",
+            g.address
+        ),
+        None => println!("transport: Unix socket (one connection per session)"),
+    }
     let marks = &plan.marks;
     let mut clients = Vec::with_capacity(plan.sessions);
     let mut heartbeats = Vec::with_capacity(plan.sessions);
     for _ in 0..plan.sessions {
-        let cfg = ClientConfig::new(&target.socket, &target.org, &target.secret, &plan.agent);
+        let mut cfg = ClientConfig::new(&target.socket, &target.org, &target.secret, &plan.agent);
+        cfg.grpc.clone_from(&target.grpc);
         let client = Arc::new(
             DaemonClient::connect(cfg)
                 .await

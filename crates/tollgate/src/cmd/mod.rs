@@ -4,6 +4,7 @@ pub mod audit;
 pub mod bench;
 pub mod board;
 pub mod canonical;
+pub mod certs;
 pub mod conformance;
 pub mod demo;
 pub mod hitl;

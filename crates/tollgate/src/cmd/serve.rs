@@ -69,6 +69,9 @@ fn print_banner(d: &Daemon, config_file: Option<&Path>) {
         None => println!("  configuration: embedded defaults"),
     }
     println!("  data directory: {}", c.data_dir.display());
+    if let Some(addr) = d.grpc_addr() {
+        println!("  gRPC (mutual TLS): {addr}");
+    }
     for o in &c.organizations {
         let place = |given: bool, name: String| {
             if given {

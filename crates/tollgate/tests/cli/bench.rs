@@ -328,3 +328,46 @@ fn sessions_heartbeat_so_a_long_run_does_not_go_stale() {
     );
     serve.terminate();
 }
+
+/// `--grpc`: the same load over the bench's own daemon's gRPC binding with mutual TLS,
+/// separate process and in process, post_exec included; nothing is denied.
+#[test]
+fn grpc_sends_the_load_over_mutual_tls() {
+    for extra in [&[][..], &["--in-process"][..]] {
+        let mut args = vec![
+            "bench",
+            "--grpc",
+            "--post-exec",
+            "--sessions",
+            "2",
+            "--concurrency",
+            "2",
+            "--duration",
+            "1",
+        ];
+        args.extend_from_slice(extra);
+        let out = ok(&tollgate(&args));
+        let transport = lines(&out, "transport: ");
+        assert_eq!(transport.len(), 1, "{out}");
+        assert!(
+            transport[0].starts_with("transport: gRPC with mutual TLS at 127.0.0.1:"),
+            "{out}"
+        );
+        assert!(count(&out, "requests") > 0, "{out}");
+        assert_eq!(count(&out, "denied"), 0, "{out}");
+    }
+    // Without it, the socket.
+    let out = ok(&tollgate(&[
+        "bench",
+        "--sessions",
+        "1",
+        "--concurrency",
+        "1",
+        "--duration",
+        "1",
+    ]));
+    assert_eq!(
+        lines(&out, "transport: "),
+        ["transport: Unix socket (one connection per session)"]
+    );
+}

@@ -56,7 +56,7 @@ impl Serve {
     }
 
     /// What `serve` printed at start: its lines up to the `audit:` line, which is the last.
-    fn banner(&mut self) -> String {
+    pub(crate) fn banner(&mut self) -> String {
         let out = self.child.stdout.take().unwrap();
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
@@ -83,7 +83,7 @@ impl Serve {
         self.child.wait().unwrap();
     }
 
-    fn terminate(mut self) -> std::process::ExitStatus {
+    pub(crate) fn terminate(mut self) -> std::process::ExitStatus {
         let ok = Command::new("kill")
             .args(["-TERM", &self.child.id().to_string()])
             .status()

@@ -13,6 +13,7 @@ use std::process::{Command, Output};
 mod audit;
 mod bench;
 mod board;
+mod certs;
 mod conformance;
 mod crash;
 mod daemon;
