@@ -243,20 +243,34 @@ impl<S: SessionStore> Service<S> {
         }
         let operator = operator_id.clone();
         let note = r.note.clone();
+        let held_map = &self.held;
+        let successor_for_agent = successor_json.clone();
         let (outcome, durable) = self
             .store
-            .apply(
-                &r.session_id,
-                move |s: &mut Session| match ops::human_decision(
-                    s, decision, successor, &operator, &note, now,
-                ) {
-                    Ok(record) => Change::Commit(
-                        Ok((s.state.pending.clone(), record.call_number)),
-                        record.into(),
-                    ),
+            .apply(&r.session_id, move |s: &mut Session| {
+                match ops::human_decision(s, decision, successor, &operator, &note, now) {
+                    Ok(record) => {
+                        // A modify's params are kept before the session's lock is released,
+                        // so whoever reads the decision can read them too.
+                        if let Some(json) = successor_for_agent {
+                            let mut held = lock(held_map);
+                            let h = held.entry(s.meta.session_id.clone()).or_default();
+                            if h.call_number != record.call_number {
+                                *h = HeldParams {
+                                    call_number: record.call_number,
+                                    ..Default::default()
+                                };
+                            }
+                            h.successor_json = Some(json);
+                        }
+                        Change::Commit(
+                            Ok((s.state.pending.clone(), record.call_number)),
+                            record.into(),
+                        )
+                    }
                     Err(e) => Change::Keep(Err(e)),
-                },
-            )
+                }
+            })
             .await
             .map_err(|e| refuse(ErrorCode::DaemonUnavailable, e.to_string()))?;
         let (pending, call_number) =
@@ -265,17 +279,6 @@ impl<S: SessionStore> Service<S> {
             .await
             .map_err(|e| refuse(ErrorCode::DaemonUnavailable, e.to_string()))?
             .ok_or_else(|| refuse(ErrorCode::DaemonUnavailable, "decision not journaled"))?;
-        if let Some(json) = &successor_json {
-            let mut held = lock(&self.held);
-            let h = held.entry(r.session_id.clone()).or_default();
-            if h.call_number != call_number {
-                *h = super::hitl::HeldParams {
-                    call_number,
-                    ..Default::default()
-                };
-            }
-            h.successor_json = Some(json.clone());
-        }
         tracing::info!(session = %r.session_id, operator = %operator_id, decision = %word, "human decision recorded");
         if matches!(word.as_str(), "defer" | "escalate") {
             self.announce_held(&info, &r.session_id).await;

@@ -903,3 +903,55 @@ async fn the_client_fails_closed_on_a_lying_or_silent_grpc_daemon() {
     let e = DaemonClient::connect(cfg).await.unwrap_err();
     assert!(e.reason().starts_with("fail_closed:"), "{e:?}");
 }
+
+/// The Rust client's "decide, and if held, wait" over gRPC: the params go to operators,
+/// the long poll outlives the client's reply timeout, and a modify with edited arguments
+/// releases exactly those.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pre_exec_or_wait_over_grpc_runs_the_edited_call() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = start_both(dir.path()).await;
+    let grpc = Via::Grpc(b.pki.client(b.grpc, Some(b.pki.acme_agent())));
+    let mut cfg = grpc.config("reviewed");
+    cfg.timeout = Duration::from_millis(500);
+    let agent = DaemonClient::connect(cfg).await.unwrap();
+    let operator = crate::operator(&b.daemon.socket).await;
+    let session = agent.session_id().to_owned();
+    let decider = tokio::spawn(async move {
+        loop {
+            let held = operator.hitl_list().await.unwrap();
+            if held
+                .iter()
+                .any(|p| p.session_id == session && p.params_known)
+            {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // Decide later than the client's own reply timeout: the wait must survive it.
+        tokio::time::sleep(Duration::from_millis(800)).await;
+        operator
+            .hitl_decide(sp1::HitlDecideRequest {
+                session_id: session,
+                decision: "modify".into(),
+                operator_id: "carol".into(),
+                note: "fewer units".into(),
+                successor_params_json: r#"{"amount":2}"#.into(),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+    });
+    let p = json::parse_str(r#"{"amount":5}"#).unwrap();
+    let wait = tollgate_client::HumanWait {
+        timeout: Duration::from_secs(20),
+        share_params: tollgate_client::ShareParams::All,
+    };
+    let r = agent.pre_exec_or_wait("buy", &p, 0.0, wait).await;
+    decider.await.unwrap();
+    assert_eq!(r.decision, "modify");
+    assert!(r.allowed(), "{r:?}");
+    assert_eq!(r.verdict.reason, "hitl_transition:modify_successor");
+    assert_eq!(r.params, Some(json::parse_str(r#"{"amount":2}"#).unwrap()));
+    b.daemon.stop().await;
+}
