@@ -25,6 +25,7 @@ pub mod config;
 pub mod convert;
 pub mod hitl;
 pub mod metrics;
+pub mod operators;
 pub mod ratelimit;
 pub mod service;
 pub mod transport;
