@@ -90,6 +90,9 @@ pub enum DaemonError {
     /// Another daemon is serving the socket.
     #[error("another daemon is listening on `{0}`")]
     SocketInUse(PathBuf),
+    /// The control plane could not start.
+    #[error(transparent)]
+    Control(#[from] transport::control::ControlError),
 }
 
 fn io(what: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> DaemonError {
@@ -103,6 +106,9 @@ pub struct Daemon {
     listener: UnixListener,
     service: Arc<Service<EmbeddedStore>>,
     socket: PathBuf,
+    // --- control plane ---
+    control: Option<transport::control::Bound>,
+    // --- end control plane ---
 }
 
 impl std::fmt::Debug for Daemon {
@@ -218,6 +224,13 @@ impl Daemon {
         )?;
         tracing::info!(?store_report, "state open");
 
+        // --- control plane: bound before anything listens, so a bad address or certificate
+        // stops the start ---
+        let control = match &config.control {
+            Some(c) => Some(transport::control::bind(c).await?),
+            None => None,
+        };
+        // --- end control plane ---
         let socket = config.socket_path();
         let listener = bind(&socket, config.socket_mode).await?;
         let service = Arc::new(Service::new(
@@ -233,8 +246,26 @@ impl Daemon {
             listener,
             service,
             socket,
+            control,
         })
     }
+
+    // --- control plane ---
+    /// The control plane's address (its port chosen when the configuration said 0), when
+    /// it is configured.
+    pub fn control_addr(&self) -> Option<std::net::SocketAddr> {
+        self.control
+            .as_ref()
+            .map(transport::control::Bound::local_addr)
+    }
+
+    /// Whether the control plane speaks TLS.
+    pub fn control_tls(&self) -> bool {
+        self.control
+            .as_ref()
+            .is_some_and(transport::control::Bound::is_tls)
+    }
+    // --- end control plane ---
 
     /// The socket path.
     pub fn socket(&self) -> &Path {
@@ -257,7 +288,23 @@ impl Daemon {
             listener,
             service,
             socket,
+            control,
         } = self;
+        // --- control plane: stops when the socket does ---
+        let (control_stop, control_stopped) = tokio::sync::watch::channel(false);
+        let control = control.map(|bound| {
+            tokio::spawn(transport::control::serve(
+                bound,
+                service.clone(),
+                operators::Operators::new(config.operators.clone()),
+                control_stopped,
+            ))
+        });
+        let shutdown = async {
+            shutdown.await;
+            let _ = control_stop.send(true);
+        };
+        // --- end control plane ---
         // Held calls nobody decides in time expire, audited, once a second.
         let expiry = {
             let service = service.clone();
@@ -271,6 +318,12 @@ impl Daemon {
         };
         transport::socket::serve(listener, service.clone(), config.limits.clone(), shutdown).await;
         expiry.abort();
+        // --- control plane ---
+        let _ = control_stop.send(true);
+        if let Some(task) = control {
+            let _ = task.await;
+        }
+        // --- end control plane ---
         let _ = std::fs::remove_file(&socket);
         // The audit log first: once it is shut down every entry has been reported to the
         // store, whose last snapshot then holds them all.

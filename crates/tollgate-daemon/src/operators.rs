@@ -136,8 +136,8 @@ impl AuthLimiter {
     fn refilled(&self, peer: &IpAddr, now: Instant) -> f64 {
         let burst = f64::from(AUTH_FAILURE_BURST);
         self.peers.get(peer).map_or(burst, |(left, at)| {
-            let gained =
-                now.saturating_duration_since(*at).as_secs_f64() / AUTH_FAILURE_REFILL.as_secs_f64();
+            let gained = now.saturating_duration_since(*at).as_secs_f64()
+                / AUTH_FAILURE_REFILL.as_secs_f64();
             (left + gained).min(burst)
         })
     }
@@ -270,15 +270,27 @@ mod tests {
 
     #[test]
     fn right_wrong_revoked_and_expired_tokens() {
-        let ops = Operators::new(vec![op("alice", "a-token", None), op("bob", "b-token", Some(100))]);
+        let ops = Operators::new(vec![
+            op("alice", "a-token", None),
+            op("bob", "b-token", Some(100)),
+        ]);
         assert_eq!(ops.authenticate("a-token", 0).unwrap().id, "alice");
         assert_eq!(ops.authenticate("b-token", 99).unwrap().id, "bob");
-        assert_eq!(ops.authenticate("b-token", 100).unwrap_err(), TokenRefused::Expired);
-        assert_eq!(ops.authenticate("a-token ", 0).unwrap_err(), TokenRefused::Unknown);
+        assert_eq!(
+            ops.authenticate("b-token", 100).unwrap_err(),
+            TokenRefused::Expired
+        );
+        assert_eq!(
+            ops.authenticate("a-token ", 0).unwrap_err(),
+            TokenRefused::Unknown
+        );
         assert_eq!(ops.authenticate("", 0).unwrap_err(), TokenRefused::Unknown);
         // Revoked: the operator is gone from the configuration.
         let ops = Operators::new(vec![op("bob", "b-token", None)]);
-        assert_eq!(ops.authenticate("a-token", 0).unwrap_err(), TokenRefused::Unknown);
+        assert_eq!(
+            ops.authenticate("a-token", 0).unwrap_err(),
+            TokenRefused::Unknown
+        );
     }
 
     #[test]

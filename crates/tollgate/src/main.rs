@@ -36,6 +36,8 @@ enum Command {
     Demo(cmd::demo::Args),
     /// Load generator: throughput and latency percentiles of pre_exec round trips.
     Bench(cmd::bench::Args),
+    /// Print a fresh control-plane operator token and its `[[operator]]` entry.
+    OperatorToken(cmd::operator_token::Args),
 }
 
 fn main() -> ExitCode {
@@ -56,6 +58,7 @@ fn main() -> ExitCode {
         Command::Conformance(args) => cmd::conformance::run(&args),
         Command::Canonical(args) => cmd::canonical::run(&args),
         Command::Keygen(args) => cmd::keygen::run(&args),
+        Command::OperatorToken(args) => cmd::operator_token::run(&args),
         Command::Audit(args) => cmd::audit::run(&args),
         Command::Board(args) => cmd::board::run(&args),
         Command::Serve(args) => cmd::serve::run(&args),

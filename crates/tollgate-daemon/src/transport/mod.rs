@@ -5,4 +5,8 @@
 //! - [`socket`]: the Unix socket (SP/1.0 §6.1): length-prefixed protobuf envelopes, each
 //!   sealed with HMAC-SHA256 under an organization's agents' or operators' key.
 
+//! - [`control`]: the control plane (SP/1.0 §6.3): HTTP with the operators' console, the
+//!   WebSocket `/v1/control` (operators' bearer tokens, JSON-encoded protobuf), `/metrics`.
+
+pub mod control;
 pub mod socket;

@@ -8,6 +8,8 @@
     missing_debug_implementations
 )]
 
+mod console;
+mod control;
 mod flows;
 mod hostile;
 mod lifecycle;
@@ -31,6 +33,8 @@ pub const OPERATOR_SECRET: &[u8] = b"the operators' own secret, not the agents'"
 pub struct Running {
     pub dir: PathBuf,
     pub socket: PathBuf,
+    /// The control plane's address, when configured.
+    pub control: Option<std::net::SocketAddr>,
     stop: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<Result<(), tollgate_daemon::DaemonError>>>,
 }
@@ -74,6 +78,7 @@ pub async fn start(config: DaemonConfig) -> Running {
     let dir = config.data_dir.clone();
     let daemon = Daemon::start(config).await.unwrap();
     let socket = daemon.socket().to_owned();
+    let control = daemon.control_addr();
     let (tx, rx) = oneshot::channel::<()>();
     let task = tokio::spawn(daemon.run(async {
         let _ = rx.await;
@@ -81,6 +86,7 @@ pub async fn start(config: DaemonConfig) -> Running {
     Running {
         dir,
         socket,
+        control,
         stop: Some(tx),
         task: Some(task),
     }
