@@ -83,3 +83,31 @@ fn unknown_message_types_and_fields_are_errors() {
         );
     }
 }
+
+/// Every JSON example of the control plane's section of docs/protocol.md is a message the
+/// daemon reads or writes, exactly: it decodes as a request or an event, and encodes back
+/// to the same JSON (so no field is misspelled, mistyped or out of place).
+#[test]
+fn the_documented_examples_are_exact() {
+    let doc = include_str!("../../../docs/protocol.md");
+    let section = doc
+        .split_once("## 8. The control plane")
+        .expect("docs/protocol.md has the control plane section")
+        .1;
+    let mut seen = 0;
+    for block in section.split("```json\n").skip(1) {
+        let text = block.split_once("\n```").unwrap().0;
+        let want: serde_json::Value = serde_json::from_str(text).unwrap();
+        let got = match serde_json::from_str::<ControlRequest>(text) {
+            Ok(r) => serde_json::to_value(&r).unwrap(),
+            Err(_) => {
+                let e: ControlEvent = serde_json::from_str(text)
+                    .unwrap_or_else(|e| panic!("neither a request nor an event ({e}): {text}"));
+                serde_json::to_value(&e).unwrap()
+            }
+        };
+        assert_eq!(got, want, "{text}");
+        seen += 1;
+    }
+    assert!(seen >= 14, "only {seen} examples found");
+}
