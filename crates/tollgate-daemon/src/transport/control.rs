@@ -10,7 +10,7 @@
 //! - `/metrics`: Prometheus text ([`crate::metrics`]).
 //!
 //! Like every transport, it only translates: a signed-in operator is a
-//! [`Caller::Operator`] with the token's operator id, and every request is one call of
+//! [`Caller::Operator`](crate::service::Caller::Operator) with the token's operator id, and every request is one call of
 //! the service core (`hitl_list`, `hitl_decide`, `operator_sessions`). It keeps one thing
 //! of its own: the recent decisions it has seen (in memory, for the console's history).
 //!
