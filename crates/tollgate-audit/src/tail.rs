@@ -334,32 +334,15 @@ fn read_file(
                     }
                 }
             }
-            if e.index != expected {
-                let rest = bytes.get(rec_offset..).unwrap_or_default();
-                let kind = if e.index > expected
-                    && !verify::index_appears_later(header.version, rest, *used, expected)
-                {
-                    BreakKind::MissingEntry {
-                        expected,
-                        found: e.index,
-                    }
-                } else {
-                    BreakKind::ReorderedEntry {
-                        expected,
-                        found: e.index,
-                    }
-                };
+            if let Err(kind) = verify::check_place(
+                header.version,
+                bytes.get(rec_offset..).unwrap_or_default(),
+                *used,
+                e,
+                expected,
+                tip.last_hash,
+            ) {
                 return Err(brk(Some(expected), rec_offset, kind));
-            }
-            if e.prev_hash != tip.last_hash {
-                return Err(brk(
-                    Some(expected),
-                    rec_offset,
-                    BreakKind::BrokenLink {
-                        expected: tip.last_hash,
-                        found: e.prev_hash,
-                    },
-                ));
             }
             if visiting {
                 if let (Some(_), Event::KeyHandover { new_public_key }) = (tip.key, &e.event) {

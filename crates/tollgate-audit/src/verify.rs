@@ -505,32 +505,15 @@ impl Verifier {
                 if !sig_ok {
                     return Err(brk(Some(expected), rec_offset, BreakKind::BadSignature));
                 }
-                if e.index != expected {
-                    let rest = bytes.get(rec_offset..).unwrap_or_default();
-                    let kind = if e.index > expected
-                        && !index_appears_later(header.version, rest, *used, expected)
-                    {
-                        BreakKind::MissingEntry {
-                            expected,
-                            found: e.index,
-                        }
-                    } else {
-                        BreakKind::ReorderedEntry {
-                            expected,
-                            found: e.index,
-                        }
-                    };
+                if let Err(kind) = check_place(
+                    header.version,
+                    bytes.get(rec_offset..).unwrap_or_default(),
+                    *used,
+                    e,
+                    expected,
+                    tip.last_hash,
+                ) {
                     return Err(brk(Some(expected), rec_offset, kind));
-                }
-                if e.prev_hash != tip.last_hash {
-                    return Err(brk(
-                        Some(expected),
-                        rec_offset,
-                        BreakKind::BrokenLink {
-                            expected: tip.last_hash,
-                            found: e.prev_hash,
-                        },
-                    ));
                 }
                 let hash = record.hash();
                 if let Event::KeyHandover { new_public_key } = &e.event {
@@ -642,6 +625,42 @@ pub(crate) fn record_break(e: RecordError) -> BreakKind {
 
 /// Whether a record with index `wanted` appears after the record at the start of `rest`
 /// (which is `used` bytes long): that tells a reorder from a deletion.
+/// Whether entry `e`, parsed from the start of `rest` (its `used` bytes), stands where
+/// entry `expected` must, right after the entry whose hash is `last_hash`: else the break.
+/// A wrong index is a missing entry when the expected one does not appear in the next
+/// records of the file, and a reordering when it does (or when the index went back).
+pub(crate) fn check_place(
+    version: u16,
+    rest: &[u8],
+    used: usize,
+    e: &AuditEntry,
+    expected: u64,
+    last_hash: Digest,
+) -> Result<(), BreakKind> {
+    if e.index != expected {
+        return Err(
+            if e.index > expected && !index_appears_later(version, rest, used, expected) {
+                BreakKind::MissingEntry {
+                    expected,
+                    found: e.index,
+                }
+            } else {
+                BreakKind::ReorderedEntry {
+                    expected,
+                    found: e.index,
+                }
+            },
+        );
+    }
+    if e.prev_hash != last_hash {
+        return Err(BreakKind::BrokenLink {
+            expected: last_hash,
+            found: e.prev_hash,
+        });
+    }
+    Ok(())
+}
+
 pub(crate) fn index_appears_later(version: u16, rest: &[u8], used: usize, wanted: u64) -> bool {
     let mut off = used;
     for _ in 0..LOOKAHEAD {

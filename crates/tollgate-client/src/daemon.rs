@@ -267,6 +267,11 @@ impl DaemonClient {
         Ok(client)
     }
 
+    /// How long a request waits for its reply.
+    pub fn timeout(&self) -> Duration {
+        self.config.timeout
+    }
+
     /// The session id.
     pub fn session_id(&self) -> &str {
         &self.session_id
@@ -325,15 +330,24 @@ impl DaemonClient {
         Ok(rx)
     }
 
-    async fn request(&self, payload: Payload) -> Result<Payload, ClientError> {
+    pub(crate) async fn request(&self, payload: Payload) -> Result<Payload, ClientError> {
+        self.request_within(payload, self.config.timeout).await
+    }
+
+    /// [`DaemonClient::request`], waiting at most `timeout` for the reply.
+    pub(crate) async fn request_within(
+        &self,
+        payload: Payload,
+        timeout: Duration,
+    ) -> Result<Payload, ClientError> {
         let Some((message_id, rx)) = self.send(payload, true).await? else {
             return Err(ClientError::Malformed("no reply channel".into()));
         };
-        let env = match tokio::time::timeout(self.config.timeout, rx).await {
+        let env = match tokio::time::timeout(timeout, rx).await {
             Err(_) => {
                 // Forget the waiter: a daemon that never answers must not grow the map.
                 lock_waiters(&self.waiters).remove(&message_id);
-                return Err(ClientError::Timeout(self.config.timeout));
+                return Err(ClientError::Timeout(timeout));
             }
             Ok(Err(_)) => return Err(ClientError::Unreachable("connection closed".into())),
             Ok(Ok(r)) => r?,
@@ -356,13 +370,25 @@ impl DaemonClient {
         params: &Value,
         estimated_cost_usd: f64,
     ) -> ClientVerdict {
+        self.pre_exec_request(self.prepare(tool, params, estimated_cost_usd))
+            .await
+    }
+
+    /// The request [`DaemonClient::pre_exec`] sends: the next call number, a fresh random
+    /// nonce, the params' canonical hash and the client's classification of them.
+    pub fn prepare(
+        &self,
+        tool: &str,
+        params: &Value,
+        estimated_cost_usd: f64,
+    ) -> sp1::PreExecRequest {
         let call_number = self.next_call.fetch_add(1, Ordering::SeqCst);
         let classified = Params::json(params);
         let (hash, noncanonical) = match classified.canonical_digest() {
             Ok(d) => (d, false),
             Err(_) => (Digest::default(), true),
         };
-        let req = sp1::PreExecRequest {
+        sp1::PreExecRequest {
             session_id: self.session_id.clone(),
             call_number,
             tool_name: tool.to_owned(),
@@ -373,8 +399,7 @@ impl DaemonClient {
             tags: HashMap::new(),
             params_noncanonical: noncanonical,
             params_opaque_context: classified.has_opaque_context(),
-        };
-        self.pre_exec_request(req).await
+        }
     }
 
     /// Send a prepared request (nonce, call number and hash chosen by the caller), for

@@ -21,7 +21,9 @@
 
 pub mod daemon;
 pub mod guard;
+pub mod hitl;
 mod util;
 
 pub use daemon::{ClientConfig, ClientError, ClientVerdict, DaemonClient};
 pub use guard::{AuditIdentity, Checked, Guard, Settlement};
+pub use hitl::{HumanWait, Released, ShareParams};

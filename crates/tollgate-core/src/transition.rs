@@ -246,6 +246,24 @@ pub enum HumanDecisionRefused {
     NotADecision(String),
 }
 
+/// The pending transition, if nobody has decided it for good yet (awaiting, deferred or
+/// escalated).
+fn undecided(state: &mut SessionState) -> Result<&mut PendingTransition, HumanDecisionRefused> {
+    let pending = state
+        .pending
+        .as_mut()
+        .ok_or(HumanDecisionRefused::NothingPending)?;
+    if !matches!(
+        pending.decision,
+        HumanDecision::Awaiting | HumanDecision::Defer | HumanDecision::Escalate
+    ) {
+        return Err(HumanDecisionRefused::AlreadyDecided(
+            pending.decision.as_str().to_owned(),
+        ));
+    }
+    Ok(pending)
+}
+
 /// The successor a MODIFY authorizes instead of the original.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Successor {
@@ -263,18 +281,7 @@ pub fn record_human_decision(
     successor: Option<Successor>,
     now: UnixNanos,
 ) -> Result<(), HumanDecisionRefused> {
-    let pending = state
-        .pending
-        .as_mut()
-        .ok_or(HumanDecisionRefused::NothingPending)?;
-    if !matches!(
-        pending.decision,
-        HumanDecision::Awaiting | HumanDecision::Defer | HumanDecision::Escalate
-    ) {
-        return Err(HumanDecisionRefused::AlreadyDecided(
-            pending.decision.as_str().to_owned(),
-        ));
-    }
+    let pending = undecided(state)?;
     match &decision {
         HumanDecision::Approve | HumanDecision::Defer | HumanDecision::Escalate => {
             pending.terminal_status = TransitionStatus::Pending;
@@ -305,18 +312,7 @@ pub fn expire_pending(
     state: &mut SessionState,
     now: UnixNanos,
 ) -> Result<(), HumanDecisionRefused> {
-    let pending = state
-        .pending
-        .as_mut()
-        .ok_or(HumanDecisionRefused::NothingPending)?;
-    if !matches!(
-        pending.decision,
-        HumanDecision::Awaiting | HumanDecision::Defer | HumanDecision::Escalate
-    ) {
-        return Err(HumanDecisionRefused::AlreadyDecided(
-            pending.decision.as_str().to_owned(),
-        ));
-    }
+    let pending = undecided(state)?;
     pending.decision = HumanDecision::Expire;
     pending.terminal_status = TransitionStatus::Expired;
     state.last_activity_ns = now;

@@ -11,6 +11,7 @@
 mod console;
 mod control;
 mod flows;
+mod hitl;
 mod hostile;
 mod lifecycle;
 mod settlement;
