@@ -888,3 +888,41 @@ async fn wss_with_the_configured_certificate() {
     assert!(!String::from_utf8_lossy(&buf).contains("tollgate_"));
     d.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_that_expires_on_an_open_connection_is_cut_off() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = control_config(dir.path());
+    let now_ns = || {
+        let d = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap();
+        i64::try_from(d.as_nanos()).unwrap()
+    };
+    // Dave's token is good for a few more seconds.
+    let expires = now_ns() + 8_000_000_000;
+    c.operators.push(Operator {
+        id: "dave".into(),
+        token_sha256: token_sha256("dave-token"),
+        organizations: vec![ORG.into()],
+        expires_at_ns: Some(expires),
+    });
+    let d = start(c).await;
+    let mut w = ws(d.control.unwrap(), Some("dave-token")).await.unwrap();
+    let welcome = next(&mut w).await.unwrap();
+    assert_eq!(
+        welcome["welcome"]["tokenExpiresAtNs"],
+        json!(expires.to_string())
+    );
+    let (e, _) = request(&mut w, "l1", json!({"hitlList": {"organizationId": ORG}})).await;
+    assert!(e["hitlList"].is_object(), "{e}");
+    while now_ns() < expires {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // The next request is refused, and the connection closed.
+    let (e, _) = request(&mut w, "l2", json!({"hitlList": {"organizationId": ORG}})).await;
+    assert_eq!(error_code(&e), "AUTHENTICATION_FAILED");
+    assert_eq!(e["error"]["message"], "token expired");
+    assert_eq!(next(&mut w).await.unwrap_err(), Some(1008));
+    d.stop().await;
+}
