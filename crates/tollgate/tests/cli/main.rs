@@ -16,6 +16,7 @@ mod board;
 mod conformance;
 mod crash;
 mod daemon;
+mod operator_token;
 
 pub fn tollgate(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_tollgate"))
