@@ -926,3 +926,34 @@ async fn a_token_that_expires_on_an_open_connection_is_cut_off() {
     assert_eq!(next(&mut w).await.unwrap_err(), Some(1008));
     d.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn defer_and_escalate_keep_the_call_held_and_say_who() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = start(control_config(dir.path())).await;
+    let mut a = subscribed(d.control.unwrap(), ALICE).await;
+    let (agent, _) = held_call(&d, "{}", false).await;
+    let sid = agent.session_id().to_owned();
+    push_where(&mut a, |e| e["held"]["sessionId"] == json!(sid)).await;
+    for word in ["defer", "escalate"] {
+        let (e, _) = request(
+            &mut a,
+            word,
+            json!({"hitlDecide": {"sessionId": sid, "decision": word, "note": "ask the owner"}}),
+        )
+        .await;
+        assert_eq!(e["hitlDecide"]["transition"]["decision"], word, "{e}");
+        let held = push_where(&mut a, |e| e["held"]["transition"]["decision"] == word).await;
+        assert_eq!(held["held"]["transition"]["operatorId"], "alice");
+    }
+    let (e, _) = request(
+        &mut a,
+        "r",
+        json!({"hitlDecide": {"sessionId": sid, "decision": "reject", "note": "the owner said no"}}),
+    )
+    .await;
+    assert!(e["hitlDecide"].is_object(), "{e}");
+    let resolved = push_where(&mut a, |e| e["resolved"].is_object()).await;
+    assert_eq!(resolved["resolved"]["outcome"], "reject");
+    d.stop().await;
+}
