@@ -1007,6 +1007,33 @@ mod tests {
         assert!(matches!(req.body, Some(control_request::Body::HitlList(_))));
     }
 
+    proptest::proptest! {
+        /// Whatever a peer sends in a text frame is a request or a named error, never a
+        /// panic: random text, and valid requests cut or spliced at random places.
+        #[test]
+        fn any_text_decodes_or_is_refused(
+            text in ".{0,512}",
+            cut in 0usize..200,
+            splice in ".{0,16}",
+        ) {
+            let _ = decode(&text);
+            let valid = r#"{"requestId":"r","hitlDecide":{"sessionId":"s_1","decision":"modify","note":"n","successorParamsJson":"{\"a\":[1,2]}","successorNonce":"9"}}"#;
+            let mut at = cut.min(valid.len());
+            while !valid.is_char_boundary(at) {
+                at -= 1;
+            }
+            let (head, tail) = valid.split_at(at);
+            match decode(&format!("{head}{splice}{tail}")) {
+                Ok(_) => {}
+                Err((id, r)) => {
+                    proptest::prop_assert!(id.len() <= MAX_REQUEST_ID_BYTES);
+                    proptest::prop_assert!(matches!(r.code, ErrorCode::MalformedMessage | ErrorCode::InvalidRequest));
+                    proptest::prop_assert!(r.message.len() <= MAX_ERROR_TEXT);
+                }
+            }
+        }
+    }
+
     #[test]
     fn the_console_runs_under_its_own_hashes_only() {
         let csp = content_security_policy("<style>a{}</style><script>go()</script>");
