@@ -70,8 +70,13 @@ impl Operators {
     }
 
     /// The operator whose token this is, if it has not expired at `now_ns`. Every
-    /// configured hash is compared, in constant time, whatever matches.
+    /// configured hash is compared, in constant time, whatever matches. The empty string
+    /// is no one's token, even if a configured hash is SHA-256 of it.
     pub fn authenticate(&self, token: &str, now_ns: i64) -> Result<&Operator, TokenRefused> {
+        // An empty token is never one: a missing or malformed credential reads as "".
+        if token.is_empty() {
+            return Err(TokenRefused::Unknown);
+        }
         let hash = token_sha256(token);
         let mut found = None;
         for op in &self.list {
@@ -285,6 +290,12 @@ mod tests {
             TokenRefused::Unknown
         );
         assert_eq!(ops.authenticate("", 0).unwrap_err(), TokenRefused::Unknown);
+        // The empty string is refused even when it is configured.
+        let ops_empty = Operators::new(vec![op("nobody", "", None)]);
+        assert_eq!(
+            ops_empty.authenticate("", 0).unwrap_err(),
+            TokenRefused::Unknown
+        );
         // Revoked: the operator is gone from the configuration.
         let ops = Operators::new(vec![op("bob", "b-token", None)]);
         assert_eq!(
