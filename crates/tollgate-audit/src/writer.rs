@@ -254,6 +254,19 @@ struct Counters {
     entries: AtomicU64,
     batches: AtomicU64,
     syncs: AtomicU64,
+    sync_nanos: AtomicU64,
+}
+
+impl Counters {
+    /// fsync `file`, counting the call and the time it took.
+    fn sync(&self, file: &File) -> std::io::Result<()> {
+        let t = std::time::Instant::now();
+        let r = file.sync_data();
+        let ns = u64::try_from(t.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.syncs.fetch_add(1, Ordering::Relaxed);
+        self.sync_nanos.fetch_add(ns, Ordering::Relaxed);
+        r
+    }
 }
 
 /// A snapshot of the writer's counters.
@@ -265,6 +278,8 @@ pub struct Stats {
     pub batches: u64,
     /// fsync calls on log files.
     pub syncs: u64,
+    /// Time spent in those fsync calls, in nanoseconds.
+    pub sync_nanos: u64,
 }
 
 impl std::fmt::Debug for Msg {
@@ -394,6 +409,7 @@ impl Writer {
             entries: self.stats.entries.load(Ordering::Relaxed),
             batches: self.stats.batches.load(Ordering::Relaxed),
             syncs: self.stats.syncs.load(Ordering::Relaxed),
+            sync_nanos: self.stats.sync_nanos.load(Ordering::Relaxed),
         }
     }
 
@@ -520,8 +536,7 @@ impl Syncer {
                         if synced.iter().any(|f| Arc::ptr_eq(f, &job.file)) {
                             continue;
                         }
-                        stats.syncs.fetch_add(1, Ordering::Relaxed);
-                        if let Err(e) = job.file.sync_data() {
+                        if let Err(e) = stats.sync(&job.file) {
                             error = Some(format!("`{}`: {e}", job.path.display()));
                         }
                         synced.push(&job.file);
@@ -1025,8 +1040,7 @@ impl State {
             return;
         }
         if self.write_out() && self.cfg.fsync != FsyncPolicy::Never {
-            self.stats.syncs.fetch_add(1, Ordering::Relaxed);
-            if let Err(e) = self.file.sync_data() {
+            if let Err(e) = self.stats.sync(&self.file) {
                 self.failed = Some(format!("`{}`: {e}", self.file_path.display()));
             }
         }

@@ -66,6 +66,11 @@ struct File {
     // --- gRPC binding (transport/grpc) ---
     #[serde(default)]
     grpc: GrpcSection,
+    // --- control plane (console, /v1/control, /metrics) ---
+    control: Option<ControlSection>,
+    #[serde(default, rename = "operator")]
+    operators: Vec<OperatorSection>,
+    // --- end control plane ---
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -126,6 +131,34 @@ struct OrgSection {
     #[serde(default)]
     grpc_client_san: Vec<String>,
 }
+
+// --- control plane: file sections ---
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ControlSection {
+    listen: Option<String>,
+    cert: Option<PathBuf>,
+    key: Option<PathBuf>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct OperatorSection {
+    id: String,
+    token_sha256: String,
+    organizations: Vec<String>,
+    expires_at: Option<TimeValue>,
+}
+
+/// A point in time: Unix seconds, RFC 3339 text, or a TOML offset date-time.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum TimeValue {
+    Seconds(i64),
+    Text(String),
+    Toml(toml::value::Datetime),
+}
+// --- end control plane: file sections ---
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -272,6 +305,53 @@ impl Default for StateSettings {
     }
 }
 
+// --- control plane: settings ---
+/// The default address of the control plane when `[control]` names none.
+pub const DEFAULT_CONTROL_LISTEN: &str = "127.0.0.1:8700";
+
+/// The control plane (`[control]`): one HTTP server with the operators' console at `/`,
+/// the WebSocket `/v1/control` and `/metrics`. Off unless the section is present.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ControlSettings {
+    /// Where to listen (port 0: any free port; `Daemon::control_addr` tells which).
+    pub listen: std::net::SocketAddr,
+    /// TLS, required when `listen` is not a loopback address.
+    pub tls: Option<TlsFiles>,
+}
+
+/// A PEM certificate chain and its private key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsFiles {
+    /// The certificate chain, leaf first.
+    pub cert: PathBuf,
+    /// The private key (PKCS#8, PKCS#1 or SEC1).
+    pub key: PathBuf,
+}
+
+/// A human operator of the control plane (`[[operator]]`).
+#[derive(Clone, PartialEq, Eq)]
+pub struct Operator {
+    /// Written into the audit entry of every decision the operator makes.
+    pub id: String,
+    /// SHA-256 of the operator's bearer token (the token itself is never stored).
+    pub token_sha256: [u8; 32],
+    /// The organizations whose held calls and sessions the operator sees and decides.
+    pub organizations: Vec<String>,
+    /// After this (ns since the Unix epoch), the token is refused. `None`: never.
+    pub expires_at_ns: Option<i64>,
+}
+
+impl std::fmt::Debug for Operator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Operator")
+            .field("id", &self.id)
+            .field("organizations", &self.organizations)
+            .field("expires_at_ns", &self.expires_at_ns)
+            .finish_non_exhaustive()
+    }
+}
+// --- end control plane: settings ---
+
 /// The whole configuration.
 #[derive(Debug, Clone)]
 pub struct DaemonConfig {
@@ -300,6 +380,10 @@ pub struct DaemonConfig {
     /// Which client certificates are whose agents on the gRPC binding, by organization id
     /// (`grpc_client_*` in `[[organization]]`).
     pub grpc_clients: BTreeMap<String, GrpcClientRules>,
+    /// The control plane; `None` (the default): not served.
+    pub control: Option<ControlSettings>,
+    /// The control plane's operators.
+    pub operators: Vec<Operator>,
 }
 
 impl Default for DaemonConfig {
@@ -322,6 +406,8 @@ impl Default for DaemonConfig {
             agent_guards: BTreeMap::new(),
             grpc: None,
             grpc_clients: BTreeMap::new(),
+            control: None,
+            operators: Vec::new(),
         }
     }
 }
@@ -493,6 +579,8 @@ impl DaemonConfig {
             let g = guard(table, &c.default_guard, &format!("guard.agents.{agent}"))?;
             c.agent_guards.insert(agent.clone(), g);
         }
+        c.control = file.control.map(|s| control(s, base)).transpose()?;
+        c.operators = operators(file.operators, &c.organizations)?;
         Ok(c)
     }
 
@@ -709,6 +797,203 @@ fn grpc_settings(
         key: base.join(key),
     }))
 }
+
+// --- control plane: parsing ---
+fn control(s: ControlSection, base: &Path) -> Result<ControlSettings, ConfigError> {
+    let text = s.listen.as_deref().unwrap_or(DEFAULT_CONTROL_LISTEN);
+    let listen: std::net::SocketAddr = text.parse().map_err(|_| {
+        bad(
+            "control.listen",
+            format!("`{text}` is not an IP address and port (e.g. `127.0.0.1:8700`)"),
+        )
+    })?;
+    let tls = match (s.cert, s.key) {
+        (Some(cert), Some(key)) => Some(TlsFiles {
+            cert: base.join(cert),
+            key: base.join(key),
+        }),
+        (None, None) => None,
+        _ => return Err(bad("control", "give both `cert` and `key`, or neither")),
+    };
+    if tls.is_none() && !listen.ip().is_loopback() {
+        return Err(bad(
+            "control.listen",
+            format!(
+                "`{listen}` is not a loopback address: TLS is required there (set control.cert and control.key)"
+            ),
+        ));
+    }
+    Ok(ControlSettings { listen, tls })
+}
+
+fn operators(
+    list: Vec<OperatorSection>,
+    orgs: &[Organization],
+) -> Result<Vec<Operator>, ConfigError> {
+    let mut out: Vec<Operator> = Vec::new();
+    for (i, o) in list.into_iter().enumerate() {
+        let key = format!("operator[{i}]");
+        if o.id.trim().is_empty() || o.id.len() > 256 || o.id.chars().any(char::is_control) {
+            return Err(bad(
+                format!("{key}.id"),
+                "must be 1 to 256 bytes of printable text",
+            ));
+        }
+        if out.iter().any(|x| x.id == o.id) {
+            return Err(bad(
+                format!("{key}.id"),
+                format!("`{}` appears twice", o.id),
+            ));
+        }
+        let token_sha256 = parse_sha256(&o.token_sha256).ok_or_else(|| {
+            bad(
+                format!("{key}.token_sha256"),
+                "must be 64 hex digits (the SHA-256 of the token; `tollgate operator-token` prints one)",
+            )
+        })?;
+        if out.iter().any(|x| x.token_sha256 == token_sha256) {
+            return Err(bad(
+                format!("{key}.token_sha256"),
+                "another operator has the same token",
+            ));
+        }
+        if o.organizations.is_empty() {
+            return Err(bad(
+                format!("{key}.organizations"),
+                "must name at least one",
+            ));
+        }
+        for org in &o.organizations {
+            if !orgs.iter().any(|x| &x.id == org) {
+                return Err(bad(
+                    format!("{key}.organizations"),
+                    format!("`{org}` is not an organization this daemon serves"),
+                ));
+            }
+        }
+        let expires_at_ns = o
+            .expires_at
+            .map(|t| time_value(&t).ok_or_else(|| {
+                bad(
+                    format!("{key}.expires_at"),
+                    "must be Unix seconds or an RFC 3339 date-time with an offset (e.g. `2026-12-31T23:59:59Z`)",
+                )
+            }))
+            .transpose()?;
+        out.push(Operator {
+            id: o.id,
+            token_sha256,
+            organizations: o.organizations,
+            expires_at_ns,
+        });
+    }
+    Ok(out)
+}
+
+fn parse_sha256(hex: &str) -> Option<[u8; 32]> {
+    let hex = hex.trim();
+    if hex.len() != 64 || !hex.is_ascii() {
+        return None;
+    }
+    let mut out = [0u8; 32];
+    for (i, b) in out.iter_mut().enumerate() {
+        *b = u8::from_str_radix(hex.get(2 * i..2 * i + 2)?, 16).ok()?;
+    }
+    Some(out)
+}
+
+fn time_value(t: &TimeValue) -> Option<i64> {
+    match t {
+        TimeValue::Seconds(s) => s.checked_mul(1_000_000_000),
+        TimeValue::Text(text) => rfc3339_ns(text),
+        TimeValue::Toml(d) => rfc3339_ns(&d.to_string()),
+    }
+}
+
+/// Nanoseconds since the Unix epoch of an RFC 3339 date-time
+/// (`YYYY-MM-DDTHH:MM:SS[.fraction](Z|±HH:MM)`; `t`, `z` and a space separator accepted).
+/// `None` for anything else, including a date-time without an offset.
+pub fn rfc3339_ns(text: &str) -> Option<i64> {
+    let b = text.trim().as_bytes();
+    if b.len() < 20 || b.len() > 40 {
+        return None;
+    }
+    let num = |from: usize, len: usize| -> Option<i64> {
+        let digits = b.get(from..from + len)?;
+        if !digits.iter().all(u8::is_ascii_digit) {
+            return None;
+        }
+        std::str::from_utf8(digits).ok()?.parse().ok()
+    };
+    let sep = |at: usize, ok: &[u8]| b.get(at).is_some_and(|c| ok.contains(c));
+    if !(sep(4, b"-") && sep(7, b"-") && sep(10, b"Tt ") && sep(13, b":") && sep(16, b":")) {
+        return None;
+    }
+    let (year, month, day) = (num(0, 4)?, num(5, 2)?, num(8, 2)?);
+    let (hour, minute, second) = (num(11, 2)?, num(14, 2)?, num(17, 2)?);
+    if !(1..=12).contains(&month)
+        || !(1..=days_in_month(year, month)).contains(&day)
+        || hour > 23
+        || minute > 59
+        || second > 60
+    {
+        return None;
+    }
+    let mut at = 19;
+    let mut nanos = 0i64;
+    if sep(at, b".") {
+        at += 1;
+        let start = at;
+        while b.get(at).is_some_and(u8::is_ascii_digit) {
+            at += 1;
+        }
+        let digits = at - start;
+        if digits == 0 || digits > 9 {
+            return None;
+        }
+        nanos = num(start, digits)? * 10i64.pow(u32::try_from(9 - digits).ok()?);
+    }
+    let offset_secs = match b.get(at..)? {
+        b"Z" | b"z" => 0,
+        [sign @ (b'+' | b'-'), ..] if b.len() == at + 6 && sep(at + 3, b":") => {
+            let (h, m) = (num(at + 1, 2)?, num(at + 4, 2)?);
+            if h > 23 || m > 59 {
+                return None;
+            }
+            let s = h * 3600 + m * 60;
+            if *sign == b'-' {
+                -s
+            } else {
+                s
+            }
+        }
+        _ => return None,
+    };
+    let days = days_from_civil(year, month, day);
+    let secs = days * 86_400 + hour * 3600 + minute * 60 + second.min(59) - offset_secs;
+    secs.checked_mul(1_000_000_000)?.checked_add(nanos)
+}
+
+fn days_in_month(year: i64, month: i64) -> i64 {
+    match month {
+        2 if (year % 4 == 0 && year % 100 != 0) || year % 400 == 0 => 29,
+        2 => 28,
+        4 | 6 | 9 | 11 => 30,
+        _ => 31,
+    }
+}
+
+/// Days from 1970-01-01 to a proleptic Gregorian date (Howard Hinnant's algorithm).
+fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
+    let y = if month <= 2 { year - 1 } else { year };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (month + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+// --- end control plane: parsing ---
 
 /// A secret given inline or in a file (relative to `base`), at least 16 bytes.
 fn read_secret(
@@ -1017,6 +1302,141 @@ mod tests {
             assert!(!san_matches(p, n), "{p} should not match {n}");
         }
     }
+
+    // --- control plane: tests ---
+    const HASH: &str = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08";
+
+    #[test]
+    fn control_and_operators() {
+        let c = DaemonConfig::from_toml(
+            &format!(
+                r#"
+            [control]
+            listen = "127.0.0.1:0"
+            [[organization]]
+            id = "acme"
+            [[organization]]
+            id = "globex"
+            [[operator]]
+            id = "alice"
+            token_sha256 = "{HASH}"
+            organizations = ["acme", "globex"]
+            expires_at = "2026-12-31T23:59:59Z"
+            [[operator]]
+            id = "bob"
+            token_sha256 = "{}"
+            organizations = ["acme"]
+            expires_at = 1700000000
+            [[operator]]
+            id = "carol"
+            token_sha256 = "{}"
+            organizations = ["globex"]
+            expires_at = 2027-01-01T00:00:00+01:00
+            "#,
+                "a".repeat(64),
+                "b".repeat(64)
+            ),
+            Path::new("/etc/tollgate"),
+        )
+        .unwrap();
+        let control = c.control.unwrap();
+        assert_eq!(control.listen, "127.0.0.1:0".parse().unwrap());
+        assert_eq!(control.tls, None);
+        let ops = &c.operators;
+        assert_eq!(ops.len(), 3);
+        assert_eq!(ops[0].id, "alice");
+        assert_eq!(ops[0].token_sha256[0], 0x9f);
+        assert_eq!(ops[0].organizations, ["acme", "globex"]);
+        assert_eq!(ops[0].expires_at_ns, Some(1_798_761_599_000_000_000));
+        assert_eq!(ops[1].expires_at_ns, Some(1_700_000_000_000_000_000));
+        assert_eq!(ops[2].expires_at_ns, Some(1_798_758_000_000_000_000));
+        // The token hash is not printed.
+        assert!(!format!("{ops:?}").contains("9f86"));
+        // Off by default.
+        let c = DaemonConfig::from_toml("", Path::new(".")).unwrap();
+        assert_eq!(c.control, None);
+        // Relative certificate paths resolve against the file's directory.
+        let c = DaemonConfig::from_toml(
+            "[control]\nlisten = \"0.0.0.0:8700\"\ncert = \"c.pem\"\nkey = \"k.pem\"",
+            Path::new("/etc/tollgate"),
+        )
+        .unwrap();
+        assert_eq!(
+            c.control.unwrap().tls.unwrap().cert,
+            PathBuf::from("/etc/tollgate/c.pem")
+        );
+    }
+
+    #[test]
+    fn control_mistakes_are_named() {
+        let err = |t: &str| {
+            DaemonConfig::from_toml(t, Path::new("."))
+                .unwrap_err()
+                .to_string()
+        };
+        let e = err("[control]\nlisten = \"0.0.0.0:8700\"");
+        assert!(
+            e.contains("control.listen") && e.contains("TLS is required"),
+            "{e}"
+        );
+        assert!(err("[control]\nlisten = \"[::]:8700\"").contains("TLS is required"));
+        assert!(err("[control]\nlisten = \"localhost:8700\"").contains("not an IP address"));
+        assert!(err("[control]\ncert = \"c.pem\"").contains("both"));
+        let op = |extra: &str| {
+            format!("[[operator]]\nid = \"alice\"\ntoken_sha256 = \"{HASH}\"\n{extra}")
+        };
+        assert!(err(&op("organizations = [\"nope\"]")).contains("not an organization"));
+        assert!(err(&op("organizations = []")).contains("at least one"));
+        assert!(err(&op(
+            "organizations = [\"default\"]\nexpires_at = \"tomorrow\""
+        ))
+        .contains("operator[0].expires_at"));
+        assert!(err(&op(
+            "organizations = [\"default\"]\nexpires_at = \"2026-12-31T23:59:59\""
+        ))
+        .contains("RFC 3339"));
+        assert!(err(
+            "[[operator]]\nid = \"a\"\ntoken_sha256 = \"abc\"\norganizations = [\"default\"]"
+        )
+        .contains("operator[0].token_sha256"));
+        let twice = format!(
+            "{}\norganizations = [\"default\"]\n{}\norganizations = [\"default\"]",
+            op(""),
+            op("").replace("alice", "bob")
+        );
+        assert!(err(&twice).contains("same token"));
+        assert!(err(&op("organizations = [\"default\"]\nsecret = 1")).contains("secret"));
+    }
+
+    #[test]
+    fn rfc3339() {
+        assert_eq!(rfc3339_ns("1970-01-01T00:00:00Z"), Some(0));
+        assert_eq!(rfc3339_ns("1970-01-01t00:00:01.5z"), Some(1_500_000_000));
+        assert_eq!(rfc3339_ns("1970-01-01 01:00:00+01:00"), Some(0));
+        assert_eq!(
+            rfc3339_ns("1969-12-31T23:59:59-00:00"),
+            Some(-1_000_000_000)
+        );
+        assert_eq!(
+            rfc3339_ns("2000-02-29T00:00:00Z"),
+            Some(951_782_400_000_000_000)
+        );
+        for bad in [
+            "",
+            "2001-02-29T00:00:00Z",
+            "2026-13-01T00:00:00Z",
+            "2026-01-01T24:00:00Z",
+            "2026-01-01T00:00:00",
+            "2026-01-01T00:00:00.Z",
+            "2026-01-01T00:00:00.1234567890Z",
+            "2026-01-01T00:00:00+1:00",
+            "2026-01-01T00:00:00Zjunk",
+            "２026-01-01T00:00:00Z",
+        ] {
+            assert_eq!(rfc3339_ns(bad), None, "{bad}");
+        }
+    }
+    // --- end control plane: tests ---
 
     #[test]
     fn mistakes_are_named() {

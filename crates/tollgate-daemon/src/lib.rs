@@ -26,6 +26,8 @@
 pub mod config;
 pub mod convert;
 pub mod hitl;
+pub mod metrics;
+pub mod operators;
 pub mod ratelimit;
 pub mod service;
 pub mod transport;
@@ -93,6 +95,9 @@ pub enum DaemonError {
     /// The gRPC binding cannot start.
     #[error(transparent)]
     Grpc(#[from] transport::grpc::GrpcError),
+    /// The control plane could not start.
+    #[error(transparent)]
+    Control(#[from] transport::control::ControlError),
 }
 
 fn io(what: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> DaemonError {
@@ -108,6 +113,9 @@ pub struct Daemon {
     socket: PathBuf,
     /// The gRPC binding, when `[grpc]` is configured.
     grpc: Option<transport::grpc::GrpcListener>,
+    // --- control plane ---
+    control: Option<transport::control::Bound>,
+    // --- end control plane ---
 }
 
 impl std::fmt::Debug for Daemon {
@@ -223,6 +231,13 @@ impl Daemon {
         )?;
         tracing::info!(?store_report, "state open");
 
+        // --- control plane: bound before anything listens, so a bad address or certificate
+        // stops the start ---
+        let control = match &config.control {
+            Some(c) => Some(transport::control::bind(c).await?),
+            None => None,
+        };
+        // --- end control plane ---
         let socket = config.socket_path();
         let listener = bind(&socket, config.socket_mode).await?;
         // --- gRPC binding: bound here, so a bad certificate or a taken port stops the start ---
@@ -246,6 +261,7 @@ impl Daemon {
             service,
             socket,
             grpc,
+            control,
         })
     }
 
@@ -255,6 +271,23 @@ impl Daemon {
             .as_ref()
             .map(transport::grpc::GrpcListener::local_addr)
     }
+
+    // --- control plane ---
+    /// The control plane's address (its port chosen when the configuration said 0), when
+    /// it is configured.
+    pub fn control_addr(&self) -> Option<std::net::SocketAddr> {
+        self.control
+            .as_ref()
+            .map(transport::control::Bound::local_addr)
+    }
+
+    /// Whether the control plane speaks TLS.
+    pub fn control_tls(&self) -> bool {
+        self.control
+            .as_ref()
+            .is_some_and(transport::control::Bound::is_tls)
+    }
+    // --- end control plane ---
 
     /// The socket path.
     pub fn socket(&self) -> &Path {
@@ -278,7 +311,23 @@ impl Daemon {
             service,
             socket,
             grpc,
+            control,
         } = self;
+        // --- control plane: stops when the socket does ---
+        let (control_stop, control_stopped) = tokio::sync::watch::channel(false);
+        let control = control.map(|bound| {
+            tokio::spawn(transport::control::serve(
+                bound,
+                service.clone(),
+                operators::Operators::new(config.operators.clone()),
+                control_stopped,
+            ))
+        });
+        let shutdown = async {
+            shutdown.await;
+            let _ = control_stop.send(true);
+        };
+        // --- end control plane ---
         // Held calls nobody decides in time expire, audited, once a second.
         let expiry = {
             let service = service.clone();
@@ -310,6 +359,12 @@ impl Daemon {
             let _ = t.await;
         }
         expiry.abort();
+        // --- control plane ---
+        let _ = control_stop.send(true);
+        if let Some(task) = control {
+            let _ = task.await;
+        }
+        // --- end control plane ---
         let _ = std::fs::remove_file(&socket);
         // The audit log first: once it is shut down every entry has been reported to the
         // store, whose last snapshot then holds them all.

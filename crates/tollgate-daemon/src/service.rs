@@ -392,7 +392,7 @@ impl<S: SessionStore> Service<S> {
         })
     }
 
-    fn stale_after_ns(&self) -> i64 {
+    pub(crate) fn stale_after_ns(&self) -> i64 {
         let l = &self.config.limits;
         let ns = l.heartbeat_interval.as_nanos() * u128::from(l.missed_heartbeats_for_stale);
         i64::try_from(ns).unwrap_or(i64::MAX)
@@ -406,6 +406,7 @@ impl<S: SessionStore> Service<S> {
         r: sp1::PreExecRequest,
         now: i64,
     ) -> Result<sp1::PreExecResponse, Refusal> {
+        let _timer = crate::metrics::pre_exec_timer();
         let info = self.agent_session(caller, &r.session_id).await?;
         if let Err(wait) = lock(&self.pre_exec_limits).check(&r.session_id, Instant::now()) {
             return Err(Refusal {
@@ -482,6 +483,7 @@ impl<S: SessionStore> Service<S> {
             })?
             .ok_or_else(|| refuse(ErrorCode::DaemonUnavailable, "verdict not journaled"))?;
         let d = decided.decision;
+        crate::metrics::verdict(d.verdict, d.reason);
         if d.verdict == tollgate_core::Verdict::Hitl {
             self.announce_held(&info, &r.session_id).await;
         } else if matches!(

@@ -39,6 +39,8 @@ enum Command {
     /// Make a test CA, a server certificate and client certificates for gRPC with mutual
     /// TLS, and the configuration that trusts them.
     Certs(cmd::certs::Args),
+    /// Print a fresh control-plane operator token and its `[[operator]]` entry.
+    OperatorToken(cmd::operator_token::Args),
 }
 
 fn main() -> ExitCode {
@@ -59,6 +61,7 @@ fn main() -> ExitCode {
         Command::Conformance(args) => cmd::conformance::run(&args),
         Command::Canonical(args) => cmd::canonical::run(&args),
         Command::Keygen(args) => cmd::keygen::run(&args),
+        Command::OperatorToken(args) => cmd::operator_token::run(&args),
         Command::Audit(args) => cmd::audit::run(&args),
         Command::Board(args) => cmd::board::run(&args),
         Command::Serve(args) => cmd::serve::run(&args),

@@ -73,9 +73,21 @@ fn the_pure_and_storage_layers_have_no_runtime_network_or_protobuf() {
             "zstd",
         ],
     );
-    // Only the proto crate knows protobuf; it has no runtime either.
+    // Only the proto crate knows protobuf. Its gRPC stubs are transport-free (tonic's
+    // codegen types only: no sockets, no HTTP, no TLS; the daemon and the client bring
+    // those), and its JSON mapping is serde's.
     assert_only(
         "tollgate-proto",
-        &["prost", "prost-types", "hmac", "sha2", "thiserror"],
+        &[
+            "prost",
+            "prost-types",
+            "hmac",
+            "sha2",
+            "thiserror",
+            "tonic",
+            "tonic-prost",
+            "serde",
+            "pbjson",
+        ],
     );
 }

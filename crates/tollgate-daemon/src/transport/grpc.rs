@@ -418,6 +418,7 @@ struct Conn {
     io: TlsStream<TcpStream>,
     info: ConnInfo,
     _permit: OwnedSemaphorePermit,
+    _open: crate::metrics::OpenConnection,
 }
 
 impl Connected for Conn {
@@ -501,6 +502,7 @@ async fn accept(
         let out = out.clone();
         let handshake_timeout = limits.frame_timeout;
         tokio::spawn(async move {
+            let open = crate::metrics::connection_opened("grpc");
             let io = match tokio::time::timeout(handshake_timeout, acceptor.accept(tcp)).await {
                 Ok(Ok(io)) => io,
                 Ok(Err(e)) => {
@@ -529,6 +531,7 @@ async fn accept(
                     io,
                     info,
                     _permit: permit,
+                    _open: open,
                 }))
                 .await;
         });
@@ -591,6 +594,7 @@ pub async fn serve<S: SessionStore>(
 /// The gRPC status for a refusal: the code below, the refusal's message, and metadata
 /// [`ERROR_CODE_KEY`] (the SP/1.0 code's name) and [`RETRY_AFTER_KEY`].
 pub fn status(r: Refusal) -> Status {
+    crate::metrics::refusal(r.code);
     let mut s = Status::new(grpc_code(r.code), r.message);
     let m = s.metadata_mut();
     m.insert(

@@ -6,6 +6,9 @@
 //!   sealed with HMAC-SHA256 under an organization's agents' or operators' key.
 //! - [`grpc`]: gRPC (SP/1.0 §6.2): the `ShackleDaemon` service over HTTP/2 with mutual
 //!   TLS; the client certificate names the organization (no HMAC).
+//! - [`control`]: the control plane (SP/1.0 §6.3): HTTP with the operators' console, the
+//!   WebSocket `/v1/control` (operators' bearer tokens, JSON-encoded protobuf), `/metrics`.
 
+pub mod control;
 pub mod grpc;
 pub mod socket;

@@ -103,6 +103,7 @@ async fn connection<S: SessionStore>(
     limits: &crate::config::Limits,
     mut stop: watch::Receiver<bool>,
 ) {
+    let _open = crate::metrics::connection_opened("socket");
     let peer = Peer {
         uid: stream.peer_cred().map(|c| c.uid()).unwrap_or(0),
         ip: None,
@@ -274,6 +275,7 @@ impl<S: SessionStore> Service<S> {
         received_ns: i64,
         r: Refusal,
     ) -> Reply {
+        crate::metrics::refusal(r.code);
         let payload = Payload::Error(sp1::Error {
             code: r.code as i32,
             message: r.message,
@@ -448,6 +450,7 @@ fn reply_envelope(correlation: &str, received_ns: i64, payload: Payload) -> Enve
 /// The body of an unsealed `Error` reply, for the transport's own refusals (oversize
 /// frames, timeouts, too many connections), which come before any request is read.
 pub fn transport_error(code: ErrorCode, message: &str) -> Vec<u8> {
+    crate::metrics::refusal(code);
     unsealed(
         "",
         0,

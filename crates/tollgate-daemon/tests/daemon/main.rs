@@ -8,6 +8,8 @@
     missing_debug_implementations
 )]
 
+mod console;
+mod control;
 mod flows;
 mod grpc;
 mod hitl;
@@ -33,6 +35,8 @@ pub const OPERATOR_SECRET: &[u8] = b"the operators' own secret, not the agents'"
 pub struct Running {
     pub dir: PathBuf,
     pub socket: PathBuf,
+    /// The control plane's address, when configured.
+    pub control: Option<std::net::SocketAddr>,
     stop: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<Result<(), tollgate_daemon::DaemonError>>>,
 }
@@ -80,6 +84,7 @@ pub async fn start(config: DaemonConfig) -> Running {
 pub fn run(daemon: Daemon) -> Running {
     let dir = daemon.config().data_dir.clone();
     let socket = daemon.socket().to_owned();
+    let control = daemon.control_addr();
     let (tx, rx) = oneshot::channel::<()>();
     let task = tokio::spawn(daemon.run(async {
         let _ = rx.await;
@@ -87,6 +92,7 @@ pub fn run(daemon: Daemon) -> Running {
     Running {
         dir,
         socket,
+        control,
         stop: Some(tx),
         task: Some(task),
     }

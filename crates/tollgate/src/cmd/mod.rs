@@ -9,4 +9,5 @@ pub mod conformance;
 pub mod demo;
 pub mod hitl;
 pub mod keygen;
+pub mod operator_token;
 pub mod serve;

@@ -112,6 +112,14 @@ fn print_banner(d: &Daemon, config_file: Option<&Path>) {
         "  timeouts: idle {:?} between frames, {:?} per frame from its first byte",
         l.idle_timeout, l.frame_timeout
     );
+    match d.control_addr() {
+        Some(addr) => println!(
+            "  control plane: {}://{addr}/ (console, /v1/control, /metrics), {} operator(s)",
+            if d.control_tls() { "https" } else { "http" },
+            c.operators.len()
+        ),
+        None => println!("  control plane: off (no [control] section)"),
+    }
     println!(
         "  audit: fsync {}, log {}",
         c.audit.fsync,

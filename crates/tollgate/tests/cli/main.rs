@@ -17,6 +17,7 @@ mod certs;
 mod conformance;
 mod crash;
 mod daemon;
+mod operator_token;
 
 pub fn tollgate(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_tollgate"))

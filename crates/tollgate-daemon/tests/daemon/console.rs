@@ -1,0 +1,474 @@
+//! The console in a real browser: headless Chromium driven by chromedriver over WebDriver
+//! (a minimal client over HTTP below; nothing is downloaded). An agent's call is held; an
+//! operator opens the console, signs in, sees the call and its arguments, edits them,
+//! writes a note and approves the edited call; the waiting agent receives exactly the
+//! edited arguments, they run, and the audit log names the operator.
+//!
+//! Without `chromium` and `chromedriver` on the PATH the test says so and passes, unless
+//! `TOLLGATE_REQUIRE_CHROMIUM=1` (set by `.ci/run`), which makes their absence a failure.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use base64::Engine as _;
+use serde_json::{json, Value};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tollgate_core::json as tjson;
+use tollgate_proto::sp1::{self, envelope::Payload};
+
+use crate::control::{agent_request, control_config, digest, held_call, ALICE};
+use crate::{session_events, start, SECRET};
+
+fn on_path(names: &[&str]) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    names.iter().find_map(|n| {
+        std::env::split_paths(&path)
+            .map(|d| d.join(n))
+            .find(|p| p.is_file())
+    })
+}
+
+/// chromedriver, killed when dropped.
+struct Driver {
+    child: Child,
+    addr: SocketAddr,
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// One WebDriver command: method, path, body; the reply's `value`.
+async fn wd(addr: SocketAddr, method: &str, path: &str, body: Option<Value>) -> Value {
+    let body = body.map(|b| b.to_string()).unwrap_or_default();
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    let req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(req.as_bytes()).await.unwrap();
+    // Read the head, then Content-Length bytes (chromedriver may keep the connection open).
+    let read = async {
+        let mut out = Vec::new();
+        let mut buf = [0u8; 8192];
+        loop {
+            let n = s.read(&mut buf).await.unwrap();
+            out.extend_from_slice(&buf[..n]);
+            let text = String::from_utf8_lossy(&out).into_owned();
+            if let Some((head, body)) = text.split_once("\r\n\r\n") {
+                let len = head.lines().find_map(|l| {
+                    let (k, v) = l.split_once(':')?;
+                    k.eq_ignore_ascii_case("content-length")
+                        .then(|| v.trim().parse::<usize>().ok())?
+                });
+                if n == 0 || len.is_some_and(|len| body.len() >= len) {
+                    return text;
+                }
+            }
+            if n == 0 {
+                return text;
+            }
+        }
+    };
+    let text = tokio::time::timeout(Duration::from_secs(60), read)
+        .await
+        .expect("chromedriver did not answer within 60 s");
+    let (_, json_body) = text.split_once("\r\n\r\n").unwrap_or(("", ""));
+    let v: Value = serde_json::from_str(json_body)
+        .unwrap_or_else(|e| panic!("{method} {path}: not JSON ({e}): {text}"));
+    if let Some(err) = v["value"].get("error") {
+        panic!("{method} {path}: {err}: {}", v["value"]["message"]);
+    }
+    v["value"].clone()
+}
+
+struct Browser {
+    driver: Driver,
+    session: String,
+}
+
+const ELEMENT: &str = "element-6066-11e4-a52e-4f735466cecf";
+
+impl Browser {
+    async fn start(chromium: &Path, chromedriver: &Path, logs: &Path) -> Browser {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let child = Command::new(chromedriver)
+            .arg(format!("--port={port}"))
+            .arg(format!(
+                "--log-path={}",
+                logs.join("chromedriver.log").display()
+            ))
+            .arg("--enable-chrome-logs")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let driver = Driver {
+            child,
+            addr: ([127, 0, 0, 1], port).into(),
+        };
+        // Ready within 30 s.
+        let mut ready = false;
+        for _ in 0..300 {
+            if TcpStream::connect(driver.addr).await.is_ok() {
+                ready = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert!(ready, "chromedriver did not start");
+        let caps = json!({"capabilities": {"alwaysMatch": {
+            "browserName": "chrome",
+            "goog:chromeOptions": {
+                "binary": chromium.display().to_string(),
+                "args": ["--headless=new", "--no-sandbox", "--disable-gpu",
+                         "--disable-dev-shm-usage", "--window-size=1280,800"]
+            }
+        }}});
+        let v = wd(driver.addr, "POST", "/session", Some(caps)).await;
+        let session = v["sessionId"].as_str().unwrap().to_owned();
+        let b = Browser { driver, session };
+        // The page area itself is 1280 x 800, whatever the window's decorations take.
+        b.post(
+            "goog/cdp/execute",
+            json!({"cmd": "Emulation.setDeviceMetricsOverride",
+                   "params": {"width": 1280, "height": 800, "deviceScaleFactor": 1, "mobile": false}}),
+        )
+        .await;
+        b
+    }
+
+    async fn post(&self, what: &str, body: Value) -> Value {
+        wd(
+            self.driver.addr,
+            "POST",
+            &format!("/session/{}/{what}", self.session),
+            Some(body),
+        )
+        .await
+    }
+
+    async fn get(&self, what: &str) -> Value {
+        wd(
+            self.driver.addr,
+            "GET",
+            &format!("/session/{}/{what}", self.session),
+            None,
+        )
+        .await
+    }
+
+    async fn js(&self, script: &str, args: Value) -> Value {
+        self.post("execute/sync", json!({"script": script, "args": args}))
+            .await
+    }
+
+    /// Poll `script` (a JS function body returning a value) until it is truthy, at most 30 s.
+    async fn until(&self, what: &str, script: &str, args: Value) -> Value {
+        for _ in 0..300 {
+            let v = self.js(script, args.clone()).await;
+            if !(v.is_null() || v == json!(false) || v == json!("")) {
+                return v;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("gave up waiting for {what}");
+    }
+
+    async fn find(&self, css: &str) -> String {
+        let v = self
+            .post("element", json!({"using": "css selector", "value": css}))
+            .await;
+        v[ELEMENT].as_str().unwrap().to_owned()
+    }
+
+    async fn type_into(&self, css: &str, text: &str) {
+        let e = self.find(css).await;
+        self.post(&format!("element/{e}/value"), json!({ "text": text }))
+            .await;
+    }
+
+    async fn clear(&self, css: &str) {
+        let e = self.find(css).await;
+        self.post(&format!("element/{e}/clear"), json!({})).await;
+    }
+
+    async fn click(&self, css: &str) {
+        let e = self.find(css).await;
+        self.post(&format!("element/{e}/click"), json!({})).await;
+    }
+
+    async fn screenshot(&self, to: &Path) {
+        let b64 = self.get("screenshot").await;
+        let png = base64::engine::general_purpose::STANDARD
+            .decode(b64.as_str().unwrap())
+            .unwrap();
+        assert!(png.starts_with(b"\x89PNG"));
+        std::fs::write(to, png).unwrap();
+    }
+
+    async fn close(self) {
+        let _ = wd(
+            self.driver.addr,
+            "DELETE",
+            &format!("/session/{}", self.session),
+            None,
+        )
+        .await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_edits_and_approves_a_held_call_in_the_browser() {
+    let required = std::env::var("TOLLGATE_REQUIRE_CHROMIUM").is_ok_and(|v| v == "1");
+    let (Some(chromium), Some(chromedriver)) = (
+        on_path(&["chromium", "chromium-browser", "google-chrome"]),
+        on_path(&["chromedriver"]),
+    ) else {
+        assert!(
+            !required,
+            "TOLLGATE_REQUIRE_CHROMIUM=1 but chromium or chromedriver is not on the PATH \
+             (Debian: apt-get install chromium chromium-driver)"
+        );
+        eprintln!("skipped: chromium and chromedriver are not on the PATH (apt-get install chromium chromium-driver)");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    // A fixed port, so that the page can reconnect to the restarted daemon.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let configured = || {
+        let mut c = control_config(dir.path());
+        if let Some(ctl) = c.control.as_mut() {
+            ctl.listen = ([127, 0, 0, 1], port).into();
+        }
+        c
+    };
+    let d = start(configured()).await;
+    let addr = d.control.unwrap();
+
+    // An agent's call is held, and the agent shows its arguments.
+    let original = r#"{"service":"api","replicas":30,"region":"eu-west-1"}"#;
+    let (agent, _) = held_call(&d, original, true).await;
+    let sid = agent.session_id().to_owned();
+
+    let b = Browser::start(&chromium, &chromedriver, dir.path()).await;
+    b.post("url", json!({"url": format!("http://{addr}/")}))
+        .await;
+    // Sign in with the keyboard: the token, then Enter.
+    b.type_into("#token", &format!("{ALICE}\u{E007}")).await;
+    b.until(
+        "the signed-in operator",
+        "return document.getElementById('who').textContent.includes('alice')",
+        json!([]),
+    )
+    .await;
+    let card = format!(".card[data-session=\"{sid}\"]");
+    let args_shown = "const c = document.querySelector(arguments[0]); \
+                      return c && c.querySelector('textarea.args').value";
+    b.until("the held call's arguments", args_shown, json!([card]))
+        .await;
+
+    // The daemon restarts under the open page: the page says so, reconnects by itself, and
+    // shows the truth: the call is still held, but its arguments (kept in memory only) are
+    // not known until the agent sends them again; the hash is shown instead.
+    drop(agent);
+    d.stop().await;
+    b.until(
+        "the page to notice the daemon is gone",
+        "return document.getElementById('status').textContent.includes('reconnecting')",
+        json!([]),
+    )
+    .await;
+    let d = start(configured()).await;
+    let hash_only = b
+        .until(
+            "the held call, by hash, after the restart",
+            "const c = document.querySelector(arguments[0]); \
+             return c && c.querySelector('.unknown') && c.querySelector('.digest').textContent",
+            json!([card]),
+        )
+        .await;
+    let p = tjson::parse_str(original).unwrap();
+    let hex: String = digest(&p).iter().map(|x| format!("{x:02x}")).collect();
+    assert_eq!(hash_only, json!(hex));
+    b.until(
+        "the sessions table after the restart",
+        "return document.getElementById('sessions').innerText.includes(arguments[0])",
+        json!([&sid[..16]]),
+    )
+    .await;
+    let restarted = dir.path().join("console-restarted.png");
+    b.screenshot(&restarted).await;
+    let resent = agent_request(
+        &d.socket,
+        SECRET,
+        Payload::HeldParams(sp1::HeldParams {
+            session_id: sid.clone(),
+            call_number: 1,
+            params_json: original.into(),
+        }),
+    )
+    .await;
+    assert!(matches!(resent, Payload::HeldParamsAck(_)), "{resent:?}");
+    // The held call, with its arguments pretty-printed, pushed to the page.
+    let shown = b
+        .until("the held call's arguments again", args_shown, json!([card]))
+        .await;
+    assert_eq!(
+        shown.as_str().unwrap(),
+        "{\n  \"region\": \"eu-west-1\",\n  \"replicas\": 30,\n  \"service\": \"api\"\n}"
+    );
+    let text = b
+        .js(
+            "return document.querySelector(arguments[0]).innerText",
+            json!([card]),
+        )
+        .await;
+    let text = text.as_str().unwrap();
+    for want in [
+        "deploy",
+        "reviewed",
+        "acme",
+        "hitl_all_calls",
+        "$0.2500",
+        "$10.0000",
+        "left",
+    ] {
+        assert!(text.contains(want), "the card lacks `{want}`:\n{text}");
+    }
+    // The sessions table shows the paused session with its budget and circuit.
+    let sessions = b
+        .until(
+            "the sessions table",
+            "const t = document.getElementById('sessions').innerText; return t.includes(arguments[0]) && t",
+            json!([&sid[..16]]),
+        )
+        .await;
+    let sessions = sessions.as_str().unwrap();
+    assert!(
+        sessions.contains("paused") && sessions.contains("closed"),
+        "{sessions}"
+    );
+
+    // Edit the arguments, write a note, approve the edited call.
+    let edited = "{\n  \"region\": \"eu-west-1\",\n  \"replicas\": 3,\n  \"service\": \"api\"\n}";
+    b.clear(&format!("{card} textarea.args")).await;
+    b.type_into(&format!("{card} textarea.args"), edited).await;
+    b.type_into(
+        &format!("{card} input.note"),
+        "30 replicas is a typo; 3 is the plan",
+    )
+    .await;
+    let shots = dir.path().join("console-held.png");
+    b.screenshot(&shots).await;
+    b.click(&format!("{card} button[data-decision=modify]"))
+        .await;
+    // The call leaves the list (resolved push) and the decision is listed, by alice.
+    b.until(
+        "the decided call to leave the list",
+        "return !document.querySelector(arguments[0])",
+        json!([card]),
+    )
+    .await;
+    let recent = b
+        .until(
+            "the recent decision",
+            "const t = document.getElementById('recent').innerText; return t.includes('modify') && t",
+            json!([]),
+        )
+        .await;
+    assert!(
+        recent.as_str().unwrap().contains("modify by alice"),
+        "{recent}"
+    );
+    let after = dir.path().join("console-decided.png");
+    b.screenshot(&after).await;
+    b.close().await;
+
+    // The waiting agent receives exactly the edited arguments, canonical, and they run.
+    let waited = agent_request(
+        &d.socket,
+        SECRET,
+        Payload::AwaitDecision(sp1::AwaitDecisionRequest {
+            session_id: sid.clone(),
+            call_number: 1,
+            timeout_ms: 5000,
+        }),
+    )
+    .await;
+    let Payload::AwaitDecisionResponse(r) = waited else {
+        panic!("{waited:?}")
+    };
+    assert_eq!(r.outcome, "modify");
+    assert_eq!(
+        r.successor_params_json,
+        r#"{"region":"eu-west-1","replicas":3,"service":"api"}"#
+    );
+    let t = r.transition.unwrap();
+    let successor = tjson::parse_str(&r.successor_params_json).unwrap();
+    let run = agent_request(
+        &d.socket,
+        SECRET,
+        Payload::PreExec(sp1::PreExecRequest {
+            session_id: sid.clone(),
+            call_number: 2,
+            tool_name: "deploy".into(),
+            tool_params_hash: digest(&successor),
+            nonce: t.successor_nonce,
+            ..Default::default()
+        }),
+    )
+    .await;
+    let Payload::PreExecResponse(v) = run else {
+        panic!("{run:?}")
+    };
+    assert_eq!(
+        (v.verdict, v.reason.as_str()),
+        (
+            sp1::Verdict::Allow as i32,
+            "hitl_transition:modify_successor"
+        )
+    );
+    // The audit log verifies, and its kind-6 entry names alice, with her note.
+    let human: Vec<_> = session_events(&d.dir)
+        .into_iter()
+        .filter_map(|e| match e {
+            tollgate_audit::SessionEvent::HumanDecision(h) => Some(h),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(human.len(), 1);
+    assert_eq!(human[0].operator_id, "alice");
+    assert_eq!(human[0].note, "30 replicas is a typo; 3 is the plan");
+    assert_eq!(human[0].decision.as_str(), "modify");
+    d.stop().await;
+
+    // Where the lead can look at it.
+    let stable = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target");
+    std::fs::create_dir_all(&stable).unwrap();
+    std::fs::copy(&restarted, stable.join("console-screenshot-restarted.png")).unwrap();
+    let held_png = stable.join("console-screenshot.png");
+    let decided_png = stable.join("console-screenshot-decided.png");
+    std::fs::copy(&shots, &held_png).unwrap();
+    std::fs::copy(&after, &decided_png).unwrap();
+    eprintln!(
+        "console screenshots: {} (held, edited), {} (after the decision)",
+        held_png.display(),
+        decided_png.display()
+    );
+}
