@@ -77,7 +77,8 @@ fn to_verdict(v: ClientVerdict, args: CallArgs, nonce: u64) -> Verdict {
         deny_reason: r
             .filter(|_| v.verdict == tollgate_core::Verdict::Deny)
             .and_then(|r| sp1::DenyReason::try_from(r.deny_reason).ok())
-            .map(|d| d.as_str_name().to_ascii_lowercase()),
+            .filter(|d| *d != sp1::DenyReason::Unspecified)
+            .map(|d| d.as_str_name().to_owned()),
         #[allow(clippy::cast_precision_loss)]
         budget_remaining_usd: r.map(|r| r.budget_remaining_nanos as f64 / 1e9),
         call_number: v.call_number,

@@ -13,7 +13,9 @@ pub struct Verdict {
     /// `fail_closed:...` when the daemon gave no usable answer).
     #[pyo3(get)]
     pub reason: String,
-    /// The coarse SP/1.0 deny reason (`budget`, `loop`, ...) for a DENY, else `None`.
+    /// The coarse SP/1.0 deny reason of a DENY, by its wire name (`BUDGET_EXHAUSTED`,
+    /// `MAX_REPEAT_EXCEEDED`, `CIRCUIT_OPEN`, ...), else `None` (and `None` for a
+    /// fail-closed DENY, which the daemon did not decide).
     #[pyo3(get)]
     pub deny_reason: Option<String>,
     /// The budget left after this call's reservation, in dollars (`None` when the daemon
