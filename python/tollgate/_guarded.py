@@ -8,7 +8,7 @@ import functools
 import inspect
 import os
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Optional, Tuple, Union
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Tuple, Union, cast
 
 from . import _native
 from ._errors import HeldForHuman, ToolDenied
@@ -44,6 +44,17 @@ def call_with(sig: inspect.Signature, fn: Callable, params: Mapping[str, Any]) -
 
 class _Decorating:
     """The `tool` decorator, over `_dispatch` / `_adispatch` and `settle` / `asettle`."""
+
+    if TYPE_CHECKING:  # provided by the classes that mix this in
+
+        def _dispatch(self, tool: str, params: dict, cost: float) -> Tuple[Any, Any]: ...
+
+        async def _adispatch(self, tool: str, params: dict, cost: float) -> Tuple[Any, Any]: ...
+
+        def settle(self, call: Any, actual_cost_usd: Optional[float] = None, error: Optional[str] = None) -> Any: ...
+
+        async def asettle(self, call: Any, actual_cost_usd: Optional[float] = None,
+                          error: Optional[str] = None) -> Any: ...
 
     def tool(
         self,
@@ -122,8 +133,11 @@ class Guard(_native.Guard, _Decorating):
     decision word), which `@guard.tool` uses to resolve held calls.
     """
 
+    _on_hitl: Optional[Callable[[Any], Union[Decision, str]]]
+    _audited: bool
+
     def __new__(cls, *, on_hitl: Optional[Callable[[Any], Union[Decision, str]]] = None, **kwargs: Any) -> "Guard":
-        self = super().__new__(cls, **kwargs)
+        self = cast("Guard", super().__new__(cls, **kwargs))
         self._on_hitl = on_hitl
         self._audited = kwargs.get("audit_log") is not None
         return self
@@ -187,9 +201,13 @@ class Guard(_native.Guard, _Decorating):
 class Client(_native.Client, _Decorating):
     """Daemon mode: a session with `tollgate serve` (see `connect`)."""
 
+    _hitl_timeout: float
+    _share_params: Union[bool, Callable[[str, Any], bool]]
+    _wait_for_human: bool
+
     def __new__(cls, *, hitl_timeout: float = 900.0, share_params: Union[bool, Callable[[str, Any], bool]] = True,
                 wait_for_human: bool = True, **kwargs: Any) -> "Client":
-        self = super().__new__(cls, **kwargs)
+        self = cast("Client", super().__new__(cls, **kwargs))
         self._hitl_timeout = hitl_timeout
         self._share_params = share_params
         self._wait_for_human = wait_for_human
@@ -243,7 +261,9 @@ def _secret(secret: Union[str, bytes, None], secret_file: Union[str, os.PathLike
         # The secret is the file's text with surrounding whitespace removed (docs/protocol.md §3).
         with open(secret_file, "rb") as f:
             return f.read().strip()
-    return secret.encode() if isinstance(secret, str) else bytes(secret)  # type: ignore[union-attr]
+    if isinstance(secret, str):
+        return secret.encode()
+    return bytes(cast(bytes, secret))
 
 
 def connect(

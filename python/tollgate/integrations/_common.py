@@ -34,16 +34,12 @@ def deny_text(verdict: Any) -> str:
     return f"Tollgate blocked the call to `{verdict.tool}`: {verdict.reason}"
 
 
-def is_daemon(guard: Any) -> bool:
-    return isinstance(guard, Client)
-
-
 def check_or_wait(guard: Union[Guard, Client], tool: str, args: Any, cost: float, *,
                   hitl_timeout: float = 900.0) -> Any:
     """Decide; when held, wait for the human: a daemon `Client` waits for an operator
     (`check_or_wait`), a `Guard` asks its `on_hitl` handler. Returns
     `(verdict, params_to_run)`, where `verdict.allowed` says whether to run."""
-    if is_daemon(guard):
+    if isinstance(guard, Client):
         r = guard.check_or_wait(tool, args, cost, timeout=hitl_timeout, share_params=guard._share(tool, args))
         return r.verdict, r.params
     v = guard.check(tool, args, cost)
@@ -56,7 +52,7 @@ def check_or_wait(guard: Union[Guard, Client], tool: str, args: Any, cost: float
 async def acheck_or_wait(guard: Union[Guard, Client], tool: str, args: Any, cost: float, *,
                          hitl_timeout: float = 900.0) -> Any:
     """`check_or_wait` for async code."""
-    if is_daemon(guard):
+    if isinstance(guard, Client):
         r = await guard.acheck_or_wait(tool, args, cost, timeout=hitl_timeout,
                                        share_params=guard._share(tool, args))
         return r.verdict, r.params

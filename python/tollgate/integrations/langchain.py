@@ -30,7 +30,7 @@ awrap_tool_call=mw.awrap_tool_call)`.
 from __future__ import annotations
 
 import threading
-from typing import Any, Awaitable, Callable, Dict, Mapping, Union
+from typing import Any, Awaitable, Callable, Dict, Mapping, Union, cast
 
 from langchain.agents.middleware import AgentMiddleware
 from langchain_core.messages import ToolMessage
@@ -78,6 +78,7 @@ class TollgateMiddleware(AgentMiddleware):
     def _interrupt_for_human(self, request: Any, held: Any) -> Any:
         """Library mode: pause the graph, and once resumed, record the decision and return
         `(verdict, params)` for the call."""
+        guard = cast(Guard, self.guard)
         call = request.tool_call
         call_id = call.get("id") or ""
         with self._lock:
@@ -96,7 +97,7 @@ class TollgateMiddleware(AgentMiddleware):
             answer = {"decision": answer}
         if not isinstance(answer, Mapping) or "decision" not in answer:
             raise ValueError("resume a Tollgate interrupt with a decision word or {'decision': ..., 'params': ...}")
-        r = self.guard.resolve(held, str(answer["decision"]), operator=str(answer.get("operator", "langgraph")),
+        r = guard.resolve(held, str(answer["decision"]), operator=str(answer.get("operator", "langgraph")),
                                params=answer.get("params"))
         return r.verdict, r.params
 
