@@ -65,6 +65,10 @@ fn walk(obj: &Bound<'_, PyAny>, depth: usize) -> Result<Value, Unconvertible> {
         return Ok(Value::Bool(b.is_true()));
     }
     if obj.cast::<PyInt>().is_ok() {
+        // i64 first: one C call; i128 under the stable ABI goes through Python.
+        if let Ok(i) = obj.extract::<i64>() {
+            return Ok(Value::Number(Number::Int(i128::from(i))));
+        }
         return Ok(Value::Number(match obj.extract::<i128>() {
             Ok(i) => Number::Int(i),
             Err(_) => Number::BigInt(big_int_digits(obj)?.into_boxed_str()),

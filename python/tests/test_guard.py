@@ -242,3 +242,30 @@ def test_the_local_audit_log_verifies_with_the_public_key(tmp_path):
                             capture_output=True, text=True, check=True).stdout
     assert export.count("max_repeat_exceeded") == 1
     assert export.count("within_thresholds") == 3
+
+
+def test_the_decorator_checks_the_arguments_by_name_with_defaults():
+    g = tollgate.Guard(hitl_mode="always")
+
+    @g.tool
+    def f(a, b=2, *, c="x"):
+        raise AssertionError("held calls never run")
+
+    @g.tool
+    def v(a, *rest, **extra):
+        raise AssertionError("held calls never run")
+
+    def params_of(fn, *args, **kwargs):
+        with pytest.raises(tollgate.HeldForHuman) as e:
+            fn(*args, **kwargs)
+        return e.value.verdict.params
+
+    expected = {"a": 1, "b": 2, "c": "x"}
+    assert params_of(f, 1) == expected
+    assert params_of(f, a=1) == expected
+    assert params_of(f, 1, 2, c="x") == expected
+    assert list(params_of(f, c="x", b=2, a=1)) == ["a", "b", "c"]
+    assert params_of(v, 1, 2, 3, k=4) == {"a": 1, "rest": (2, 3), "extra": {"k": 4}}
+    for bad in [lambda: f(), lambda: f(1, 2, 3), lambda: f(1, a=1), lambda: f(1, d=4)]:
+        with pytest.raises(TypeError):
+            bad()

@@ -36,6 +36,41 @@ def call_params(sig: inspect.Signature, args: tuple, kwargs: dict) -> dict:
     return dict(bound.arguments)
 
 
+def params_maker(sig: inspect.Signature) -> Callable[[tuple, dict], dict]:
+    """`call_params` for `sig`, with a fast path for the common signature (named
+    parameters only, no `*args`/`**kwargs`/positional-only): the same dict, without
+    `Signature.bind` on every call."""
+    plain = all(p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD or p.kind is inspect.Parameter.KEYWORD_ONLY
+                for p in sig.parameters.values())
+    if not plain:
+        return lambda args, kwargs: call_params(sig, args, kwargs)
+    names = [p.name for p in sig.parameters.values() if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD]
+    defaults = {p.name: p.default for p in sig.parameters.values() if p.default is not inspect.Parameter.empty}
+    order = list(sig.parameters)
+
+    def make(args: tuple, kwargs: dict) -> dict:
+        if len(args) > len(names) or any(k not in sig.parameters for k in kwargs):
+            return call_params(sig, args, kwargs)  # raises the usual TypeError
+        got = dict(zip(names, args))
+        for k, v in kwargs.items():
+            if k in got:
+                return call_params(sig, args, kwargs)
+            got[k] = v
+        if len(got) == len(order):
+            return {k: got[k] for k in order}
+        out = {}
+        for k in order:
+            if k in got:
+                out[k] = got[k]
+            elif k in defaults:
+                out[k] = defaults[k]
+            else:
+                return call_params(sig, args, kwargs)  # a missing argument: TypeError
+        return out
+
+    return make
+
+
 def call_with(sig: inspect.Signature, fn: Callable, params: Mapping[str, Any]) -> Any:
     """Call `fn` with `params` (argument names to values), as `call_params` made them."""
     bound = inspect.BoundArguments(sig, dict(params))  # type: ignore[arg-type]
@@ -53,8 +88,8 @@ class _Decorating:
 
         def settle(self, call: Any, actual_cost_usd: Optional[float] = None, error: Optional[str] = None) -> Any: ...
 
-        async def asettle(self, call: Any, actual_cost_usd: Optional[float] = None,
-                          error: Optional[str] = None) -> Any: ...
+        def asettle(self, call: Any, actual_cost_usd: Optional[float] = None,
+                    error: Optional[str] = None) -> Any: ...
 
     def tool(
         self,
@@ -78,15 +113,16 @@ class _Decorating:
         def wrap(f: Callable) -> Callable:
             sig = inspect.signature(f)
             tool_name = name or f.__name__
+            make_params = params_maker(sig)
 
             if inspect.iscoroutinefunction(f):
 
                 @functools.wraps(f)
                 async def arun(*args: Any, **kwargs: Any) -> Any:
-                    params = call_params(sig, args, kwargs)
+                    params = make_params(args, kwargs)
                     verdict, run_params = await self._adispatch(tool_name, params, cost)
                     try:
-                        result = await call_with(sig, f, run_params)
+                        result = await (f(*args, **kwargs) if run_params is params else call_with(sig, f, run_params))
                     except BaseException as e:
                         await self.asettle(verdict, None, error=f"{type(e).__name__}: {e}")
                         raise
@@ -97,10 +133,12 @@ class _Decorating:
 
             @functools.wraps(f)
             def run(*args: Any, **kwargs: Any) -> Any:
-                params = call_params(sig, args, kwargs)
+                params = make_params(args, kwargs)
                 verdict, run_params = self._dispatch(tool_name, params, cost)
                 try:
-                    result = call_with(sig, f, run_params)
+                    # The checked params are the call's own arguments unless a human
+                    # modified them.
+                    result = f(*args, **kwargs) if run_params is params else call_with(sig, f, run_params)
                 except BaseException as e:
                     self.settle(verdict, None, error=f"{type(e).__name__}: {e}")
                     raise
