@@ -212,3 +212,17 @@ def test_async_decorated_tools_against_the_daemon(daemon):
 
     asyncio.run(main())
     assert ran == ["a"]
+
+
+def test_the_daemon_example_runs(daemon):
+    import pathlib
+    import subprocess
+    import sys
+
+    example = pathlib.Path(__file__).resolve().parents[2] / "examples" / "python" / "daemon_client.py"
+    out = subprocess.run([sys.executable, str(example), "--socket", str(daemon.socket),
+                          "--secret-file", str(daemon.secret_file)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.count("results for sp/1.0") == 3
+    assert "denied: max_repeat_exceeded" in out.stdout
+    assert "async check: ALLOW within_thresholds" in out.stdout

@@ -95,3 +95,10 @@ def test_a_held_call_without_a_human_is_not_run():
     (r,) = run_turns(make(guard, [tool_call({"q": "x"})], ran), 1)
     assert ran == []
     assert "held for a human: hitl_all_calls" in results(r)[0]
+
+
+def test_the_example_runs():
+    from _examples import run_example
+
+    out = run_example("autogen_example.py")
+    assert "image of a cat" in out and "budget_overrun" in out

@@ -123,3 +123,11 @@ def test_a_failing_check_blocks_the_call(hooks_of):
     seen = run_crew([{"q": "x"}], ran)
     assert ran == []
     assert any("fail_closed:hook_error" in str(s) for s in seen)
+
+
+def test_the_example_runs():
+    from _examples import run_example
+
+    out = run_example("crewai_example.py")
+    assert "held for a human: delete {'path': '/'}" in out
+    assert "delete ran with path=/tmp/build" in out

@@ -151,3 +151,11 @@ def test_a_bare_tool_node_takes_the_wrappers():
     out = app.invoke({"messages": [msg]})
     assert ran == ["z"]
     assert "max_repeat_exceeded" in out["messages"][-1].content
+
+
+def test_the_example_runs():
+    from _examples import run_example
+
+    out = run_example("langgraph_agent.py")
+    assert out.count("results for tollgate") == 3
+    assert "max_repeat_exceeded" in out and "paid INV-7" in out

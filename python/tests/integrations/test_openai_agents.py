@@ -123,3 +123,10 @@ def test_async_runs_are_guarded_too():
     result = asyncio.run(Runner.run(agent, "go"))
     assert ran == ["a"]
     assert "max_repeat_exceeded" in tool_outputs(result)[-1]
+
+
+def test_the_example_runs():
+    from _examples import run_example
+
+    out = run_example("openai_agents_example.py")
+    assert "search: results for sp/1.0" in out and "max_repeat_exceeded" in out
