@@ -159,3 +159,30 @@ def test_the_example_runs():
     out = run_example("langgraph_agent.py")
     assert out.count("results for tollgate") == 3
     assert "max_repeat_exceeded" in out and "paid INV-7" in out
+
+
+def test_daemon_mode_denies_and_waits_for_an_operator(daemon):
+    import threading
+
+    client = tollgate.connect(socket=daemon.socket, secret_file=daemon.secret_file, agent_id="lc-bot", timeout=30)
+    ran = []
+    result = run(make_agent(client, calls(*[{"q": "same"}] * 4), ran), "d1")
+    assert ran == ["same"] * 3
+    assert "max_repeat_exceeded" in tool_messages(result)[-1].content
+
+    held = tollgate.connect(socket=daemon.socket, secret_file=daemon.secret_file, agent_id="held-bot", timeout=30)
+    op = tollgate.operator(socket=daemon.socket, secret_file=daemon.operator_secret_file)
+
+    def approve_when_held():
+        for _ in range(10_000):
+            if any(p["session_id"] == held.session_id for p in op.pending()):
+                op.decide(held.session_id, "approve", operator="alice")
+                return
+
+    t = threading.Thread(target=approve_when_held)
+    t.start()
+    ran2 = []
+    result = run(make_agent(held, calls({"q": "pay"}), ran2, hitl_timeout=60), "d2")
+    t.join()
+    assert ran2 == ["pay"]
+    assert tool_messages(result)[-1].content == "results for pay"
