@@ -29,6 +29,9 @@ pub struct Checked {
     pub call_number: u64,
     /// The nonce the call was checked with (re-dispatch a human-approved call with it).
     pub nonce: u64,
+    /// The session's remaining budget right after this verdict was applied (read under
+    /// the same lock, so another thread's call cannot come in between).
+    pub budget_remaining: Money,
 }
 
 impl Checked {
@@ -170,12 +173,12 @@ impl Guard {
             raw_params: raw.as_deref(),
         };
         let now = now_ns();
-        let (decision, call_number, record) = {
+        let (decision, call_number, record, budget_remaining) = {
             let mut s = self.lock();
             let call_number = s.last_call_number.saturating_add(1);
             let d = decide(&s.policy.config, &s.state, &call, now, random_draw());
             let record = ops::verdict(&mut s, &call, &d, call_number, now);
-            (d, call_number, record)
+            (d, call_number, record, s.state.budget_remaining)
         };
         let decision = if self.audit(record.into()) {
             decision
@@ -191,6 +194,7 @@ impl Guard {
             decision,
             call_number,
             nonce,
+            budget_remaining,
         }
     }
 

@@ -164,3 +164,21 @@ fn the_local_audit_log_folds_back_into_the_guard() {
     folded.last_heartbeat_ns = session.last_heartbeat_ns;
     assert_eq!(folded, session);
 }
+
+/// A verdict carries the remaining budget as its own reservation left it (the Python
+/// binding reports it without copying the session state).
+#[test]
+fn a_verdict_carries_the_budget_it_left() {
+    let g = Guard::new(appendix_a());
+    let p = json::parse_str(r#"{"q":"rust"}"#).unwrap();
+    let first = g.check("web_search", &p, Money::from_usd(0.002).unwrap());
+    assert_eq!(first.budget_remaining, Money(498_000_000));
+    g.post_exec(first.call_number, 0.0015, None);
+    let other = json::parse_str(r#"{"q":"go"}"#).unwrap();
+    let second = g.check("web_search", &other, Money::from_usd(0.1).unwrap());
+    assert_eq!(second.budget_remaining, Money(398_000_000));
+    assert_eq!(second.budget_remaining, g.state().budget_remaining);
+    let overrun = g.check("web_search", &p, Money::from_usd(1.0).unwrap());
+    assert_eq!(overrun.decision.reason, Reason::BudgetOverrun);
+    assert_eq!(overrun.budget_remaining, Money(398_000_000));
+}

@@ -1,0 +1,133 @@
+"""CrewAI: a real `Crew` with one `Agent`, offline, with a scripted `BaseLLM` that
+answers in ReAct text (no function calling)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+os.environ.setdefault("CREWAI_DISABLE_TELEMETRY", "true")
+os.environ.setdefault("OTEL_SDK_DISABLED", "true")
+
+import pytest  # noqa: E402
+from crewai import Agent, Crew, Task  # noqa: E402
+from crewai.llms.base_llm import BaseLLM  # noqa: E402
+from crewai.tools import tool  # noqa: E402
+
+import tollgate  # noqa: E402
+from tollgate.integrations.crewai import TollgateHooks  # noqa: E402
+
+
+class ScriptedLLM(BaseLLM):
+    """Answers each call with the next scripted ReAct step; the tool results the agent
+    feeds back are recorded in `seen`."""
+
+    script: list = []
+    seen: list = []
+
+    def call(self, messages, tools=None, callbacks=None, available_functions=None, from_task=None,
+             from_agent=None, response_model=None):
+        self.seen.append(str(messages))
+        step = self.script.pop(0) if self.script else None
+        if step is None:
+            return "Thought: I now know the final answer\nFinal Answer: done"
+        return f"Thought: I will search\nAction: search\nAction Input: {json.dumps(step)}"
+
+    def supports_function_calling(self):
+        return False
+
+    def supports_stop_words(self):
+        return False
+
+    def get_context_window_size(self):
+        return 8192
+
+
+@pytest.fixture
+def hooks_of():
+    registered = []
+
+    def make(guard, **kw):
+        h = TollgateHooks(guard, **kw).register()
+        registered.append(h)
+        return h
+
+    yield make
+    for h in registered:
+        h.unregister()
+
+
+FINAL = None
+
+
+def run_crew(steps, ran, tasks=1):
+    @tool("search")
+    def search(q: str) -> str:
+        """Search the web for q."""
+        ran.append(q)
+        return f"results for {q}"
+
+    llm = ScriptedLLM(model="scripted", script=list(steps), seen=[])
+    agent = Agent(role="researcher", goal="find", backstory="", llm=llm, tools=[search], max_iter=len(steps) + 2,
+                  verbose=False)
+    work = [Task(description=f"find things ({i})", expected_output="anything", agent=agent) for i in range(tasks)]
+    Crew(agents=[agent], tasks=work, verbose=False).kickoff()
+    return llm.seen
+
+
+def test_an_allowed_call_runs_and_is_settled(hooks_of):
+    guard = tollgate.Guard(budget_usd=1.0)
+    hooks_of(guard, cost=0.25)
+    ran = []
+    run_crew([{"q": "rust"}], ran)
+    assert ran == ["rust"]
+    assert guard.budget_remaining_usd == 0.75
+
+
+def test_a_repeated_call_is_blocked_with_the_reason_and_never_runs(hooks_of):
+    # One identical call per task: CrewAI itself refuses an identical call within one
+    # task's loop, so the repeats Tollgate counts here span tasks (one session).
+    guard = tollgate.Guard(max_repeat_calls=3)
+    hooks_of(guard)
+    ran = []
+    seen = run_crew([{"q": "same"}, FINAL] * 4, ran, tasks=4)
+    assert ran == ["same"] * 3
+    assert any("max_repeat_exceeded" in str(s) for s in seen)
+
+
+def test_a_budget_overrun_is_blocked(hooks_of):
+    guard = tollgate.Guard(budget_usd=0.5)
+    hooks_of(guard, cost=0.3)
+    ran = []
+    seen = run_crew([{"q": "a"}, {"q": "b"}], ran)
+    assert ran == ["a"]
+    assert any("budget_overrun" in str(s) for s in seen)
+
+
+def test_a_held_call_runs_after_a_human_modifies_it(hooks_of):
+    guard = tollgate.Guard(hitl_mode="always",
+                           on_hitl=lambda v: tollgate.Decision("modify", operator="alice", params={"q": "safe"}))
+    hooks_of(guard)
+    ran = []
+    run_crew([{"q": "risky"}], ran)
+    assert ran == ["safe"]
+
+
+def test_a_failing_check_blocks_the_call(hooks_of):
+    class Broken:
+        def check(self, *a, **k):
+            raise RuntimeError("boom")
+
+    hooks_of(Broken())
+    ran = []
+    seen = run_crew([{"q": "x"}], ran)
+    assert ran == []
+    assert any("fail_closed:hook_error" in str(s) for s in seen)
+
+
+def test_the_example_runs():
+    from _examples import run_example
+
+    out = run_example("crewai_example.py")
+    assert "held for a human: delete {'path': '/'}" in out
+    assert "delete ran with path=/tmp/build" in out

@@ -1,0 +1,188 @@
+"""LangChain v1 / LangGraph: the real `create_agent` and `ToolNode`, offline, with a
+scripted fake model that emits tool calls."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from langchain.agents import create_agent
+from langchain_core.language_models.fake_chat_models import FakeMessagesListChatModel
+from langchain_core.messages import AIMessage, ToolMessage
+from langchain_core.tools import tool
+from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.types import Command
+
+import tollgate
+from tollgate.integrations.langchain import TollgateMiddleware
+
+
+class ScriptedModel(FakeMessagesListChatModel):
+    """Answers with the scripted messages in order; `create_agent` binds tools to it."""
+
+    def bind_tools(self, tools, **kwargs):  # noqa: ARG002 - the script needs no schema
+        return self
+
+
+def calls(*args_list, tool_name="search"):
+    """A script: one tool call per turn with each args dict, then a final answer."""
+    msgs = [AIMessage(content="", tool_calls=[{"name": tool_name, "args": a, "id": f"call_{i}"}])
+            for i, a in enumerate(args_list)]
+    return msgs + [AIMessage(content="done")]
+
+
+def make_agent(guard, script, ran, **mw):
+    @tool
+    def search(q: str) -> str:
+        """Search the web."""
+        ran.append(q)
+        return f"results for {q}"
+
+    return create_agent(ScriptedModel(responses=script), [search],
+                        middleware=[TollgateMiddleware(guard, **mw)], checkpointer=InMemorySaver())
+
+
+def tool_messages(result):
+    return [m for m in result["messages"] if isinstance(m, ToolMessage)]
+
+
+def run(agent, thread="t"):
+    return agent.invoke({"messages": [("user", "go")]}, {"configurable": {"thread_id": thread}})
+
+
+def test_an_allowed_call_runs_and_is_settled():
+    guard = tollgate.Guard(budget_usd=1.0)
+    ran = []
+    result = run(make_agent(guard, calls({"q": "rust"}), ran, cost=0.25))
+    assert ran == ["rust"]
+    assert tool_messages(result)[0].content == "results for rust"
+    assert guard.budget_remaining_usd == pytest.approx(0.75)
+
+
+def test_a_repeated_call_is_denied_and_the_tool_never_runs():
+    guard = tollgate.Guard(max_repeat_calls=3)
+    ran = []
+    result = run(make_agent(guard, calls(*[{"q": "same"}] * 4), ran))
+    assert ran == ["same"] * 3
+    last = tool_messages(result)[-1]
+    assert last.status == "error"
+    assert "max_repeat_exceeded" in last.content
+
+
+def test_a_budget_overrun_is_denied():
+    guard = tollgate.Guard(budget_usd=0.5)
+    ran = []
+    result = run(make_agent(guard, calls({"q": "a"}, {"q": "b"}), ran, cost=0.3))
+    assert ran == ["a"]
+    assert "budget_overrun" in tool_messages(result)[-1].content
+
+
+def test_on_deny_raise_raises_tool_denied():
+    guard = tollgate.Guard(budget_usd=0.1)
+    with pytest.raises(tollgate.ToolDenied) as e:
+        run(make_agent(guard, calls({"q": "a"}), [], cost=0.3, on_deny="raise"))
+    assert e.value.reason == "budget_overrun"
+
+
+def test_a_held_call_interrupts_the_graph_and_resumes_on_approve():
+    guard = tollgate.Guard(hitl_mode="always")
+    ran = []
+    agent = make_agent(guard, calls({"q": "pay"}), ran)
+    first = run(agent, "h1")
+    assert ran == []
+    (pending,) = first["__interrupt__"]
+    assert pending.value["tollgate"] == "hitl" and pending.value["reason"] == "hitl_all_calls"
+    assert pending.value["args"] == {"q": "pay"}
+    done = agent.invoke(Command(resume="approve"), {"configurable": {"thread_id": "h1"}})
+    assert ran == ["pay"]
+    assert tool_messages(done)[-1].content == "results for pay"
+
+
+def test_a_modified_call_runs_with_the_edited_arguments():
+    guard = tollgate.Guard(hitl_mode="always")
+    ran = []
+    agent = make_agent(guard, calls({"q": "rm -rf"}), ran)
+    run(agent, "h2")
+    agent.invoke(Command(resume={"decision": "modify", "params": {"q": "ls"}, "operator": "alice"}),
+                 {"configurable": {"thread_id": "h2"}})
+    assert ran == ["ls"]
+
+
+def test_a_rejected_call_never_runs():
+    guard = tollgate.Guard(hitl_mode="always")
+    ran = []
+    agent = make_agent(guard, calls({"q": "x"}), ran)
+    run(agent, "h3")
+    done = agent.invoke(Command(resume="reject"), {"configurable": {"thread_id": "h3"}})
+    assert ran == []
+    assert "hitl_transition:reject" in tool_messages(done)[-1].content
+
+
+def test_async_agents_are_guarded_too():
+    guard = tollgate.Guard(max_repeat_calls=1)
+    ran = []
+    agent = make_agent(guard, calls({"q": "a"}, {"q": "a"}), ran)
+    result = asyncio.run(agent.ainvoke({"messages": [("user", "go")]}, {"configurable": {"thread_id": "a"}}))
+    assert ran == ["a"]
+    assert "max_repeat_exceeded" in tool_messages(result)[-1].content
+
+
+def test_a_bare_tool_node_takes_the_wrappers():
+    from langgraph.graph import START, MessagesState, StateGraph
+    from langgraph.prebuilt import ToolNode
+
+    guard = tollgate.Guard(max_repeat_calls=1)
+    ran = []
+
+    @tool
+    def search(q: str) -> str:
+        """Search."""
+        ran.append(q)
+        return "ok"
+
+    mw = TollgateMiddleware(guard)
+    node = ToolNode([search], wrap_tool_call=mw.wrap_tool_call, awrap_tool_call=mw.awrap_tool_call)
+    graph = StateGraph(MessagesState)
+    graph.add_node("tools", node)
+    graph.add_edge(START, "tools")
+    app = graph.compile()
+    msg = AIMessage(content="", tool_calls=[{"name": "search", "args": {"q": "z"}, "id": "1"}])
+    app.invoke({"messages": [msg]})
+    out = app.invoke({"messages": [msg]})
+    assert ran == ["z"]
+    assert "max_repeat_exceeded" in out["messages"][-1].content
+
+
+def test_the_example_runs():
+    from _examples import run_example
+
+    out = run_example("langgraph_agent.py")
+    assert out.count("results for tollgate") == 3
+    assert "max_repeat_exceeded" in out and "paid INV-7" in out
+
+
+def test_daemon_mode_denies_and_waits_for_an_operator(daemon):
+    import threading
+
+    client = tollgate.connect(socket=daemon.socket, secret_file=daemon.secret_file, agent_id="lc-bot", timeout=30)
+    ran = []
+    result = run(make_agent(client, calls(*[{"q": "same"}] * 4), ran), "d1")
+    assert ran == ["same"] * 3
+    assert "max_repeat_exceeded" in tool_messages(result)[-1].content
+
+    held = tollgate.connect(socket=daemon.socket, secret_file=daemon.secret_file, agent_id="held-bot", timeout=30)
+    op = tollgate.operator(socket=daemon.socket, secret_file=daemon.operator_secret_file)
+
+    def approve_when_held():
+        for _ in range(10_000):
+            if any(p["session_id"] == held.session_id for p in op.pending()):
+                op.decide(held.session_id, "approve", operator="alice")
+                return
+
+    t = threading.Thread(target=approve_when_held)
+    t.start()
+    ran2 = []
+    result = run(make_agent(held, calls({"q": "pay"}), ran2, hitl_timeout=60), "d2")
+    t.join()
+    assert ran2 == ["pay"]
+    assert tool_messages(result)[-1].content == "results for pay"

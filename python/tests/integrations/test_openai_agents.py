@@ -1,0 +1,132 @@
+"""OpenAI Agents SDK: the real `Agent` and `Runner`, offline, with a scripted `Model`
+that emits function calls."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from agents import Agent, ModelResponse, Runner, Usage, function_tool, set_tracing_disabled
+from agents.models.interface import Model
+from openai.types.responses import ResponseFunctionToolCall, ResponseOutputMessage, ResponseOutputText
+
+import tollgate
+from tollgate.integrations.openai_agents import TollgateGuardrails
+
+set_tracing_disabled(True)
+
+
+class ScriptedModel(Model):
+    """Answers each turn with the next scripted output: a function call, or final text."""
+
+    def __init__(self, script):
+        self.script = list(script)
+
+    async def get_response(self, *args, **kwargs):
+        item = self.script.pop(0) if self.script else "done"
+        if isinstance(item, str):
+            out = ResponseOutputMessage(id="m", type="message", role="assistant", status="completed",
+                                        content=[ResponseOutputText(type="output_text", text=item, annotations=[])])
+        else:
+            call_id, name, args = item
+            out = ResponseFunctionToolCall(id=call_id, call_id=call_id, type="function_call", name=name,
+                                           arguments=json.dumps(args))
+        return ModelResponse(output=[out], usage=Usage(), response_id=None)
+
+    def stream_response(self, *args, **kwargs):
+        raise NotImplementedError
+
+
+def make(guard, script, ran, cost=0.0):
+    @function_tool
+    def search(q: str) -> str:
+        """Search the web."""
+        ran.append(q)
+        return f"results for {q}"
+
+    tg = TollgateGuardrails(guard, cost=cost)
+    agent = Agent(name="bot", instructions="", model=ScriptedModel(script), tools=[tg.protect(search)])
+    return agent, tg
+
+
+def script(*args_list):
+    return [(f"call_{i}", "search", a) for i, a in enumerate(args_list)] + ["done"]
+
+
+def tool_outputs(result):
+    return [i.output for i in result.new_items if i.type == "tool_call_output_item"]
+
+
+def test_an_allowed_call_runs_and_is_settled():
+    guard = tollgate.Guard(budget_usd=1.0)
+    ran = []
+    agent, _ = make(guard, script({"q": "rust"}), ran, cost=0.25)
+    result = Runner.run_sync(agent, "go")
+    assert ran == ["rust"]
+    assert tool_outputs(result) == ["results for rust"]
+    assert result.final_output == "done"
+    assert guard.budget_remaining_usd == 0.75
+
+
+def test_a_repeated_call_is_rejected_with_the_reason_and_never_runs():
+    guard = tollgate.Guard(max_repeat_calls=3)
+    ran = []
+    agent, _ = make(guard, script(*[{"q": "same"}] * 4), ran)
+    result = Runner.run_sync(agent, "go")
+    assert ran == ["same"] * 3
+    assert "max_repeat_exceeded" in tool_outputs(result)[-1]
+
+
+def test_a_budget_overrun_is_rejected():
+    guard = tollgate.Guard(budget_usd=0.5)
+    ran = []
+    agent, _ = make(guard, script({"q": "a"}, {"q": "b"}), ran, cost=0.3)
+    result = Runner.run_sync(agent, "go")
+    assert ran == ["a"]
+    assert "budget_overrun" in tool_outputs(result)[-1]
+
+
+def test_a_held_call_interrupts_the_run_and_resumes_after_approval():
+    guard = tollgate.Guard(hitl_mode="always")
+    ran = []
+    agent, tg = make(guard, script({"q": "pay"}), ran)
+    first = Runner.run_sync(agent, "go")
+    assert ran == []
+    (item,) = first.interruptions
+    state = first.to_state()
+    tg.approve(state, item, operator="alice")
+    done = Runner.run_sync(agent, state)
+    assert ran == ["pay"]
+    assert tool_outputs(done) == ["results for pay"]
+
+
+def test_a_rejected_call_never_runs_and_is_recorded():
+    guard = tollgate.Guard(hitl_mode="always")
+    ran = []
+    agent, tg = make(guard, script({"q": "x"}, {"q": "y"}), ran)
+    first = Runner.run_sync(agent, "go")
+    (item,) = first.interruptions
+    state = first.to_state()
+    tg.reject(state, item, operator="bob")
+    second = Runner.run_sync(agent, state)
+    assert ran == []
+    assert not second.interruptions
+    # Tollgate recorded the rejection: the session's next dispatch is denied by it (as
+    # SP/1.0.1 §3.6 says), where an unrecorded one would be held behind the pending call.
+    assert "hitl_transition:reject" in tool_outputs(second)[-1]
+
+
+def test_async_runs_are_guarded_too():
+    guard = tollgate.Guard(max_repeat_calls=1)
+    ran = []
+    agent, _ = make(guard, script({"q": "a"}, {"q": "a"}), ran)
+    result = asyncio.run(Runner.run(agent, "go"))
+    assert ran == ["a"]
+    assert "max_repeat_exceeded" in tool_outputs(result)[-1]
+
+
+def test_the_example_runs():
+    from _examples import run_example
+
+    out = run_example("openai_agents_example.py")
+    assert "search: results for sp/1.0" in out and "max_repeat_exceeded" in out

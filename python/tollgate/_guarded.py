@@ -1,0 +1,368 @@
+"""`Guard` (library mode) and `Client` (daemon mode): the native objects, plus the
+`@guard.tool` decorator and the async variants that belong in Python."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import inspect
+import os
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Tuple, Union, cast
+
+from . import _native
+from ._errors import HeldForHuman, ToolDenied
+
+__all__ = ["Guard", "Client", "Operator", "Decision", "connect", "aconnect", "operator"]
+
+
+@dataclass(frozen=True)
+class Decision:
+    """A human's decision on a held call, as returned by a library-mode `on_hitl`
+    handler: `decision` is `approve`, `reject`, `modify`, `defer` or `escalate`;
+    `params` are the successor's params for `modify`; `operator` is recorded in the audit
+    log."""
+
+    decision: str
+    operator: str = "on_hitl"
+    params: Optional[Mapping[str, Any]] = None
+
+
+def call_params(sig: inspect.Signature, args: tuple, kwargs: dict) -> dict:
+    """The params a decorated function's call is checked with: its arguments by name,
+    defaults applied (so the same effective call always hashes the same)."""
+    bound = sig.bind(*args, **kwargs)
+    bound.apply_defaults()
+    return dict(bound.arguments)
+
+
+def params_maker(sig: inspect.Signature) -> Callable[[tuple, dict], dict]:
+    """`call_params` for `sig`, with a fast path for the common signature (named
+    parameters only, no `*args`/`**kwargs`/positional-only): the same dict, without
+    `Signature.bind` on every call."""
+    plain = all(p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD or p.kind is inspect.Parameter.KEYWORD_ONLY
+                for p in sig.parameters.values())
+    if not plain:
+        return lambda args, kwargs: call_params(sig, args, kwargs)
+    names = [p.name for p in sig.parameters.values() if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD]
+    defaults = {p.name: p.default for p in sig.parameters.values() if p.default is not inspect.Parameter.empty}
+    order = list(sig.parameters)
+
+    def make(args: tuple, kwargs: dict) -> dict:
+        if len(args) > len(names) or any(k not in sig.parameters for k in kwargs):
+            return call_params(sig, args, kwargs)  # raises the usual TypeError
+        got = dict(zip(names, args))
+        for k, v in kwargs.items():
+            if k in got:
+                return call_params(sig, args, kwargs)
+            got[k] = v
+        if len(got) == len(order):
+            return {k: got[k] for k in order}
+        out = {}
+        for k in order:
+            if k in got:
+                out[k] = got[k]
+            elif k in defaults:
+                out[k] = defaults[k]
+            else:
+                return call_params(sig, args, kwargs)  # a missing argument: TypeError
+        return out
+
+    return make
+
+
+def call_with(sig: inspect.Signature, fn: Callable, params: Mapping[str, Any]) -> Any:
+    """Call `fn` with `params` (argument names to values), as `call_params` made them."""
+    bound = inspect.BoundArguments(sig, dict(params))  # type: ignore[arg-type]
+    return fn(*bound.args, **bound.kwargs)
+
+
+class _Decorating:
+    """The `tool` decorator, over `_dispatch` / `_adispatch` and `settle` / `asettle`."""
+
+    if TYPE_CHECKING:  # provided by the classes that mix this in
+
+        def _dispatch(self, tool: str, params: dict, cost: float) -> Tuple[Any, Any]: ...
+
+        async def _adispatch(self, tool: str, params: dict, cost: float) -> Tuple[Any, Any]: ...
+
+        def settle(self, call: Any, actual_cost_usd: Optional[float] = None, error: Optional[str] = None) -> Any: ...
+
+        def asettle(self, call: Any, actual_cost_usd: Optional[float] = None,
+                    error: Optional[str] = None) -> Any: ...
+
+    def tool(
+        self,
+        fn: Optional[Callable] = None,
+        *,
+        name: Optional[str] = None,
+        cost: float = 0.0,
+        cost_of: Optional[Callable[[Any], float]] = None,
+    ) -> Any:
+        """Guard a plain function (sync or async): each call is checked first, with the
+        function's arguments (by name, defaults applied) as its params and `cost` as its
+        estimated cost. On ALLOW the function runs and its cost is settled
+        (`cost_of(result)`, or the estimate); if it raises, the error is reported and
+        re-raised. On DENY it raises `ToolDenied(reason)` without running; on HITL it
+        waits for a human (daemon mode; library mode with an `on_hitl` handler) or raises
+        `HeldForHuman`. A human's `modify` runs the function with the edited arguments.
+
+        Use as `@guard.tool` or `@guard.tool(name="search", cost=0.01)`.
+        """
+
+        def wrap(f: Callable) -> Callable:
+            sig = inspect.signature(f)
+            tool_name = name or f.__name__
+            make_params = params_maker(sig)
+
+            if inspect.iscoroutinefunction(f):
+
+                @functools.wraps(f)
+                async def arun(*args: Any, **kwargs: Any) -> Any:
+                    params = make_params(args, kwargs)
+                    verdict, run_params = await self._adispatch(tool_name, params, cost)
+                    try:
+                        result = await (f(*args, **kwargs) if run_params is params else call_with(sig, f, run_params))
+                    except BaseException as e:
+                        await self.asettle(verdict, None, error=f"{type(e).__name__}: {e}")
+                        raise
+                    await self.asettle(verdict, cost_of(result) if cost_of else None)
+                    return result
+
+                return arun
+
+            @functools.wraps(f)
+            def run(*args: Any, **kwargs: Any) -> Any:
+                params = make_params(args, kwargs)
+                verdict, run_params = self._dispatch(tool_name, params, cost)
+                try:
+                    # The checked params are the call's own arguments unless a human
+                    # modified them.
+                    result = f(*args, **kwargs) if run_params is params else call_with(sig, f, run_params)
+                except BaseException as e:
+                    self.settle(verdict, None, error=f"{type(e).__name__}: {e}")
+                    raise
+                self.settle(verdict, cost_of(result) if cost_of else None)
+                return result
+
+            return run
+
+        return wrap(fn) if fn is not None else wrap
+
+
+def _raise_for(verdict: Any) -> None:
+    if verdict.verdict == "HITL":
+        raise HeldForHuman(verdict)
+    raise ToolDenied(verdict)
+
+
+class Guard(_native.Guard, _Decorating):
+    """Library mode: the SP/1.0 decision core in process, over one session.
+
+    Keyword arguments (all optional): `budget_usd` (1.0; 0 disables the budget rules),
+    `max_repeat_calls` (3; 0 disables), `hitl_mode` (`never`, `on_deny`, `on_threshold`,
+    `always`), `settlement` (`conservative` or `actual`), `error_amplification`,
+    `timeout_seconds`, `window_duration_s`, `window_max_calls`, `max_total_calls`,
+    `probabilistic_deny`, `deny_jitter_ratio`, `hitl_budget_threshold`, `nonce_window`,
+    `max_reservations`; `audit_log` (a directory: every change is written to a signed
+    audit log there, durably, before the call returns) with `audit_key` (a key file from
+    `tollgate keygen`), and `session_id`, `agent_id`, `organization_id` for its entries;
+    `on_hitl`: a function called with a held `Verdict` that returns a `Decision` (or a
+    decision word), which `@guard.tool` uses to resolve held calls.
+    """
+
+    _on_hitl: Optional[Callable[[Any], Union[Decision, str]]]
+    _audited: bool
+
+    def __new__(cls, *, on_hitl: Optional[Callable[[Any], Union[Decision, str]]] = None, **kwargs: Any) -> "Guard":
+        self = cast("Guard", super().__new__(cls, **kwargs))
+        self._on_hitl = on_hitl
+        self._audited = kwargs.get("audit_log") is not None
+        return self
+
+    def __init__(self, **kwargs: Any) -> None:  # everything is done in __new__
+        pass
+
+    async def acheck(self, tool: str, params: Any, estimated_cost_usd: float = 0.0, *, nonce: Optional[int] = None) -> Any:
+        """`check` for async code. Without an audit log the check takes microseconds and
+        runs inline; with one it waits for a disk sync, so it runs in the loop's default
+        executor and the loop keeps running."""
+        if not self._audited:
+            return self.check(tool, params, estimated_cost_usd, nonce=nonce)
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(
+            None, functools.partial(self.check, tool, params, estimated_cost_usd, nonce=nonce)
+        )
+
+    async def asettle(self, call: Any, actual_cost_usd: Optional[float] = None, error: Optional[str] = None) -> Any:
+        """`settle` for async code (in the default executor when there is an audit log)."""
+        if not self._audited:
+            return self.settle(call, actual_cost_usd, error)
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(None, functools.partial(self.settle, call, actual_cost_usd, error))
+
+    def ask_human(self, verdict: Any) -> Any:
+        """Resolve a held verdict with the `on_hitl` handler; returns a `Released`.
+        Raises `HeldForHuman` when there is no handler."""
+        if self._on_hitl is None:
+            raise HeldForHuman(verdict)
+        d = self._on_hitl(verdict)
+        if isinstance(d, str):
+            d = Decision(d)
+        return self.resolve(verdict, d.decision, operator=d.operator, params=d.params)
+
+    def _dispatch(self, tool: str, params: dict, cost: float) -> Tuple[Any, Any]:
+        v = self.check(tool, params, cost)
+        if v.allowed:
+            return v, params
+        if v.verdict == "HITL" and self._on_hitl is not None:
+            r = self.ask_human(v)
+            if r.allowed:
+                return r.verdict, r.params
+            _raise_for(r.verdict)
+        _raise_for(v)
+        raise AssertionError("unreachable")
+
+    async def _adispatch(self, tool: str, params: dict, cost: float) -> Tuple[Any, Any]:
+        v = await self.acheck(tool, params, cost)
+        if v.allowed:
+            return v, params
+        if v.verdict == "HITL" and self._on_hitl is not None:
+            r = self.ask_human(v)
+            if r.allowed:
+                return r.verdict, r.params
+            _raise_for(r.verdict)
+        _raise_for(v)
+        raise AssertionError("unreachable")
+
+
+class Client(_native.Client, _Decorating):
+    """Daemon mode: a session with `tollgate serve` (see `connect`)."""
+
+    _hitl_timeout: float
+    _share_params: Union[bool, Callable[[str, Any], bool]]
+    _wait_for_human: bool
+
+    def __new__(cls, *, hitl_timeout: float = 900.0, share_params: Union[bool, Callable[[str, Any], bool]] = True,
+                wait_for_human: bool = True, **kwargs: Any) -> "Client":
+        self = cast("Client", super().__new__(cls, **kwargs))
+        self._hitl_timeout = hitl_timeout
+        self._share_params = share_params
+        self._wait_for_human = wait_for_human
+        return self
+
+    def __init__(self, **kwargs: Any) -> None:  # everything is done in __new__
+        pass
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def _share(self, tool: str, params: Any) -> bool:
+        s = self._share_params
+        return bool(s(tool, params)) if callable(s) else bool(s)
+
+    def _dispatch(self, tool: str, params: dict, cost: float) -> Tuple[Any, Any]:
+        if not self._wait_for_human:
+            v = self.check(tool, params, cost)
+            if not v.allowed:
+                _raise_for(v)
+            return v, params
+        r = self.check_or_wait(tool, params, cost, timeout=self._hitl_timeout, share_params=self._share(tool, params))
+        if not r.allowed:
+            _raise_for(r.verdict)
+        return r.verdict, r.params
+
+    async def _adispatch(self, tool: str, params: dict, cost: float) -> Tuple[Any, Any]:
+        if not self._wait_for_human:
+            v = await self.acheck(tool, params, cost)
+            if not v.allowed:
+                _raise_for(v)
+            return v, params
+        r = await self.acheck_or_wait(
+            tool, params, cost, timeout=self._hitl_timeout, share_params=self._share(tool, params)
+        )
+        if not r.allowed:
+            _raise_for(r.verdict)
+        return r.verdict, r.params
+
+
+Operator = _native.Operator
+
+
+def _secret(secret: Union[str, bytes, None], secret_file: Union[str, os.PathLike, None]) -> bytes:
+    if (secret is None) == (secret_file is None):
+        raise ValueError("give exactly one of secret and secret_file")
+    if secret_file is not None:
+        # The secret is the file's text with surrounding whitespace removed (docs/protocol.md §3).
+        with open(secret_file, "rb") as f:
+            return f.read().strip()
+    if isinstance(secret, str):
+        return secret.encode()
+    return bytes(cast(bytes, secret))
+
+
+def connect(
+    *,
+    socket: Union[str, os.PathLike],
+    agent_id: str,
+    secret_file: Union[str, os.PathLike, None] = None,
+    secret: Union[str, bytes, None] = None,
+    organization: str = "default",
+    framework: str = "python",
+    agent_version: str = "",
+    timeout: float = 2.0,
+    heartbeat_interval: float = 30.0,
+    session_id: Optional[str] = None,
+    hitl_timeout: float = 900.0,
+    share_params: Union[bool, Callable[[str, Any], bool]] = True,
+    wait_for_human: bool = True,
+) -> Client:
+    """Connect to `tollgate serve` on its Unix socket and register a session (or resume
+    `session_id`). The secret is the organization's agents' secret: `secret_file` (the
+    daemon's `secrets/<org>.secret`) or `secret`. `timeout` bounds every reply (seconds);
+    heartbeats run every `heartbeat_interval` seconds (0: none). `@client.tool` waits up
+    to `hitl_timeout` seconds for a human on HITL (unless `wait_for_human` is false),
+    showing operators the params when `share_params` (a bool, or a predicate on
+    `(tool, params)`) allows. Raises `ConnectError` when the daemon cannot be reached or
+    refuses the registration.
+
+    (A gRPC transport will take `grpc=`, `cert=`, `key=`, `ca=` instead of `socket=`.)
+    """
+    return Client(
+        socket=os.fspath(socket),
+        secret=_secret(secret, secret_file),
+        agent_id=agent_id,
+        organization=organization,
+        framework=framework,
+        agent_version=agent_version,
+        timeout=timeout,
+        heartbeat_interval=heartbeat_interval,
+        session_id=session_id,
+        hitl_timeout=hitl_timeout,
+        share_params=share_params,
+        wait_for_human=wait_for_human,
+    )
+
+
+async def aconnect(**kwargs: Any) -> Client:
+    """`connect`, for async code: the connection is made in the loop's default executor."""
+    loop = asyncio.get_running_loop()
+    return await loop.run_in_executor(None, functools.partial(connect, **kwargs))
+
+
+def operator(
+    *,
+    socket: Union[str, os.PathLike],
+    secret_file: Union[str, os.PathLike, None] = None,
+    secret: Union[str, bytes, None] = None,
+    organization: str = "default",
+    timeout: float = 2.0,
+) -> Any:
+    """Connect as an operator (with the organization's **operator** secret, the daemon's
+    `secrets/<org>.operator.secret`), to list held calls (`pending()`) and decide them
+    (`decide(session_id, "approve", operator="alice")`)."""
+    return Operator(socket=os.fspath(socket), secret=_secret(secret, secret_file),
+                    organization=organization, timeout=timeout)

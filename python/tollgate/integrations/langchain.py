@@ -1,0 +1,173 @@
+"""LangChain v1 / LangGraph: every tool call goes through Tollgate.
+
+```python
+from langchain.agents import create_agent
+from tollgate.integrations.langchain import TollgateMiddleware
+
+guard = tollgate.Guard(budget_usd=1.0, max_repeat_calls=3)
+agent = create_agent(model, tools, middleware=[TollgateMiddleware(guard, cost=0.01)])
+```
+
+For a bare LangGraph `ToolNode`: `ToolNode(tools, wrap_tool_call=mw.wrap_tool_call,
+awrap_tool_call=mw.awrap_tool_call)`.
+
+- ALLOW: the tool runs, and its cost (the estimate) is settled after it.
+- DENY: the tool does not run; the model gets a `ToolMessage` with `status="error"` that
+  says why (`Tollgate blocked the call to `search`: max_repeat_exceeded`), or, with
+  `on_deny="raise"`, `ToolDenied` is raised.
+- HITL, library mode (`Guard`): the graph is paused with LangGraph's `interrupt()`; the
+  interrupt's value is a dict `{"tollgate": "hitl", "tool", "args", "reason",
+  "call_number", "tool_call_id"}`. Resume it with `Command(resume=...)` where the value is
+  a decision word (`"approve"`, `"reject"`) or a dict `{"decision": "approve" | "reject"
+  | "modify", "params": {...edited args...}, "operator": "alice"}`. An approved call runs
+  as held; a modified one runs with the edited arguments. (A checkpointer is required, as
+  for any interrupt.) Held calls are remembered by tool-call id in this middleware, so
+  the resume must reach the same process.
+- HITL, daemon mode (`Client`): the call waits for an operator's decision on the daemon
+  (`tollgate hitl decide`, or `tollgate.operator(...)`), up to `hitl_timeout` seconds.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Awaitable, Callable, Dict, Mapping, Union, cast
+
+from langchain.agents.middleware import AgentMiddleware
+from langchain_core.messages import ToolMessage
+from langgraph.types import interrupt
+
+from .._errors import ToolDenied
+from .._guarded import Client, Guard
+from . import _common
+
+__all__ = ["TollgateMiddleware"]
+
+
+class TollgateMiddleware(AgentMiddleware):
+    """An agent middleware (`wrap_tool_call` / `awrap_tool_call`) that asks `guard` (a
+    `tollgate.Guard` or a `tollgate.Client`) before every tool call.
+
+    `cost`: the estimated cost in dollars of one call (a number, or a function of
+    `(tool_name, args)`). `on_deny`: `"message"` (the model reads why) or `"raise"`.
+    `hitl_timeout`: how long a daemon-mode call waits for an operator.
+    """
+
+    def __init__(self, guard: Union[Guard, Client], *, cost: _common.Cost = 0.0,
+                 on_deny: str = "message", hitl_timeout: float = 900.0) -> None:
+        super().__init__()
+        if on_deny not in ("message", "raise"):
+            raise ValueError("on_deny is 'message' or 'raise'")
+        self.guard = guard
+        self.cost = cost
+        self.on_deny = on_deny
+        self.hitl_timeout = hitl_timeout
+        # Library mode: held verdicts by tool-call id, so that the node's re-execution on
+        # resume does not dispatch the call a second time.
+        self._held: Dict[str, Any] = {}
+        self._lock = threading.Lock()
+
+    # -- the decision, shared by the sync and async paths ------------------------------
+
+    def _denied(self, request: Any, verdict: Any) -> ToolMessage:
+        if self.on_deny == "raise":
+            raise ToolDenied(verdict)
+        call = request.tool_call
+        return ToolMessage(content=_common.deny_text(verdict), tool_call_id=call.get("id") or "",
+                           name=call.get("name"), status="error")
+
+    def _interrupt_for_human(self, request: Any, held: Any) -> Any:
+        """Library mode: pause the graph, and once resumed, record the decision and return
+        `(verdict, params)` for the call."""
+        guard = cast(Guard, self.guard)
+        call = request.tool_call
+        call_id = call.get("id") or ""
+        with self._lock:
+            self._held[call_id] = held
+        answer = interrupt({
+            "tollgate": "hitl",
+            "tool": held.tool,
+            "args": held.params,
+            "reason": held.reason,
+            "call_number": held.call_number,
+            "tool_call_id": call_id,
+        })
+        with self._lock:
+            self._held.pop(call_id, None)
+        if isinstance(answer, str):
+            answer = {"decision": answer}
+        if not isinstance(answer, Mapping) or "decision" not in answer:
+            raise ValueError("resume a Tollgate interrupt with a decision word or {'decision': ..., 'params': ...}")
+        r = guard.resolve(held, str(answer["decision"]), operator=str(answer.get("operator", "langgraph")),
+                               params=answer.get("params"))
+        return r.verdict, r.params
+
+    def _decide(self, request: Any) -> Any:
+        call = request.tool_call
+        name = call.get("name", "")
+        args = _common.args_dict(call.get("args", {}))
+        if isinstance(self.guard, Guard):
+            held = self._held.get(call.get("id") or "")
+            if held is not None:  # the node re-runs on resume: this call was already held
+                return self._interrupt_for_human(request, held)
+            v = self.guard.check(name, args, _common.estimate(self.cost, name, args))
+            if v.verdict == "HITL":
+                return self._interrupt_for_human(request, v)
+            return v, args
+        return _common.check_or_wait(self.guard, name, args, _common.estimate(self.cost, name, args),
+                                     hitl_timeout=self.hitl_timeout)
+
+    async def _adecide(self, request: Any) -> Any:
+        call = request.tool_call
+        name = call.get("name", "")
+        args = _common.args_dict(call.get("args", {}))
+        if isinstance(self.guard, Guard):
+            held = self._held.get(call.get("id") or "")
+            if held is not None:
+                return self._interrupt_for_human(request, held)
+            v = await self.guard.acheck(name, args, _common.estimate(self.cost, name, args))
+            if v.verdict == "HITL":
+                return self._interrupt_for_human(request, v)
+            return v, args
+        return await _common.acheck_or_wait(self.guard, name, args, _common.estimate(self.cost, name, args),
+                                            hitl_timeout=self.hitl_timeout)
+
+    @staticmethod
+    def _with_args(request: Any, params: Any) -> Any:
+        if params is None or params == request.tool_call.get("args"):
+            return request
+        return request.override(tool_call={**request.tool_call, "args": dict(params)})
+
+    # -- the middleware hooks ----------------------------------------------------------
+
+    def wrap_tool_call(self, request: Any, handler: Callable[[Any], Any]) -> Any:
+        """Check the call; run it only on ALLOW; settle it after."""
+        verdict, params = self._decide(request)
+        if not verdict.allowed:
+            return self._denied(request, verdict)
+        try:
+            result = handler(self._with_args(request, params))
+        except Exception as e:
+            _common.settle_quietly(self.guard, verdict, error=f"{type(e).__name__}: {e}")
+            raise
+        _common.settle_quietly(self.guard, verdict, error=_tool_error(result))
+        return result
+
+    async def awrap_tool_call(self, request: Any, handler: Callable[[Any], Awaitable[Any]]) -> Any:
+        """`wrap_tool_call` for async agents (`ainvoke`, `astream`)."""
+        verdict, params = await self._adecide(request)
+        if not verdict.allowed:
+            return self._denied(request, verdict)
+        try:
+            result = await handler(self._with_args(request, params))
+        except Exception as e:
+            await _common.asettle_quietly(self.guard, verdict, error=f"{type(e).__name__}: {e}")
+            raise
+        await _common.asettle_quietly(self.guard, verdict, error=_tool_error(result))
+        return result
+
+
+def _tool_error(result: Any) -> Any:
+    """A tool's error text, when it returned an error message instead of raising."""
+    if isinstance(result, ToolMessage) and getattr(result, "status", None) == "error":
+        return str(result.content)
+    return None
