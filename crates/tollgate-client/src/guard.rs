@@ -245,6 +245,19 @@ impl Guard {
         Ok(())
     }
 
+    /// Expire the held call nobody decided in time (the runtime's timeout, not a person's
+    /// decision): recorded as a human-decision entry whose decision is `expire` and whose
+    /// operator is `tollgate`, as the daemon records its own expiries. The held call, if
+    /// dispatched again, is DENIED `hitl_transition:reject`.
+    pub fn expire_pending(&self) -> Result<(), HumanDecisionRefused> {
+        let record = {
+            let mut s = self.lock();
+            ops::expire(&mut s, now_ns())?
+        };
+        self.audit(record.into());
+        Ok(())
+    }
+
     /// A copy of the session state.
     pub fn state(&self) -> SessionState {
         self.lock().state.clone()

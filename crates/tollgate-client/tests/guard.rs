@@ -182,3 +182,42 @@ fn a_verdict_carries_the_budget_it_left() {
     assert_eq!(overrun.decision.reason, Reason::BudgetOverrun);
     assert_eq!(overrun.budget_remaining, Money(398_000_000));
 }
+
+/// A held call nobody decides is expired by the runtime: audited as `expire` by operator
+/// `tollgate`, and the held call is then refused.
+#[test]
+fn an_expired_held_call_is_audited_and_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = tollgate_audit::keys::generate().unwrap();
+    let public = key.verifying_key();
+    let (writer, _) =
+        tollgate_audit::Writer::open(tollgate_audit::WriterConfig::new(dir.path()), key).unwrap();
+    let g = Guard::new(GuardConfig {
+        hitl_mode: HitlMode::Always,
+        ..appendix_a()
+    })
+    .with_audit(writer, AuditIdentity::default())
+    .unwrap();
+    let p = json::parse_str(r#"{"to":"acct_1"}"#).unwrap();
+    let held = g.check("pay", &p, Money::ZERO);
+    assert_eq!(held.decision.verdict, Verdict::Hitl);
+    g.expire_pending().unwrap();
+    assert!(g.expire_pending().is_err(), "an expired call cannot expire again");
+    let again = g.check_with_nonce("pay", &p, Money::ZERO, held.nonce);
+    assert_eq!(again.decision.reason, Reason::TransitionReject);
+    drop(g);
+    let opts = tollgate_audit::VerifyOptions {
+        trusted_key: Some(public),
+        ..Default::default()
+    };
+    let mut decisions = Vec::new();
+    tollgate_audit::verify_paths(&[dir.path().to_owned()], &opts, &mut |e| {
+        if let tollgate_audit::Event::Session(tollgate_audit::SessionEvent::HumanDecision(d)) =
+            &e.event
+        {
+            decisions.push((d.decision.clone(), d.operator_id.clone()));
+        }
+    })
+    .unwrap();
+    assert_eq!(decisions, vec![(HumanDecision::Expire, "tollgate".to_owned())]);
+}

@@ -1,0 +1,355 @@
+//! Where verdicts come from: the in-process [`Guard`] (library mode) or one session with
+//! `tollgate serve` (daemon mode). The gateway decides nothing itself: it asks, as an agent
+//! would, and forwards only what was allowed.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tollgate_client::{
+    AuditIdentity, ClientConfig, ClientError, DaemonClient, Guard, HumanWait, ShareParams,
+};
+use tollgate_core::json::Value;
+use tollgate_core::{HumanDecision, Money, Verdict};
+
+use crate::config::{DaemonSettings, LibrarySettings};
+use crate::texts::Denial;
+
+/// Why the decider could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum DeciderError {
+    /// A file could not be read.
+    #[error("cannot read `{path}`: {source}")]
+    Read {
+        /// The file.
+        path: std::path::PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The audit signing key is not a key.
+    #[error("`{path}` is not an audit signing key: {message}")]
+    Key {
+        /// The file.
+        path: std::path::PathBuf,
+        /// Why.
+        message: String,
+    },
+    /// The local audit log could not be opened or written.
+    #[error("local audit log: {0}")]
+    Audit(String),
+}
+
+/// How to settle a call that ran.
+#[derive(Debug, Clone)]
+pub enum Ticket {
+    /// Library mode: the call's number in the guard's session.
+    Library(u64),
+    /// Daemon mode: the client that was told ALLOW, and the call number.
+    Daemon(Arc<DaemonClient>, u64),
+}
+
+/// The answer to "may this call run?".
+#[derive(Debug, Clone)]
+pub enum Checked {
+    /// Run it, with these arguments (a daemon operator's modify may have changed them).
+    Allow {
+        /// The arguments to send upstream.
+        params: Value,
+        /// How to settle it afterwards.
+        ticket: Ticket,
+    },
+    /// Do not run it.
+    Deny(Denial),
+    /// Library mode: a human must decide first. `nonce` re-dispatches the held call.
+    Held {
+        /// The held call's nonce.
+        nonce: u64,
+        /// Why it was held (`hitl_all_calls`, `budget_threshold`, ...).
+        reason: String,
+    },
+}
+
+/// Library or daemon mode.
+#[derive(Debug)]
+pub enum Decider {
+    /// In process.
+    Library(Library),
+    /// Through the daemon.
+    Daemon(Daemon),
+}
+
+/// Library mode: one guard.
+#[derive(Debug)]
+pub struct Library {
+    guard: Arc<Guard>,
+}
+
+/// Daemon mode: one session, resumed after a lost connection, never replaced.
+#[derive(Debug)]
+pub struct Daemon {
+    config: ClientConfig,
+    wait: HumanWait,
+    client: tokio::sync::Mutex<Option<Arc<DaemonClient>>>,
+    /// The session, once registered: a reconnection resumes it (a new session would
+    /// start with a fresh budget and a closed circuit).
+    session: std::sync::Mutex<Option<String>>,
+}
+
+fn money(usd: f64) -> Money {
+    Money::from_usd(usd).unwrap_or(Money::ZERO)
+}
+
+fn from_guard(c: tollgate_client::Checked, params: Value, repeat_limit: u32, estimate: Money) -> Checked {
+    match c.decision.verdict {
+        Verdict::Allow => Checked::Allow {
+            params,
+            ticket: Ticket::Library(c.call_number),
+        },
+        Verdict::Hitl => Checked::Held {
+            nonce: c.nonce,
+            reason: c.decision.reason.as_str().to_owned(),
+        },
+        Verdict::Deny => Checked::Deny(Denial {
+            reason: c.decision.reason.as_str().to_owned(),
+            repeat_count: Some(repeat_limit),
+            budget_remaining: Some(c.budget_remaining),
+            estimate,
+        }),
+    }
+}
+
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Option<T> {
+    tokio::task::spawn_blocking(f).await.ok()
+}
+
+impl Library {
+    /// A guard for `settings`, with its local audit log when configured.
+    pub fn open(settings: &LibrarySettings) -> Result<Library, DeciderError> {
+        let guard = Guard::new(settings.guard.clone());
+        let guard = match (&settings.audit_dir, &settings.audit_key) {
+            (Some(dir), Some(key_path)) => {
+                let text = std::fs::read_to_string(key_path).map_err(|source| DeciderError::Read {
+                    path: key_path.clone(),
+                    source,
+                })?;
+                let key = tollgate_audit::keys::parse_secret_key(&text).map_err(|e| {
+                    DeciderError::Key {
+                        path: key_path.clone(),
+                        message: e.to_string(),
+                    }
+                })?;
+                let (writer, _) =
+                    tollgate_audit::Writer::open(tollgate_audit::WriterConfig::new(dir), key)
+                        .map_err(|e| DeciderError::Audit(e.to_string()))?;
+                guard
+                    .with_audit(
+                        writer,
+                        AuditIdentity {
+                            session_id: settings.session_id.clone(),
+                            agent_id: settings.agent_id.clone(),
+                            organization_id: settings.organization_id.clone(),
+                        },
+                    )
+                    .map_err(|e| DeciderError::Audit(e.to_string()))?
+            }
+            _ => guard,
+        };
+        Ok(Library {
+            guard: Arc::new(guard),
+        })
+    }
+
+    /// The guard (for tests and `--check`).
+    pub fn guard(&self) -> &Guard {
+        &self.guard
+    }
+
+    async fn check(&self, tool: &str, params: Value, cost_usd: f64) -> Checked {
+        let guard = self.guard.clone();
+        let tool = tool.to_owned();
+        let estimate = money(cost_usd);
+        blocking(move || {
+            let limit = guard.session().policy.config.max_repeat_calls;
+            let c = guard.check(&tool, &params, estimate);
+            from_guard(c, params, limit, estimate)
+        })
+        .await
+        .unwrap_or_else(|| Checked::Deny(Denial {
+            reason: "fail_closed:internal".into(),
+            repeat_count: None,
+            budget_remaining: None,
+            estimate,
+        }))
+    }
+
+    /// Record `operator`'s approval of the held call, then re-dispatch it with its nonce:
+    /// the guard releases exactly that call, once.
+    pub async fn approve(
+        &self,
+        tool: &str,
+        params: Value,
+        cost_usd: f64,
+        nonce: u64,
+        operator: &str,
+    ) -> Checked {
+        let guard = self.guard.clone();
+        let tool = tool.to_owned();
+        let operator = operator.to_owned();
+        let estimate = money(cost_usd);
+        blocking(move || {
+            if let Err(e) = guard.decide_human(HumanDecision::Approve, None, &operator) {
+                return Checked::Deny(Denial {
+                    reason: format!("fail_closed:{e}"),
+                    repeat_count: None,
+                    budget_remaining: None,
+                    estimate,
+                });
+            }
+            let limit = guard.session().policy.config.max_repeat_calls;
+            let c = guard.check_with_nonce(&tool, &params, estimate, nonce);
+            from_guard(c, params, limit, estimate)
+        })
+        .await
+        .unwrap_or_else(|| Checked::Deny(Denial {
+            reason: "fail_closed:internal".into(),
+            repeat_count: None,
+            budget_remaining: None,
+            estimate,
+        }))
+    }
+
+    /// Record `operator`'s refusal of the held call.
+    pub async fn reject(&self, operator: &str) {
+        let guard = self.guard.clone();
+        let operator = operator.to_owned();
+        blocking(move || guard.decide_human(HumanDecision::Reject, None, &operator)).await;
+    }
+
+    /// Expire the held call: nobody answered in time.
+    pub async fn expire(&self) {
+        let guard = self.guard.clone();
+        blocking(move || guard.expire_pending()).await;
+    }
+}
+
+impl Daemon {
+    /// A daemon-mode decider; it connects on first use.
+    pub fn new(settings: &DaemonSettings, hitl_timeout: Duration) -> Result<Daemon, DeciderError> {
+        let secret = std::fs::read_to_string(&settings.secret_file).map_err(|source| {
+            DeciderError::Read {
+                path: settings.secret_file.clone(),
+                source,
+            }
+        })?;
+        let mut config = ClientConfig::new(
+            &settings.socket,
+            &settings.organization,
+            secret.trim().as_bytes(),
+            &settings.agent_id,
+        );
+        config.timeout = settings.timeout;
+        config.framework = "mcp".into();
+        Ok(Daemon {
+            config,
+            wait: HumanWait {
+                timeout: hitl_timeout,
+                share_params: if settings.share_params {
+                    ShareParams::All
+                } else {
+                    ShareParams::Never
+                },
+            },
+            client: tokio::sync::Mutex::new(None),
+            session: std::sync::Mutex::new(None),
+        })
+    }
+
+    /// The session id, once registered.
+    pub fn session_id(&self) -> Option<String> {
+        self.session
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// The connected client: connect (the first time) or resume the session.
+    pub async fn client(&self) -> Result<Arc<DaemonClient>, ClientError> {
+        let mut slot = self.client.lock().await;
+        if let Some(c) = slot.as_ref() {
+            return Ok(c.clone());
+        }
+        let known = self.session_id();
+        let c = match &known {
+            Some(id) => DaemonClient::resume(self.config.clone(), id).await?,
+            None => DaemonClient::connect(self.config.clone()).await?,
+        };
+        let c = Arc::new(c);
+        *self
+            .session
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(c.session_id().to_owned());
+        c.spawn_heartbeats(Duration::from_secs(10));
+        *slot = Some(c.clone());
+        Ok(c)
+    }
+
+    async fn forget(&self) {
+        *self.client.lock().await = None;
+    }
+
+    async fn check(&self, tool: &str, params: Value, cost_usd: f64) -> Checked {
+        let estimate = money(cost_usd);
+        let deny = |reason: String, r: Option<&tollgate_proto::sp1::PreExecResponse>| {
+            Checked::Deny(Denial {
+                reason,
+                repeat_count: r.and_then(|r| u32::try_from(r.repeat_count).ok()),
+                budget_remaining: r.map(|r| Money(r.budget_remaining_nanos)),
+                estimate,
+            })
+        };
+        let client = match self.client().await {
+            Ok(c) => c,
+            Err(e) => return deny(e.reason(), None),
+        };
+        let released = client
+            .pre_exec_or_wait(tool, &params, cost_usd, self.wait)
+            .await;
+        if released.allowed() {
+            return Checked::Allow {
+                params: released.params.unwrap_or(params),
+                ticket: Ticket::Daemon(client, released.verdict.call_number),
+            };
+        }
+        if matches!(released.verdict.error, Some(ClientError::Unreachable(_))) {
+            // The connection is gone: the next call reconnects and resumes the session.
+            self.forget().await;
+        }
+        deny(released.verdict.reason.clone(), released.verdict.response.as_ref())
+    }
+}
+
+impl Decider {
+    /// Decide `tool` with `params` at the estimated `cost_usd`.
+    pub async fn check(&self, tool: &str, params: Value, cost_usd: f64) -> Checked {
+        match self {
+            Decider::Library(l) => l.check(tool, params, cost_usd).await,
+            Decider::Daemon(d) => d.check(tool, params, cost_usd).await,
+        }
+    }
+
+    /// Settle a call that ran: its actual cost in dollars (NaN when unreadable: charged as
+    /// the estimate) and its error text when it failed.
+    pub async fn settle(&self, ticket: Ticket, cost_usd: f64, error: Option<String>) {
+        match (self, ticket) {
+            (Decider::Library(l), Ticket::Library(n)) => {
+                let guard = l.guard.clone();
+                blocking(move || guard.post_exec(n, cost_usd, error.as_deref())).await;
+            }
+            (_, Ticket::Daemon(client, n)) => {
+                let _ = client
+                    .post_exec(n, cost_usd, error.is_none(), error.as_deref().unwrap_or(""))
+                    .await;
+            }
+            (Decider::Daemon(_), Ticket::Library(_)) => {}
+        }
+    }
+}

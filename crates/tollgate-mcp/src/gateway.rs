@@ -1,0 +1,597 @@
+//! The gateway: an MCP server to the host whose every `tools/call` is decided by Tollgate
+//! before it is forwarded to the upstream that offers the tool. Lists, resources and
+//! prompts pass through; nothing but `tools/call` is decided (nothing else runs a tool).
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, ElicitRequestParams,
+    ElicitationAction, ElicitationSchema, ErrorCode, ErrorData, GetPromptRequestParams,
+    GetPromptResponse, InitializeRequestParams, InitializeResult, ListPromptsResult,
+    ListResourceTemplatesResult, ListResourcesResult, ListToolsResult, MetaObject,
+    PaginatedRequestParams, Prompt, ProtocolVersion, ReadResourceRequestParams,
+    ReadResourceResponse, ServerCapabilities, ServerConfig, Tool,
+};
+use rmcp::service::{ElicitationMode, RequestContext, ServiceError};
+use rmcp::{RoleServer, ServerHandler};
+use tollgate_core::json::Value;
+use tollgate_core::Money;
+
+use crate::config::{Config, Mode, OnDeny, ToolSettings};
+use crate::decider::{Checked, Daemon, Decider, DeciderError, Library, Ticket};
+use crate::texts::{self, Denial};
+use crate::upstream::{Hosts, Upstream};
+use crate::values::{self, Reported};
+
+/// The JSON-RPC error code of a denied call when `gateway.on_deny = "error"`.
+pub const DENIED_ERROR_CODE: i32 = -32050;
+/// The protocol revision the gateway speaks; it negotiates down to 2024-11-05.
+pub const PROTOCOL: ProtocolVersion = ProtocolVersion::V_2025_11_25;
+/// The `_meta` keys of a denied call's result.
+pub const META_VERDICT: &str = "tollgate/verdict";
+/// See [`META_VERDICT`].
+pub const META_REASON: &str = "tollgate/reason";
+
+/// The gateway's state, shared by every host connection.
+pub struct Core {
+    config: Config,
+    decider: Decider,
+    upstreams: Vec<Upstream>,
+    hosts: Arc<Hosts>,
+    /// Each upstream's tools as last listed (`None`: list again).
+    tools: tokio::sync::Mutex<Vec<Option<Vec<Tool>>>>,
+    /// Which upstream listed a resource URI last.
+    resources: std::sync::Mutex<HashMap<String, usize>>,
+    /// Library mode: one held call at a time (the session holds at most one).
+    hitl: tokio::sync::Mutex<()>,
+}
+
+impl std::fmt::Debug for Core {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Core")
+            .field("upstreams", &self.upstreams)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The MCP server the host talks to (cheap to clone: one per host connection).
+#[derive(Debug, Clone)]
+pub struct Gateway(pub Arc<Core>);
+
+fn error_result(text: String) -> CallToolResult {
+    CallToolResult::error(vec![ContentBlock::text(text)])
+}
+
+fn first_text(result: &CallToolResult) -> String {
+    let mut t = result
+        .content
+        .iter()
+        .find_map(|c| c.as_text().map(|t| t.text.clone()))
+        .unwrap_or_else(|| "the tool reported an error".into());
+    if t.len() > 1024 {
+        let mut cut = 1024;
+        while !t.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        t.truncate(cut);
+    }
+    t
+}
+
+fn money(usd: f64) -> Money {
+    Money::from_usd(usd).unwrap_or(Money::ZERO)
+}
+
+impl Core {
+    /// Set up the decider and the upstreams (not started until first used).
+    pub fn new(config: Config) -> Result<Core, DeciderError> {
+        let decider = match &config.mode {
+            Mode::Library(l) => Decider::Library(Library::open(l)?),
+            Mode::Daemon(d) => Decider::Daemon(Daemon::new(d, config.hitl_timeout)?),
+        };
+        let hosts = Arc::new(Hosts::default());
+        let upstreams: Vec<Upstream> = config
+            .upstreams
+            .iter()
+            .map(|u| {
+                Upstream::new(
+                    u.clone(),
+                    config.max_message_bytes,
+                    config.connect_timeout,
+                    hosts.clone(),
+                )
+            })
+            .collect();
+        let tools = tokio::sync::Mutex::new(vec![None; upstreams.len()]);
+        Ok(Core {
+            config,
+            decider,
+            upstreams,
+            hosts,
+            tools,
+            resources: std::sync::Mutex::new(HashMap::new()),
+            hitl: tokio::sync::Mutex::new(()),
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// The decider.
+    pub fn decider(&self) -> &Decider {
+        &self.decider
+    }
+
+    /// The upstreams, in configuration order.
+    pub fn upstreams(&self) -> &[Upstream] {
+        &self.upstreams
+    }
+
+    fn namespaced(&self) -> bool {
+        self.upstreams.len() > 1
+    }
+
+    /// The name the host sees for upstream `i`'s `tool` (or prompt).
+    pub fn public_name(&self, i: usize, tool: &str) -> String {
+        match self.upstreams.get(i) {
+            Some(u) if self.namespaced() => format!("{}.{tool}", u.config.name),
+            _ => tool.to_owned(),
+        }
+    }
+
+    /// The upstream and its own name for a public `name`.
+    fn route(&self, name: &str) -> Option<(usize, String)> {
+        if !self.namespaced() {
+            return Some((0, name.to_owned()));
+        }
+        let (prefix, rest) = name.split_once('.')?;
+        let i = self.upstreams.iter().position(|u| u.config.name == prefix)?;
+        Some((i, rest.to_owned()))
+    }
+
+    /// Upstream `i`'s tools (hidden ones removed), listed anew when not cached.
+    pub async fn upstream_tools(&self, i: usize) -> Result<Vec<Tool>, String> {
+        if self.hosts.take_tools_changed() {
+            self.tools.lock().await.iter_mut().for_each(|t| *t = None);
+        }
+        if let Some(Some(t)) = self.tools.lock().await.get(i) {
+            return Ok(t.clone());
+        }
+        let u = self.upstreams.get(i).ok_or("no such upstream")?;
+        let peer = u.peer().await.map_err(|e| e.to_string())?;
+        let listed = tokio::time::timeout(u.config.timeout, peer.list_all_tools())
+            .await
+            .map_err(|_| format!("did not list its tools within {:?}", u.config.timeout))?
+            .map_err(|e| e.to_string())?;
+        let shown: Vec<Tool> = listed
+            .into_iter()
+            .filter(|t| !u.config.hide.iter().any(|h| *h == t.name))
+            .collect();
+        if let Some(slot) = self.tools.lock().await.get_mut(i) {
+            *slot = Some(shown.clone());
+        }
+        Ok(shown)
+    }
+
+    /// Every upstream's tools, as the host sees them. An upstream that cannot be reached
+    /// is left out (and logged); the others are listed.
+    pub async fn list_tools(&self) -> Vec<Tool> {
+        let mut out = Vec::new();
+        for i in 0..self.upstreams.len() {
+            match self.upstream_tools(i).await {
+                Ok(tools) => out.extend(tools.into_iter().map(|mut t| {
+                    t.name = self.public_name(i, &t.name).into();
+                    t
+                })),
+                Err(e) => tracing::warn!(
+                    "upstream `{}`: cannot list tools: {e}",
+                    self.upstreams.get(i).map_or("", |u| u.config.name.as_str())
+                ),
+            }
+        }
+        out
+    }
+
+    fn denied(&self, tool: &str, d: &Denial) -> Result<CallToolResult, ErrorData> {
+        let text = texts::denied(tool, d);
+        match self.config.on_deny {
+            OnDeny::Result => {
+                let mut meta = MetaObject::default();
+                meta.0
+                    .insert(META_VERDICT.into(), serde_json::Value::from("DENY"));
+                meta.0
+                    .insert(META_REASON.into(), serde_json::Value::from(d.reason.clone()));
+                Ok(error_result(text).with_meta(Some(meta)))
+            }
+            OnDeny::Error => Err(ErrorData::new(
+                ErrorCode(DENIED_ERROR_CODE),
+                text,
+                Some(serde_json::json!({"tool": tool, "reason": d.reason})),
+            )),
+        }
+    }
+
+    /// One `tools/call`, start to end.
+    pub async fn call(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let name = request.name.to_string();
+        let unknown = || ErrorData::invalid_params(format!("unknown tool `{name}`"), None);
+        let (i, own_name) = self.route(&name).ok_or_else(unknown)?;
+        let offered = match self.upstream_tools(i).await {
+            Ok(tools) => tools.iter().any(|t| t.name == own_name),
+            Err(e) => {
+                return Ok(error_result(format!(
+                    "the server offering `{name}` is unavailable ({e}); the tool was not run"
+                )))
+            }
+        };
+        if !offered {
+            return Err(unknown());
+        }
+        let settings = self.config.tool(&name);
+        let params = values::params(request.arguments.as_ref(), self.config.max_message_bytes);
+        match self
+            .decide(&name, params, settings.cost_usd, &context)
+            .await
+        {
+            Checked::Allow { params, ticket } => {
+                self.forward(i, own_name, &name, params, ticket, settings)
+                    .await
+            }
+            Checked::Deny(d) => self.denied(&name, &d),
+            Checked::Held { reason, .. } => self.denied(
+                &name,
+                &Denial {
+                    reason,
+                    repeat_count: None,
+                    budget_remaining: None,
+                    estimate: money(settings.cost_usd),
+                },
+            ),
+        }
+    }
+
+    /// Ask Tollgate; when a human must decide (library mode), ask the host's user.
+    async fn decide(
+        &self,
+        tool: &str,
+        params: Value,
+        cost_usd: f64,
+        context: &RequestContext<RoleServer>,
+    ) -> Checked {
+        let Decider::Library(lib) = &self.decider else {
+            return self.decider.check(tool, params, cost_usd).await;
+        };
+        let _one_at_a_time = self.hitl.lock().await;
+        let first = self.decider.check(tool, params.clone(), cost_usd).await;
+        let Checked::Held { nonce, reason } = first else {
+            return first;
+        };
+        let deny = |reason: &str| {
+            Checked::Deny(Denial {
+                reason: reason.to_owned(),
+                repeat_count: None,
+                budget_remaining: None,
+                estimate: money(cost_usd),
+            })
+        };
+        if reason == "hitl_transition:defer_escalate" {
+            return deny(&reason);
+        }
+        let can_ask = self.config.elicitation
+            && context
+                .peer
+                .supported_elicitation_modes()
+                .contains(&ElicitationMode::Form);
+        if !can_ask {
+            // Nobody can approve it: the held call expires now, audited.
+            lib.expire().await;
+            return deny("hitl:no_approver");
+        }
+        let ask = ElicitRequestParams::FormElicitationParams {
+            meta: None,
+            message: texts::approval_request(tool, &params, &reason, money(cost_usd)),
+            requested_schema: ElicitationSchema::new(BTreeMap::new()),
+        };
+        let answer = context
+            .peer
+            .create_elicitation_with_timeout(ask, Some(self.config.hitl_timeout))
+            .await;
+        match answer {
+            Ok(r) if r.action == ElicitationAction::Accept => {
+                lib.approve(tool, params, cost_usd, nonce, &self.config.operator_id)
+                    .await
+            }
+            Ok(_) => {
+                lib.reject(&self.config.operator_id).await;
+                deny("hitl_transition:reject")
+            }
+            Err(e) => {
+                if !matches!(e, ServiceError::Timeout { .. }) {
+                    tracing::warn!("elicitation failed: {e}");
+                }
+                lib.expire().await;
+                deny("fail_closed:hitl_timeout")
+            }
+        }
+    }
+
+    /// Run an allowed call upstream, settle it, and return its result unchanged.
+    async fn forward(
+        &self,
+        i: usize,
+        own_name: String,
+        name: &str,
+        params: Value,
+        ticket: Ticket,
+        settings: ToolSettings,
+    ) -> Result<CallToolResult, ErrorData> {
+        let Some(u) = self.upstreams.get(i) else {
+            return Err(ErrorData::internal_error("no such upstream", None));
+        };
+        let estimate = settings.cost_usd;
+        let timeout = settings.timeout.unwrap_or(u.config.timeout);
+        let failed = |text: String, ticket: Ticket| async move {
+            self.decider
+                .settle(ticket, estimate, Some(text.clone()))
+                .await;
+            Ok(error_result(format!(
+                "{text}. Tollgate allowed `{name}`, but it may not have run."
+            )))
+        };
+        let peer = match u.peer().await {
+            Ok(p) => p,
+            Err(e) => {
+                return failed(format!("upstream `{}` is unavailable: {e}", u.config.name), ticket)
+                    .await
+            }
+        };
+        let mut request = CallToolRequestParams::new(own_name);
+        request.arguments = values::arguments(&params);
+        match tokio::time::timeout(timeout, peer.call_tool_once(request)).await {
+            Err(_) => {
+                failed(
+                    format!(
+                        "upstream `{}` did not answer within {} s",
+                        u.config.name,
+                        timeout.as_secs()
+                    ),
+                    ticket,
+                )
+                .await
+            }
+            Ok(Err(ServiceError::McpError(e))) => {
+                self.decider
+                    .settle(ticket, estimate, Some(e.message.to_string()))
+                    .await;
+                Err(e)
+            }
+            Ok(Err(e)) => failed(format!("upstream `{}` failed: {e}", u.config.name), ticket).await,
+            Ok(Ok(CallToolResponse::Complete(result))) => {
+                let cost = match values::reported_cost(&result) {
+                    Reported::Cost(c) => c,
+                    Reported::Unreadable => f64::NAN,
+                    Reported::Absent => settings.actual_cost_usd.unwrap_or(estimate),
+                };
+                let error = (result.is_error == Some(true)).then(|| first_text(&result));
+                self.decider.settle(ticket, cost, error).await;
+                Ok(result)
+            }
+            Ok(Ok(_)) => {
+                failed(
+                    format!(
+                        "upstream `{}` answered with a result this gateway does not support",
+                        u.config.name
+                    ),
+                    ticket,
+                )
+                .await
+            }
+        }
+    }
+
+    async fn all_resources(&self) -> ListResourcesResult {
+        let mut out = Vec::new();
+        for (i, u) in self.upstreams.iter().enumerate() {
+            let Ok(peer) = u.peer().await else { continue };
+            if let Ok(Ok(list)) =
+                tokio::time::timeout(u.config.timeout, peer.list_all_resources()).await
+            {
+                let mut owners = self
+                    .resources
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                for r in &list {
+                    owners.insert(r.uri.clone(), i);
+                }
+                out.extend(list);
+            }
+        }
+        ListResourcesResult::with_all_items(out)
+    }
+
+    async fn all_prompts(&self) -> Vec<Prompt> {
+        let mut out = Vec::new();
+        for (i, u) in self.upstreams.iter().enumerate() {
+            let Ok(peer) = u.peer().await else { continue };
+            if let Ok(Ok(list)) =
+                tokio::time::timeout(u.config.timeout, peer.list_all_prompts()).await
+            {
+                out.extend(list.into_iter().map(|mut p| {
+                    p.name = self.public_name(i, &p.name);
+                    p
+                }));
+            }
+        }
+        out
+    }
+}
+
+fn capabilities() -> ServerCapabilities {
+    serde_json::from_value(serde_json::json!({
+        "tools": {"listChanged": true},
+        "resources": {"listChanged": true},
+        "prompts": {"listChanged": true},
+        "logging": {}
+    }))
+    .unwrap_or_default()
+}
+
+fn unavailable(e: impl std::fmt::Display) -> ErrorData {
+    ErrorData::internal_error(format!("upstream unavailable: {e}"), None)
+}
+
+impl ServerHandler for Gateway {
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(capabilities())
+            .with_protocol_version(PROTOCOL)
+            .with_server_info(rmcp::model::Implementation::new(
+                "tollgate-mcp",
+                env!("CARGO_PKG_VERSION"),
+            ))
+            .with_instructions(
+                "Every tool call passes through Tollgate, which may deny it (a result with \
+                 isError and a text starting `denied:`) or ask a human first.",
+            )
+    }
+
+    fn supported_protocol_versions(&self) -> std::borrow::Cow<'static, [ProtocolVersion]> {
+        std::borrow::Cow::Borrowed(ProtocolVersion::known_up_to(&PROTOCOL))
+    }
+
+    async fn initialize(
+        &self,
+        request: InitializeRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<InitializeResult, ErrorData> {
+        context.peer.set_peer_info(request.clone());
+        self.0.hosts.add(context.peer.clone());
+        self.negotiate_initialize(&request)
+    }
+
+    async fn list_tools(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, ErrorData> {
+        Ok(ListToolsResult::with_all_items(self.0.list_tools().await))
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        self.0
+            .call(request, context)
+            .await
+            .map(CallToolResponse::Complete)
+    }
+
+    async fn list_resources(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListResourcesResult, ErrorData> {
+        Ok(self.0.all_resources().await)
+    }
+
+    async fn list_resource_templates(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListResourceTemplatesResult, ErrorData> {
+        let mut out = Vec::new();
+        for u in &self.0.upstreams {
+            let Ok(peer) = u.peer().await else { continue };
+            if let Ok(Ok(list)) =
+                tokio::time::timeout(u.config.timeout, peer.list_all_resource_templates()).await
+            {
+                out.extend(list);
+            }
+        }
+        Ok(ListResourceTemplatesResult::with_all_items(out))
+    }
+
+    async fn read_resource(
+        &self,
+        request: ReadResourceRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ReadResourceResponse, ErrorData> {
+        let known = self
+            .0
+            .resources
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(&request.uri)
+            .copied();
+        let order: Vec<usize> = match known {
+            Some(i) => vec![i],
+            None => (0..self.0.upstreams.len()).collect(),
+        };
+        let mut last = ErrorData::resource_not_found(format!("no upstream has `{}`", request.uri), None);
+        for i in order {
+            let Some(u) = self.0.upstreams.get(i) else { continue };
+            let peer = u.peer().await.map_err(unavailable)?;
+            match tokio::time::timeout(u.config.timeout, peer.read_resource(request.clone())).await {
+                Ok(Ok(r)) => return Ok(ReadResourceResponse::Complete(r)),
+                Ok(Err(ServiceError::McpError(e))) => last = e,
+                Ok(Err(e)) => last = unavailable(e),
+                Err(_) => last = unavailable("timed out"),
+            }
+        }
+        Err(last)
+    }
+
+    async fn list_prompts(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListPromptsResult, ErrorData> {
+        Ok(ListPromptsResult::with_all_items(self.0.all_prompts().await))
+    }
+
+    async fn get_prompt(
+        &self,
+        mut request: GetPromptRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<GetPromptResponse, ErrorData> {
+        let (i, own) = self
+            .0
+            .route(&request.name)
+            .ok_or_else(|| ErrorData::invalid_params(format!("unknown prompt `{}`", request.name), None))?;
+        let u = self
+            .0
+            .upstreams
+            .get(i)
+            .ok_or_else(|| ErrorData::invalid_params("unknown prompt", None))?;
+        request.name = own;
+        let peer = u.peer().await.map_err(unavailable)?;
+        match tokio::time::timeout(u.config.timeout, peer.get_prompt(request)).await {
+            Ok(Ok(r)) => Ok(GetPromptResponse::Complete(r)),
+            Ok(Err(ServiceError::McpError(e))) => Err(e),
+            Ok(Err(e)) => Err(unavailable(e)),
+            Err(_) => Err(unavailable("timed out")),
+        }
+    }
+
+    #[allow(deprecated)]
+    async fn set_level(
+        &self,
+        request: rmcp::model::SetLevelRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        for u in &self.0.upstreams {
+            if let Ok(peer) = u.peer().await {
+                let _ = tokio::time::timeout(u.config.timeout, peer.set_level(request.clone())).await;
+            }
+        }
+        Ok(())
+    }
+}

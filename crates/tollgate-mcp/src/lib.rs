@@ -1,0 +1,191 @@
+//! # tollgate-mcp: the MCP gateway
+//!
+//! `tollgate mcp` sits between an MCP host (a desktop assistant, a coding agent, an IDE)
+//! and the MCP servers it uses. The host sees one server whose tools are the upstreams'
+//! (namespaced `upstream.tool` when there are several, minus hidden ones); every
+//! `tools/call` is first a Tollgate `pre_exec`, in process ([`tollgate_client::Guard`],
+//! with an optional local signed audit log) or through `tollgate serve`
+//! ([`tollgate_client::DaemonClient`], one session for the gateway's life). Only an ALLOW
+//! is forwarded; its result goes back unchanged and settles the call (`post_exec`). A DENY
+//! is a tool result with `isError` and a text the model can act on; a HITL asks a human
+//! (MCP elicitation in library mode, the daemon's operators in daemon mode).
+//!
+//! What it does **not** do: decide. Every verdict is the guard's or the daemon's; the
+//! gateway never allows a call on its own, and anything it cannot complete (an upstream
+//! that crashes, hangs or breaks the protocol; a daemon it cannot reach) is an error
+//! result or a DENY, never a hang and never a silent pass. It does not decide resources
+//! or prompts (reading them runs no tool); it does not pass an upstream's requests to the
+//! host (sampling, elicitation, roots): an upstream cannot ask the host's user anything
+//! in Tollgate's name.
+//!
+//! Layout: [`config`] (mcp.toml), [`lines`] (bounded stdio framing), [`upstream`]
+//! (starting and restarting upstreams), [`decider`] (guard or daemon), [`gateway`] (the
+//! MCP server), [`values`] (the JSON the gateway reads itself), [`texts`] (what the model
+//! and the human read), [`http`] (Streamable HTTP on a loopback address).
+
+#![cfg_attr(
+    test,
+    allow(
+        clippy::unwrap_used,
+        clippy::expect_used,
+        clippy::panic,
+        clippy::indexing_slicing
+    )
+)]
+
+pub mod config;
+pub mod decider;
+pub mod gateway;
+pub mod http;
+pub mod lines;
+pub mod texts;
+pub mod upstream;
+pub mod values;
+
+use std::sync::Arc;
+
+use rmcp::ServiceExt;
+use tokio::io::{AsyncRead, AsyncWrite};
+
+pub use config::{Config, ConfigError};
+pub use gateway::{Core, Gateway};
+
+/// Why the gateway stopped or could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum GatewayError {
+    /// The configuration is not usable.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// The guard, its audit log or the daemon settings could not be set up.
+    #[error(transparent)]
+    Decider(#[from] decider::DeciderError),
+    /// The HTTP listener could not be bound.
+    #[error("cannot listen on {addr}: {source}")]
+    Listen {
+        /// The address.
+        addr: std::net::SocketAddr,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The host's MCP session ended with an error.
+    #[error("host session: {0}")]
+    Host(String),
+}
+
+/// rustls needs one process-wide crypto provider for HTTPS upstreams: ring (the
+/// workspace's; no aws-lc-rs).
+pub fn install_crypto_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
+/// Serve one host on `read`/`write` (the process's stdin and stdout), and on the
+/// configured HTTP address, until the stdio host hangs up (or, when `listen` is set, until
+/// `shutdown` completes).
+pub async fn run<R, W>(
+    config: Config,
+    read: R,
+    write: W,
+    shutdown: impl std::future::Future<Output = ()> + Send,
+) -> Result<(), GatewayError>
+where
+    R: AsyncRead + Unpin + Send + 'static,
+    W: AsyncWrite + Unpin + Send + 'static,
+{
+    let listen = config.listen;
+    let max = config.max_message_bytes;
+    let core = Arc::new(Core::new(config)?);
+    let ct = tokio_util::sync::CancellationToken::new();
+    if let Some(addr) = listen {
+        let bound = http::serve(core.clone(), addr, ct.clone())
+            .await
+            .map_err(|source| GatewayError::Listen { addr, source })?;
+        tracing::info!("Streamable HTTP: http://{bound}/mcp");
+    }
+    let transport = lines::LineTransport::host(read, write, max);
+    let stdio = async {
+        match Gateway(core.clone()).serve(transport).await {
+            Ok(running) => running
+                .waiting()
+                .await
+                .map(|_| ())
+                .map_err(|e| GatewayError::Host(e.to_string())),
+            Err(e) => Err(GatewayError::Host(e.to_string())),
+        }
+    };
+    let result = if listen.is_some() {
+        // The HTTP endpoint outlives a stdio host that never came or went away.
+        let (r, ()) = tokio::join!(stdio, shutdown);
+        if let Err(e) = r {
+            tracing::info!("stdio: {e}");
+        }
+        Ok(())
+    } else {
+        tokio::select! {
+            r = stdio => r,
+            () = shutdown => Ok(()),
+        }
+    };
+    ct.cancel();
+    result
+}
+
+/// `tollgate mcp --check`: check the configuration, start every upstream and list what it
+/// offers, one line each, into `out`. True when every upstream answered.
+pub async fn check(config: &Config, out: &mut String) -> bool {
+    use std::fmt::Write;
+    let mut ok = true;
+    let _ = match &config.mode {
+        config::Mode::Library(l) => writeln!(
+            out,
+            "mode: library (budget ${:.4}, max_repeat_calls {}, hitl_mode {}, audit log {})",
+            l.guard.budget.0 as f64 / 1e9,
+            l.guard.max_repeat_calls,
+            l.guard.hitl_mode.as_str(),
+            l.audit_dir
+                .as_ref()
+                .map_or("none".into(), |d| d.display().to_string())
+        ),
+        config::Mode::Daemon(d) => writeln!(
+            out,
+            "mode: daemon (socket {}, organization {}, agent {})",
+            d.socket.display(),
+            d.organization,
+            d.agent_id
+        ),
+    };
+    let core = match Core::new(config.clone()) {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = writeln!(out, "error: {e}");
+            return false;
+        }
+    };
+    let mut offered = std::collections::BTreeSet::new();
+    for (i, u) in core.upstreams().iter().enumerate() {
+        match core.upstream_tools(i).await {
+            Ok(tools) => {
+                let _ = writeln!(out, "upstream {}: {} tools", u.config.name, tools.len());
+                for t in tools {
+                    let name = core.public_name(i, &t.name);
+                    let s = config.tool(&name);
+                    let _ = writeln!(out, "  {name}\tcost ${}", s.cost_usd);
+                    offered.insert(name);
+                }
+                for h in &u.config.hide {
+                    let _ = writeln!(out, "  {} (hidden)", core.public_name(i, h));
+                }
+            }
+            Err(e) => {
+                ok = false;
+                let _ = writeln!(out, "upstream {}: error: {e}", u.config.name);
+            }
+        }
+        u.reset().await;
+    }
+    for name in config.tools.keys() {
+        if !offered.contains(name) {
+            let _ = writeln!(out, "warning: [tools.\"{name}\"] names no offered tool");
+        }
+    }
+    ok
+}

@@ -1,0 +1,293 @@
+//! The upstream MCP servers: started (or reached) on first use, restarted on the next use
+//! after they crash, hang up or break the protocol. The gateway is their MCP client.
+//!
+//! An upstream's notifications that mean something to the host (list changes, resource
+//! updates, log messages) are passed to the [`Hosts`]; its requests to the client
+//! (sampling, elicitation, roots) are refused: the gateway offers upstreams no client
+//! capabilities, so an upstream cannot ask the host's user anything in Tollgate's name.
+
+// Log messages are deprecated by SEP-2577 but still sent by 2025-11-25 servers.
+#![allow(deprecated)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use rmcp::model::{
+    ClientConfig, Implementation, LoggingMessageNotificationParam, ProtocolVersion,
+    ResourceUpdatedNotificationParam,
+};
+use rmcp::service::{NotificationContext, Peer, RunningService};
+use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+use rmcp::transport::StreamableHttpClientTransport;
+use rmcp::{ClientHandler, RoleClient, RoleServer, ServiceExt};
+
+use crate::config::{UpstreamConfig, UpstreamTransport};
+use crate::lines::LineTransport;
+
+/// The protocol revision the gateway asks its upstreams for (it accepts what they answer
+/// down to 2024-11-05).
+pub const UPSTREAM_PROTOCOL: ProtocolVersion = ProtocolVersion::V_2025_11_25;
+
+/// Why an upstream could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum UpstreamError {
+    /// Its process could not be started.
+    #[error("cannot start `{command}`: {source}")]
+    Spawn {
+        /// The program.
+        command: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The HTTP client could not be built.
+    #[error("cannot build an HTTP client: {0}")]
+    Http(String),
+    /// MCP initialization failed.
+    #[error("MCP initialization failed: {0}")]
+    Initialize(String),
+    /// Starting and initializing took longer than the connect timeout.
+    #[error("did not initialize within {0:?}")]
+    ConnectTimeout(Duration),
+}
+
+/// The host connections the gateway serves (one on stdio; one per session over HTTP),
+/// to which upstream notifications are passed on.
+#[derive(Debug, Default)]
+pub struct Hosts {
+    peers: std::sync::Mutex<Vec<Peer<RoleServer>>>,
+    /// An upstream said its tools changed since the gateway last listed them.
+    tools_changed: std::sync::atomic::AtomicBool,
+}
+
+impl Hosts {
+    fn live(&self) -> Vec<Peer<RoleServer>> {
+        let mut peers = self
+            .peers
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        peers.retain(|p| !p.is_transport_closed());
+        peers.clone()
+    }
+
+    /// A host connection was initialized.
+    pub fn add(&self, peer: Peer<RoleServer>) {
+        self.peers
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push(peer);
+    }
+
+    /// Whether an upstream's tools changed since the last call (and clear the flag).
+    pub fn take_tools_changed(&self) -> bool {
+        self.tools_changed
+            .swap(false, std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Tell every host the tool list changed.
+    pub async fn tools_changed(&self) {
+        self.tools_changed
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        for p in self.live() {
+            let _ = p.notify_tool_list_changed().await;
+        }
+    }
+
+    async fn resources_changed(&self) {
+        for p in self.live() {
+            let _ = p.notify_resource_list_changed().await;
+        }
+    }
+
+    async fn prompts_changed(&self) {
+        for p in self.live() {
+            let _ = p.notify_prompt_list_changed().await;
+        }
+    }
+
+    async fn resource_updated(&self, params: ResourceUpdatedNotificationParam) {
+        for p in self.live() {
+            let _ = p.notify_resource_updated(params.clone()).await;
+        }
+    }
+
+    #[allow(deprecated)]
+    async fn log(&self, params: LoggingMessageNotificationParam) {
+        for p in self.live() {
+            let _ = p.notify_logging_message(params.clone()).await;
+        }
+    }
+}
+
+/// The gateway's client side of one upstream connection.
+#[derive(Debug, Clone)]
+struct Handler {
+    hosts: Arc<Hosts>,
+}
+
+impl ClientHandler for Handler {
+    fn get_info(&self) -> ClientConfig {
+        ClientConfig::new(
+            rmcp::model::ClientCapabilities::default(),
+            Implementation::new("tollgate-mcp", env!("CARGO_PKG_VERSION")),
+        )
+        .with_protocol_version(UPSTREAM_PROTOCOL)
+    }
+
+    async fn on_tool_list_changed(&self, _: NotificationContext<RoleClient>) {
+        self.hosts.tools_changed().await;
+    }
+
+    async fn on_resource_list_changed(&self, _: NotificationContext<RoleClient>) {
+        self.hosts.resources_changed().await;
+    }
+
+    async fn on_prompt_list_changed(&self, _: NotificationContext<RoleClient>) {
+        self.hosts.prompts_changed().await;
+    }
+
+    async fn on_resource_updated(
+        &self,
+        params: ResourceUpdatedNotificationParam,
+        _: NotificationContext<RoleClient>,
+    ) {
+        self.hosts.resource_updated(params).await;
+    }
+
+    async fn on_logging_message(
+        &self,
+        params: LoggingMessageNotificationParam,
+        _: NotificationContext<RoleClient>,
+    ) {
+        self.hosts.log(params).await;
+    }
+}
+
+struct Conn {
+    service: RunningService<RoleClient, Handler>,
+    /// The upstream's process, killed when the connection is dropped.
+    _child: Option<tokio::process::Child>,
+}
+
+/// One configured upstream and its current connection, if any.
+pub struct Upstream {
+    /// Its configuration.
+    pub config: UpstreamConfig,
+    max_message_bytes: usize,
+    connect_timeout: Duration,
+    hosts: Arc<Hosts>,
+    conn: tokio::sync::Mutex<Option<Conn>>,
+}
+
+impl std::fmt::Debug for Upstream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Upstream")
+            .field("name", &self.config.name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Upstream {
+    /// An upstream, not yet started.
+    pub fn new(
+        config: UpstreamConfig,
+        max_message_bytes: usize,
+        connect_timeout: Duration,
+        hosts: Arc<Hosts>,
+    ) -> Upstream {
+        Upstream {
+            config,
+            max_message_bytes,
+            connect_timeout,
+            hosts,
+            conn: tokio::sync::Mutex::new(None),
+        }
+    }
+
+    /// The connection's peer, starting (or restarting) the upstream first when it is not
+    /// connected.
+    pub async fn peer(&self) -> Result<Peer<RoleClient>, UpstreamError> {
+        let mut conn = self.conn.lock().await;
+        if let Some(c) = conn.as_ref() {
+            if !c.service.is_closed() && !c.service.peer().is_transport_closed() {
+                return Ok(c.service.peer().clone());
+            }
+            tracing::info!("upstream `{}`: connection lost; restarting", self.config.name);
+        }
+        // Drop (and kill) the old one before starting the next.
+        *conn = None;
+        let fresh = tokio::time::timeout(self.connect_timeout, self.connect())
+            .await
+            .map_err(|_| UpstreamError::ConnectTimeout(self.connect_timeout))??;
+        let peer = fresh.service.peer().clone();
+        *conn = Some(fresh);
+        Ok(peer)
+    }
+
+    /// Forget the connection (and kill the process), so the next use starts a new one.
+    pub async fn reset(&self) {
+        *self.conn.lock().await = None;
+    }
+
+    async fn connect(&self) -> Result<Conn, UpstreamError> {
+        let handler = Handler {
+            hosts: self.hosts.clone(),
+        };
+        let init = |e: rmcp::service::ClientInitializeError| UpstreamError::Initialize(e.to_string());
+        match &self.config.transport {
+            UpstreamTransport::Stdio {
+                command,
+                args,
+                env,
+                cwd,
+            } => {
+                let mut cmd = tokio::process::Command::new(command);
+                cmd.args(args)
+                    .envs(env)
+                    .stdin(std::process::Stdio::piped())
+                    .stdout(std::process::Stdio::piped())
+                    .stderr(std::process::Stdio::inherit())
+                    .kill_on_drop(true);
+                if let Some(dir) = cwd {
+                    cmd.current_dir(dir);
+                }
+                let mut child = cmd.spawn().map_err(|source| UpstreamError::Spawn {
+                    command: command.clone(),
+                    source,
+                })?;
+                let (Some(stdout), Some(stdin)) = (child.stdout.take(), child.stdin.take())
+                else {
+                    return Err(UpstreamError::Spawn {
+                        command: command.clone(),
+                        source: std::io::Error::other("no stdio pipes"),
+                    });
+                };
+                let transport = LineTransport::upstream(
+                    stdout,
+                    stdin,
+                    self.max_message_bytes,
+                    &self.config.name,
+                );
+                let service = handler.serve(transport).await.map_err(init)?;
+                Ok(Conn {
+                    service,
+                    _child: Some(child),
+                })
+            }
+            UpstreamTransport::Http { url } => {
+                crate::install_crypto_provider();
+                let client = reqwest::Client::builder()
+                    .build()
+                    .map_err(|e| UpstreamError::Http(e.to_string()))?;
+                let mut cfg = StreamableHttpClientTransportConfig::with_uri(url.as_str());
+                cfg.max_json_response_size = self.max_message_bytes;
+                cfg.max_sse_event_size = self.max_message_bytes;
+                let transport = StreamableHttpClientTransport::with_client(client, cfg);
+                let service = handler.serve(transport).await.map_err(init)?;
+                Ok(Conn {
+                    service,
+                    _child: None,
+                })
+            }
+        }
+    }
+}
