@@ -581,6 +581,39 @@ impl ServerHandler for Gateway {
         }
     }
 
+    /// A request rmcp could not read as any MCP request: a known method with malformed
+    /// params is `-32602`, anything else `-32601`.
+    async fn on_custom_request(
+        &self,
+        request: rmcp::model::CustomRequest,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<rmcp::model::CustomResult, ErrorData> {
+        const KNOWN: &[&str] = &[
+            "initialize",
+            "ping",
+            "tools/list",
+            "tools/call",
+            "resources/list",
+            "resources/read",
+            "resources/templates/list",
+            "prompts/list",
+            "prompts/get",
+            "logging/setLevel",
+        ];
+        if KNOWN.contains(&request.method.as_str()) {
+            Err(ErrorData::invalid_params(
+                format!("malformed params for `{}`", request.method),
+                None,
+            ))
+        } else {
+            Err(ErrorData::new(
+                ErrorCode::METHOD_NOT_FOUND,
+                format!("method not found: `{}`", request.method),
+                None,
+            ))
+        }
+    }
+
     #[allow(deprecated)]
     async fn set_level(
         &self,

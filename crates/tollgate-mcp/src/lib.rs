@@ -70,6 +70,45 @@ pub enum GatewayError {
     /// The host's MCP session ended with an error.
     #[error("host session: {0}")]
     Host(String),
+    /// The async runtime could not be started.
+    #[error("cannot start the runtime: {0}")]
+    Runtime(std::io::Error),
+}
+
+/// `tollgate mcp --config PATH [--check]`, start to end: the process exit code (0: the
+/// host hung up, or `--check` found every upstream; 1: `--check` found a problem).
+pub fn main_entry(config_path: &std::path::Path, check_only: bool) -> Result<u8, GatewayError> {
+    let config = Config::load(config_path)?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(GatewayError::Runtime)?;
+    let code = rt.block_on(async {
+        if check_only {
+            let mut out = String::new();
+            let ok = check(&config, &mut out).await;
+            print!("{out}");
+            return Ok(if ok { 0 } else { 1 });
+        }
+        let shutdown = async {
+            use tokio::signal::unix::{signal, SignalKind};
+            match (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) {
+                (Ok(mut term), Ok(mut int)) => {
+                    tokio::select! {
+                        _ = term.recv() => {}
+                        _ = int.recv() => {}
+                    }
+                }
+                _ => std::future::pending::<()>().await,
+            }
+        };
+        run(config, tokio::io::stdin(), tokio::io::stdout(), shutdown)
+            .await
+            .map(|()| 0)
+    });
+    // Standard input is read by a blocking thread that cannot be interrupted.
+    rt.shutdown_timeout(std::time::Duration::from_secs(1));
+    code
 }
 
 /// rustls needs one process-wide crypto provider for HTTPS upstreams: ring (the

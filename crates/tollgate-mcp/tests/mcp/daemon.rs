@@ -1,0 +1,190 @@
+//! Daemon mode: a real daemon (in this process, on a temporary socket) decides; a held call
+//! waits for an operator (`hitl_decide`) while the host waits, then runs; the daemon
+//! unreachable is a DENY; the repeat limit is the daemon's.
+
+use std::path::Path;
+use std::time::Duration;
+
+use serde_json::json;
+use tokio::sync::oneshot;
+use tollgate_client::{ClientConfig, DaemonClient};
+use tollgate_core::Money;
+use tollgate_daemon::config::Organization;
+use tollgate_daemon::{Daemon, DaemonConfig};
+use tollgate_proto::sp1;
+
+use crate::{denied, start, text, Host, Kit};
+
+const ORG: &str = "acme";
+const SECRET: &[u8] = b"a test organization secret of some length";
+const OPERATOR_SECRET: &[u8] = b"the operators' own secret, not the agents'";
+
+struct Running {
+    socket: std::path::PathBuf,
+    stop: Option<oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<Result<(), tollgate_daemon::DaemonError>>,
+}
+
+/// A daemon whose agent `mcp-gateway` has HITL always (`hitl`) or a repeat limit of 3.
+async fn daemon(dir: &Path, hitl: bool) -> Running {
+    let mut c = DaemonConfig {
+        data_dir: dir.to_owned(),
+        organizations: vec![Organization {
+            id: ORG.into(),
+            secret: Some(SECRET.to_vec()),
+            operator_secret: Some(OPERATOR_SECRET.to_vec()),
+        }],
+        ..DaemonConfig::default()
+    };
+    let mut g = c.default_guard.clone();
+    g.budget = Money::from_usd(10.0).unwrap();
+    g.max_repeat_calls = 3;
+    if hitl {
+        g.hitl_mode = tollgate_core::HitlMode::Always;
+    }
+    c.agent_guards.insert("mcp-gateway".into(), g);
+    let d = Daemon::start(c).await.unwrap();
+    let socket = d.socket().to_owned();
+    let (tx, rx) = oneshot::channel::<()>();
+    let task = tokio::spawn(d.run(async {
+        let _ = rx.await;
+    }));
+    Running {
+        socket,
+        stop: Some(tx),
+        task,
+    }
+}
+
+impl Running {
+    async fn stop(mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        self.task.await.unwrap().unwrap();
+    }
+}
+
+fn daemon_kit(socket: &Path, extra: &str) -> Kit {
+    let kit = Kit::new(&format!(
+        "[gateway]\nmode = \"daemon\"\nhitl_timeout_secs = 60\n{extra}\n\
+         [daemon]\nsocket = {socket:?}\nsecret_file = \"agents.secret\"\norganization = \"{ORG}\"\n"
+    ));
+    std::fs::write(kit.dir.path().join("agents.secret"), SECRET).unwrap();
+    kit
+}
+
+async fn operator(socket: &Path) -> DaemonClient {
+    let mut c = ClientConfig::new(socket, ORG, OPERATOR_SECRET, "operator");
+    c.timeout = Duration::from_secs(5);
+    DaemonClient::operator(c).await.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_call_waits_for_an_operator_then_runs() {
+    let data = tempfile::tempdir().unwrap();
+    let d = daemon(data.path(), true).await;
+    let kit = daemon_kit(&d.socket, "");
+    let s = start(&kit.config(), Host::default()).await;
+    let call = tokio::spawn(async move {
+        let r = s.ok("add", json!({"a": 20, "b": 22})).await;
+        (s, r)
+    });
+    // The operator sees the held call, with the arguments the host sent, and approves it.
+    let op = operator(&d.socket).await;
+    let pending = loop {
+        let p = op.hitl_list().await.unwrap();
+        if p.first().is_some_and(|p| p.params_known) {
+            break p;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(pending.len(), 1);
+    let held = &pending[0];
+    assert_eq!(held.agent_id, "mcp-gateway");
+    assert_eq!(held.transition.as_ref().unwrap().tool_name, "add");
+    assert_eq!(held.params_json, r#"{"a":20,"b":22}"#);
+    assert!(kit.invocations().is_empty(), "nothing runs before the human decides");
+    op.hitl_decide(sp1::HitlDecideRequest {
+        session_id: held.session_id.clone(),
+        decision: "approve".into(),
+        operator_id: "alice".into(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let (s, r) = tokio::time::timeout(Duration::from_secs(20), call)
+        .await
+        .expect("the host's call completes once approved")
+        .unwrap();
+    assert_eq!(text(&r), "42");
+    assert_eq!(kit.invocations(), ["add"]);
+    s.close().await;
+    d.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rejected_held_call_is_denied() {
+    let data = tempfile::tempdir().unwrap();
+    let d = daemon(data.path(), true).await;
+    let kit = daemon_kit(&d.socket, "");
+    let s = start(&kit.config(), Host::default()).await;
+    let call = tokio::spawn(async move {
+        let r = s.ok("add", json!({"a": 1})).await;
+        (s, r)
+    });
+    let op = operator(&d.socket).await;
+    let held = loop {
+        if let Some(p) = op.hitl_list().await.unwrap().into_iter().next() {
+            break p;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    op.hitl_decide(sp1::HitlDecideRequest {
+        session_id: held.session_id.clone(),
+        decision: "reject".into(),
+        operator_id: "alice".into(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let (s, r) = call.await.unwrap();
+    assert!(text(&r).starts_with("denied: hitl_transition:reject;"), "{}", text(&r));
+    assert!(kit.invocations().is_empty());
+    s.close().await;
+    d.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_daemon_decides_the_repeat_limit_and_an_unreachable_daemon_is_a_deny() {
+    let data = tempfile::tempdir().unwrap();
+    let d = daemon(data.path(), false).await;
+    let kit = daemon_kit(&d.socket, "");
+    let s = start(&kit.config(), Host::default()).await;
+    for _ in 0..3 {
+        assert_eq!(text(&s.ok("add", json!({"a": 1, "b": 1})).await), "2");
+    }
+    let fourth = s.ok("add", json!({"a": 1, "b": 1})).await;
+    assert_eq!(
+        text(&fourth),
+        "denied: max_repeat_exceeded; this exact call was repeated 3 times. Tollgate did not \
+         run `add`. Do not repeat it: change the arguments or stop."
+    );
+    d.stop().await;
+    let r = s.ok("echo", json!({"text": "x"})).await;
+    assert!(denied(&r));
+    assert!(text(&r).starts_with("denied: fail_closed:"), "{}", text(&r));
+    assert_eq!(kit.invocations(), ["add", "add", "add"]);
+    s.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_daemon_at_all_is_a_deny_not_a_crash() {
+    let dir = tempfile::tempdir().unwrap();
+    let kit = daemon_kit(&dir.path().join("absent.sock"), "");
+    let s = start(&kit.config(), Host::default()).await;
+    let r = s.ok("add", json!({"a": 1})).await;
+    assert!(text(&r).starts_with("denied: fail_closed:daemon_unreachable;"), "{}", text(&r));
+    assert!(kit.invocations().is_empty());
+    s.close().await;
+}
