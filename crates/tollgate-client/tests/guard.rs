@@ -202,7 +202,10 @@ fn an_expired_held_call_is_audited_and_refused() {
     let held = g.check("pay", &p, Money::ZERO);
     assert_eq!(held.decision.verdict, Verdict::Hitl);
     g.expire_pending().unwrap();
-    assert!(g.expire_pending().is_err(), "an expired call cannot expire again");
+    assert!(
+        g.expire_pending().is_err(),
+        "an expired call cannot expire again"
+    );
     let again = g.check_with_nonce("pay", &p, Money::ZERO, held.nonce);
     assert_eq!(again.decision.reason, Reason::TransitionReject);
     drop(g);
@@ -219,5 +222,8 @@ fn an_expired_held_call_is_audited_and_refused() {
         }
     })
     .unwrap();
-    assert_eq!(decisions, vec![(HumanDecision::Expire, "tollgate".to_owned())]);
+    assert_eq!(
+        decisions,
+        vec![(HumanDecision::Expire, "tollgate".to_owned())]
+    );
 }

@@ -633,16 +633,18 @@ mod tests {
         assert!(err("").contains("at least one [[upstream]]"));
         assert!(err("[[upstream]]\nname = \"a.b\"\ncommand = \"x\"").contains("upstream[0].name"));
         assert!(err("[[upstream]]\nname = \"a\"").contains("exactly one of command and url"));
-        assert!(err(&format!("{ONE}[[upstream]]\nname = \"a\"\nurl = \"http://x\""))
-            .contains("used twice"));
+        assert!(err(&format!(
+            "{ONE}[[upstream]]\nname = \"a\"\nurl = \"http://x\""
+        ))
+        .contains("used twice"));
         assert!(err(&format!("{ONE}[tools.t]\ncost_usd = -1.0")).contains("tools.\"t\".cost_usd"));
         assert!(err(&format!("{ONE}[gateway]\nlisten = \"0.0.0.0:1\"")).contains("loopback"));
         assert!(err(&format!("{ONE}[gateway]\nmodee = 1")).contains("modee"));
         assert!(err(&format!("{ONE}[guard]\nbudget_usdd = 1")).contains("budget_usdd"));
-        assert!(
-            err(&format!("{ONE}[gateway]\nmode = \"daemon\"\n[guard]\nbudget_usd = 1.0"))
-                .contains("daemon's configuration holds the guard")
-        );
+        assert!(err(&format!(
+            "{ONE}[gateway]\nmode = \"daemon\"\n[guard]\nbudget_usd = 1.0"
+        ))
+        .contains("daemon's configuration holds the guard"));
         assert!(err(&format!("{ONE}[library]\naudit_dir = \"x\"")).contains("audit_key"));
     }
 

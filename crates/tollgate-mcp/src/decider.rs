@@ -73,8 +73,8 @@ pub enum Checked {
 pub enum Decider {
     /// In process.
     Library(Library),
-    /// Through the daemon.
-    Daemon(Daemon),
+    /// Through the daemon (boxed: it is the larger by far).
+    Daemon(Box<Daemon>),
 }
 
 /// Library mode: one guard.
@@ -98,7 +98,12 @@ fn money(usd: f64) -> Money {
     Money::from_usd(usd).unwrap_or(Money::ZERO)
 }
 
-fn from_guard(c: tollgate_client::Checked, params: Value, repeat_limit: u32, estimate: Money) -> Checked {
+fn from_guard(
+    c: tollgate_client::Checked,
+    params: Value,
+    repeat_limit: u32,
+    estimate: Money,
+) -> Checked {
     match c.decision.verdict {
         Verdict::Allow => Checked::Allow {
             params,
@@ -127,10 +132,11 @@ impl Library {
         let guard = Guard::new(settings.guard.clone());
         let guard = match (&settings.audit_dir, &settings.audit_key) {
             (Some(dir), Some(key_path)) => {
-                let text = std::fs::read_to_string(key_path).map_err(|source| DeciderError::Read {
-                    path: key_path.clone(),
-                    source,
-                })?;
+                let text =
+                    std::fs::read_to_string(key_path).map_err(|source| DeciderError::Read {
+                        path: key_path.clone(),
+                        source,
+                    })?;
                 let key = tollgate_audit::keys::parse_secret_key(&text).map_err(|e| {
                     DeciderError::Key {
                         path: key_path.clone(),
@@ -173,12 +179,14 @@ impl Library {
             from_guard(c, params, limit, estimate)
         })
         .await
-        .unwrap_or_else(|| Checked::Deny(Denial {
-            reason: "fail_closed:internal".into(),
-            repeat_count: None,
-            budget_remaining: None,
-            estimate,
-        }))
+        .unwrap_or_else(|| {
+            Checked::Deny(Denial {
+                reason: "fail_closed:internal".into(),
+                repeat_count: None,
+                budget_remaining: None,
+                estimate,
+            })
+        })
     }
 
     /// Record `operator`'s approval of the held call, then re-dispatch it with its nonce:
@@ -209,12 +217,14 @@ impl Library {
             from_guard(c, params, limit, estimate)
         })
         .await
-        .unwrap_or_else(|| Checked::Deny(Denial {
-            reason: "fail_closed:internal".into(),
-            repeat_count: None,
-            budget_remaining: None,
-            estimate,
-        }))
+        .unwrap_or_else(|| {
+            Checked::Deny(Denial {
+                reason: "fail_closed:internal".into(),
+                repeat_count: None,
+                budget_remaining: None,
+                estimate,
+            })
+        })
     }
 
     /// Record `operator`'s refusal of the held call.
@@ -323,7 +333,10 @@ impl Daemon {
             // The connection is gone: the next call reconnects and resumes the session.
             self.forget().await;
         }
-        deny(released.verdict.reason.clone(), released.verdict.response.as_ref())
+        deny(
+            released.verdict.reason.clone(),
+            released.verdict.response.as_ref(),
+        )
     }
 }
 

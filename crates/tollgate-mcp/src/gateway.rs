@@ -88,7 +88,7 @@ impl Core {
     pub fn new(config: Config) -> Result<Core, DeciderError> {
         let decider = match &config.mode {
             Mode::Library(l) => Decider::Library(Library::open(l)?),
-            Mode::Daemon(d) => Decider::Daemon(Daemon::new(d, config.hitl_timeout)?),
+            Mode::Daemon(d) => Decider::Daemon(Box::new(Daemon::new(d, config.hitl_timeout)?)),
         };
         let hosts = Arc::new(Hosts::default());
         let upstreams: Vec<Upstream> = config
@@ -148,7 +148,10 @@ impl Core {
             return Some((0, name.to_owned()));
         }
         let (prefix, rest) = name.split_once('.')?;
-        let i = self.upstreams.iter().position(|u| u.config.name == prefix)?;
+        let i = self
+            .upstreams
+            .iter()
+            .position(|u| u.config.name == prefix)?;
         Some((i, rest.to_owned()))
     }
 
@@ -202,8 +205,10 @@ impl Core {
                 let mut meta = MetaObject::default();
                 meta.0
                     .insert(META_VERDICT.into(), serde_json::Value::from("DENY"));
-                meta.0
-                    .insert(META_REASON.into(), serde_json::Value::from(d.reason.clone()));
+                meta.0.insert(
+                    META_REASON.into(),
+                    serde_json::Value::from(d.reason.clone()),
+                );
                 Ok(error_result(text).with_meta(Some(meta)))
             }
             OnDeny::Error => Err(ErrorData::new(
@@ -348,8 +353,11 @@ impl Core {
         let peer = match u.peer().await {
             Ok(p) => p,
             Err(e) => {
-                return failed(format!("upstream `{}` is unavailable: {e}", u.config.name), ticket)
-                    .await
+                return failed(
+                    format!("upstream `{}` is unavailable: {e}", u.config.name),
+                    ticket,
+                )
+                .await
             }
         };
         let mut request = CallToolRequestParams::new(own_name);
@@ -535,11 +543,15 @@ impl ServerHandler for Gateway {
             Some(i) => vec![i],
             None => (0..self.0.upstreams.len()).collect(),
         };
-        let mut last = ErrorData::resource_not_found(format!("no upstream has `{}`", request.uri), None);
+        let mut last =
+            ErrorData::resource_not_found(format!("no upstream has `{}`", request.uri), None);
         for i in order {
-            let Some(u) = self.0.upstreams.get(i) else { continue };
+            let Some(u) = self.0.upstreams.get(i) else {
+                continue;
+            };
             let peer = u.peer().await.map_err(unavailable)?;
-            match tokio::time::timeout(u.config.timeout, peer.read_resource(request.clone())).await {
+            match tokio::time::timeout(u.config.timeout, peer.read_resource(request.clone())).await
+            {
                 Ok(Ok(r)) => return Ok(ReadResourceResponse::Complete(r)),
                 Ok(Err(ServiceError::McpError(e))) => last = e,
                 Ok(Err(e)) => last = unavailable(e),
@@ -554,7 +566,9 @@ impl ServerHandler for Gateway {
         _request: Option<PaginatedRequestParams>,
         _context: RequestContext<RoleServer>,
     ) -> Result<ListPromptsResult, ErrorData> {
-        Ok(ListPromptsResult::with_all_items(self.0.all_prompts().await))
+        Ok(ListPromptsResult::with_all_items(
+            self.0.all_prompts().await,
+        ))
     }
 
     async fn get_prompt(
@@ -562,10 +576,9 @@ impl ServerHandler for Gateway {
         mut request: GetPromptRequestParams,
         _context: RequestContext<RoleServer>,
     ) -> Result<GetPromptResponse, ErrorData> {
-        let (i, own) = self
-            .0
-            .route(&request.name)
-            .ok_or_else(|| ErrorData::invalid_params(format!("unknown prompt `{}`", request.name), None))?;
+        let (i, own) = self.0.route(&request.name).ok_or_else(|| {
+            ErrorData::invalid_params(format!("unknown prompt `{}`", request.name), None)
+        })?;
         let u = self
             .0
             .upstreams
@@ -622,7 +635,8 @@ impl ServerHandler for Gateway {
     ) -> Result<(), ErrorData> {
         for u in &self.0.upstreams {
             if let Ok(peer) = u.peer().await {
-                let _ = tokio::time::timeout(u.config.timeout, peer.set_level(request.clone())).await;
+                let _ =
+                    tokio::time::timeout(u.config.timeout, peer.set_level(request.clone())).await;
             }
         }
         Ok(())

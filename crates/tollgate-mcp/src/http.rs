@@ -22,11 +22,8 @@ pub async fn serve(
     config.cancellation_token = ct.child_token();
     config.max_request_body_bytes = core.config().max_message_bytes;
     let factory = move || Ok(Gateway(core.clone()));
-    let service = StreamableHttpService::new(
-        factory,
-        LocalSessionManager::default().into(),
-        config,
-    );
+    let service =
+        StreamableHttpService::new(factory, LocalSessionManager::default().into(), config);
     let router = axum::Router::new().nest_service("/mcp", service);
     let listener = tokio::net::TcpListener::bind(addr).await?;
     let bound = listener.local_addr()?;

@@ -92,7 +92,10 @@ pub fn main_entry(config_path: &std::path::Path, check_only: bool) -> Result<u8,
         }
         let shutdown = async {
             use tokio::signal::unix::{signal, SignalKind};
-            match (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) {
+            match (
+                signal(SignalKind::terminate()),
+                signal(SignalKind::interrupt()),
+            ) {
                 (Ok(mut term), Ok(mut int)) => {
                     tokio::select! {
                         _ = term.recv() => {}

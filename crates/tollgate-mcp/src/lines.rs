@@ -251,7 +251,10 @@ where
                         Line::Blank => continue,
                         Line::NotJson(e) => {
                             if self.on_bad == OnBad::Close {
-                                tracing::warn!("{}: wrote a line that is not JSON ({e}); closing", self.name);
+                                tracing::warn!(
+                                    "{}: wrote a line that is not JSON ({e}); closing",
+                                    self.name
+                                );
                                 return None;
                             }
                             error_line(None, PARSE_ERROR, format!("parse error: {e}"))
@@ -273,13 +276,17 @@ where
                                 );
                                 return None;
                             }
-                            error_line(Some(id), INVALID_REQUEST, format!("invalid request: {reason}"))
+                            error_line(
+                                Some(id),
+                                INVALID_REQUEST,
+                                format!("invalid request: {reason}"),
+                            )
                         }
                     }
                 }
             };
             let mut w = self.write.lock().await;
-            let Some(w) = w.as_mut() else { return None };
+            let w = w.as_mut()?;
             if w.write_all(&answer).await.is_err() || w.flush().await.is_err() {
                 return None;
             }
@@ -304,14 +311,26 @@ mod tests {
     #[test]
     fn each_kind_of_line() {
         let ok = br#"{"jsonrpc":"2.0","id":7,"method":"ping"}"#;
-        assert!(matches!(classify::<ClientJsonRpcMessage>(ok), Line::Message(_)));
-        assert!(matches!(classify::<ClientJsonRpcMessage>(b"  \r"), Line::Blank));
-        assert!(matches!(classify::<ClientJsonRpcMessage>(b"{oops"), Line::NotJson(_)));
+        assert!(matches!(
+            classify::<ClientJsonRpcMessage>(ok),
+            Line::Message(_)
+        ));
+        assert!(matches!(
+            classify::<ClientJsonRpcMessage>(b"  \r"),
+            Line::Blank
+        ));
+        assert!(matches!(
+            classify::<ClientJsonRpcMessage>(b"{oops"),
+            Line::NotJson(_)
+        ));
         // (A known method with bad params reads as a custom request: the gateway answers
         // it -32602 itself.)
         let bad = br#"{"jsonrpc":"2.0","id":"x","result_or_method":"neither"}"#;
         match classify::<ClientJsonRpcMessage>(bad) {
-            Line::Invalid { id: Some(NumberOrString::String(s)), .. } => assert_eq!(&*s, "x"),
+            Line::Invalid {
+                id: Some(NumberOrString::String(s)),
+                ..
+            } => assert_eq!(&*s, "x"),
             other => panic!("{other:?}"),
         }
         let note = br#"{"jsonrpc":"2.0","method":"notifications/whatever","params":[1]}"#;

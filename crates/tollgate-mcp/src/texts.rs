@@ -142,8 +142,8 @@ mod tests {
 
     #[test]
     fn long_arguments_are_cut_on_a_character_boundary() {
-        let long = tollgate_core::json::parse_str(&format!(r#"{{"s":"{}"}}"#, "é".repeat(5000)))
-            .unwrap();
+        let long =
+            tollgate_core::json::parse_str(&format!(r#"{{"s":"{}"}}"#, "é".repeat(5000))).unwrap();
         let m = approval_request("t", &long, "hitl_all_calls", Money::ZERO);
         assert!(m.contains("(cut: the arguments are longer than 4 KiB)"));
     }

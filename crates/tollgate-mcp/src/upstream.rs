@@ -211,7 +211,10 @@ impl Upstream {
             if !c.service.is_closed() && !c.service.peer().is_transport_closed() {
                 return Ok(c.service.peer().clone());
             }
-            tracing::info!("upstream `{}`: connection lost; restarting", self.config.name);
+            tracing::info!(
+                "upstream `{}`: connection lost; restarting",
+                self.config.name
+            );
         }
         // Drop (and kill) the old one before starting the next.
         *conn = None;
@@ -232,7 +235,8 @@ impl Upstream {
         let handler = Handler {
             hosts: self.hosts.clone(),
         };
-        let init = |e: rmcp::service::ClientInitializeError| UpstreamError::Initialize(e.to_string());
+        let init =
+            |e: rmcp::service::ClientInitializeError| UpstreamError::Initialize(e.to_string());
         match &self.config.transport {
             UpstreamTransport::Stdio {
                 command,
@@ -254,8 +258,7 @@ impl Upstream {
                     command: command.clone(),
                     source,
                 })?;
-                let (Some(stdout), Some(stdin)) = (child.stdout.take(), child.stdin.take())
-                else {
+                let (Some(stdout), Some(stdin)) = (child.stdout.take(), child.stdin.take()) else {
                     return Err(UpstreamError::Spawn {
                         command: command.clone(),
                         source: std::io::Error::other("no stdio pipes"),

@@ -95,18 +95,35 @@ mod tests {
     fn oversized_arguments_are_malformed() {
         let args: JsonObject = serde_json::from_str(r#"{"s":"0123456789"}"#).unwrap();
         assert_eq!(params(Some(&args), 8), Value::Null);
-        assert!(tollgate_core::Params::json(&Value::Null).canonical_digest().is_err());
+        assert!(tollgate_core::Params::json(&Value::Null)
+            .canonical_digest()
+            .is_err());
     }
 
     #[test]
     fn reported_costs() {
         let cost = |m| reported_cost(&result_with_meta(m));
-        assert_eq!(cost(serde_json::json!({REPORTED_COST_KEY: 0.25})), Reported::Cost(0.25));
-        assert_eq!(cost(serde_json::json!({REPORTED_COST_KEY: 2})), Reported::Cost(2.0));
+        assert_eq!(
+            cost(serde_json::json!({REPORTED_COST_KEY: 0.25})),
+            Reported::Cost(0.25)
+        );
+        assert_eq!(
+            cost(serde_json::json!({REPORTED_COST_KEY: 2})),
+            Reported::Cost(2.0)
+        );
         assert_eq!(cost(serde_json::json!({"other": 1})), Reported::Absent);
-        assert_eq!(cost(serde_json::json!({REPORTED_COST_KEY: -1})), Reported::Unreadable);
-        assert_eq!(cost(serde_json::json!({REPORTED_COST_KEY: "0.1"})), Reported::Unreadable);
-        assert_eq!(cost(serde_json::json!({REPORTED_COST_KEY: null})), Reported::Unreadable);
+        assert_eq!(
+            cost(serde_json::json!({REPORTED_COST_KEY: -1})),
+            Reported::Unreadable
+        );
+        assert_eq!(
+            cost(serde_json::json!({REPORTED_COST_KEY: "0.1"})),
+            Reported::Unreadable
+        );
+        assert_eq!(
+            cost(serde_json::json!({REPORTED_COST_KEY: null})),
+            Reported::Unreadable
+        );
     }
 
     fn arb_json() -> impl Strategy<Value = serde_json::Value> {

@@ -41,6 +41,9 @@ enum Command {
     Certs(cmd::certs::Args),
     /// Print a fresh control-plane operator token and its `[[operator]]` entry.
     OperatorToken(cmd::operator_token::Args),
+    /// The MCP gateway: serve an MCP host on stdio, deciding every tools/call with
+    /// Tollgate before forwarding it to the upstream MCP servers.
+    Mcp(cmd::mcp::Args),
 }
 
 fn main() -> ExitCode {
@@ -69,6 +72,7 @@ fn main() -> ExitCode {
         Command::Demo(args) => cmd::demo::run(&args),
         Command::Bench(args) => cmd::bench::run(&args),
         Command::Certs(args) => cmd::certs::run(&args),
+        Command::Mcp(args) => cmd::mcp::run(&args),
     };
     match result {
         Ok(code) => code,

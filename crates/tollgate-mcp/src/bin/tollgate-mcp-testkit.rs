@@ -68,15 +68,43 @@ impl ServerHandler for Upstream {
     ) -> Result<ListToolsResult, ErrorData> {
         let s = serde_json::json!({});
         Ok(ListToolsResult::with_all_items(vec![
-            Tool::new("echo", "Returns its arguments as JSON text", schema(serde_json::json!({"text": {"type": "string"}}))),
-            Tool::new("add", "Adds a and b", schema(serde_json::json!({"a": {"type": "number"}, "b": {"type": "number"}}))),
-            Tool::new("costly", "Reports its actual cost in _meta (arguments: cost)", schema(serde_json::json!({"cost": {}}))),
+            Tool::new(
+                "echo",
+                "Returns its arguments as JSON text",
+                schema(serde_json::json!({"text": {"type": "string"}})),
+            ),
+            Tool::new(
+                "add",
+                "Adds a and b",
+                schema(serde_json::json!({"a": {"type": "number"}, "b": {"type": "number"}})),
+            ),
+            Tool::new(
+                "costly",
+                "Reports its actual cost in _meta (arguments: cost)",
+                schema(serde_json::json!({"cost": {}})),
+            ),
             Tool::new("fail", "Always fails (isError)", schema(s.clone())),
-            Tool::new("crash", "Exits the server process mid-call", schema(s.clone())),
+            Tool::new(
+                "crash",
+                "Exits the server process mid-call",
+                schema(s.clone()),
+            ),
             Tool::new("hang", "Never answers", schema(s.clone())),
-            Tool::new("garbage", "Writes a line that is not JSON to stdout", schema(s.clone())),
-            Tool::new("big", "Returns a text of `bytes` bytes", schema(serde_json::json!({"bytes": {"type": "integer"}}))),
-            Tool::new("delete_everything", "A tool the gateway's config hides", schema(s)),
+            Tool::new(
+                "garbage",
+                "Writes a line that is not JSON to stdout",
+                schema(s.clone()),
+            ),
+            Tool::new(
+                "big",
+                "Returns a text of `bytes` bytes",
+                schema(serde_json::json!({"bytes": {"type": "integer"}})),
+            ),
+            Tool::new(
+                "delete_everything",
+                "A tool the gateway's config hides",
+                schema(s),
+            ),
         ]))
     }
 
@@ -90,7 +118,11 @@ impl ServerHandler for Upstream {
         let result = match &*request.name {
             "echo" => text(serde_json::Value::Object(args).to_string()),
             "add" => {
-                let n = |k: &str| args.get(k).and_then(serde_json::Value::as_f64).unwrap_or(0.0);
+                let n = |k: &str| {
+                    args.get(k)
+                        .and_then(serde_json::Value::as_f64)
+                        .unwrap_or(0.0)
+                };
                 text(format!("{}", n("a") + n("b")))
             }
             "costly" => {
@@ -114,12 +146,18 @@ impl ServerHandler for Upstream {
                 text("wrote garbage")
             }
             "big" => {
-                let n = args.get("bytes").and_then(serde_json::Value::as_u64).unwrap_or(0);
+                let n = args
+                    .get("bytes")
+                    .and_then(serde_json::Value::as_u64)
+                    .unwrap_or(0);
                 text("x".repeat(usize::try_from(n).unwrap_or(0)))
             }
             "delete_everything" => text("deleted everything"),
             other => {
-                return Err(ErrorData::invalid_params(format!("unknown tool `{other}`"), None))
+                return Err(ErrorData::invalid_params(
+                    format!("unknown tool `{other}`"),
+                    None,
+                ))
             }
         };
         Ok(CallToolResponse::Complete(result))

@@ -104,7 +104,10 @@ async fn a_held_call_waits_for_an_operator_then_runs() {
     assert_eq!(held.agent_id, "mcp-gateway");
     assert_eq!(held.transition.as_ref().unwrap().tool_name, "add");
     assert_eq!(held.params_json, r#"{"a":20,"b":22}"#);
-    assert!(kit.invocations().is_empty(), "nothing runs before the human decides");
+    assert!(
+        kit.invocations().is_empty(),
+        "nothing runs before the human decides"
+    );
     op.hitl_decide(sp1::HitlDecideRequest {
         session_id: held.session_id.clone(),
         decision: "approve".into(),
@@ -149,7 +152,11 @@ async fn a_rejected_held_call_is_denied() {
     .await
     .unwrap();
     let (s, r) = call.await.unwrap();
-    assert!(text(&r).starts_with("denied: hitl_transition:reject;"), "{}", text(&r));
+    assert!(
+        text(&r).starts_with("denied: hitl_transition:reject;"),
+        "{}",
+        text(&r)
+    );
     assert!(kit.invocations().is_empty());
     s.close().await;
     d.stop().await;
@@ -184,7 +191,38 @@ async fn no_daemon_at_all_is_a_deny_not_a_crash() {
     let kit = daemon_kit(&dir.path().join("absent.sock"), "");
     let s = start(&kit.config(), Host::default()).await;
     let r = s.ok("add", json!({"a": 1})).await;
-    assert!(text(&r).starts_with("denied: fail_closed:daemon_unreachable;"), "{}", text(&r));
+    assert!(
+        text(&r).starts_with("denied: fail_closed:daemon_unreachable;"),
+        "{}",
+        text(&r)
+    );
     assert!(kit.invocations().is_empty());
     s.close().await;
+}
+
+/// The gateway's one session survives a daemon restart: the next call resumes it (its
+/// circuit still open), it never opens a fresh session with a fresh budget.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_daemon_resumes_the_same_session() {
+    let data = tempfile::tempdir().unwrap();
+    let d = daemon(data.path(), false).await;
+    let socket = d.socket.clone();
+    let kit = daemon_kit(&socket, "");
+    let s = start(&kit.config(), Host::default()).await;
+    for _ in 0..3 {
+        assert_eq!(text(&s.ok("add", json!({"a": 1})).await), "1");
+    }
+    assert!(text(&s.ok("add", json!({"a": 1})).await).starts_with("denied: max_repeat_exceeded;"));
+    d.stop().await;
+    assert!(text(&s.ok("add", json!({"a": 2})).await).starts_with("denied: fail_closed:"));
+    let d = daemon(data.path(), false).await;
+    let after = s.ok("add", json!({"a": 3})).await;
+    assert!(
+        text(&after).starts_with("denied: circuit_open;"),
+        "the resumed session remembers its tripped circuit: {}",
+        text(&after)
+    );
+    assert_eq!(kit.invocations(), ["add", "add", "add"]);
+    s.close().await;
+    d.stop().await;
 }

@@ -12,7 +12,9 @@ use crate::{denied, start, text, Host, Kit};
 async fn allowed_calls_pass_with_their_results_intact() {
     let kit = Kit::new("");
     let s = start(&kit.config(), Host::default()).await;
-    let r = s.ok("echo", json!({"text": "héllo", "n": [1, 2.5, null]})).await;
+    let r = s
+        .ok("echo", json!({"text": "héllo", "n": [1, 2.5, null]}))
+        .await;
     assert_eq!(r.is_error, Some(false));
     let echoed: serde_json::Value = serde_json::from_str(&text(&r)).unwrap();
     assert_eq!(echoed, json!({"text": "héllo", "n": [1, 2.5, null]}));
@@ -47,7 +49,11 @@ async fn the_fourth_identical_call_is_denied_and_never_runs_then_the_circuit_is_
     let later = s.ok("echo", json!({"text": "other"})).await;
     assert!(denied(&later));
     assert!(text(&later).starts_with("denied: circuit_open; "));
-    assert_eq!(kit.invocations(), ["add", "add", "add"], "the denied calls never ran");
+    assert_eq!(
+        kit.invocations(),
+        ["add", "add", "add"],
+        "the denied calls never ran"
+    );
     s.close().await;
 }
 
@@ -63,10 +69,14 @@ async fn a_budget_overrun_is_denied_and_costs_settle() {
     assert!(!denied(&s.ok("echo", json!({"text": "1"})).await)); // 0.06 left
     assert!(!denied(&s.ok("costly", json!({"cost": 0.03})).await)); // 0.03 left
     let over = s.ok("echo", json!({"text": "2"})).await;
-    assert!(text(&over).starts_with(
-        "denied: budget_overrun; this call's estimated cost ($0.0400) is more than the budget \
+    assert!(
+        text(&over).starts_with(
+            "denied: budget_overrun; this call's estimated cost ($0.0400) is more than the budget \
          left ($0.0300)"
-    ), "{}", text(&over));
+        ),
+        "{}",
+        text(&over)
+    );
     assert_eq!(kit.invocations(), ["echo", "costly"]);
     s.close().await;
 }
@@ -128,10 +138,19 @@ async fn two_upstreams_are_namespaced() {
     let s = start(&kit.config(), Host::default()).await;
     let tools = s.client.list_all_tools().await.unwrap();
     let names: Vec<&str> = tools.iter().map(|t| &*t.name).collect();
-    assert!(names.contains(&"github.echo") && names.contains(&"files.echo"), "{names:?}");
+    assert!(
+        names.contains(&"github.echo") && names.contains(&"files.echo"),
+        "{names:?}"
+    );
     assert_eq!(text(&s.ok("files.add", json!({"a": 2, "b": 3})).await), "5");
-    assert!(s.call("echo", json!({})).await.is_err(), "bare names are unknown");
-    assert_eq!(s.client.list_all_prompts().await.unwrap()[1].name, "files.greet");
+    assert!(
+        s.call("echo", json!({})).await.is_err(),
+        "bare names are unknown"
+    );
+    assert_eq!(
+        s.client.list_all_prompts().await.unwrap()[1].name,
+        "files.greet"
+    );
     s.close().await;
 }
 
@@ -168,7 +187,11 @@ async fn the_local_audit_log_verifies_and_holds_every_decision() {
             ("echo".into(), Reason::CircuitOpen),
         ]
     );
-    assert!(matches!(events[0], SessionEvent::Opened(_)), "{:?}", events[0]);
+    assert!(
+        matches!(events[0], SessionEvent::Opened(_)),
+        "{:?}",
+        events[0]
+    );
     let settlements: Vec<u64> = events
         .iter()
         .filter_map(|e| match e {

@@ -56,12 +56,24 @@ async fn accepted_the_call_runs_once_with_exactly_its_arguments() {
     assert_eq!(kit.invocations(), ["add"]);
     let message = asked.lock().unwrap()[0].clone();
     assert!(message.contains("Tool: add"), "{message}");
-    assert!(message.contains(r#"Arguments: {"a":40,"b":2}"#), "{message}");
-    assert!(message.contains("Held because: hitl_all_calls"), "{message}");
+    assert!(
+        message.contains(r#"Arguments: {"a":40,"b":2}"#),
+        "{message}"
+    );
+    assert!(
+        message.contains("Held because: hitl_all_calls"),
+        "{message}"
+    );
     assert!(message.contains("Estimated cost: $0.0200"), "{message}");
     s.close().await;
-    assert_eq!(decisions(&kit), [(HumanDecision::Approve, "desk-user".into())]);
-    assert_eq!(reasons(&kit), [Reason::HitlAllCalls, Reason::TransitionApprove]);
+    assert_eq!(
+        decisions(&kit),
+        [(HumanDecision::Approve, "desk-user".into())]
+    );
+    assert_eq!(
+        reasons(&kit),
+        [Reason::HitlAllCalls, Reason::TransitionApprove]
+    );
 }
 
 #[tokio::test]
@@ -79,7 +91,10 @@ async fn declined_the_call_is_denied_and_never_runs() {
         assert!(text(&r).starts_with("denied: hitl_transition:reject; a human refused"));
         assert!(kit.invocations().is_empty());
         s.close().await;
-        assert_eq!(decisions(&kit), [(HumanDecision::Reject, "desk-user".into())]);
+        assert_eq!(
+            decisions(&kit),
+            [(HumanDecision::Reject, "desk-user".into())]
+        );
     }
 }
 
@@ -96,7 +111,10 @@ async fn unanswered_the_call_is_denied_at_the_timeout() {
     assert!(text(&r).starts_with("denied: fail_closed:hitl_timeout; nobody approved"));
     assert!(kit.invocations().is_empty());
     s.close().await;
-    assert_eq!(decisions(&kit), [(HumanDecision::Expire, "tollgate".into())]);
+    assert_eq!(
+        decisions(&kit),
+        [(HumanDecision::Expire, "tollgate".into())]
+    );
 }
 
 #[tokio::test]
@@ -111,5 +129,8 @@ async fn without_elicitation_a_held_call_is_denied_with_a_clear_text() {
     );
     assert!(kit.invocations().is_empty());
     s.close().await;
-    assert_eq!(decisions(&kit), [(HumanDecision::Expire, "tollgate".into())]);
+    assert_eq!(
+        decisions(&kit),
+        [(HumanDecision::Expire, "tollgate".into())]
+    );
 }

@@ -46,7 +46,8 @@ async fn a_call_over_streamable_http_both_ways() {
         .unwrap();
     tollgate_mcp::install_crypto_provider();
     let connect = || async {
-        let cfg = StreamableHttpClientTransportConfig::with_uri(format!("http://127.0.0.1:{port}/mcp"));
+        let cfg =
+            StreamableHttpClientTransportConfig::with_uri(format!("http://127.0.0.1:{port}/mcp"));
         let t = StreamableHttpClientTransport::with_client(reqwest::Client::new(), cfg);
         Host::default().serve(t).await
     };
@@ -61,7 +62,11 @@ async fn a_call_over_streamable_http_both_ways() {
     assert_eq!(text(&client.call_tool(p.clone()).await.unwrap()), "9");
     // Decided like any call: the repeat limit of 1 denies the second.
     let second = client.call_tool(p).await.unwrap();
-    assert!(text(&second).starts_with("denied: max_repeat_exceeded;"), "{}", text(&second));
+    assert!(
+        text(&second).starts_with("denied: max_repeat_exceeded;"),
+        "{}",
+        text(&second)
+    );
     let _ = client.cancel().await;
     let _ = gateway.kill().await;
     let _ = upstream.kill().await;

@@ -51,7 +51,10 @@ impl Kit {
     pub fn with_upstreams(upstreams: &str, extra: &str) -> Kit {
         let dir = tempfile::tempdir().unwrap();
         let log = dir.path().join("invocations.log");
-        let text = format!("{extra}\n{}", upstreams.replace("\"LOG\"", &format!("{log:?}")));
+        let text = format!(
+            "{extra}\n{}",
+            upstreams.replace("\"LOG\"", &format!("{log:?}"))
+        );
         std::fs::write(dir.path().join("mcp.toml"), text).unwrap();
         Kit { dir }
     }

@@ -59,9 +59,12 @@ async fn an_oversized_upstream_message_is_an_error_result() {
     let kit = Kit::new("[gateway]\nmax_message_bytes = 65536\n");
     let s = start(&kit.config(), Host::default()).await;
     assert_eq!(text(&s.ok("big", json!({"bytes": 1000})).await).len(), 1000);
-    let r = tokio::time::timeout(Duration::from_secs(20), s.ok("big", json!({"bytes": 100_000})))
-        .await
-        .expect("no hang");
+    let r = tokio::time::timeout(
+        Duration::from_secs(20),
+        s.ok("big", json!({"bytes": 100_000})),
+    )
+    .await
+    .expect("no hang");
     assert_eq!(r.is_error, Some(true));
     s.close().await;
 }
@@ -99,16 +102,37 @@ async fn garbage_from_the_host_gets_json_rpc_errors_and_no_panic() {
     }
     assert_eq!(next(&mut lines).await["id"], 1);
     stdin
-        .write_all(&send(r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#.into()))
+        .write_all(&send(
+            r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#.into(),
+        ))
         .await
         .unwrap();
     let cases: Vec<(String, serde_json::Value, i64)> = vec![
         ("not json at all".into(), serde_json::Value::Null, -32700),
         ("\u{1}\u{2}{{{".into(), serde_json::Value::Null, -32700),
-        (format!(r#"{{"jsonrpc":"2.0","id":7,"method":"ping","pad":"{}"}}"#, "x".repeat(5000)), serde_json::Value::Null, -32600),
-        (r#"{"jsonrpc":"2.0","id":8,"method":"tools/call","params":{"name":3}}"#.into(), json!(8), -32602),
-        (r#"{"jsonrpc":"2.0","id":"nine","method":"no/such"}"#.into(), json!("nine"), -32601),
-        (r#"{"jsonrpc":"2.0","id":10,"method":"tools/call","params":{"name":"nope"}}"#.into(), json!(10), -32602),
+        (
+            format!(
+                r#"{{"jsonrpc":"2.0","id":7,"method":"ping","pad":"{}"}}"#,
+                "x".repeat(5000)
+            ),
+            serde_json::Value::Null,
+            -32600,
+        ),
+        (
+            r#"{"jsonrpc":"2.0","id":8,"method":"tools/call","params":{"name":3}}"#.into(),
+            json!(8),
+            -32602,
+        ),
+        (
+            r#"{"jsonrpc":"2.0","id":"nine","method":"no/such"}"#.into(),
+            json!("nine"),
+            -32601,
+        ),
+        (
+            r#"{"jsonrpc":"2.0","id":10,"method":"tools/call","params":{"name":"nope"}}"#.into(),
+            json!(10),
+            -32602,
+        ),
     ];
     for (line, id, code) in cases {
         stdin.write_all(&send(line.clone())).await.unwrap();

@@ -17,6 +17,7 @@ mod certs;
 mod conformance;
 mod crash;
 mod daemon;
+mod mcp;
 mod operator_token;
 
 pub fn tollgate(args: &[&str]) -> Output {
