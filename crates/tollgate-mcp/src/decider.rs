@@ -81,6 +81,8 @@ pub enum Decider {
 #[derive(Debug)]
 pub struct Library {
     guard: Arc<Guard>,
+    /// The guard's repeat limit (for the denial text).
+    repeat_limit: u32,
 }
 
 /// Daemon mode: one session, resumed after a lost connection, never replaced.
@@ -161,6 +163,7 @@ impl Library {
         };
         Ok(Library {
             guard: Arc::new(guard),
+            repeat_limit: settings.guard.max_repeat_calls,
         })
     }
 
@@ -173,8 +176,8 @@ impl Library {
         let guard = self.guard.clone();
         let tool = tool.to_owned();
         let estimate = money(cost_usd);
+        let limit = self.repeat_limit;
         blocking(move || {
-            let limit = guard.session().policy.config.max_repeat_calls;
             let c = guard.check(&tool, &params, estimate);
             from_guard(c, params, limit, estimate)
         })
@@ -203,6 +206,7 @@ impl Library {
         let tool = tool.to_owned();
         let operator = operator.to_owned();
         let estimate = money(cost_usd);
+        let limit = self.repeat_limit;
         blocking(move || {
             if let Err(e) = guard.decide_human(HumanDecision::Approve, None, &operator) {
                 return Checked::Deny(Denial {
@@ -212,7 +216,6 @@ impl Library {
                     estimate,
                 });
             }
-            let limit = guard.session().policy.config.max_repeat_calls;
             let c = guard.check_with_nonce(&tool, &params, estimate, nonce);
             from_guard(c, params, limit, estimate)
         })

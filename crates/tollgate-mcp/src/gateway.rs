@@ -642,3 +642,26 @@ impl ServerHandler for Gateway {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// docs/mcp.md §3 and §6 quote these.
+    #[test]
+    fn advertised_capabilities_and_the_approval_schema() {
+        assert_eq!(
+            serde_json::to_value(capabilities()).unwrap(),
+            serde_json::json!({
+                "tools": {"listChanged": true},
+                "resources": {"listChanged": true},
+                "prompts": {"listChanged": true},
+                "logging": {}
+            })
+        );
+        assert_eq!(
+            serde_json::to_value(ElicitationSchema::new(BTreeMap::new())).unwrap(),
+            serde_json::json!({"type": "object", "properties": {}})
+        );
+    }
+}
