@@ -43,7 +43,7 @@ pub use tollgate_store::StoreReport;
 use tollgate_store::{EmbeddedStore, SessionStore, StoreOptions};
 
 pub use config::DaemonConfig;
-pub use service::{Caller, Clock, Service, SystemClock};
+pub use service::{AuditSink, Caller, Clock, Service, SystemClock};
 
 /// Why the daemon could not start or stop cleanly.
 #[derive(Debug, thiserror::Error)]
