@@ -1,5 +1,7 @@
-//! Daemon mode: `tollgate._native.Client` over [`tollgate_client::DaemonClient`], and
-//! `tollgate._native.Operator` for operators' HITL decisions.
+//! Daemon mode: `tollgate._native.Client` over [`tollgate_client::DaemonClient`], on the
+//! daemon's Unix socket or its gRPC binding with mutual TLS, and `tollgate._native.Operator`
+//! for operators' HITL decisions, on the socket only (the gRPC binding serves agents, not
+//! operators: docs/protocol.md §8.5).
 //!
 //! Every blocking call releases the GIL while it waits; every `a...` method returns an
 //! awaitable that completes on the asyncio loop without occupying it or a thread (the
@@ -14,7 +16,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use tollgate_client::{
-    ClientConfig, ClientError, ClientVerdict, DaemonClient, HumanWait, ShareParams,
+    ClientConfig, ClientError, ClientVerdict, DaemonClient, GrpcConfig, HumanWait, ShareParams,
 };
 use tollgate_core::json;
 use tollgate_proto::sp1;
@@ -145,9 +147,10 @@ async fn check_or_wait(client: Arc<DaemonClient>, args: CallArgs, wait: HumanWai
     }
 }
 
-/// A registered session with `tollgate serve`. Fails closed: when the daemon cannot be
-/// reached, does not answer in time, answers with a bad MAC or with something
-/// unreadable, the verdict is DENY with a reason starting `fail_closed:`. Heartbeats run
+/// A registered session with `tollgate serve`, over its socket or over gRPC. Fails
+/// closed: when the daemon cannot be reached, does not answer in time, answers with a
+/// bad MAC, fails the TLS handshake or answers with something unreadable, the verdict is
+/// DENY with a reason starting `fail_closed:`. Heartbeats run
 /// in the background until `close()`. Safe to share between threads and tasks.
 #[pyclass(frozen, subclass, module = "tollgate._native", name = "Client")]
 #[derive(Debug)]
@@ -160,6 +163,108 @@ impl Drop for PyClient {
     fn drop(&mut self) {
         if let Some(h) = &self.heartbeats {
             h.abort();
+        }
+    }
+}
+
+/// The keyword arguments of `Client(...)` that choose how it reaches the daemon, as given.
+struct TransportArgs {
+    socket: Option<PathBuf>,
+    secret: Option<Vec<u8>>,
+    grpc: Option<String>,
+    server_name: Option<String>,
+    ca_pem: Option<Vec<u8>>,
+    cert_pem: Option<Vec<u8>>,
+    key_pem: Option<Vec<u8>>,
+}
+
+/// How a `Client` reaches the daemon: one binding, with everything it needs.
+enum Transport {
+    /// The Unix socket: every message carries an HMAC under the organization's agents'
+    /// secret (docs/protocol.md §3).
+    Socket { path: PathBuf, secret: Vec<u8> },
+    /// gRPC with mutual TLS: the client certificate names the organization; there is no
+    /// secret (docs/protocol.md §8).
+    Grpc(GrpcConfig),
+}
+
+/// The host part of `host:port` (`[v6]:port` too): the name the daemon's certificate
+/// is checked against unless one is given.
+fn host_of(address: &str) -> &str {
+    if let Some((v6, _)) = address.strip_prefix('[').and_then(|a| a.split_once(']')) {
+        return v6;
+    }
+    address.rsplit_once(':').map_or(address, |(host, _)| host)
+}
+
+impl Transport {
+    /// Exactly one of `socket` (with `secret`) and `grpc` (with `ca_pem`, and `cert_pem`
+    /// with `key_pem`); each binding's arguments only with it. `ValueError` otherwise.
+    fn read(a: TransportArgs) -> PyResult<Transport> {
+        let tls_given = [
+            a.server_name.is_some(),
+            a.ca_pem.is_some(),
+            a.cert_pem.is_some(),
+            a.key_pem.is_some(),
+        ];
+        match (a.socket, a.grpc) {
+            (Some(path), None) => {
+                if tls_given.contains(&true) {
+                    return Err(PyValueError::new_err(
+                        "`server_name`, `ca_pem`, `cert_pem` and `key_pem` are for `grpc`, not `socket`",
+                    ));
+                }
+                let secret = a.secret.ok_or_else(|| {
+                    PyValueError::new_err(
+                        "`socket` needs `secret`: the organization's agents' secret",
+                    )
+                })?;
+                Ok(Transport::Socket { path, secret })
+            }
+            (None, Some(address)) => {
+                if a.secret.is_some() {
+                    return Err(PyValueError::new_err(
+                        "`secret` is not used over `grpc`: the client certificate authenticates the agent",
+                    ));
+                }
+                let ca_pem = a.ca_pem.ok_or_else(|| {
+                    PyValueError::new_err(
+                        "`grpc` needs `ca_pem`: the CA certificate that issued the daemon's certificate",
+                    )
+                })?;
+                let identity = match (a.cert_pem, a.key_pem) {
+                    (Some(cert), Some(key)) => Some((cert, key)),
+                    (None, None) => None,
+                    _ => {
+                        return Err(PyValueError::new_err(
+                            "give both `cert_pem` and `key_pem`: the client certificate and its private key",
+                        ))
+                    }
+                };
+                let server_name = a
+                    .server_name
+                    .unwrap_or_else(|| host_of(&address).to_owned());
+                Ok(Transport::Grpc(GrpcConfig {
+                    address,
+                    server_name,
+                    ca_pem,
+                    identity,
+                }))
+            }
+            _ => Err(PyValueError::new_err(
+                "give exactly one of `socket` and `grpc`",
+            )),
+        }
+    }
+
+    /// The client's configuration. The organization defaults to `default` on the socket
+    /// and, over gRPC, to the one the client certificate names (an empty id).
+    fn config(self, organization: Option<&str>, agent_id: &str) -> ClientConfig {
+        match self {
+            Transport::Socket { path, secret } => {
+                ClientConfig::new(path, organization.unwrap_or("default"), &secret, agent_id)
+            }
+            Transport::Grpc(g) => ClientConfig::grpc(g, organization.unwrap_or(""), agent_id),
         }
     }
 }
@@ -177,16 +282,24 @@ fn wait_of(timeout: f64, share_params: bool) -> PyResult<HumanWait> {
 
 #[pymethods]
 impl PyClient {
-    /// Connect to the daemon's Unix socket and register a session (or resume
-    /// `session_id`). Raises `ConnectError` (with `.reason`, a `fail_closed:` string)
-    /// when that fails.
+    /// Connect to the daemon and register a session (or resume `session_id`): over its
+    /// Unix socket (`socket`, with the organization's agents' `secret`), or over gRPC
+    /// with mutual TLS (`grpc`, the daemon's `host:port`, with the CA certificate
+    /// `ca_pem` and this agent's `cert_pem` and `key_pem`, PEM bytes). Raises
+    /// `ValueError` for a bad combination and `ConnectError` (with `.reason`, a
+    /// `fail_closed:` string) when connecting fails.
     #[new]
     #[pyo3(signature = (
         *,
-        socket,
-        secret,
         agent_id,
-        organization = "default",
+        socket = None,
+        secret = None,
+        grpc = None,
+        server_name = None,
+        ca_pem = None,
+        cert_pem = None,
+        key_pem = None,
+        organization = None,
         framework = "python",
         agent_version = "",
         timeout = 2.0,
@@ -196,17 +309,31 @@ impl PyClient {
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
-        socket: PathBuf,
-        secret: Vec<u8>,
         agent_id: &str,
-        organization: &str,
+        socket: Option<PathBuf>,
+        secret: Option<Vec<u8>>,
+        grpc: Option<String>,
+        server_name: Option<String>,
+        ca_pem: Option<Vec<u8>>,
+        cert_pem: Option<Vec<u8>>,
+        key_pem: Option<Vec<u8>>,
+        organization: Option<String>,
         framework: &str,
         agent_version: &str,
         timeout: f64,
         heartbeat_interval: f64,
         session_id: Option<String>,
     ) -> PyResult<Self> {
-        let mut config = ClientConfig::new(socket, organization, &secret, agent_id);
+        let transport = Transport::read(TransportArgs {
+            socket,
+            secret,
+            grpc,
+            server_name,
+            ca_pem,
+            cert_pem,
+            key_pem,
+        })?;
+        let mut config = transport.config(organization.as_deref(), agent_id);
         config.framework = framework.to_owned();
         if !agent_version.is_empty() {
             config.agent_version = agent_version.to_owned();
@@ -428,7 +555,8 @@ fn state_dict<'py>(py: Python<'py>, s: &sp1::SessionState) -> PyResult<Bound<'py
 }
 
 /// An operator's connection: lists held calls and records human decisions. Needs the
-/// organization's **operator** secret (agents' secrets cannot decide).
+/// organization's **operator** secret (agents' secrets cannot decide), and the socket:
+/// the gRPC binding does not serve operators' requests.
 #[pyclass(frozen, module = "tollgate._native", name = "Operator")]
 #[derive(Debug)]
 pub struct PyOperator {

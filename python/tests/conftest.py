@@ -1,5 +1,6 @@
 """Shared fixtures: the repository's data files, and a real `tollgate serve` on a
-temporary socket.
+temporary socket (and, with a test PKI from `tollgate certs`, on a gRPC port with mutual
+TLS).
 
 The daemon binary is `$TOLLGATE_BIN`, else `target/{release,debug}/tollgate` under
 `$CARGO_TARGET_DIR` or the repository. Without one, the daemon tests fail (they do not
@@ -8,6 +9,7 @@ skip): `python/run-tests.sh` builds it first.
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 import shutil
@@ -15,6 +17,7 @@ import signal
 import subprocess
 import tempfile
 import textwrap
+import threading
 
 import pytest
 
@@ -37,29 +40,76 @@ def tollgate_bin() -> str:
     raise RuntimeError("no tollgate binary: set TOLLGATE_BIN or run `cargo build -p tollgate`")
 
 
-class Daemon:
-    """A `tollgate serve` in its own process, on a socket in a temporary directory."""
+def make_pki(out: pathlib.Path, clients, server_names=("localhost", "127.0.0.1"),
+             listen: str = "127.0.0.1:0") -> None:
+    """`tollgate certs --out OUT`: a CA, a server certificate for `server_names`, a client
+    certificate per `ORG/AGENT` in `clients`, and `grpc.toml`."""
+    args = [tollgate_bin(), "certs", "--out", str(out), "--listen", listen]
+    for c in clients:
+        args += ["--client", c]
+    for n in server_names:
+        args += ["--server-name", n]
+    subprocess.run(args, check=True, capture_output=True)
 
-    def __init__(self, config: str = "") -> None:
+
+class Daemon:
+    """A `tollgate serve` in its own process, on a socket in a temporary directory.
+
+    With `grpc=True`, `tollgate certs` first writes a test PKI to `pki/` (a CA; the
+    daemon's certificate, for `server_names` only; client certificates for agents of
+    organizations `default` and `acme`), the daemon also serves gRPC with mutual TLS on
+    `listen` (`grpc_addr`: the port it got), and `ca`, `cert`, `key` are the files an
+    agent of `default` connects with (`pki/client-acme-bot.{pem,key}`: one of `acme`)."""
+
+    def __init__(self, config: str = "", grpc: bool = False, server_names=("127.0.0.1",),
+                 listen: str = "127.0.0.1:0") -> None:
         # A short path: a Unix socket's path is limited to about 100 bytes.
         self.dir = pathlib.Path(tempfile.mkdtemp(prefix="tg-"))
         self.socket = self.dir / "s.sock"
+        self.data = self.dir / "data"
+        text = textwrap.dedent(config)
+        if grpc:
+            self.pki = self.dir / "pki"
+            make_pki(self.pki, ["default/agent", "acme/bot"], server_names, listen)
+            self.ca = self.pki / "ca.pem"
+            self.cert = self.pki / "client-default-agent.pem"
+            self.key = self.pki / "client-default-agent.key"
+            text = (self.pki / "grpc.toml").read_text() + text
         cfg = self.dir / "tollgate.toml"
-        cfg.write_text(textwrap.dedent(config))
+        cfg.write_text(text)
         self.proc = subprocess.Popen(
-            [tollgate_bin(), "serve", "--config", str(cfg), "--data-dir", str(self.dir / "data"),
+            [tollgate_bin(), "serve", "--config", str(cfg), "--data-dir", str(self.data),
              "--socket", str(self.socket)],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         self.banner = []
+        self.grpc_addr = ""
         assert self.proc.stdout is not None
         for line in self.proc.stdout:  # the banner ends once it is listening
             self.banner.append(line)
-            if "listening on" in line:
+            if line.strip().startswith("gRPC (mutual TLS): "):
+                self.grpc_addr = line.split(": ", 1)[1].strip()
+            # The socket's line comes first, the gRPC address (if any) after it, and the
+            # audit line last.
+            if ("listening on" in line and not grpc) or self.grpc_addr or line.strip().startswith("audit:"):
                 break
-        else:
+        if "listening on" not in "".join(self.banner) or (grpc and not self.grpc_addr):
             raise RuntimeError("tollgate serve did not start:\n" + "".join(self.banner))
-        self.secret_file = self.dir / "data" / "secrets" / "default.secret"
-        self.operator_secret_file = self.dir / "data" / "secrets" / "default.operator.secret"
+        # Keep reading its output (the log), so a full pipe never stalls the daemon.
+        self.log: list = []
+        threading.Thread(target=self.log.extend, args=(self.proc.stdout,), daemon=True).start()
+        self.secret_file = self.data / "secrets" / "default.secret"
+        self.operator_secret_file = self.data / "secrets" / "default.operator.secret"
+
+    def audited(self, agent_id: str, column: str = "kind") -> list:
+        """One column (by default the kind) of the audit entries about `agent_id`'s
+        sessions, in order, from `tollgate audit export` (which verifies the log with the
+        daemon's public key). Every entry is durable before the daemon answers the
+        request that made it."""
+        out = subprocess.run(
+            [tollgate_bin(), "audit", "export", "--format", "jsonl", "--key", str(self.data / "audit.pub"),
+             str(self.data / "audit")], check=True, capture_output=True, text=True)
+        rows = [json.loads(line) for line in out.stdout.splitlines() if line]
+        return [r[column] for r in rows if r["agent_id"] == agent_id]
 
     def pause(self) -> None:
         self.proc.send_signal(signal.SIGSTOP)

@@ -114,11 +114,8 @@ def test_a_held_call_is_released_by_an_operators_approval(daemon):
 
 
 def test_a_modified_call_comes_back_with_the_edited_params(daemon):
-    # The decision is made before the agent asks for it. (While an agent is already
-    # waiting, tollgate serve can wake it between recording a modify and storing the
-    # edited params; the client then fails closed with
-    # `fail_closed:successor_params_unknown`. That race is the daemon's: see
-    # docs/python.md.)
+    # The decision is made before the agent asks for it (a modify while the agent waits:
+    # test_grpc.py::test_a_modify_while_the_agent_awaits_over_grpc_runs_the_edited_call).
     c = connect(daemon, "held-bot")
     op = operator(daemon)
     held = c.check("pay", {"amount": 1000})

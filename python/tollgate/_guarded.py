@@ -237,7 +237,9 @@ class Guard(_native.Guard, _Decorating):
 
 
 class Client(_native.Client, _Decorating):
-    """Daemon mode: a session with `tollgate serve` (see `connect`)."""
+    """Daemon mode: a session with `tollgate serve`, over its socket or over gRPC with
+    mutual TLS (see `connect`); the same object, methods and fail-closed contract either
+    way."""
 
     _hitl_timeout: float
     _share_params: Union[bool, Callable[[str, Any], bool]]
@@ -304,13 +306,39 @@ def _secret(secret: Union[str, bytes, None], secret_file: Union[str, os.PathLike
     return bytes(cast(bytes, secret))
 
 
+#: The largest PEM file `connect` reads (a CA bundle of a few hundred certificates fits).
+MAX_PEM_BYTES = 1 << 20
+
+
+def _pem(path: Union[str, os.PathLike], what: str) -> bytes:
+    """A PEM file's bytes, at most `MAX_PEM_BYTES` (`ValueError` beyond; `OSError` when
+    it cannot be read). Its content is checked by the TLS layer when connecting."""
+    with open(path, "rb") as f:
+        data = f.read(MAX_PEM_BYTES + 1)
+    if len(data) > MAX_PEM_BYTES:
+        raise ValueError(f"{what}: `{os.fspath(path)}` is larger than {MAX_PEM_BYTES} bytes, not a PEM file")
+    return data
+
+
+def _organization(organization: Optional[str], organization_id: Optional[str]) -> Optional[str]:
+    if organization is not None and organization_id is not None:
+        raise ValueError("give one of organization and organization_id (two spellings of the same thing)")
+    return organization if organization is not None else organization_id
+
+
 def connect(
     *,
-    socket: Union[str, os.PathLike],
     agent_id: str,
+    socket: Union[str, os.PathLike, None] = None,
     secret_file: Union[str, os.PathLike, None] = None,
     secret: Union[str, bytes, None] = None,
-    organization: str = "default",
+    grpc: Optional[str] = None,
+    ca: Union[str, os.PathLike, None] = None,
+    cert: Union[str, os.PathLike, None] = None,
+    key: Union[str, os.PathLike, None] = None,
+    server_name: Optional[str] = None,
+    organization: Optional[str] = None,
+    organization_id: Optional[str] = None,
     framework: str = "python",
     agent_version: str = "",
     timeout: float = 2.0,
@@ -320,22 +348,51 @@ def connect(
     share_params: Union[bool, Callable[[str, Any], bool]] = True,
     wait_for_human: bool = True,
 ) -> Client:
-    """Connect to `tollgate serve` on its Unix socket and register a session (or resume
-    `session_id`). The secret is the organization's agents' secret: `secret_file` (the
-    daemon's `secrets/<org>.secret`) or `secret`. `timeout` bounds every reply (seconds);
-    heartbeats run every `heartbeat_interval` seconds (0: none). `@client.tool` waits up
-    to `hitl_timeout` seconds for a human on HITL (unless `wait_for_human` is false),
-    showing operators the params when `share_params` (a bool, or a predicate on
-    `(tool, params)`) allows. Raises `ConnectError` when the daemon cannot be reached or
-    refuses the registration.
+    """Connect to `tollgate serve` and register a session (or resume `session_id`), over
+    one of its two bindings:
 
-    (A gRPC transport will take `grpc=`, `cert=`, `key=`, `ca=` instead of `socket=`.)
+    - its Unix socket: `socket`, with the organization's agents' secret, `secret_file`
+      (the daemon's `secrets/<org>.secret`) or `secret`;
+    - gRPC with mutual TLS: `grpc` (the daemon's `host:port`), with `ca` (the CA
+      certificate that issued the daemon's certificate), `cert` and `key` (this agent's
+      certificate and private key), PEM files. The daemon's certificate must be valid for
+      `server_name` (default: the host part of `grpc`). There is no secret: the client
+      certificate names the organization.
+
+    `organization` (or `organization_id`) is the agent's organization: `default` on the
+    socket; over gRPC, by default the one the certificate names (another one is refused).
+    `timeout` bounds every reply (seconds); heartbeats run every `heartbeat_interval`
+    seconds (0: none). `@client.tool` waits up to `hitl_timeout` seconds for a human on
+    HITL (unless `wait_for_human` is false), showing operators the params when
+    `share_params` (a bool, or a predicate on `(tool, params)`) allows. Either way the
+    same `Client` comes back, with the same fail-closed contract.
+
+    Raises `ValueError` for a bad combination of arguments, `OSError` when a file cannot
+    be read, and `ConnectError` when the daemon cannot be reached or refuses the
+    registration: `args[0]` is the fail-closed reason (`fail_closed:daemon_unreachable`,
+    `fail_closed:authentication_failed`, `fail_closed:tls` for a TLS failure, ...).
     """
+    org = _organization(organization, organization_id)
+    tls_given = any(x is not None for x in (ca, cert, key, server_name))
+    if (socket is None) == (grpc is None):
+        raise ValueError("give exactly one of socket and grpc")
+    transport: dict
+    if socket is not None:
+        if tls_given:
+            raise ValueError("ca, cert, key and server_name are for grpc, not socket")
+        transport = {"socket": os.fspath(socket), "secret": _secret(secret, secret_file)}
+    else:
+        if secret is not None or secret_file is not None:
+            raise ValueError("secret and secret_file are not used over grpc: the client certificate authenticates")
+        if ca is None or cert is None or key is None:
+            raise ValueError("grpc needs ca (the CA certificate that issued the daemon's certificate), "
+                             "cert and key (this agent's certificate and private key): PEM files")
+        transport = {"grpc": grpc, "server_name": server_name, "ca_pem": _pem(ca, "ca"),
+                     "cert_pem": _pem(cert, "cert"), "key_pem": _pem(key, "key")}
     return Client(
-        socket=os.fspath(socket),
-        secret=_secret(secret, secret_file),
+        **transport,
         agent_id=agent_id,
-        organization=organization,
+        organization=org,
         framework=framework,
         agent_version=agent_version,
         timeout=timeout,
@@ -348,21 +405,40 @@ def connect(
 
 
 async def aconnect(**kwargs: Any) -> Client:
-    """`connect`, for async code: the connection is made in the loop's default executor."""
+    """`connect`, for async code (socket or gRPC, the same arguments): the connection is
+    made in the loop's default executor."""
     loop = asyncio.get_running_loop()
     return await loop.run_in_executor(None, functools.partial(connect, **kwargs))
 
 
 def operator(
     *,
-    socket: Union[str, os.PathLike],
+    socket: Union[str, os.PathLike, None] = None,
     secret_file: Union[str, os.PathLike, None] = None,
     secret: Union[str, bytes, None] = None,
-    organization: str = "default",
+    organization: Optional[str] = None,
+    organization_id: Optional[str] = None,
     timeout: float = 2.0,
+    grpc: Optional[str] = None,
+    ca: Union[str, os.PathLike, None] = None,
+    cert: Union[str, os.PathLike, None] = None,
+    key: Union[str, os.PathLike, None] = None,
+    server_name: Optional[str] = None,
 ) -> Any:
     """Connect as an operator (with the organization's **operator** secret, the daemon's
     `secrets/<org>.operator.secret`), to list held calls (`pending()`) and decide them
-    (`decide(session_id, "approve", operator="alice")`)."""
+    (`decide(session_id, "approve", operator="alice")`).
+
+    Operators use the socket only: the gRPC binding serves agents, not operators'
+    requests (docs/protocol.md §8.5), so `grpc` (or `ca`, `cert`, `key`, `server_name`)
+    raises `ValueError`. An agent connected over gRPC is decided by an operator on the
+    socket (or the control plane's console) like any other.
+    """
+    if any(x is not None for x in (grpc, ca, cert, key, server_name)):
+        raise ValueError("operators are not served over grpc: connect the operator to the daemon's socket "
+                         "with the operator secret (or use the control plane); agents may use grpc")
+    if socket is None:
+        raise ValueError("an operator needs socket: the daemon's Unix socket")
+    org = _organization(organization, organization_id)
     return Operator(socket=os.fspath(socket), secret=_secret(secret, secret_file),
-                    organization=organization, timeout=timeout)
+                    organization="default" if org is None else org, timeout=timeout)

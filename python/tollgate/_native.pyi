@@ -125,14 +125,25 @@ class Guard:
     def calls(self) -> int: ...
 
 class Client:
-    """Daemon mode: a session with `tollgate serve`."""
+    """Daemon mode: a session with `tollgate serve`, over its Unix socket (`socket` and
+    `secret`) or over gRPC with mutual TLS (`grpc`, `ca_pem`, `cert_pem`, `key_pem`; no
+    secret). Exactly one of `socket` and `grpc`; `ValueError` otherwise. Without
+    `cert_pem` and `key_pem` the client presents no certificate, which the daemon refuses
+    (`ConnectError`): that is only for testing the refusal. `organization` defaults to
+    `default` on the socket and to the certificate's organization over gRPC;
+    `server_name` to the host part of `grpc`."""
     def __new__(
         cls,
         *,
-        socket: Union[str, os.PathLike[str]],
-        secret: bytes,
         agent_id: str,
-        organization: str = "default",
+        socket: Union[str, os.PathLike[str], None] = None,
+        secret: Optional[bytes] = None,
+        grpc: Optional[str] = None,
+        server_name: Optional[str] = None,
+        ca_pem: Optional[bytes] = None,
+        cert_pem: Optional[bytes] = None,
+        key_pem: Optional[bytes] = None,
+        organization: Optional[str] = None,
         framework: str = "python",
         agent_version: str = "",
         timeout: float = 2.0,
@@ -155,7 +166,8 @@ class Client:
     def close(self) -> None: ...
 
 class Operator:
-    """An operator's connection: lists held calls and records human decisions."""
+    """An operator's connection: lists held calls and records human decisions. On the
+    socket only: the gRPC binding does not serve operators' requests."""
     def __new__(cls, *, socket: Union[str, os.PathLike[str]], secret: bytes, organization: str = "default", timeout: float = 2.0) -> Operator: ...
     def pending(self) -> List[Dict[str, Any]]: ...
     def decide(self, session_id: str, decision: str, *, operator: str, note: str = "", params: Any = None) -> None: ...

@@ -36,14 +36,15 @@ pub struct Pending<T> {
 }
 
 /// The writer's side of a [`Pending`]. Dropped without completing, it completes with
-/// [`WriteError::WriterGone`].
+/// [`WriteError::WriterGone`]. Other journals (the PostgreSQL sink) complete their
+/// entries through it too.
 #[derive(Debug)]
-pub(crate) struct Completer<T> {
+pub struct Completer<T> {
     slot: Option<Arc<Slot<T>>>,
 }
 
-/// A connected pair.
-pub(crate) fn pair<T>() -> (Completer<T>, Pending<T>) {
+/// A connected pair: complete the first, and the second is ready.
+pub fn pair<T>() -> (Completer<T>, Pending<T>) {
     let slot = Arc::new(Slot {
         state: Mutex::new(State::Waiting(None)),
         ready: Condvar::new(),
@@ -58,7 +59,7 @@ pub(crate) fn pair<T>() -> (Completer<T>, Pending<T>) {
 
 impl<T> Completer<T> {
     /// Deliver the result and wake the waiter.
-    pub(crate) fn complete(mut self, value: Result<T, WriteError>) {
+    pub fn complete(mut self, value: Result<T, WriteError>) {
         if let Some(slot) = self.slot.take() {
             deliver(&slot, value);
         }

@@ -48,7 +48,7 @@ use std::io::Read as _;
 use std::path::{Path, PathBuf};
 
 pub use checkpoint::Checkpoint;
-pub use completion::Pending;
+pub use completion::{pair as pending_pair, Completer, Pending};
 pub use ed25519_dalek::{SigningKey, VerifyingKey};
 pub use entry::{
     AuditEntry, CostStatus, DecisionRecord, Event, SessionEvent, SessionRecord, SettlementRecord,

@@ -138,6 +138,11 @@ pub enum WriteError {
     /// The writer thread is gone (shut down, or it died).
     #[error("audit writer is shut down")]
     WriterGone,
+    /// The journal refused the entry and wrote nothing: another daemon settled its place
+    /// in its session's history first (it voided the change), or the store behind the
+    /// journal did not take it. The change it records did not happen.
+    #[error("audit entry refused: {0}")]
+    Refused(String),
 }
 
 /// Why a log could not be opened for writing.

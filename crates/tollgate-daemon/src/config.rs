@@ -107,6 +107,12 @@ struct AuditSection {
     retention_days: Option<u32>,
     checkpoint_every_entries: Option<u64>,
     checkpoint_every_secs: Option<u64>,
+    sink: Option<String>,
+    url: Option<String>,
+    schema: Option<String>,
+    chain_id: Option<String>,
+    migrate_at_start: Option<bool>,
+    ca_file: Option<PathBuf>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -114,6 +120,15 @@ struct AuditSection {
 struct StateSection {
     snapshot_interval_secs: Option<u64>,
     snapshot_entries: Option<u64>,
+    backend: Option<String>,
+    url: Option<String>,
+    key_prefix: Option<String>,
+    durability: Option<String>,
+    command_timeout_ms: Option<u64>,
+    session_ttl_secs: Option<u64>,
+    sweep_interval_secs: Option<u64>,
+    grace_secs: Option<u64>,
+    ca_file: Option<PathBuf>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -268,6 +283,60 @@ pub struct AuditSettings {
     pub checkpoint_every_entries: u64,
     /// Signed checkpoint every T seconds.
     pub checkpoint_every_secs: u64,
+    /// Where entries go: the local files (the settings above), or PostgreSQL.
+    pub sink: AuditSink,
+}
+
+/// Where the audit trail is written.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum AuditSink {
+    /// Signed log files in `dir` (the default).
+    #[default]
+    File,
+    /// The fleet's PostgreSQL (`[audit] sink = "postgres"`): this daemon's own signed chain.
+    Postgres(PostgresSettings),
+}
+
+/// `[audit] sink = "postgres"`.
+#[derive(Clone, PartialEq, Eq)]
+pub struct PostgresSettings {
+    /// `postgres://user@host:port/db?sslmode=...` (may hold a password: keep the file 0600).
+    pub url: String,
+    /// The schema holding the tables (default `tollgate`).
+    pub schema: String,
+    /// This daemon's chain; default `key-<key id>` (one chain per signing key).
+    pub chain_id: Option<String>,
+    /// Run the migrations at start (default true; they are idempotent).
+    pub migrate_at_start: bool,
+    /// A CA certificate (PEM) to verify the server with, beside the system's roots.
+    pub ca_file: Option<PathBuf>,
+}
+
+impl std::fmt::Debug for PostgresSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PostgresSettings")
+            .field("url", &redact_url(&self.url))
+            .field("schema", &self.schema)
+            .field("chain_id", &self.chain_id)
+            .field("migrate_at_start", &self.migrate_at_start)
+            .field("ca_file", &self.ca_file)
+            .finish()
+    }
+}
+
+/// A URL with any password replaced by `***`, for logs.
+pub fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let (auth, host) = match rest.rsplit_once('@') {
+        Some(x) => x,
+        None => return url.to_owned(),
+    };
+    match auth.split_once(':') {
+        Some((user, _)) => format!("{scheme}://{user}:***@{host}"),
+        None => url.to_owned(),
+    }
 }
 
 impl Default for AuditSettings {
@@ -281,6 +350,7 @@ impl Default for AuditSettings {
             retention_days: 0,
             checkpoint_every_entries: 10_000,
             checkpoint_every_secs: 60,
+            sink: AuditSink::File,
         }
     }
 }
@@ -294,6 +364,8 @@ pub struct StateSettings {
     pub snapshot_interval: Duration,
     /// Or after this many audit entries.
     pub snapshot_entries: u64,
+    /// Where the state lives: this daemon's embedded store, or the fleet's Redis.
+    pub backend: StateBackend,
 }
 
 impl Default for StateSettings {
@@ -301,7 +373,67 @@ impl Default for StateSettings {
         StateSettings {
             snapshot_interval: Duration::from_secs(5),
             snapshot_entries: 100_000,
+            backend: StateBackend::Embedded,
         }
+    }
+}
+
+/// Where session state lives.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum StateBackend {
+    /// The embedded store in the data directory (the default).
+    #[default]
+    Embedded,
+    /// Redis, shared by a fleet of daemons (`[state] backend = "redis"`).
+    Redis(RedisSettings),
+}
+
+/// How much of Redis's durability `tollgate serve` expects; it warns at start when the
+/// server's settings are weaker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RedisDurability {
+    /// `appendonly yes`, `appendfsync always`: no acknowledged verdict is lost.
+    Always,
+    /// `appendonly yes`, `appendfsync everysec`: a crash of Redis's host may lose up to
+    /// about a second of changes.
+    Everysec,
+    /// No expectation (tests, caches that may lose everything).
+    None,
+}
+
+/// `[state] backend = "redis"`.
+#[derive(Clone, PartialEq, Eq)]
+pub struct RedisSettings {
+    /// `redis://[user:password@]host:port/db` or `rediss://` for TLS.
+    pub url: String,
+    /// Prefix of every key (default `tg`); daemons sharing state share the prefix.
+    pub key_prefix: String,
+    /// What the server's persistence must be (default `always`).
+    pub durability: RedisDurability,
+    /// A command not answered within this is a failure: the verdict is refused.
+    pub command_timeout: Duration,
+    /// A session untouched this long is dropped (its shared budget is kept).
+    pub session_ttl: Duration,
+    /// How often each daemon looks for half-done changes of dead daemons.
+    pub sweep_interval: Duration,
+    /// How old a half-done change must be before a sweep settles it.
+    pub grace: Duration,
+    /// A CA certificate (PEM) for `rediss://`, beside the system's roots.
+    pub ca_file: Option<PathBuf>,
+}
+
+impl std::fmt::Debug for RedisSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisSettings")
+            .field("url", &redact_url(&self.url))
+            .field("key_prefix", &self.key_prefix)
+            .field("durability", &self.durability)
+            .field("command_timeout", &self.command_timeout)
+            .field("session_ttl", &self.session_ttl)
+            .field("sweep_interval", &self.sweep_interval)
+            .field("grace", &self.grace)
+            .field("ca_file", &self.ca_file)
+            .finish()
     }
 }
 
@@ -517,6 +649,61 @@ impl DaemonConfig {
                 .checkpoint_every_entries
                 .unwrap_or(da.checkpoint_every_entries),
             checkpoint_every_secs: a.checkpoint_every_secs.unwrap_or(da.checkpoint_every_secs),
+            sink: match a.sink.as_deref() {
+                None | Some("file") => {
+                    for (key, set) in [
+                        ("url", a.url.is_some()),
+                        ("schema", a.schema.is_some()),
+                        ("chain_id", a.chain_id.is_some()),
+                        ("migrate_at_start", a.migrate_at_start.is_some()),
+                        ("ca_file", a.ca_file.is_some()),
+                    ] {
+                        if set {
+                            return Err(bad(
+                                format!("audit.{key}"),
+                                "only for sink = \"postgres\"",
+                            ));
+                        }
+                    }
+                    AuditSink::File
+                }
+                Some("postgres") => AuditSink::Postgres(PostgresSettings {
+                    url: a
+                        .url
+                        .filter(|u| u.starts_with("postgres://") || u.starts_with("postgresql://"))
+                        .ok_or_else(|| {
+                            bad("audit.url", "sink = \"postgres\" needs a postgres:// URL")
+                        })?,
+                    schema: match a.schema {
+                        None => "tollgate".into(),
+                        Some(s) if sql_identifier(&s) => s,
+                        Some(s) => {
+                            return Err(bad(
+                                "audit.schema",
+                                format!("`{s}` is not a plain identifier (a-z, 0-9, _; 1 to 63)"),
+                            ))
+                        }
+                    },
+                    chain_id: match a.chain_id {
+                        None => None,
+                        Some(c) if chain_id_ok(&c) => Some(c),
+                        Some(c) => {
+                            return Err(bad(
+                                "audit.chain_id",
+                                format!("`{c}` must be 1 to 64 of a-z A-Z 0-9 . _ -"),
+                            ))
+                        }
+                    },
+                    migrate_at_start: a.migrate_at_start.unwrap_or(true),
+                    ca_file: a.ca_file.map(|p| base.join(p)),
+                }),
+                Some(other) => {
+                    return Err(bad(
+                        "audit.sink",
+                        format!("`{other}` is not file or postgres"),
+                    ))
+                }
+            },
         };
         c.state.snapshot_interval = Duration::from_secs(positive(
             "state.snapshot_interval_secs",
@@ -528,6 +715,15 @@ impl DaemonConfig {
             file.state.snapshot_entries,
             c.state.snapshot_entries,
         )?;
+        c.state.backend = state_backend(&file.state, base)?;
+        if matches!(c.state.backend, StateBackend::Redis(_))
+            != matches!(c.audit.sink, AuditSink::Postgres(_))
+        {
+            return Err(bad(
+                "state.backend",
+                "state in Redis and the audit trail in PostgreSQL go together (a fleet needs both: see docs/fleet.md)",
+            ));
+        }
         if !file.organizations.is_empty() {
             let mut orgs = Vec::new();
             for (i, o) in file.organizations.into_iter().enumerate() {
@@ -581,6 +777,23 @@ impl DaemonConfig {
         }
         c.control = file.control.map(|s| control(s, base)).transpose()?;
         c.operators = operators(file.operators, &c.organizations)?;
+        if matches!(c.state.backend, StateBackend::Redis(_)) {
+            // Daemons of a fleet authenticate each other's agents and operators: a secret
+            // generated into one daemon's data directory would lock the others out.
+            if let Some(o) = c
+                .organizations
+                .iter()
+                .find(|o| o.secret.is_none() || o.operator_secret.is_none())
+            {
+                return Err(bad(
+                    "organization",
+                    format!(
+                        "`{}`: with backend = \"redis\" every organization needs secret (or secret_file) and operator_secret (or operator_secret_file), the same on every daemon of the fleet",
+                        o.id
+                    ),
+                ));
+            }
+        }
         Ok(c)
     }
 
@@ -1097,6 +1310,94 @@ fn guard(t: &GuardTable, base: &GuardConfig, key: &str) -> Result<GuardConfig, C
     Ok(g)
 }
 
+fn sql_identifier(s: &str) -> bool {
+    (1..=63).contains(&s.len())
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+        && !s.as_bytes().first().is_some_and(u8::is_ascii_digit)
+}
+
+fn chain_id_ok(s: &str) -> bool {
+    (1..=64).contains(&s.len())
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-')
+}
+
+fn state_backend(st: &StateSection, base: &Path) -> Result<StateBackend, ConfigError> {
+    match st.backend.as_deref() {
+        None | Some("embedded") => {
+            for (key, set) in [
+                ("url", st.url.is_some()),
+                ("key_prefix", st.key_prefix.is_some()),
+                ("durability", st.durability.is_some()),
+                ("command_timeout_ms", st.command_timeout_ms.is_some()),
+                ("session_ttl_secs", st.session_ttl_secs.is_some()),
+                ("sweep_interval_secs", st.sweep_interval_secs.is_some()),
+                ("grace_secs", st.grace_secs.is_some()),
+                ("ca_file", st.ca_file.is_some()),
+            ] {
+                if set {
+                    return Err(bad(format!("state.{key}"), "only for backend = \"redis\""));
+                }
+            }
+            Ok(StateBackend::Embedded)
+        }
+        Some("redis") => {
+            let url = st
+                .url
+                .clone()
+                .filter(|u| u.starts_with("redis://") || u.starts_with("rediss://"))
+                .ok_or_else(|| {
+                    bad(
+                        "state.url",
+                        "backend = \"redis\" needs a redis:// or rediss:// URL",
+                    )
+                })?;
+            let key_prefix = match &st.key_prefix {
+                None => "tg".to_owned(),
+                Some(p) if chain_id_ok(p) && !p.contains(['{', '}']) => p.clone(),
+                Some(p) => {
+                    return Err(bad(
+                        "state.key_prefix",
+                        format!("`{p}` must be 1 to 64 of a-z A-Z 0-9 . _ -"),
+                    ))
+                }
+            };
+            let durability = match st.durability.as_deref() {
+                None | Some("always") => RedisDurability::Always,
+                Some("everysec") => RedisDurability::Everysec,
+                Some("none") => RedisDurability::None,
+                Some(d) => {
+                    return Err(bad(
+                        "state.durability",
+                        format!("`{d}` is not always, everysec or none"),
+                    ))
+                }
+            };
+            let secs =
+                |key: &str, v: Option<u64>, d: u64| positive(key, v, d).map(Duration::from_secs);
+            Ok(StateBackend::Redis(RedisSettings {
+                url,
+                key_prefix,
+                durability,
+                command_timeout: Duration::from_millis(positive(
+                    "state.command_timeout_ms",
+                    st.command_timeout_ms,
+                    2000,
+                )?),
+                session_ttl: secs("state.session_ttl_secs", st.session_ttl_secs, 30 * 86_400)?,
+                sweep_interval: secs("state.sweep_interval_secs", st.sweep_interval_secs, 5)?,
+                grace: secs("state.grace_secs", st.grace_secs, 10)?,
+                ca_file: st.ca_file.as_ref().map(|p| base.join(p)),
+            }))
+        }
+        Some(other) => Err(bad(
+            "state.backend",
+            format!("`{other}` is not embedded or redis"),
+        )),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1451,5 +1752,80 @@ mod tests {
         assert!(err("[limits]\nmax_sessions = 0").contains("limits.max_sessions"));
         assert!(err("[[organization]]\nid = \"a\"\nsecret = \"short\"").contains("at least 16"));
         assert!(err("[audit]\nfsync = \"sometimes\"").contains("audit.fsync"));
+    }
+
+    const FLEET_ORG: &str = "[[organization]]\nid = \"acme\"\nsecret = \"0123456789abcdef0123\"\noperator_secret = \"fedcba9876543210fedc\"\n";
+
+    #[test]
+    fn a_fleet_config_reads_redis_and_postgres() {
+        let text = format!(
+            "[state]\nbackend = \"redis\"\nurl = \"redis://:pw@127.0.0.1:6379/2\"\nkey_prefix = \"prod\"\ndurability = \"everysec\"\ncommand_timeout_ms = 500\ngrace_secs = 3\n\
+             [audit]\nsink = \"postgres\"\nurl = \"postgres://tg:secret@db/tollgate\"\nchain_id = \"daemon-a\"\nmigrate_at_start = false\n{FLEET_ORG}"
+        );
+        let c = DaemonConfig::from_toml(&text, Path::new("/etc/tg")).unwrap();
+        let StateBackend::Redis(r) = &c.state.backend else {
+            panic!("{:?}", c.state.backend)
+        };
+        assert_eq!(r.key_prefix, "prod");
+        assert_eq!(r.durability, RedisDurability::Everysec);
+        assert_eq!(r.command_timeout, Duration::from_millis(500));
+        assert_eq!(r.grace, Duration::from_secs(3));
+        assert_eq!(r.sweep_interval, Duration::from_secs(5));
+        let AuditSink::Postgres(p) = &c.audit.sink else {
+            panic!("{:?}", c.audit.sink)
+        };
+        assert_eq!(p.schema, "tollgate");
+        assert_eq!(p.chain_id.as_deref(), Some("daemon-a"));
+        assert!(!p.migrate_at_start);
+        // Passwords never reach a log line through Debug.
+        let shown = format!("{c:?}");
+        assert!(
+            !shown.contains("secret@") && !shown.contains(":pw@"),
+            "{shown}"
+        );
+        assert!(shown.contains("tg:***@db"), "{shown}");
+    }
+
+    #[test]
+    fn fleet_mistakes_are_named() {
+        let err = |t: &str| {
+            DaemonConfig::from_toml(t, Path::new("."))
+                .unwrap_err()
+                .to_string()
+        };
+        let redis = "[state]\nbackend = \"redis\"\nurl = \"redis://127.0.0.1\"\n";
+        let pg = "[audit]\nsink = \"postgres\"\nurl = \"postgres://127.0.0.1/test\"\n";
+        // One without the other.
+        assert!(err(&format!("{redis}{FLEET_ORG}")).contains("go together"));
+        assert!(err(&format!("{pg}{FLEET_ORG}")).contains("go together"));
+        // Generated secrets cannot be shared by a fleet.
+        assert!(err(&format!("{redis}{pg}")).contains("`default`"));
+        assert!(err(&format!(
+            "{redis}{pg}[[organization]]\nid = \"a\"\nsecret = \"0123456789abcdef0123\"\n"
+        ))
+        .contains("operator_secret"));
+        assert!(err("[state]\nbackend = \"etcd\"").contains("state.backend"));
+        assert!(err("[state]\nbackend = \"redis\"\nurl = \"http://x\"").contains("state.url"));
+        assert!(err("[state]\nurl = \"redis://x\"").contains("state.url"));
+        assert!(err("[audit]\nurl = \"postgres://x\"").contains("audit.url"));
+        assert!(err(&format!("{redis}[audit]\nsink = \"postgres\"\nurl = \"postgres://x\"\nschema = \"Drop Table\"\n{FLEET_ORG}")).contains("audit.schema"));
+        assert!(err(&format!("{redis}[audit]\nsink = \"postgres\"\nurl = \"postgres://x\"\nchain_id = \"a/b\"\n{FLEET_ORG}")).contains("audit.chain_id"));
+        assert!(
+            err("[state]\nbackend = \"redis\"\nurl = \"redis://x\"\ndurability = \"maybe\"")
+                .contains("state.durability")
+        );
+        assert!(
+            err("[state]\nbackend = \"redis\"\nurl = \"redis://x\"\nkey_prefix = \"{x}\"")
+                .contains("state.key_prefix")
+        );
+        assert!(err("[audit]\nsink = \"s3\"").contains("audit.sink"));
+    }
+
+    #[test]
+    fn urls_are_redacted() {
+        assert_eq!(redact_url("redis://:pw@h:1/0"), "redis://:***@h:1/0");
+        assert_eq!(redact_url("postgres://u:p@h/db"), "postgres://u:***@h/db");
+        assert_eq!(redact_url("postgres://u@h/db"), "postgres://u@h/db");
+        assert_eq!(redact_url("redis://h"), "redis://h");
     }
 }

@@ -248,11 +248,11 @@ impl<S: SessionStore> Service<S> {
         let (outcome, durable) = self
             .store
             .apply(&r.session_id, move |s: &mut Session| {
-                match ops::human_decision(s, decision, successor, &operator, &note, now) {
+                match ops::human_decision(s, decision.clone(), successor, &operator, &note, now) {
                     Ok(record) => {
                         // A modify's params are kept before the session's lock is released,
                         // so whoever reads the decision can read them too.
-                        if let Some(json) = successor_for_agent {
+                        if let Some(json) = successor_for_agent.clone() {
                             let mut held = lock(held_map);
                             let h = held.entry(s.meta.session_id.clone()).or_default();
                             if h.call_number != record.call_number {

@@ -43,11 +43,14 @@ pub use tollgate_store::StoreReport;
 use tollgate_store::{EmbeddedStore, SessionStore, StoreOptions};
 
 pub use config::DaemonConfig;
-pub use service::{Caller, Clock, Service, SystemClock};
+pub use service::{AuditSink, Caller, Clock, Service, SystemClock};
 
 /// Why the daemon could not start or stop cleanly.
 #[derive(Debug, thiserror::Error)]
 pub enum DaemonError {
+    /// The configuration asks for something this build cannot do.
+    #[error("{0}")]
+    Unsupported(String),
     /// A file or directory operation failed.
     #[error("{what} `{path}`: {source}")]
     Io {
@@ -161,6 +164,11 @@ impl Daemon {
     /// and the socket (mode from the config, 0660 by default). A stale socket file left by
     /// a crashed daemon is replaced; a live one is an error.
     pub async fn start(config: DaemonConfig) -> Result<Daemon, DaemonError> {
+        if !matches!(config.state.backend, config::StateBackend::Embedded) {
+            return Err(DaemonError::Unsupported(
+                "[state] backend = \"redis\" is not wired into the daemon yet".into(),
+            ));
+        }
         let config = Arc::new(config);
         let data = &config.data_dir;
         std::fs::create_dir_all(data).map_err(io("creating", data))?;

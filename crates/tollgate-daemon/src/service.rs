@@ -24,6 +24,26 @@ use crate::config::{DaemonConfig, DEFAULT_ORG};
 use crate::convert;
 use crate::ratelimit::RateLimiter;
 
+/// Where a daemon's audit trail goes, as the service sees it beside the store's journal:
+/// counters for `/metrics`, and a flush at shutdown. The file writer is one; the fleet's
+/// PostgreSQL journal another.
+pub trait AuditSink: Send + Sync + std::fmt::Debug + 'static {
+    /// The sink's counters.
+    fn stats(&self) -> tollgate_audit::Stats;
+    /// Write out everything accepted, then refuse more. Idempotent.
+    fn shutdown(&self) -> Result<(), tollgate_audit::WriteError>;
+}
+
+impl AuditSink for tollgate_audit::Writer {
+    fn stats(&self) -> tollgate_audit::Stats {
+        tollgate_audit::Writer::stats(self)
+    }
+
+    fn shutdown(&self) -> Result<(), tollgate_audit::WriteError> {
+        tollgate_audit::Writer::shutdown(self)
+    }
+}
+
 /// The longest tool name accepted. Tool names are stored in session state and written to
 /// the audit log (whose string fields hold at most 1024 bytes), so they are bounded here,
 /// before anything is decided or stored.
@@ -104,7 +124,7 @@ pub(crate) struct SessionInfo {
 pub struct Service<S> {
     pub(crate) config: Arc<DaemonConfig>,
     pub(crate) store: S,
-    audit: Arc<tollgate_audit::Writer>,
+    audit: Arc<dyn AuditSink>,
     clock: Arc<dyn Clock>,
     /// The policy new sessions get: per configured agent, and the default.
     agent_policies: HashMap<String, Arc<Policy>>,
@@ -160,7 +180,7 @@ impl<S: SessionStore> Service<S> {
     pub fn new(
         config: Arc<DaemonConfig>,
         store: S,
-        audit: Arc<tollgate_audit::Writer>,
+        audit: Arc<dyn AuditSink>,
         clock: Arc<dyn Clock>,
         secrets: &HashMap<String, Vec<u8>>,
         operator_secrets: &HashMap<String, Vec<u8>>,
@@ -211,9 +231,9 @@ impl<S: SessionStore> Service<S> {
         &self.store
     }
 
-    /// The audit writer.
-    pub fn audit(&self) -> &tollgate_audit::Writer {
-        &self.audit
+    /// Where the audit trail is written.
+    pub fn audit(&self) -> &dyn AuditSink {
+        &*self.audit
     }
 
     /// The policy a new session of `agent` runs under.

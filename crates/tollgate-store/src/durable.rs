@@ -71,3 +71,30 @@ impl Journal for Writer {
         Durable::of(Writer::submit(self, event))
     }
 }
+
+/// How the place of one change in its session's history was settled, by
+/// [`Arbiter::settle`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Settled {
+    /// The change's own audit entry holds the place: the change happened.
+    Entry,
+    /// A signed void entry holds it: the change did not happen, and its session goes back
+    /// to the state before it (its version stays used).
+    Void,
+}
+
+/// The boxed future [`Arbiter::settle`] returns.
+pub type SettleFuture<'a> = Pin<Box<dyn Future<Output = Result<Settled, StoreError>> + Send + 'a>>;
+
+/// Decides, once and for all daemons, whether a change a daemon made to a shared session
+/// state is in the audit trail. Each place (session id, session version) is held by
+/// exactly one entry: the change's own, or a void. A store whose state lives apart from
+/// its journal (Redis beside PostgreSQL) calls it for a change whose entry it has not seen
+/// committed.
+pub trait Arbiter: Send + Sync + std::fmt::Debug + 'static {
+    /// Settle the place of `session_seq` in `session_id`'s history: if an entry holds it
+    /// (or one being committed takes it: wait for it), [`Settled::Entry`]; otherwise take
+    /// it with a signed void entry and return [`Settled::Void`]. Idempotent: a settled
+    /// place stays settled.
+    fn settle<'a>(&'a self, session_id: &'a str, session_seq: u64) -> SettleFuture<'a>;
+}

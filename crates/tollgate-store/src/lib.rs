@@ -115,7 +115,7 @@ macro_rules! ready_session_store {
             fn apply<R: Send + 'static>(
                 &self,
                 id: &str,
-                f: impl FnOnce(&mut $crate::Session) -> $crate::Change<R> + Send,
+                f: impl FnMut(&mut $crate::Session) -> $crate::Change<R> + Send,
             ) -> impl std::future::Future<Output = Result<(R, $crate::Durable), $crate::StoreError>>
                    + Send {
                 std::future::ready(self.apply_sync(id, f))
@@ -184,7 +184,7 @@ pub mod fuzzing {
     }
 }
 
-pub use durable::{Durable, Journal};
+pub use durable::{Arbiter, Durable, Journal, SettleFuture, Settled};
 pub use embedded::{
     dump, tap, EmbeddedStore, SnapshotStats, StoreOptions, StoreReport, Tap, TapReceiver,
 };
@@ -320,10 +320,15 @@ pub trait SessionStore: Send + Sync + 'static {
     /// completes when its audit record is durable.
     ///
     /// `f` runs while locks are held: it must be quick and must not call the store.
+    ///
+    /// `f` may run more than once: a store shared by several daemons runs it on its copy
+    /// of the session, and if another daemon changed the session or its shared budget
+    /// first, runs it again on a fresh copy. Only the last run's result and changes count,
+    /// so anything `f` does besides changing the session must be safe to repeat.
     fn apply<R: Send + 'static>(
         &self,
         id: &str,
-        f: impl FnOnce(&mut Session) -> Change<R> + Send,
+        f: impl FnMut(&mut Session) -> Change<R> + Send,
     ) -> impl Future<Output = Result<(R, Durable), StoreError>> + Send;
 
     /// Every live session (shared budgets loaded), optionally one organization's, sorted

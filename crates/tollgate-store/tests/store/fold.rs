@@ -134,7 +134,12 @@ fn run(store: &MemoryStore, ops_list: &[Op]) {
                     block_on(store.apply(
                         &format!("s{session}"),
                         move |s| match ops::human_decision(
-                            s, decision, successor, "op", "a note", now,
+                            s,
+                            decision.clone(),
+                            successor,
+                            "op",
+                            "a note",
+                            now,
                         ) {
                             Ok(r) => Change::Commit((), r.into()),
                             Err(_) => Change::Keep(()),
