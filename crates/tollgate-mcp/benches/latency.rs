@@ -7,8 +7,9 @@
 //! - library: client → `tollgate mcp` (library mode, no audit log) → the same upstream;
 //! - library + audit: the same with the local signed audit log (each verdict and each
 //!   settlement durable before the call goes on);
-//! - daemon: client → gateway → `tollgate serve` (in this process, on a temporary socket,
-//!   audit fsync per batch) → upstream.
+//! - daemon: client → gateway → a daemon (`tollgate_daemon`, as `tollgate serve` runs it,
+//!   in its own process: this bench binary re-run as a child; a temporary socket, audit
+//!   fsync per batch) → upstream.
 //!
 //! Every call is `add` with new arguments (`{"a": i, "b": 1}`), so no repeat rule applies;
 //! the guards have no budget and no repeat limit, so every call is allowed and forwarded.
@@ -90,6 +91,9 @@ async fn main() {
     if std::env::args().any(|a| a == "--list") {
         return;
     }
+    if let Some(data) = std::env::var_os(DAEMON_ENV) {
+        return run_daemon(data.into()).await;
+    }
     let calls: usize = std::env::var("TOLLGATE_MCP_BENCH_CALLS")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -117,29 +121,22 @@ async fn main() {
         ),
     );
 
-    // The daemon, in this process.
+    // The daemon, in its own process (this binary, re-run), as users run it.
     let data = dir.path().join("daemon");
-    let secret = b"the bench organization's agents' secret";
-    let mut config = tollgate_daemon::DaemonConfig {
-        data_dir: data.clone(),
-        organizations: vec![tollgate_daemon::config::Organization {
-            id: "bench".into(),
-            secret: Some(secret.to_vec()),
-            operator_secret: None,
-        }],
-        ..tollgate_daemon::DaemonConfig::default()
-    };
-    config.limits.pre_exec_per_second_per_session = 1_000_000;
-    let mut g = config.default_guard.clone();
-    g.budget = tollgate_core::Money::ZERO;
-    g.max_repeat_calls = 0;
-    config.agent_guards.insert("mcp-gateway".into(), g);
-    let daemon = tollgate_daemon::Daemon::start(config).await.unwrap();
-    let socket = daemon.socket().to_owned();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let running = tokio::spawn(daemon.run(async {
-        let _ = stopped.await;
-    }));
+    let secret = DAEMON_SECRET;
+    let mut daemon = std::process::Command::new(std::env::current_exe().unwrap())
+        .env(DAEMON_ENV, &data)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(daemon.stdout.take().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    let socket = std::path::PathBuf::from(line.trim());
     std::fs::write(dir.path().join("agents.secret"), secret).unwrap();
     let daemon_cfg = write(
         dir.path(),
@@ -165,6 +162,37 @@ async fn main() {
             (p99.as_secs_f64() - d99.as_secs_f64()) * 1e6
         );
     }
-    let _ = stop.send(());
-    running.await.unwrap().unwrap();
+    drop(daemon.stdin.take());
+    assert!(daemon.wait().unwrap().success());
+}
+
+/// Set (to the data directory) in the child that runs the daemon.
+const DAEMON_ENV: &str = "TOLLGATE_MCP_BENCH_DAEMON";
+const DAEMON_SECRET: &[u8] = b"the bench organization's agents' secret";
+
+/// The child: run the daemon until the parent closes our stdin; print its socket first.
+async fn run_daemon(data: std::path::PathBuf) {
+    let mut config = tollgate_daemon::DaemonConfig {
+        data_dir: data,
+        organizations: vec![tollgate_daemon::config::Organization {
+            id: "bench".into(),
+            secret: Some(DAEMON_SECRET.to_vec()),
+            operator_secret: None,
+        }],
+        ..tollgate_daemon::DaemonConfig::default()
+    };
+    config.limits.pre_exec_per_second_per_session = 1_000_000;
+    let mut g = config.default_guard.clone();
+    g.budget = tollgate_core::Money::ZERO;
+    g.max_repeat_calls = 0;
+    config.agent_guards.insert("mcp-gateway".into(), g);
+    let daemon = tollgate_daemon::Daemon::start(config).await.unwrap();
+    println!("{}", daemon.socket().display());
+    daemon
+        .run(async {
+            let mut sink = Vec::new();
+            let _ = tokio::io::AsyncReadExt::read_to_end(&mut tokio::io::stdin(), &mut sink).await;
+        })
+        .await
+        .unwrap();
 }
