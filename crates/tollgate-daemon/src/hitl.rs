@@ -16,6 +16,10 @@ use tollgate_proto::sp1::{self, ErrorCode};
 use tollgate_store::{ops, Change, Session, SessionStore};
 
 use crate::convert;
+
+/// How often a waiting agent's daemon re-reads a held call's state when the store is shared
+/// by several daemons (a decision made through another daemon sends this one no event).
+const SHARED_STATE_POLL: Duration = Duration::from_millis(200);
 use crate::service::{lock, not_found, refuse, Caller, Refusal, Service, SessionInfo};
 
 /// The largest params a held call may show, and a modify may carry, in bytes.
@@ -414,10 +418,24 @@ impl<S: SessionStore> Service<S> {
             if let Some(out) = self.outcome_of(&s, r.call_number) {
                 return Ok(out);
             }
-            // Wait for anything about this session, or the deadline.
+            // Wait for anything about this session, or the deadline. With a store shared
+            // by several daemons, another daemon's operator may decide: no event reaches
+            // this one, so re-read the state every `SHARED_STATE_POLL` too.
+            let shared = !matches!(
+                self.config.state.backend,
+                crate::config::StateBackend::Embedded
+            );
             let woke = tokio::time::timeout_at(deadline, async {
                 loop {
-                    match events.recv().await {
+                    let event = if shared {
+                        match tokio::time::timeout(SHARED_STATE_POLL, events.recv()).await {
+                            Ok(e) => e,
+                            Err(_) => return true,
+                        }
+                    } else {
+                        events.recv().await
+                    };
+                    match event {
                         Ok(HitlEvent::Resolved { session_id, .. })
                             if session_id == r.session_id =>
                         {

@@ -108,11 +108,17 @@ fn io(what: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> DaemonE
     move |source| DaemonError::Io { what, path, source }
 }
 
+/// The one service core every transport calls, over the configured store.
+enum Core {
+    /// `[state] backend = "embedded"`: the store on this machine, the file audit log.
+    Embedded(Arc<Service<EmbeddedStore>>),
+}
+
 /// A prepared daemon: data directory ready, socket bound, store and audit log open.
 pub struct Daemon {
     config: Arc<DaemonConfig>,
     listener: UnixListener,
-    service: Arc<Service<EmbeddedStore>>,
+    core: Core,
     socket: PathBuf,
     /// The gRPC binding, when `[grpc]` is configured.
     grpc: Option<transport::grpc::GrpcListener>,
@@ -266,7 +272,7 @@ impl Daemon {
         Ok(Daemon {
             config,
             listener,
-            service,
+            core: Core::Embedded(service),
             socket,
             grpc,
             control,
@@ -316,72 +322,90 @@ impl Daemon {
         let Daemon {
             config,
             listener,
-            service,
+            core,
             socket,
             grpc,
             control,
         } = self;
-        // --- control plane: stops when the socket does ---
-        let (control_stop, control_stopped) = tokio::sync::watch::channel(false);
-        let control = control.map(|bound| {
-            tokio::spawn(transport::control::serve(
-                bound,
-                service.clone(),
-                operators::Operators::new(config.operators.clone()),
-                control_stopped,
-            ))
-        });
-        let shutdown = async {
-            shutdown.await;
-            let _ = control_stop.send(true);
-        };
-        // --- end control plane ---
-        // Held calls nobody decides in time expire, audited, once a second.
-        let expiry = {
-            let service = service.clone();
-            tokio::spawn(async move {
-                let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
-                loop {
-                    tick.tick().await;
-                    service.expire_overdue(service.now()).await;
-                }
-            })
-        };
-        // --- gRPC binding: serves beside the socket and stops with it ---
-        let (grpc_stop, mut grpc_stopping) = tokio::sync::watch::channel(false);
-        let grpc_task = grpc.map(|l| {
-            let (service, limits) = (service.clone(), config.limits.clone());
-            tokio::spawn(async move {
-                let stop = async move {
-                    let _ = grpc_stopping.wait_for(|s| *s).await;
-                };
-                transport::grpc::serve(l, service, limits, stop).await;
-            })
-        });
-        let shutdown = async move {
-            shutdown.await;
-            let _ = grpc_stop.send(true);
-        };
-        transport::socket::serve(listener, service.clone(), config.limits.clone(), shutdown).await;
-        if let Some(t) = grpc_task {
-            let _ = t.await;
+        match core {
+            Core::Embedded(service) => {
+                run_core(config, listener, service, socket, grpc, control, shutdown).await
+            }
         }
-        expiry.abort();
-        // --- control plane ---
-        let _ = control_stop.send(true);
-        if let Some(task) = control {
-            let _ = task.await;
-        }
-        // --- end control plane ---
-        let _ = std::fs::remove_file(&socket);
-        // The audit log first: once it is shut down every entry has been reported to the
-        // store, whose last snapshot then holds them all.
-        let flushed = service.audit().shutdown().map_err(DaemonError::AuditFlush);
-        service.store().close().await?;
-        flushed?;
-        tracing::info!("stopped cleanly");
-        Ok(())
     }
+}
+
+/// Serve one service core on every configured transport until `shutdown`, then stop in
+/// order: transports, expiry, the audit sink (flushed), the store.
+async fn run_core<S: SessionStore>(
+    config: Arc<DaemonConfig>,
+    listener: UnixListener,
+    service: Arc<Service<S>>,
+    socket: PathBuf,
+    grpc: Option<transport::grpc::GrpcListener>,
+    control: Option<transport::control::Bound>,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<(), DaemonError> {
+    // --- control plane: stops when the socket does ---
+    let (control_stop, control_stopped) = tokio::sync::watch::channel(false);
+    let control = control.map(|bound| {
+        tokio::spawn(transport::control::serve(
+            bound,
+            service.clone(),
+            operators::Operators::new(config.operators.clone()),
+            control_stopped,
+        ))
+    });
+    let shutdown = async {
+        shutdown.await;
+        let _ = control_stop.send(true);
+    };
+    // --- end control plane ---
+    // Held calls nobody decides in time expire, audited, once a second.
+    let expiry = {
+        let service = service.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
+            loop {
+                tick.tick().await;
+                service.expire_overdue(service.now()).await;
+            }
+        })
+    };
+    // --- gRPC binding: serves beside the socket and stops with it ---
+    let (grpc_stop, mut grpc_stopping) = tokio::sync::watch::channel(false);
+    let grpc_task = grpc.map(|l| {
+        let (service, limits) = (service.clone(), config.limits.clone());
+        tokio::spawn(async move {
+            let stop = async move {
+                let _ = grpc_stopping.wait_for(|s| *s).await;
+            };
+            transport::grpc::serve(l, service, limits, stop).await;
+        })
+    });
+    let shutdown = async move {
+        shutdown.await;
+        let _ = grpc_stop.send(true);
+    };
+    transport::socket::serve(listener, service.clone(), config.limits.clone(), shutdown).await;
+    if let Some(t) = grpc_task {
+        let _ = t.await;
+    }
+    expiry.abort();
+    // --- control plane ---
+    let _ = control_stop.send(true);
+    if let Some(task) = control {
+        let _ = task.await;
+    }
+    // --- end control plane ---
+    let _ = std::fs::remove_file(&socket);
+    // The audit log first: once it is shut down every entry has been reported to the
+    // store, whose last snapshot then holds them all.
+    let flushed = service.audit().shutdown().map_err(DaemonError::AuditFlush);
+    service.store().close().await?;
+    flushed?;
+    tracing::info!("stopped cleanly");
+    Ok(())
 }
 
 fn write_new(path: &Path, text: &str, mode: u32) -> Result<(), DaemonError> {
