@@ -112,7 +112,8 @@ impl Chainer {
             entry_id,
             prev_hash: &self.last_hash,
         };
-        let record = format::encode_record_version(self.version, pos, event, &self.key, self.key_id)?;
+        let record =
+            format::encode_record_version(self.version, pos, event, &self.key, self.key_id)?;
         let hash = format::sha256(&record);
         let appended = Appended {
             index: self.next_index,

@@ -18,11 +18,11 @@ use ed25519_dalek::SigningKey;
 use tollgate_core::Digest;
 use uuid::Uuid;
 
+use crate::chain::{Chainer, Signed};
 use crate::checkpoint::Checkpoint;
 use crate::completion::{self, Completer, Pending};
 use crate::entry::{Event, SessionEvent};
 use crate::files::{self, LogFile, ARCHIVED_SUFFIX, CHECKPOINT_FILE, TORN_DIR};
-use crate::chain::{Chainer, Signed};
 use crate::format::{self, EncodeError, FileHeader};
 use crate::keys::KeyId;
 use crate::verify::{Break, BreakKind, Verifier, VerifyOptions};
@@ -1129,7 +1129,10 @@ impl State {
         }
         let now = self.cfg.clock.now_ns();
         let by_count = self.cfg.checkpoint_every > 0
-            && self.chain.next_index().saturating_sub(self.last_checkpoint_count)
+            && self
+                .chain
+                .next_index()
+                .saturating_sub(self.last_checkpoint_count)
                 >= self.cfg.checkpoint_every;
         let interval = i64::try_from(self.cfg.checkpoint_interval.as_nanos()).unwrap_or(i64::MAX);
         let by_time = now.saturating_sub(self.last_checkpoint_ns) >= interval;
