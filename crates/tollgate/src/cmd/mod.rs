@@ -9,5 +9,6 @@ pub mod conformance;
 pub mod demo;
 pub mod hitl;
 pub mod keygen;
+pub mod migrate;
 pub mod operator_token;
 pub mod serve;

@@ -18,6 +18,7 @@ mod conformance;
 mod crash;
 mod daemon;
 mod operator_token;
+mod pg;
 
 pub fn tollgate(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_tollgate"))
