@@ -466,7 +466,7 @@ fn ed25519_dalek_signature(bytes: &[u8; 64]) -> ed25519_dalek::Signature {
 /// A batch item and what became of it.
 enum Outcome {
     Entry(Result<Appended, WriteError>),
-    Settle(Settled),
+    Settle(Result<Settled, String>),
 }
 
 /// Why a batch did not commit.
@@ -545,6 +545,12 @@ impl Task {
         let max = self.settings.max_batch.max(1);
         loop {
             let Some(first) = self.rx.recv().await else {
+                // The journal was dropped without a shutdown: release the lock and stop.
+                if let Some(c) = self.client.take() {
+                    let _ = c
+                        .execute("SELECT pg_advisory_unlock($1)", &[&self.lock])
+                        .await;
+                }
                 return;
             };
             let mut msgs = vec![first];
@@ -590,7 +596,14 @@ impl Task {
             let e = WriteError::WriterGone;
             items.into_iter().for_each(|i| i.fail(&e));
         }
-        self.client = None;
+        // Release the chain's lock now: the server would release it only when the
+        // backend exits, a moment after the connection closes, and a journal opened
+        // right after this one would find it still held.
+        if let Some(c) = self.client.take() {
+            let _ = c
+                .execute("SELECT pg_advisory_unlock($1)", &[&self.lock])
+                .await;
+        }
         self.shared.healthy.store(false, Ordering::SeqCst);
         done.complete(Ok(()));
     }
@@ -600,6 +613,20 @@ impl Task {
             let e = WriteError::Failed(self.shared.error());
             items.into_iter().for_each(|i| i.fail(&e));
             return;
+        }
+        // A connection the driver already knows is gone (the server restarted while the
+        // journal was idle): replace it before the batch rather than fail the batch.
+        if self.client.as_ref().is_some_and(Client::is_closed) {
+            self.client = None;
+            if let Err(e) = self.reconnect(None).await {
+                self.shared.failed_batches.fetch_add(1, Ordering::Relaxed);
+                self.shared.fail(e.to_string());
+                let e = WriteError::Io(e.to_string());
+                items.into_iter().for_each(|i| i.fail(&e));
+                self.recover(None).await;
+                return;
+            }
+            self.shared.reconnects.fetch_add(1, Ordering::Relaxed);
         }
         let head = (self.chainer.next_index(), self.chainer.last_hash());
         for _ in 0..MAX_CONFLICT_RETRIES {
@@ -694,7 +721,9 @@ impl Task {
                     Item::Entry(..) => Outcome::Entry(Err(WriteError::Refused(format!(
                         "session_seq {seq} is beyond the database's range"
                     )))),
-                    Item::Settle(..) => Outcome::Settle(Settled::Entry),
+                    Item::Settle(..) => Outcome::Settle(Err(format!(
+                        "session_seq {seq} is beyond the database's range"
+                    ))),
                 });
                 continue;
             };
@@ -708,11 +737,11 @@ impl Task {
                     continue;
                 }
                 (Item::Settle(..), Some(entry)) => {
-                    outcomes.push(Outcome::Settle(if *entry {
+                    outcomes.push(Outcome::Settle(Ok(if *entry {
                         Settled::Entry
                     } else {
                         Settled::Void
-                    }));
+                    })));
                     continue;
                 }
                 (Item::Entry(ev, _), None) => (**ev).clone(),
@@ -733,9 +762,11 @@ impl Task {
                 Err(e) => {
                     outcomes.push(match it {
                         Item::Entry(..) => Outcome::Entry(Err(WriteError::Encode(e))),
-                        // A void of a valid place always encodes; a place whose id is
-                        // too long to encode never held an entry either.
-                        Item::Settle(..) => Outcome::Settle(Settled::Void),
+                        // A place whose id is too long to encode never held an entry
+                        // either, but no void can say so: the caller must not go on.
+                        Item::Settle(..) => {
+                            Outcome::Settle(Err(format!("cannot write a void: {e}")))
+                        }
                     });
                     continue;
                 }
@@ -762,7 +793,7 @@ impl Task {
                 Outcome::Entry(Ok(a))
             } else {
                 voids += 1;
-                Outcome::Settle(Settled::Void)
+                Outcome::Settle(Ok(Settled::Void))
             });
         }
         if !e_idx.is_empty() {
@@ -893,7 +924,7 @@ fn complete(shared: &Shared, item: Item, outcome: Outcome) {
     match (item, outcome) {
         (Item::Entry(_, c), Outcome::Entry(r)) => c.complete(r),
         (Item::Settle(_, _, tx), Outcome::Settle(s)) => {
-            let _ = tx.send(Ok(s));
+            let _ = tx.send(s.map_err(journal_error));
         }
         (item, _) => item.fail(&WriteError::Failed("internal: outcome mismatch".to_owned())),
     }

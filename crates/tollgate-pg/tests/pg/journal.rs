@@ -116,30 +116,66 @@ async fn an_entry_is_acknowledged_only_after_its_commit() {
     j.close().await.unwrap();
 }
 
+/// Wait (bounded) until some backend waits on a lock with a query mentioning `table`.
+async fn wait_for_lock_wait(watcher: &tokio_postgres::Client, table: &str) -> bool {
+    for _ in 0..1000 {
+        let n: i64 = watcher
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE $1",
+                &[&format!("%{table}%")],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        if n > 0 {
+            return true;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    false
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_connection_fails_submits_until_reconnected_and_nothing_is_written_twice() {
     let s = migrated("kill").await;
     let app = s.name.clone();
     let mut settings = s.settings();
     settings.url = format!("{}?application_name={app}", url());
-    let j = std::sync::Arc::new(PgJournal::open(settings, key(1), "daemon-a").await.unwrap());
+    let j = PgJournal::open(settings, key(1), "daemon-a").await.unwrap();
     let admin = client().await.unwrap();
     let mut ok: Vec<(u64, tollgate_core::Digest)> = Vec::new();
     let mut failed = 0usize;
     let mut killed = false;
-    let mut recovered_after_kill = 0usize;
+    let mut good_waves_after_kill = 0usize;
     let mut seq = 0u64;
-    // Waves of concurrent submissions; the writer's backend is killed after wave 5. Go
-    // on (bounded) until 5 waves succeed after the kill.
+    // Waves of 20 concurrent submissions. In wave 5 the writer's backend is killed in the
+    // middle of its transaction (held at its insert by a table lock). Go on (bounded)
+    // until 5 waves succeed after the kill.
     for wave in 0..2000 {
+        let mut locker = client().await.unwrap();
+        let lock = if wave == 5 {
+            let tx = locker.transaction().await.unwrap();
+            tx.batch_execute(&format!(
+                "LOCK TABLE \"{}\".entries IN EXCLUSIVE MODE",
+                s.name
+            ))
+            .await
+            .unwrap();
+            Some(tx)
+        } else {
+            None
+        };
         let ds: Vec<_> = (0..20)
             .map(|_| {
                 seq += 1;
                 j.submit(verdict("s", seq))
             })
             .collect();
-        if wave == 5 {
-            // While this wave is being written.
+        if let Some(tx) = lock {
+            assert!(
+                wait_for_lock_wait(&admin, "entries").await,
+                "the batch never blocked"
+            );
             let n: i64 = admin
                 .query_one(
                     "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = $1",
@@ -150,6 +186,7 @@ async fn a_killed_connection_fails_submits_until_reconnected_and_nothing_is_writ
                 .get(0);
             assert_eq!(n, 1, "one writer connection");
             killed = true;
+            tx.commit().await.unwrap();
         }
         let mut wave_ok = true;
         for d in ds {
@@ -163,9 +200,15 @@ async fn a_killed_connection_fails_submits_until_reconnected_and_nothing_is_writ
                 Err(e) => panic!("{e}"),
             }
         }
-        if killed && wave_ok && failed > 0 {
-            recovered_after_kill += 1;
-            if recovered_after_kill == 5 {
+        if wave == 5 {
+            assert!(
+                !wave_ok,
+                "the killed transaction's entries were acknowledged"
+            );
+        }
+        if killed && wave_ok {
+            good_waves_after_kill += 1;
+            if good_waves_after_kill == 5 {
                 break;
             }
         }
@@ -173,9 +216,8 @@ async fn a_killed_connection_fails_submits_until_reconnected_and_nothing_is_writ
             tokio::time::sleep(std::time::Duration::from_millis(20)).await;
         }
     }
-    eprintln!("kill: {} ok, {failed} failed", ok.len());
-    assert!(failed > 0, "the kill failed no submission");
-    assert_eq!(recovered_after_kill, 5, "never recovered");
+    assert!(failed > 0);
+    assert_eq!(good_waves_after_kill, 5, "never recovered");
     let st = j.pg_stats();
     assert!(st.reconnects >= 1);
     j.close().await.unwrap();
@@ -201,11 +243,9 @@ async fn a_killed_connection_fails_submits_until_reconnected_and_nothing_is_writ
             Some(&hash.0.to_vec())
         );
     }
-    // Only acknowledged entries, plus whole batches whose commit answer was lost.
-    assert!(rows.len() >= ok.len());
-    if st.lost_acks == 0 {
-        assert_eq!(rows.len(), ok.len());
-    }
+    // Nothing but the acknowledged entries: the killed transaction left nothing.
+    assert_eq!(st.lost_acks, 0);
+    assert_eq!(rows.len(), ok.len());
     let reports = verify_all(&s.name).await;
     assert_eq!(
         reports[0].result.as_ref().unwrap().entries,
