@@ -197,6 +197,30 @@ pub struct DecisionRecord {
     pub session_seq: u64,
 }
 
+/// A change's place in its session's history is held by a void (record kind 7, format
+/// version 3): the change a daemon applied to a shared session state never got its own
+/// entry, and the daemon that settled the place (`chain_id`) says so. The session is back
+/// at the state before the change; the version `session_seq` stays used.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VoidRecord {
+    /// Daemon time of the settlement, nanoseconds since the Unix epoch (UTC).
+    pub timestamp_ns: i64,
+    /// The session.
+    pub session_id: String,
+    /// The voided state version (at least 1).
+    pub session_seq: u64,
+    /// The chain (daemon) that settled the place, and signs this entry.
+    pub chain_id: String,
+    /// Why, as a short word: [`VoidRecord::UNCONFIRMED_AT_SETTLE`] for a change found
+    /// unconfirmed and with no entry when it was settled.
+    pub reason: String,
+}
+
+impl VoidRecord {
+    /// The reason of a void written because a change had no entry when it was settled.
+    pub const UNCONFIRMED_AT_SETTLE: &'static str = "unconfirmed_at_settle";
+}
+
 /// Every entry that changes a session's state (kinds 4, 1, 5, 6).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SessionEvent {
@@ -312,6 +336,9 @@ pub enum Event {
         /// Where they were moved, relative to the log directory.
         moved_to: String,
     },
+    /// A change's place in its session's history is void (record kind 7, format
+    /// version 3 only).
+    Void(VoidRecord),
 }
 
 impl Event {
@@ -321,16 +348,18 @@ impl Event {
             Event::Session(e) => e.kind(),
             Event::KeyHandover { .. } => 2,
             Event::Recovery { .. } => 3,
+            Event::Void(_) => 7,
         }
     }
 
     /// A short name for the kind: `session_opened`, `verdict`, `settlement`,
-    /// `human_decision`, `key_handover`, `recovery`.
+    /// `human_decision`, `key_handover`, `recovery`, `void`.
     pub const fn kind_name(&self) -> &'static str {
         match self {
             Event::Session(e) => e.kind_name(),
             Event::KeyHandover { .. } => "key_handover",
             Event::Recovery { .. } => "recovery",
+            Event::Void(_) => "void",
         }
     }
 
@@ -338,8 +367,14 @@ impl Event {
     pub const fn as_session(&self) -> Option<&SessionEvent> {
         match self {
             Event::Session(e) => Some(e),
-            Event::KeyHandover { .. } | Event::Recovery { .. } => None,
+            Event::KeyHandover { .. } | Event::Recovery { .. } | Event::Void(_) => None,
         }
+    }
+}
+
+impl From<VoidRecord> for Event {
+    fn from(r: VoidRecord) -> Self {
+        Event::Void(r)
     }
 }
 

@@ -41,6 +41,9 @@ impl Filter {
                         _ => false,
                     })
             }
+            Event::Void(v) => {
+                self.session.as_ref().is_none_or(|s| *s == v.session_id) && self.verdict.is_none()
+            }
             Event::KeyHandover { .. } | Event::Recovery { .. } => {
                 self.session.is_none() && self.verdict.is_none()
             }
@@ -98,6 +101,7 @@ pub const COLUMNS: &[&str] = &[
     "recovery_length",
     "recovery_sha256",
     "recovery_moved_to",
+    "void_chain_id",
     "key_id",
     "prev_hash",
     "signature",
@@ -227,6 +231,12 @@ fn cells(e: &AuditEntry) -> Vec<Cell> {
             ("recovery_length", n(length)),
             ("recovery_sha256", digest(sha256)),
             ("recovery_moved_to", t(moved_to)),
+        ]),
+        Event::Void(v) => row.extend([
+            ("session_id", t(&v.session_id)),
+            ("session_seq", n(&v.session_seq)),
+            ("reason", t(&v.reason)),
+            ("void_chain_id", t(&v.chain_id)),
         ]),
     }
     row.extend([

@@ -9,16 +9,20 @@ use uuid::Uuid;
 
 use crate::entry::{
     self, AuditEntry, CostStatus, DecisionRecord, Event, SessionEvent, SessionRecord,
-    SettlementRecord, VerdictRecord,
+    SettlementRecord, VerdictRecord, VoidRecord,
 };
 use crate::keys::KeyId;
 
 /// The first 8 bytes of every log file.
 pub const MAGIC: [u8; 8] = *b"TGAUDIT\0";
-/// The format version this crate writes.
+/// The format version the file writer writes.
 pub const FORMAT_VERSION: u16 = 2;
+/// The newest format version this crate reads and can encode. Version 3 adds record kind
+/// 7 (void); journals that settle changes (the PostgreSQL sink) write it.
+pub const NEWEST_VERSION: u16 = 3;
 /// The oldest format version this crate reads. Version 1 has record kinds 1-3 and a
-/// verdict payload without `session_seq`; version 2 adds kinds 4-6 and `session_seq`.
+/// verdict payload without `session_seq`; version 2 adds kinds 4-6 and `session_seq`;
+/// version 3 adds kind 7.
 pub const OLDEST_VERSION: u16 = 1;
 /// Size of a file header in bytes.
 pub const HEADER_LEN: usize = 170;
@@ -181,7 +185,7 @@ impl FileHeader {
             return Err(HeaderError::Magic);
         }
         let version = c.u16().map_err(short)?;
-        if !(OLDEST_VERSION..=FORMAT_VERSION).contains(&version) {
+        if !(OLDEST_VERSION..=NEWEST_VERSION).contains(&version) {
             return Err(HeaderError::Version(version));
         }
         let h = FileHeader {
@@ -354,7 +358,7 @@ pub fn encode_record_version(
     key: &SigningKey,
     key_id: KeyId,
 ) -> Result<Vec<u8>, EncodeError> {
-    if !(OLDEST_VERSION..=FORMAT_VERSION).contains(&version) {
+    if !(OLDEST_VERSION..=NEWEST_VERSION).contains(&version) {
         return Err(EncodeError::Version(version));
     }
     if !kind_in_version(event.kind(), version) {
@@ -390,6 +394,12 @@ pub fn encode_record_version(
             b.extend_from_slice(&sha256.0);
             put_str(&mut b, "moved_to", moved_to)?;
         }
+        Event::Void(v) => {
+            put_str(&mut b, "session_id", &v.session_id)?;
+            put_u64(&mut b, v.session_seq);
+            put_str(&mut b, "chain_id", &v.chain_id)?;
+            put_str(&mut b, "reason", &v.reason)?;
+        }
     }
     b.extend_from_slice(&pos.prev_hash.0);
     let total = b.len() + 64;
@@ -416,6 +426,7 @@ pub const fn kind_in_version(kind: u8, version: u16) -> bool {
     match kind {
         1..=3 => true,
         4..=6 => version >= 2,
+        7 => version >= 3,
         _ => false,
     }
 }
@@ -617,6 +628,18 @@ pub fn check_event(event: &Event, version: u16) -> Result<(), &'static str> {
             None => Err("hand-over names an invalid public key"),
         },
         Event::Recovery { .. } => Ok(()),
+        Event::Void(v) => {
+            if v.session_seq == 0 {
+                return Err("session_seq is 0");
+            }
+            if v.chain_id.is_empty() {
+                return Err("chain_id of a void is empty");
+            }
+            if v.reason.is_empty() {
+                return Err("reason of a void is empty");
+            }
+            Ok(())
+        }
     }
 }
 
@@ -718,9 +741,10 @@ fn parse_fields(version: u16, c: &mut Cur<'_>) -> Parsed<AuditEntry> {
     let entry_id = Uuid::from_bytes(c.arr()?);
     let key_id = KeyId(c.arr()?);
     if !kind_in_version(kind, version) {
-        return Err(Stop::Malformed(if (1..=6).contains(&kind) {
+        return Err(Stop::Malformed(if (4..=6).contains(&kind) {
             "record kind 4, 5 or 6 in a format-version-1 file"
         } else {
+            // Kind 7 in a version-1 or -2 file is unknown there, as it always was.
             "unknown record kind"
         }));
     }
@@ -747,7 +771,8 @@ fn parse_fields(version: u16, c: &mut Cur<'_>) -> Parsed<AuditEntry> {
         }
         4 => parse_opened(c, timestamp_ns)?,
         5 => parse_settlement(c, timestamp_ns)?,
-        _ => parse_decision(c, timestamp_ns)?,
+        6 => parse_decision(c, timestamp_ns)?,
+        _ => parse_void(c, timestamp_ns)?,
     };
     let prev_hash = Digest(c.arr()?);
     let signature = c.arr()?;
@@ -960,6 +985,22 @@ fn parse_decision(c: &mut Cur<'_>, timestamp_ns: i64) -> Parsed<Event> {
                 session_seq,
             },
         )))
+    })())
+}
+
+fn parse_void(c: &mut Cur<'_>, timestamp_ns: i64) -> Parsed<Event> {
+    let session_id = c.str()?;
+    let session_seq = c.u64()?;
+    let chain_id = c.str()?;
+    let reason = c.str()?;
+    Ok((|| {
+        Ok(Event::Void(VoidRecord {
+            timestamp_ns,
+            session_id: utf8(session_id)?,
+            session_seq,
+            chain_id: utf8(chain_id)?,
+            reason: utf8(reason)?,
+        }))
     })())
 }
 

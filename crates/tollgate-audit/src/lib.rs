@@ -33,6 +33,7 @@
     )
 )]
 
+pub mod chain;
 pub mod checkpoint;
 mod completion;
 pub mod entry;
@@ -47,12 +48,13 @@ pub mod writer;
 use std::io::Read as _;
 use std::path::{Path, PathBuf};
 
+pub use chain::{Chainer, Signed};
 pub use checkpoint::Checkpoint;
 pub use completion::{pair as pending_pair, Completer, Pending};
 pub use ed25519_dalek::{SigningKey, VerifyingKey};
 pub use entry::{
     AuditEntry, CostStatus, DecisionRecord, Event, SessionEvent, SessionRecord, SettlementRecord,
-    VerdictRecord,
+    VerdictRecord, VoidRecord,
 };
 pub use keys::KeyId;
 pub use tail::{read_tail, TailEnd, TailError};

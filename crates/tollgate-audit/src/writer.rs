@@ -18,11 +18,12 @@ use ed25519_dalek::SigningKey;
 use tollgate_core::Digest;
 use uuid::Uuid;
 
+use crate::chain::{Chainer, Signed};
 use crate::checkpoint::Checkpoint;
 use crate::completion::{self, Completer, Pending};
-use crate::entry::{self, Event, SessionEvent};
+use crate::entry::{Event, SessionEvent};
 use crate::files::{self, LogFile, ARCHIVED_SUFFIX, CHECKPOINT_FILE, TORN_DIR};
-use crate::format::{self, EncodeError, FileHeader, Position};
+use crate::format::{self, EncodeError, FileHeader};
 use crate::keys::KeyId;
 use crate::verify::{Break, BreakKind, Verifier, VerifyOptions};
 
@@ -468,15 +469,13 @@ impl Drop for Writer {
 /// The writer thread's state.
 struct State {
     cfg: WriterConfig,
-    key: SigningKey,
-    key_id: KeyId,
+    /// The chain head: key, next index, last hash.
+    chain: Chainer,
     file: Arc<File>,
     file_path: PathBuf,
     file_seq: u64,
     file_day: i64,
     file_len: u64,
-    next_index: u64,
-    last_hash: Digest,
     last_checkpoint_count: u64,
     last_checkpoint_ns: i64,
     failed: Option<String>,
@@ -590,7 +589,7 @@ impl std::fmt::Debug for State {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("State")
             .field("file_path", &self.file_path)
-            .field("next_index", &self.next_index)
+            .field("next_index", &self.chain.next_index())
             .field("failed", &self.failed)
             .finish_non_exhaustive()
     }
@@ -735,8 +734,7 @@ impl State {
             (file, last.path.clone(), tip.valid_len, tip.header.clone())
         };
         let mut state = State::new(cfg, key, file, path.clone(), &header, len);
-        state.next_index = tip.next_index;
-        state.last_hash = tip.last_hash;
+        state.chain.reset(tip.next_index, tip.last_hash);
         state.last_checkpoint_count = tip.next_index;
         // Files left uncompressed by a crash during compression.
         if state.cfg.compress_rotated {
@@ -746,7 +744,7 @@ impl State {
         }
         let mut report = OpenReport {
             file: path,
-            next_index: state.next_index,
+            next_index: state.chain.next_index(),
             created: false,
             recovered: None,
             upgraded_from,
@@ -763,7 +761,7 @@ impl State {
                 moved_to,
                 entry_index: appended.index,
             });
-            report.next_index = state.next_index;
+            report.next_index = state.chain.next_index();
         }
         Ok((state, report))
     }
@@ -778,15 +776,17 @@ impl State {
     ) -> State {
         let now = cfg.clock.now_ns();
         State {
-            key_id: KeyId::of(key.verifying_key().as_bytes()),
-            key,
+            chain: Chainer::new(
+                key,
+                format::FORMAT_VERSION,
+                header.first_index,
+                header.prev_hash,
+            ),
             file: Arc::new(file),
             file_path: path,
             file_seq: header.file_seq,
             file_day: files::day_of(header.created_ns),
             file_len: len,
-            next_index: header.first_index,
-            last_hash: header.prev_hash,
             last_checkpoint_count: header.first_index,
             last_checkpoint_ns: now,
             failed: None,
@@ -866,8 +866,7 @@ impl State {
                     };
                     let r = self.append_system(event);
                     if r.is_ok() {
-                        self.key = *new_key;
-                        self.key_id = KeyId::of(self.key.verifying_key().as_bytes());
+                        self.chain.set_key(*new_key);
                     }
                     c.complete(r);
                 }
@@ -890,27 +889,11 @@ impl State {
         if let Some(f) = &self.failed {
             return Err(WriteError::Failed(f.clone()));
         }
-        let mut random = [0u8; 10];
-        if getrandom::fill(&mut random).is_err() {
-            // Still unique within the log: the index is part of the chain position.
-            for (slot, b) in random.iter_mut().zip(self.last_hash.0.iter()) {
-                *slot = *b;
-            }
-        }
-        let entry_id = entry::uuid_v7(ts, &random);
-        let pos = Position {
-            index: self.next_index,
-            timestamp_ns: ts,
-            entry_id,
-            prev_hash: &self.last_hash,
-        };
-        let record = format::encode_record(pos, &event, &self.key, self.key_id)?;
-        let hash = format::sha256(&record);
-        let a = Appended {
-            index: self.next_index,
-            entry_id,
-            hash,
-        };
+        let Signed {
+            record,
+            appended: a,
+        } = self.chain.sign(&event, ts)?;
+        let hash = a.hash;
         self.buf.extend_from_slice(&record);
         if self.tapping {
             self.committed.push(Committed {
@@ -919,8 +902,6 @@ impl State {
                 event,
             });
         }
-        self.last_hash = hash;
-        self.next_index = self.next_index.saturating_add(1);
         Ok(a)
     }
 
@@ -1075,10 +1056,10 @@ impl State {
     fn rotate(&mut self, now: i64) -> std::io::Result<()> {
         self.file.sync_all()?;
         let header = FileHeader::new_signed(
-            &self.key,
+            self.chain.key(),
             self.file_seq.saturating_add(1),
-            self.next_index,
-            self.last_hash,
+            self.chain.next_index(),
+            self.chain.last_hash(),
             now,
         );
         let (file, path) = create_log_file(&self.cfg.dir, &header)?;
@@ -1143,12 +1124,15 @@ impl State {
     }
 
     fn maybe_checkpoint(&mut self) {
-        if self.failed.is_some() || self.next_index == self.last_checkpoint_count {
+        if self.failed.is_some() || self.chain.next_index() == self.last_checkpoint_count {
             return;
         }
         let now = self.cfg.clock.now_ns();
         let by_count = self.cfg.checkpoint_every > 0
-            && self.next_index.saturating_sub(self.last_checkpoint_count)
+            && self
+                .chain
+                .next_index()
+                .saturating_sub(self.last_checkpoint_count)
                 >= self.cfg.checkpoint_every;
         let interval = i64::try_from(self.cfg.checkpoint_interval.as_nanos()).unwrap_or(i64::MAX);
         let by_time = now.saturating_sub(self.last_checkpoint_ns) >= interval;
@@ -1169,7 +1153,12 @@ impl State {
             }
         }
         let now = self.cfg.clock.now_ns();
-        let cp = Checkpoint::new_signed(&self.key, self.next_index, self.last_hash, now);
+        let cp = Checkpoint::new_signed(
+            self.chain.key(),
+            self.chain.next_index(),
+            self.chain.last_hash(),
+            now,
+        );
         let path = self.cfg.dir.join(CHECKPOINT_FILE);
         let tmp = self.cfg.dir.join(format!("{CHECKPOINT_FILE}.tmp"));
         let r = write_new_file(&tmp, cp.to_text().as_bytes())
@@ -1177,7 +1166,7 @@ impl State {
             .and_then(|()| sync_dir(&self.cfg.dir));
         match r {
             Ok(()) => {
-                self.last_checkpoint_count = self.next_index;
+                self.last_checkpoint_count = self.chain.next_index();
                 self.last_checkpoint_ns = now;
                 Ok(cp)
             }
@@ -1206,7 +1195,7 @@ impl State {
                     .file
                     .sync_all()
                     .map_err(|e| WriteError::Io(e.to_string()));
-                if self.next_index != self.last_checkpoint_count {
+                if self.chain.next_index() != self.last_checkpoint_count {
                     self.write_checkpoint().map(|_| ()).and(sync)
                 } else {
                     sync

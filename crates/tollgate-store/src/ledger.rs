@@ -64,6 +64,13 @@ pub enum LedgerError {
         /// What is wrong.
         source: FoldError,
     },
+    /// The entry is a void (record kind 7): this log was written by a journal that
+    /// settles changes of a shared state, not by this store's writer.
+    #[error("entry {index} is a void: this store does not replay logs of a shared state")]
+    Foreign {
+        /// The entry's index.
+        index: u64,
+    },
 }
 
 impl Ledger {
@@ -106,6 +113,10 @@ impl Ledger {
                 .map_err(|source| LedgerError::Fold { index, source })?,
             Event::KeyHandover { new_public_key } => self.key = Some(*new_public_key),
             Event::Recovery { .. } => {}
+            // A void (format version 3) is written only by journals that settle changes
+            // of a shared state (the PostgreSQL sink); the embedded store's log never
+            // holds one, and a log that did would not be this store's to replay.
+            Event::Void(_) => return Err(LedgerError::Foreign { index }),
         }
         self.next_index = index.saturating_add(1);
         self.last_hash = hash;

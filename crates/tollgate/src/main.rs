@@ -23,8 +23,10 @@ enum Command {
     Canonical(cmd::canonical::Args),
     /// Write an Ed25519 audit signing key (mode 0600) and its public key.
     Keygen(cmd::keygen::Args),
-    /// Verify, export and inspect signed audit logs.
+    /// Verify, export and inspect signed audit logs (files, or chains in PostgreSQL).
     Audit(cmd::audit::Args),
+    /// Create or migrate the PostgreSQL audit schema (idempotent).
+    Migrate(cmd::migrate::Args),
     /// The board gate: check handoff-envelope record sets, compute request digests.
     Board(cmd::board::Args),
     /// Run the daemon (embedded defaults without --config).
@@ -66,6 +68,7 @@ fn main() -> ExitCode {
         Command::Keygen(args) => cmd::keygen::run(&args),
         Command::OperatorToken(args) => cmd::operator_token::run(&args),
         Command::Audit(args) => cmd::audit::run(&args),
+        Command::Migrate(args) => cmd::migrate::run(&args),
         Command::Board(args) => cmd::board::run(&args),
         Command::Serve(args) => cmd::serve::run(&args),
         Command::Hitl(args) => cmd::hitl::run(&args),

@@ -8,7 +8,7 @@ use tollgate_audit::format::{self, FileHeader, Position};
 use tollgate_audit::verify::verify_visit;
 use tollgate_audit::{
     keys, CostStatus, DecisionRecord, Event, KeyId, SessionEvent, SessionRecord, SettlementRecord,
-    VerdictRecord,
+    VerdictRecord, VoidRecord,
 };
 use tollgate_core::{BudgetScope, DenyReason, Digest, HumanDecision, Money, Reason, Verdict};
 use uuid::Uuid;
@@ -264,6 +264,102 @@ fn file_is_reproduced_byte_for_byte() {
     );
 }
 
+/// Version 3: the first two records of the version-2 file, then a void of the session's
+/// next version.
+fn v3_events() -> Vec<(i64, &'static str, Event)> {
+    let mut events: Vec<_> = v2_events().into_iter().take(2).collect();
+    events.push((
+        T0 + 2_000_000,
+        "0192f7c8-0002-7000-8000-000000000002",
+        Event::Void(VoidRecord {
+            timestamp_ns: T0 + 2_000_000,
+            session_id: "s1".into(),
+            session_seq: 3,
+            chain_id: "daemon-a".into(),
+            reason: VoidRecord::UNCONFIRMED_AT_SETTLE.into(),
+        }),
+    ));
+    events
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[test]
+fn version_3_void_is_reproduced_byte_for_byte() {
+    let events = v3_events();
+    let stored = check_stored("known-answer-v3.log", &build_file(3, &events));
+    let mut seen = Vec::new();
+    let s = verify_visit(
+        &[("known-answer-v3.log", &stored)],
+        &opts(&key(1)),
+        &mut |e| {
+            seen.push(e.clone());
+        },
+    )
+    .unwrap();
+    assert_eq!(s.entries, 3);
+    let kinds: Vec<u8> = seen.iter().map(|e| e.event.kind()).collect();
+    assert_eq!(kinds, [4, 1, 7]);
+    for (e, (ts, id, ev)) in seen.iter().zip(&events) {
+        assert_eq!(&e.event, ev);
+        assert_eq!(e.timestamp_ns, *ts);
+        assert_eq!(e.entry_id.to_string(), *id);
+    }
+    let d = doc();
+    let digest = format::sha256(&stored).to_string();
+    assert!(
+        d.contains(&digest),
+        "docs lack the v3 known answer's SHA-256 {digest}"
+    );
+    // The void record, byte for byte, as the doc lists it (hex lines of 32 bytes).
+    let mut off = format::HEADER_LEN;
+    let mut last = &stored[..0];
+    while off < stored.len() {
+        let (_, n) = format::parse_record_version(3, &stored[off..]).unwrap();
+        last = &stored[off..off + n];
+        off += n;
+    }
+    let doc_hex: String = d
+        .lines()
+        .skip_while(|l| !l.starts_with("```text void-record"))
+        .skip(1)
+        .take_while(|l| !l.starts_with("```"))
+        .collect::<Vec<_>>()
+        .concat()
+        .split_whitespace()
+        .collect();
+    assert_eq!(doc_hex, hex(last), "the doc's void record bytes differ");
+    // A void cannot stand in a version-2 file.
+    let v2 = build_file_result(2, &events);
+    assert!(v2.is_err());
+}
+
+fn build_file_result(
+    version: u16,
+    events: &[(i64, &str, Event)],
+) -> Result<(), format::EncodeError> {
+    let k = SigningKey::from_bytes(&[1u8; 32]);
+    let kid = KeyId::of(k.verifying_key().as_bytes());
+    let prev = format::genesis_hash();
+    for (i, (ts, id, ev)) in events.iter().enumerate() {
+        format::encode_record_version(
+            version,
+            Position {
+                index: i as u64,
+                timestamp_ns: *ts,
+                entry_id: Uuid::parse_str(id).unwrap(),
+                prev_hash: &prev,
+            },
+            ev,
+            &k,
+            kid,
+        )?;
+    }
+    Ok(())
+}
+
 #[test]
 fn version_1_file_is_still_reproduced_and_verified() {
     let stored = check_stored("known-answer-v1.log", &build_v1());
@@ -305,7 +401,11 @@ fn reason_strings_are_documented() {
 #[test]
 fn record_hashes_are_documented() {
     let d = doc();
-    for name in ["known-answer.log", "known-answer-v1.log"] {
+    for name in [
+        "known-answer.log",
+        "known-answer-v1.log",
+        "known-answer-v3.log",
+    ] {
         let bytes = std::fs::read(data_path(name)).unwrap();
         let version = u16::from_be_bytes([bytes[8], bytes[9]]);
         let mut off = format::HEADER_LEN;

@@ -49,9 +49,31 @@ struct VerifyArgs {
     /// Accept a log whose first files were retired (it does not start at file 0).
     #[arg(long)]
     allow_head_gap: bool,
+    #[command(flatten)]
+    pg: PgArgs,
     /// Log files, or directories of rotated files.
-    #[arg(required = true)]
+    #[arg(required_unless_present = "postgres", conflicts_with = "postgres")]
     paths: Vec<PathBuf>,
+}
+
+/// Where chains in PostgreSQL are read (instead of log files).
+#[derive(Debug, Clone, clap::Args)]
+struct PgArgs {
+    /// Read the chains from this PostgreSQL database (a URL or key=value string)
+    /// instead of log files. `--key` then names the key the chains must be signed with;
+    /// without it, each chain's key registered in the database is trusted.
+    #[arg(long, value_name = "URL", conflicts_with_all = ["checkpoint", "allow_head_gap"])]
+    postgres: Option<String>,
+    /// The schema holding the chains.
+    #[arg(long, requires = "postgres", default_value = tollgate_pg::DEFAULT_SCHEMA)]
+    schema: String,
+    /// Only this chain (default: every chain in the schema).
+    #[arg(long, requires = "postgres")]
+    chain: Option<String>,
+    /// PEM file of the CA that signed the server's certificate (TLS; use `sslmode=require`
+    /// in the URL to refuse a plain connection).
+    #[arg(long, value_name = "FILE", requires = "postgres")]
+    ca: Option<PathBuf>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -95,8 +117,10 @@ struct ExportArgs {
     /// Accept a log whose first files were retired.
     #[arg(long)]
     allow_head_gap: bool,
+    #[command(flatten)]
+    pg: PgArgs,
     /// Log files, or directories of rotated files.
-    #[arg(required = true)]
+    #[arg(required_unless_present = "postgres", conflicts_with = "postgres")]
     paths: Vec<PathBuf>,
 }
 
@@ -176,6 +200,9 @@ fn options(
 }
 
 fn verify(a: &VerifyArgs) -> anyhow::Result<ExitCode> {
+    if let Some(url) = &a.pg.postgres {
+        return verify_pg(url, &a.pg, a.key.as_ref());
+    }
     let opts = options(a.key.as_ref(), a.checkpoint.as_ref(), a.allow_head_gap)?;
     match tollgate_audit::verify_paths(&a.paths, &opts, &mut |_| {}) {
         Ok(s) => {
@@ -236,16 +263,29 @@ fn export(a: &ExportArgs) -> anyhow::Result<ExitCode> {
             .map(|v| v.parse::<Verdict>())
             .transpose()?,
     };
-    let opts = options(a.key.as_ref(), a.checkpoint.as_ref(), a.allow_head_gap)?;
     let mut rows = Vec::new();
-    let r = tollgate_audit::verify_paths(&a.paths, &opts, &mut |e| {
+    let mut row = |e: &tollgate_audit::AuditEntry| {
         if filter.matches(e) {
             rows.push(match a.format {
                 Format::Jsonl => export::to_json_line(e),
                 Format::Csv => export::to_csv_row(e),
             });
         }
-    });
+    };
+    if let Some(url) = &a.pg.postgres {
+        let key = a.key.as_ref().map(|k| read_public_key(k)).transpose()?;
+        let reports = pg_reports(url, &a.pg, key, &mut |_, e| row(e))?;
+        if key.is_none() {
+            eprintln!("tollgate: warning: no --key given; each chain's registered key was trusted");
+        }
+        if let Some(b) = reports.iter().find_map(|r| r.result.as_ref().err()) {
+            eprintln!("BROKEN: {b}; nothing exported");
+            return Ok(ExitCode::from(1));
+        }
+        return write_rows(a.format, rows);
+    }
+    let opts = options(a.key.as_ref(), a.checkpoint.as_ref(), a.allow_head_gap)?;
+    let r = tollgate_audit::verify_paths(&a.paths, &opts, &mut row);
     match r {
         Ok(s) => {
             if !s.key_trusted {
@@ -258,9 +298,13 @@ fn export(a: &ExportArgs) -> anyhow::Result<ExitCode> {
         }
         Err(e @ PathsError::Io { .. }) => return Err(e.into()),
     }
+    write_rows(a.format, rows)
+}
+
+fn write_rows(format: Format, rows: Vec<String>) -> anyhow::Result<ExitCode> {
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::new(stdout.lock());
-    if matches!(a.format, Format::Csv) {
+    if matches!(format, Format::Csv) {
         writeln!(out, "{}", export::csv_header())?;
     }
     for row in rows {
@@ -268,6 +312,76 @@ fn export(a: &ExportArgs) -> anyhow::Result<ExitCode> {
     }
     out.flush()?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// A runtime for one command's PostgreSQL calls.
+pub(crate) fn pg_runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")
+}
+
+pub(crate) fn pg_settings(
+    url: &str,
+    schema: &str,
+    ca: Option<&PathBuf>,
+) -> tollgate_pg::PgSettings {
+    let mut s = tollgate_pg::PgSettings::new(url).with_schema(schema);
+    s.ca_file = ca.cloned();
+    s
+}
+
+/// Verify the chains `pg` names, showing each verified entry (with its chain id) to
+/// `visit`. No chain at all is an error (nothing was verified).
+fn pg_reports(
+    url: &str,
+    pg: &PgArgs,
+    key: Option<VerifyingKey>,
+    visit: &mut dyn FnMut(&str, &tollgate_audit::AuditEntry),
+) -> anyhow::Result<Vec<tollgate_pg::ChainReport>> {
+    let settings = pg_settings(url, &pg.schema, pg.ca.as_ref());
+    let keys: Vec<VerifyingKey> = key.into_iter().collect();
+    let reports = pg_runtime()?.block_on(async {
+        let client = tollgate_pg::connect(&settings).await?;
+        tollgate_pg::verify(&client, &pg.schema, pg.chain.as_deref(), &keys, visit).await
+    })?;
+    if reports.is_empty() {
+        anyhow::bail!("no chains in schema `{}`: nothing to verify", pg.schema);
+    }
+    Ok(reports)
+}
+
+fn verify_pg(url: &str, pg: &PgArgs, key: Option<&PathBuf>) -> anyhow::Result<ExitCode> {
+    let key = key.map(|k| read_public_key(k)).transpose()?;
+    let reports = pg_reports(url, pg, key, &mut |_, _| {})?;
+    let trust = if key.is_some() {
+        "trusted"
+    } else {
+        "NOT CHECKED: no --key given, the key registered for the chain was taken on trust"
+    };
+    let mut broken = false;
+    for r in &reports {
+        match &r.result {
+            Ok(s) => {
+                println!(
+                    "chain {}: ok: {} entries (index {}..{}), whole",
+                    r.chain_id, s.entries, s.first_index, s.next_index
+                );
+                println!("  key: {} ({trust})", s.key_id);
+                println!("  last hash: {}", s.last_hash);
+            }
+            Err(b) => {
+                broken = true;
+                println!("BROKEN: {b}");
+            }
+        }
+    }
+    Ok(if broken {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    })
 }
 
 fn rotate_key(a: &RotateKeyArgs) -> anyhow::Result<ExitCode> {

@@ -10,5 +10,6 @@ pub mod demo;
 pub mod hitl;
 pub mod keygen;
 pub mod mcp;
+pub mod migrate;
 pub mod operator_token;
 pub mod serve;

@@ -19,6 +19,7 @@ mod crash;
 mod daemon;
 mod mcp;
 mod operator_token;
+mod pg;
 
 pub fn tollgate(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_tollgate"))

@@ -1,0 +1,115 @@
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use tokio_postgres::Client;
+use tollgate_audit::{SessionEvent, SigningKey, VerdictRecord};
+use tollgate_core::{Digest, Money, Reason, Verdict};
+use tollgate_pg::PgSettings;
+
+pub fn url() -> String {
+    std::env::var("TOLLGATE_TEST_PG_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
+}
+
+/// A fresh schema name for one test, and its removal when dropped.
+pub struct Schema {
+    pub name: String,
+}
+
+impl Schema {
+    pub fn new(test: &str) -> Schema {
+        static N: AtomicU64 = AtomicU64::new(0);
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .subsec_nanos();
+        Schema {
+            name: format!(
+                "tgt_{test}_{}_{}_{nanos}",
+                std::process::id(),
+                N.fetch_add(1, Ordering::Relaxed)
+            ),
+        }
+    }
+
+    pub fn settings(&self) -> PgSettings {
+        PgSettings::new(url()).with_schema(self.name.clone())
+    }
+}
+
+impl Drop for Schema {
+    fn drop(&mut self) {
+        let name = self.name.clone();
+        let _ = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async {
+                if let Ok(c) = client().await {
+                    let _ = c
+                        .batch_execute(&format!("DROP SCHEMA IF EXISTS \"{name}\" CASCADE"))
+                        .await;
+                }
+            });
+        })
+        .join();
+    }
+}
+
+pub async fn client() -> Result<Client, tollgate_pg::PgError> {
+    tollgate_pg::connect(&PgSettings::new(url())).await
+}
+
+/// A migrated schema.
+pub async fn migrated(test: &str) -> Schema {
+    let s = Schema::new(test);
+    let mut c = client().await.unwrap();
+    tollgate_pg::migrate(&mut c, &s.name).await.unwrap();
+    s
+}
+
+pub fn key(n: u8) -> SigningKey {
+    SigningKey::from_bytes(&[n; 32])
+}
+
+/// An ALLOW verdict for `session` at version `seq`.
+pub fn verdict(session: &str, seq: u64) -> SessionEvent {
+    SessionEvent::Verdict(VerdictRecord {
+        timestamp_ns: 1_796_040_000_000_000_000 + i64::try_from(seq).unwrap(),
+        session_id: session.to_owned(),
+        agent_id: "agent".into(),
+        organization_id: "org".into(),
+        call_number: seq,
+        tool_name: "search".into(),
+        params_hash: Digest([7; 32]),
+        verdict: Verdict::Allow,
+        deny_reason: None,
+        reason: Reason::WithinThresholds,
+        probabilistic: false,
+        budget_before: Money(1000),
+        budget_after: Money(900),
+        operator_id: None,
+        estimated_cost: Money(100),
+        nonce: seq,
+        config_digest: None,
+        session_seq: seq,
+    })
+}
+
+pub async fn count(c: &Client, schema: &str, sql_tail: &str) -> i64 {
+    c.query_one(
+        &format!("SELECT count(*) FROM \"{schema}\".{sql_tail}"),
+        &[],
+    )
+    .await
+    .unwrap()
+    .get(0)
+}
+
+/// Verify every chain of `schema` with the registered keys; the reports.
+pub async fn verify_all(schema: &str) -> Vec<tollgate_pg::ChainReport> {
+    let c = client().await.unwrap();
+    tollgate_pg::verify(&c, schema, None, &[], &mut |_, _| {})
+        .await
+        .unwrap()
+}

@@ -1,0 +1,295 @@
+use std::collections::HashSet;
+
+use tollgate_audit::{Event, WriteError};
+use tollgate_pg::{PgError, PgJournal};
+use tollgate_store::{Journal, StoreError};
+
+use crate::common::*;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_chain_is_written_then_verified_and_resumed() {
+    let s = migrated("chain").await;
+    let j = PgJournal::open(s.settings(), key(1), "daemon-a")
+        .await
+        .unwrap();
+    let durables: Vec<_> = (1..=200)
+        .map(|i| j.submit(verdict(&format!("s{}", i % 7), i)))
+        .collect();
+    let mut indices = Vec::new();
+    for d in durables {
+        indices.push(d.await.unwrap().unwrap().index);
+    }
+    // Submission order is chain order.
+    assert_eq!(indices, (0..200).collect::<Vec<u64>>());
+    let st = j.pg_stats();
+    assert_eq!(st.entries, 200);
+    assert!(st.batches >= 1 && st.batches <= 200);
+    j.close().await.unwrap();
+
+    let reports = verify_all(&s.name).await;
+    assert_eq!(reports.len(), 1);
+    let sum = reports[0].result.as_ref().unwrap();
+    assert_eq!(sum.entries, 200);
+    assert_eq!(sum.next_index, 200);
+
+    // Reopened, the chain continues where it was.
+    let j = PgJournal::open(s.settings(), key(1), "daemon-a")
+        .await
+        .unwrap();
+    let a = j.submit(verdict("later", 1)).await.unwrap().unwrap();
+    assert_eq!(a.index, 200);
+    j.close().await.unwrap();
+    let reports = verify_all(&s.name).await;
+    assert_eq!(reports[0].result.as_ref().unwrap().entries, 201);
+}
+
+#[tokio::test]
+async fn a_second_journal_on_the_same_chain_is_refused() {
+    let s = migrated("twice").await;
+    let j = PgJournal::open(s.settings(), key(1), "daemon-a")
+        .await
+        .unwrap();
+    let e = PgJournal::open(s.settings(), key(1), "daemon-a")
+        .await
+        .unwrap_err();
+    assert_eq!(e, PgError::ChainLocked("daemon-a".into()));
+    assert!(e.to_string().contains("another daemon"));
+    // Another chain id is fine.
+    let other = PgJournal::open(s.settings(), key(2), "daemon-b")
+        .await
+        .unwrap();
+    other.close().await.unwrap();
+    // Once the first is closed, the chain can be taken again.
+    j.close().await.unwrap();
+    let again = PgJournal::open(s.settings(), key(1), "daemon-a")
+        .await
+        .unwrap();
+    again.close().await.unwrap();
+    // A chain keeps its key.
+    let e = PgJournal::open(s.settings(), key(9), "daemon-a")
+        .await
+        .unwrap_err();
+    assert!(matches!(e, PgError::KeyMismatch { .. }), "{e}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_entry_is_acknowledged_only_after_its_commit() {
+    let s = migrated("ack").await;
+    let j = PgJournal::open(s.settings(), key(1), "daemon-a")
+        .await
+        .unwrap();
+    // Another session holds the entries table: the journal's insert waits on it.
+    let mut locker = client().await.unwrap();
+    let tx = locker.transaction().await.unwrap();
+    tx.batch_execute(&format!(
+        "LOCK TABLE \"{}\".entries IN EXCLUSIVE MODE",
+        s.name
+    ))
+    .await
+    .unwrap();
+    let pending = tokio::spawn(j.submit(verdict("s", 1)));
+    // Wait (bounded) until the journal's backend is waiting for that lock.
+    let watcher = client().await.unwrap();
+    let mut waiting = false;
+    for _ in 0..1000 {
+        let n: i64 = watcher
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%entries%'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        if n > 0 {
+            waiting = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert!(waiting, "the journal's insert never blocked");
+    assert!(!pending.is_finished(), "acknowledged before its commit");
+    assert_eq!(count(&watcher, &s.name, "entries").await, 0);
+    tx.commit().await.unwrap();
+    let a = pending.await.unwrap().unwrap().unwrap();
+    assert_eq!(a.index, 0);
+    assert_eq!(count(&watcher, &s.name, "entries").await, 1);
+    j.close().await.unwrap();
+}
+
+/// Wait (bounded) until some backend waits on a lock with a query mentioning `table`.
+async fn wait_for_lock_wait(watcher: &tokio_postgres::Client, table: &str) -> bool {
+    for _ in 0..1000 {
+        let n: i64 = watcher
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE $1",
+                &[&format!("%{table}%")],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        if n > 0 {
+            return true;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    false
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_connection_fails_submits_until_reconnected_and_nothing_is_written_twice() {
+    let s = migrated("kill").await;
+    let app = s.name.clone();
+    let mut settings = s.settings();
+    settings.url = format!("{}?application_name={app}", url());
+    let j = PgJournal::open(settings, key(1), "daemon-a").await.unwrap();
+    let admin = client().await.unwrap();
+    let mut ok: Vec<(u64, tollgate_core::Digest)> = Vec::new();
+    let mut failed = 0usize;
+    let mut killed = false;
+    let mut good_waves_after_kill = 0usize;
+    let mut seq = 0u64;
+    // Waves of 20 concurrent submissions. In wave 5 the writer's backend is killed in the
+    // middle of its transaction (held at its insert by a table lock). Go on (bounded)
+    // until 5 waves succeed after the kill.
+    for wave in 0..2000 {
+        let mut locker = client().await.unwrap();
+        let lock = if wave == 5 {
+            let tx = locker.transaction().await.unwrap();
+            tx.batch_execute(&format!(
+                "LOCK TABLE \"{}\".entries IN EXCLUSIVE MODE",
+                s.name
+            ))
+            .await
+            .unwrap();
+            Some(tx)
+        } else {
+            None
+        };
+        let ds: Vec<_> = (0..20)
+            .map(|_| {
+                seq += 1;
+                j.submit(verdict("s", seq))
+            })
+            .collect();
+        if let Some(tx) = lock {
+            assert!(
+                wait_for_lock_wait(&admin, "entries").await,
+                "the batch never blocked"
+            );
+            let n: i64 = admin
+                .query_one(
+                    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = $1",
+                    &[&app],
+                )
+                .await
+                .unwrap()
+                .get(0);
+            assert_eq!(n, 1, "one writer connection");
+            killed = true;
+            tx.commit().await.unwrap();
+        }
+        let mut wave_ok = true;
+        for d in ds {
+            match d.await {
+                Ok(Some(a)) => ok.push((a.index, a.hash)),
+                Ok(None) => panic!("no entry"),
+                Err(StoreError::Journal { .. }) => {
+                    failed += 1;
+                    wave_ok = false;
+                }
+                Err(e) => panic!("{e}"),
+            }
+        }
+        if wave == 5 {
+            assert!(
+                !wave_ok,
+                "the killed transaction's entries were acknowledged"
+            );
+        }
+        if killed && wave_ok {
+            good_waves_after_kill += 1;
+            if good_waves_after_kill == 5 {
+                break;
+            }
+        }
+        if killed && !wave_ok {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    }
+    assert!(failed > 0);
+    assert_eq!(good_waves_after_kill, 5, "never recovered");
+    let st = j.pg_stats();
+    assert!(st.reconnects >= 1);
+    j.close().await.unwrap();
+    // Every acknowledged entry is stored with its hash, once; indices are unique.
+    let c = client().await.unwrap();
+    let rows = c
+        .query(
+            &format!(
+                "SELECT idx, entry_hash FROM \"{}\".entries ORDER BY idx",
+                s.name
+            ),
+            &[],
+        )
+        .await
+        .unwrap();
+    let stored: std::collections::HashMap<i64, Vec<u8>> =
+        rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+    let mut seen = HashSet::new();
+    for (idx, hash) in &ok {
+        assert!(seen.insert(*idx), "index {idx} acknowledged twice");
+        assert_eq!(
+            stored.get(&i64::try_from(*idx).unwrap()),
+            Some(&hash.0.to_vec())
+        );
+    }
+    // Nothing but the acknowledged entries: the killed transaction left nothing.
+    assert_eq!(st.lost_acks, 0);
+    assert_eq!(rows.len(), ok.len());
+    let reports = verify_all(&s.name).await;
+    assert_eq!(
+        reports[0].result.as_ref().unwrap().entries,
+        u64::try_from(rows.len()).unwrap()
+    );
+}
+
+#[tokio::test]
+async fn submissions_after_shutdown_fail() {
+    let s = migrated("shut").await;
+    let j = PgJournal::open(s.settings(), key(1), "daemon-a")
+        .await
+        .unwrap();
+    j.submit(verdict("s", 1)).await.unwrap();
+    j.close().await.unwrap();
+    j.close().await.unwrap();
+    let e = j.submit(verdict("s", 2)).await.unwrap_err();
+    assert!(
+        e.to_string().contains(&WriteError::WriterGone.to_string()),
+        "{e}"
+    );
+    let reports = verify_all(&s.name).await;
+    assert_eq!(reports[0].result.as_ref().unwrap().entries, 1);
+}
+
+#[tokio::test]
+async fn an_entry_that_does_not_encode_is_refused_and_the_chain_goes_on() {
+    let s = migrated("enc").await;
+    let j = PgJournal::open(s.settings(), key(1), "daemon-a")
+        .await
+        .unwrap();
+    let long = "x".repeat(2000);
+    let e = j.submit(verdict(&long, 1)).await.unwrap_err();
+    assert!(e.to_string().contains("session_id"), "{e}");
+    let a = j.submit(verdict("s", 1)).await.unwrap().unwrap();
+    assert_eq!(a.index, 0);
+    j.close().await.unwrap();
+    let mut kinds = Vec::new();
+    let c = client().await.unwrap();
+    tollgate_pg::verify(&c, &s.name, None, &[], &mut |_, e| {
+        kinds.push(e.event.kind())
+    })
+    .await
+    .unwrap();
+    assert_eq!(kinds, [1]);
+    let _ = Event::from(verdict("s", 1));
+}
