@@ -99,6 +99,12 @@ async fn unreachable_or_silent_redis_is_an_error_not_a_hang() {
         tollgate_redis::RedisStore::connect(o.clone(), TestJournal::new(book.clone()), arb.clone())
             .await;
     assert!(matches!(r, Err(StoreError::Backend { .. })), "{r:?}");
+    // TLS (ring provider) to a server that speaks plain text: a handshake error.
+    o.url = "rediss://127.0.0.1:6379".into();
+    let r =
+        tollgate_redis::RedisStore::connect(o.clone(), TestJournal::new(book.clone()), arb.clone())
+            .await;
+    assert!(matches!(r, Err(StoreError::Backend { .. })), "{r:?}");
     // A server that accepts and never answers.
     let silent = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = silent.local_addr().unwrap();

@@ -8,6 +8,7 @@
     clippy::indexing_slicing
 )]
 
+mod basics;
 mod faults;
 mod fleet;
 mod model;
