@@ -475,3 +475,54 @@ pub fn after_done(view: &View, planned: Planned, sv: u64, bv: u64) -> View {
         budget,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn marker() -> Marker {
+        Marker {
+            seq: 7,
+            daemon: "d1".into(),
+            at_ms: 1_700_000_000_000,
+            prev: br#"{"v":2,"x":"\"quoted\""}"#.to_vec(),
+            delta_remaining: -9_000_000_000_000_000,
+            delta_spent: 5,
+        }
+    }
+
+    #[test]
+    fn markers_round_trip_exactly_and_are_bounded() {
+        let m = marker();
+        let bytes = m.encode();
+        assert_eq!(Marker::decode(&bytes, 1 << 20).unwrap(), m);
+        assert!(Marker::decode(&bytes, bytes.len() - 1).is_err());
+        assert!(Marker::decode(b"{\"seq\":1}", 1 << 20).is_err());
+    }
+
+    #[test]
+    fn versions_must_be_plain_integers() {
+        let mut s = Fields::new();
+        s.insert("v".into(), b"12x".to_vec());
+        s.insert("b".into(), b"{}".to_vec());
+        let b = Fields::new();
+        let bounds = Bounds {
+            max_blob_bytes: 1 << 20,
+        };
+        assert!(view_from_fields(&s, &b, bounds, 0).is_err());
+        assert_eq!(view_from_fields(&Fields::new(), &b, bounds, 0), Ok(None));
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn garbage_never_panics(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..300)) {
+            let _ = Marker::decode(&bytes, 1 << 20);
+            let mut f = Fields::new();
+            f.insert("v".into(), bytes.clone());
+            f.insert("b".into(), bytes.clone());
+            f.insert("u:1".into(), bytes);
+            let _ = budget_from_fields(&f);
+            let _ = view_from_fields(&f, &f, Bounds { max_blob_bytes: 1 << 20 }, 0);
+        }
+    }
+}

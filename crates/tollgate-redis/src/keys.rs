@@ -83,3 +83,30 @@ impl Keys {
         Some((group.to_owned(), id.to_owned(), seq.parse().ok()?))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn members_round_trip_and_tags_group_a_session_with_its_budget() {
+        for g in ["s:x", "a:org\x1fagent", "o:org"] {
+            let m = Keys::member(g, "sess-1", 42);
+            assert_eq!(
+                Keys::parse_member(&m),
+                Some((g.to_owned(), "sess-1".to_owned(), 42))
+            );
+        }
+        assert_eq!(Keys::parse_member("no separators"), None);
+        let k = Keys::new("tg").unwrap();
+        assert_eq!(k.session("o:org", "s1"), "tg:{o:org}:s:s1");
+        assert_eq!(k.budget("o:org"), "tg:{o:org}:b");
+        assert!(Keys::new("a{b").is_err());
+        assert!(Keys::new("").is_err());
+        assert_eq!(
+            Keys::budget_group(&BudgetKey::Agent("o".into(), "a".into())).as_deref(),
+            Some("a:o\x1fa")
+        );
+        assert_eq!(Keys::budget_group(&BudgetKey::Session("s".into())), None);
+    }
+}
