@@ -236,21 +236,31 @@ pub fn view_from_fields(
 /// What the unconfirmed markers of a view mean for a daemon about to change it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum MarkerAction {
-    /// None blocks: go ahead (own in-flight markers stack).
+    /// None blocks: go ahead.
     Proceed,
-    /// A marker not ours (or ours from a request that did not finish) is younger than
-    /// grace: back off, re-read, retry.
+    /// Another daemon's change (or an orphan of this one's) is unconfirmed and younger
+    /// than grace: back off, re-read, retry.
     Wait,
+    /// Only this daemon's own change, in flight to its journal, is unconfirmed: wait for
+    /// its entry to commit (no re-read needed), then retry.
+    WaitOwn,
     /// These markers (ascending) are older than grace: settle them first.
     Settle(Vec<u64>),
 }
 
-/// Classify `view`'s markers for daemon `me`, whose changes `in_flight` are submitted to
-/// its journal and not yet complete. With `sweep`, every marker older than grace is
-/// settled (the sweeper), in flight or not.
+/// Classify `view`'s markers for daemon `me`: its own markers up to `confirmed_upto`
+/// have committed entries (they are dropped with its next write); `in_flight` says
+/// which of its own are submitted to its journal and not yet complete.
+///
+/// A daemon never writes on top of an unconfirmed change, not even its own: so at most
+/// one change of a session is unconfirmed at a time, and settling it cannot race a later
+/// change stacked on it (whose entry could otherwise commit after the change below it
+/// was voided). With `sweep` (the sweeper), every marker older than grace and not
+/// confirmed by `me` is settled, in flight or not.
 pub fn check_markers(
     view: &View,
     me: &str,
+    confirmed_upto: u64,
     in_flight: &dyn Fn(u64) -> bool,
     now_ms: i64,
     grace_ms: i64,
@@ -258,24 +268,27 @@ pub fn check_markers(
 ) -> MarkerAction {
     let mut settle = Vec::new();
     let mut wait = false;
+    let mut wait_own = false;
     for m in view.markers.values() {
-        let ours = m.daemon == me && in_flight(m.seq);
-        let old = now_ms.saturating_sub(m.at_ms) >= grace_ms;
-        if ours && !sweep {
+        let mine = m.daemon == me;
+        if mine && m.seq <= confirmed_upto {
             continue;
         }
-        if old {
+        let old = now_ms.saturating_sub(m.at_ms) >= grace_ms;
+        if mine && in_flight(m.seq) && !sweep {
+            wait_own = true;
+        } else if old {
             settle.push(m.seq);
-        } else if !ours {
+        } else {
             wait = true;
         }
     }
     if !settle.is_empty() {
-        // Settle from the lowest unconfirmed seq upward: every marker from there on.
-        let low = settle.first().copied().unwrap_or(0);
-        MarkerAction::Settle(view.markers.range(low..).map(|(s, _)| *s).collect())
+        MarkerAction::Settle(settle)
     } else if wait {
         MarkerAction::Wait
+    } else if wait_own {
+        MarkerAction::WaitOwn
     } else {
         MarkerAction::Proceed
     }

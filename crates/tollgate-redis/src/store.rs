@@ -520,13 +520,11 @@ impl Inner {
         }
     }
 
-    /// Whether marker `seq` of session `id` is this daemon's and known to be live (in
-    /// flight to the journal) or committed.
-    fn is_ours(&self, id: &str, seq: u64) -> bool {
-        lock(&self.confirmed).get(id).is_some_and(|c| seq <= *c)
-            || lock(&self.in_flight)
-                .get(id)
-                .is_some_and(|s| s.contains(&seq))
+    /// Whether this daemon's change `seq` of session `id` is in flight to its journal.
+    fn in_flight(&self, id: &str, seq: u64) -> bool {
+        lock(&self.in_flight)
+            .get(id)
+            .is_some_and(|s| s.contains(&seq))
     }
 
     fn confirmed_upto(&self, id: &str) -> u64 {
@@ -1013,7 +1011,8 @@ impl RedisStore {
             let action = check_markers(
                 view,
                 &inner.opts.daemon_id,
-                &|seq| inner.is_ours(id, seq),
+                inner.confirmed_upto(id),
+                &|seq| inner.in_flight(id, seq),
                 now_ms(),
                 grace,
                 false,
@@ -1027,10 +1026,38 @@ impl RedisStore {
                             "session busy: another daemon's change to it is not yet confirmed",
                         ));
                     }
+                    // Other sessions of the shared budget go on meanwhile.
+                    let held = bguard.is_some();
+                    bguard = None;
                     tokio::time::sleep(backoff).await;
+                    if held {
+                        if let Some(k) = &bkey {
+                            bguard = Some(inner.budget_lock(k).lock_owned().await);
+                        }
+                    }
                     backoff = (backoff * 2).min(Duration::from_millis(200));
                     attempts -= 1;
                     inner.load(&mut slot, id).await?;
+                    continue;
+                }
+                MarkerAction::WaitOwn => {
+                    // This daemon's previous change to the session is still going to the
+                    // journal: it never writes on top of an unconfirmed change.
+                    if started.elapsed() > inner.opts.command_timeout {
+                        return Err(backend(
+                            "apply",
+                            "the session's previous change is not yet in the audit trail",
+                        ));
+                    }
+                    let held = bguard.is_some();
+                    bguard = None;
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                    if held {
+                        if let Some(k) = &bkey {
+                            bguard = Some(inner.budget_lock(k).lock_owned().await);
+                        }
+                    }
+                    attempts -= 1;
                     continue;
                 }
                 MarkerAction::Settle(seqs) => {
@@ -1262,6 +1289,7 @@ async fn sweep_once(inner: &Inner) -> Result<usize, StoreError> {
         let action = check_markers(
             &view,
             &inner.opts.daemon_id,
+            inner.confirmed_upto(&id),
             &|_| false,
             now_ms(),
             ms(inner.opts.grace),
@@ -1273,7 +1301,7 @@ async fn sweep_once(inner: &Inner) -> Result<usize, StoreError> {
                     .settle(&mut slot, bguard.as_deref_mut(), &id, &seqs)
                     .await?;
             }
-            MarkerAction::Proceed | MarkerAction::Wait => {}
+            MarkerAction::Proceed | MarkerAction::Wait | MarkerAction::WaitOwn => {}
         }
         // Index members whose marker is gone.
         if let Some(v) = &slot.view {

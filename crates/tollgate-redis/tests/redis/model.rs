@@ -79,12 +79,14 @@ impl Daemon {
         }
     }
 
-    fn is_ours(&self, id: &str, seq: u64) -> bool {
-        self.confirmed.get(id).is_some_and(|c| seq <= *c)
-            || self
-                .in_flight
-                .iter()
-                .any(|e| e.session_id() == id && e.session_seq() == seq)
+    fn confirmed_upto(&self, id: &str) -> u64 {
+        self.confirmed.get(id).copied().unwrap_or(0)
+    }
+
+    fn in_flight(&self, id: &str, seq: u64) -> bool {
+        self.in_flight
+            .iter()
+            .any(|e| e.session_id() == id && e.session_seq() == seq)
     }
 }
 
@@ -202,12 +204,14 @@ impl World {
                 let action = check_markers(
                     &view,
                     &dm.id,
-                    &|q| dm.is_ours(&id, q),
+                    dm.confirmed_upto(&id),
+                    &|q| dm.in_flight(&id, q),
                     self.now,
                     GRACE,
                     false,
                 );
                 match action {
+                    MarkerAction::WaitOwn => {}
                     MarkerAction::Wait => {
                         let fresh = self.read(&id);
                         self.daemons[d].cache.insert(id, fresh);
@@ -271,8 +275,9 @@ impl World {
                     let id = sid(s);
                     let view = self.read(&id);
                     let me = self.daemons[d].id.clone();
+                    let confirmed = self.daemons[d].confirmed_upto(&id);
                     if let MarkerAction::Settle(seqs) =
-                        check_markers(&view, &me, &|_| false, self.now, GRACE, true)
+                        check_markers(&view, &me, confirmed, &|_| false, self.now, GRACE, true)
                     {
                         self.settle(d, &id, &view, &seqs);
                     }
