@@ -1,0 +1,541 @@
+//! The compare-and-set protocol, as pure functions over a daemon's cached view of one
+//! session (and its shared budget): what a change writes, what the script must check,
+//! which unconfirmed markers block, wait or need settling, and what a void restores.
+//!
+//! The store ([`crate::RedisStore`]) runs these against Redis (the Lua script in
+//! [`crate::script`]); the model test runs the *same* functions against the in-memory
+//! fake of the script ([`crate::script::Fake`]). Nothing here talks to a server.
+
+use std::collections::BTreeMap;
+
+use tollgate_audit::SessionEvent;
+use tollgate_core::json::{self, Limits, Number, Value};
+use tollgate_core::{Money, SessionStatus};
+use tollgate_store::record::{decode_budget, decode_session, encode_budget, encode_session};
+use tollgate_store::{Budget, Session, Settled, StoreError};
+
+/// A Redis hash as the script returns it: field name to value.
+pub type Fields = BTreeMap<String, Vec<u8>>;
+
+/// The most fields a session hash may hold (blob, version, daemon, markers).
+pub const MAX_FIELDS: usize = 1024;
+
+/// The field prefix of an unconfirmed marker (`u:<seq>`).
+pub const MARKER_FIELD: &str = "u:";
+
+/// One call of the CAS script (see [`crate::script`] for the contract).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CasRequest {
+    /// `P:{G}:s:<session_id>`.
+    pub session_key: String,
+    /// `P:{G}:b`, for a shared budget.
+    pub budget_key: Option<String>,
+    /// The session hash's `v` the change was decided on (0: the session must not exist).
+    pub expect_sv: u64,
+    /// The budget hash's `v` the change was decided on (0: the budget must not exist).
+    /// Checked only when `budget_blob` is given (the change writes the budget).
+    pub expect_bv: u64,
+    /// The new session record.
+    pub session_blob: Vec<u8>,
+    /// The new budget record, if the change moved the shared budget.
+    pub budget_blob: Option<Vec<u8>>,
+    /// The writing daemon's id (field `d`).
+    pub daemon: String,
+    /// The unconfirmed marker to push: (seq, encoded [`Marker`]).
+    pub marker: Option<(u64, Vec<u8>)>,
+    /// Marker seqs to drop (confirmed or settled).
+    pub drop: Vec<u64>,
+    /// Expire the session hash after this many milliseconds (an ended session); 0: keep.
+    pub ttl_ms: u64,
+}
+
+/// What the script answered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CasReply {
+    /// Written: the session hash's new `v`, and the budget hash's `v` (unchanged if the
+    /// budget was not written; 0 without a budget).
+    Done {
+        /// New session version.
+        sv: u64,
+        /// Budget version after the call.
+        bv: u64,
+    },
+    /// A version differed: nothing was written; the current hashes (empty if absent).
+    Conflict {
+        /// The session hash.
+        session: Fields,
+        /// The budget hash (empty without a budget key or if absent).
+        budget: Fields,
+    },
+}
+
+/// The field name of marker `seq`.
+pub fn marker_field(seq: u64) -> String {
+    format!("{MARKER_FIELD}{seq}")
+}
+
+/// A change pushed to Redis whose audit entry is not yet known to be committed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Marker {
+    /// The session version the change produced.
+    pub seq: u64,
+    /// The daemon that made it (random per process start).
+    pub daemon: String,
+    /// When it was made (Unix milliseconds, the daemon's clock).
+    pub at_ms: i64,
+    /// The session record before it (empty for the session's opening).
+    pub prev: Vec<u8>,
+    /// What it moved the shared budget's `remaining` by (0 for a per-session budget).
+    pub delta_remaining: i64,
+    /// What it moved the shared budget's `spent` by.
+    pub delta_spent: i64,
+}
+
+fn bad(what: &str) -> StoreError {
+    StoreError::Corrupt {
+        key: "redis".to_owned(),
+        reason: what.to_owned(),
+    }
+}
+
+impl Marker {
+    /// Canonical JSON.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut m = BTreeMap::new();
+        let int = |i: i128| Value::Number(Number::Int(i));
+        m.insert("seq".to_owned(), int(i128::from(self.seq)));
+        m.insert("daemon".to_owned(), Value::from(self.daemon.as_str()));
+        m.insert("at_ms".to_owned(), int(i128::from(self.at_ms)));
+        m.insert(
+            "prev".to_owned(),
+            Value::from(String::from_utf8_lossy(&self.prev).as_ref()),
+        );
+        m.insert("dr".to_owned(), int(i128::from(self.delta_remaining)));
+        m.insert("ds".to_owned(), int(i128::from(self.delta_spent)));
+        let mut out = Vec::with_capacity(self.prev.len() + 128);
+        let _ = json::write_canonical(&Value::Object(m), &mut out);
+        out
+    }
+
+    /// Decode a marker of at most `max_bytes`.
+    pub fn decode(bytes: &[u8], max_bytes: usize) -> Result<Marker, StoreError> {
+        let v = json::parse(
+            bytes,
+            Limits {
+                max_bytes,
+                max_depth: 4,
+            },
+        )
+        .map_err(|e| bad(&format!("marker: {e}")))?;
+        let m = v.as_object().ok_or_else(|| bad("marker: not an object"))?;
+        let get = |k: &str| m.get(k).ok_or_else(|| bad("marker: missing key"));
+        let i = |k: &str| get(k)?.as_i64().ok_or_else(|| bad("marker: bad integer"));
+        let s = |k: &str| {
+            get(k)?
+                .as_str()
+                .map(str::to_owned)
+                .ok_or_else(|| bad("marker: bad string"))
+        };
+        Ok(Marker {
+            seq: get("seq")?.as_u64().ok_or_else(|| bad("marker: bad seq"))?,
+            daemon: s("daemon")?,
+            at_ms: i("at_ms")?,
+            prev: s("prev")?.into_bytes(),
+            delta_remaining: i("dr")?,
+            delta_spent: i("ds")?,
+        })
+    }
+}
+
+/// Bounds on what a daemon decodes from Redis.
+#[derive(Debug, Clone, Copy)]
+pub struct Bounds {
+    /// The largest session record.
+    pub max_blob_bytes: usize,
+}
+
+/// A daemon's copy of one session as stored: versions, record, markers, shared budget.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct View {
+    /// The session hash's `v`.
+    pub sv: u64,
+    /// The session, its shared budget's amounts loaded.
+    pub session: Session,
+    /// Unconfirmed markers by seq.
+    pub markers: BTreeMap<u64, Marker>,
+    /// The shared budget hash's `v` and amounts (`None` for a per-session budget).
+    pub budget: Option<(u64, Budget)>,
+}
+
+fn parse_u64(bytes: &[u8]) -> Result<u64, StoreError> {
+    std::str::from_utf8(bytes)
+        .ok()
+        .filter(|s| s.len() <= 20)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| bad("version is not an integer"))
+}
+
+/// Decode a shared budget hash: `None` if absent (empty).
+pub fn budget_from_fields(f: &Fields) -> Result<Option<(u64, Budget)>, StoreError> {
+    if f.is_empty() {
+        return Ok(None);
+    }
+    let v = parse_u64(f.get("v").ok_or_else(|| bad("budget without v"))?)?;
+    let b = f.get("b").ok_or_else(|| bad("budget without b"))?;
+    if b.len() > 4096 {
+        return Err(bad("budget record too large"));
+    }
+    let budget = decode_budget(b).map_err(|e| bad(&format!("budget: {e}")))?;
+    Ok(Some((v, budget)))
+}
+
+/// Decode a session hash and its budget hash into a view; `None` if the session hash is
+/// absent. The heartbeat is `now` (not stored).
+pub fn view_from_fields(
+    session: &Fields,
+    budget: &Fields,
+    bounds: Bounds,
+    now: i64,
+) -> Result<Option<View>, StoreError> {
+    if session.is_empty() {
+        return Ok(None);
+    }
+    if session.len() > MAX_FIELDS {
+        return Err(bad("session hash has too many fields"));
+    }
+    let sv = parse_u64(session.get("v").ok_or_else(|| bad("session without v"))?)?;
+    let blob = session.get("b").ok_or_else(|| bad("session without b"))?;
+    let mut s = decode_session(blob, bounds.max_blob_bytes, now)
+        .map_err(|e| bad(&format!("session: {e}")))?;
+    let mut markers = BTreeMap::new();
+    for (k, v) in session {
+        if let Some(seq) = k.strip_prefix(MARKER_FIELD) {
+            let seq = parse_u64(seq.as_bytes())?;
+            let m = Marker::decode(v, bounds.max_blob_bytes.saturating_mul(2) + 4096)?;
+            if m.seq != seq {
+                return Err(bad("marker seq differs from its field"));
+            }
+            markers.insert(seq, m);
+        }
+    }
+    let budget = if s.meta.shared_budget_key().is_some() {
+        let b = budget_from_fields(budget)?.ok_or_else(|| bad("shared budget is missing"))?;
+        b.1.load_into(&mut s.state);
+        Some(b)
+    } else {
+        None
+    };
+    Ok(Some(View {
+        sv,
+        session: s,
+        markers,
+        budget,
+    }))
+}
+
+/// What the unconfirmed markers of a view mean for a daemon about to change it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MarkerAction {
+    /// None blocks: go ahead.
+    Proceed,
+    /// Another daemon's change (or an orphan of this one's) is unconfirmed and younger
+    /// than grace: back off, re-read, retry.
+    Wait,
+    /// Only this daemon's own change, in flight to its journal, is unconfirmed: wait for
+    /// its entry to commit (no re-read needed), then retry.
+    WaitOwn,
+    /// These markers (ascending) are older than grace: settle them first.
+    Settle(Vec<u64>),
+}
+
+/// Classify `view`'s markers for daemon `me`: its own markers up to `confirmed_upto`
+/// have committed entries (they are dropped with its next write); `in_flight` says
+/// which of its own are submitted to its journal and not yet complete.
+///
+/// A daemon never writes on top of an unconfirmed change, not even its own: so at most
+/// one change of a session is unconfirmed at a time, and settling it cannot race a later
+/// change stacked on it (whose entry could otherwise commit after the change below it
+/// was voided). With `sweep` (the sweeper), every marker older than grace and not
+/// confirmed by `me` is settled, in flight or not.
+pub fn check_markers(
+    view: &View,
+    me: &str,
+    confirmed_upto: u64,
+    in_flight: &dyn Fn(u64) -> bool,
+    now_ms: i64,
+    grace_ms: i64,
+    sweep: bool,
+) -> MarkerAction {
+    let mut settle = Vec::new();
+    let mut wait = false;
+    let mut wait_own = false;
+    for m in view.markers.values() {
+        let mine = m.daemon == me;
+        if mine && m.seq <= confirmed_upto {
+            continue;
+        }
+        let old = now_ms.saturating_sub(m.at_ms) >= grace_ms;
+        if mine && in_flight(m.seq) && !sweep {
+            wait_own = true;
+        } else if old {
+            settle.push(m.seq);
+        } else {
+            wait = true;
+        }
+    }
+    if !settle.is_empty() {
+        MarkerAction::Settle(settle)
+    } else if wait {
+        MarkerAction::Wait
+    } else if wait_own {
+        MarkerAction::WaitOwn
+    } else {
+        MarkerAction::Proceed
+    }
+}
+
+/// A planned write and what the view becomes once it succeeds.
+#[derive(Debug, Clone)]
+pub struct Planned {
+    /// The script call.
+    pub request: CasRequest,
+    /// The session after the change.
+    pub session: Session,
+    /// The pushed marker.
+    pub marker: Option<Marker>,
+}
+
+/// Plan the write of a committed change: `s` is the session after the closure ran on a
+/// copy of `view.session`, `event` the record it returned. Checks what the embedded
+/// engine checks (one change, through `ops`, to this session). `confirmed_upto`: own
+/// markers up to it have committed entries and are dropped.
+#[allow(clippy::too_many_arguments)]
+pub fn plan_commit(
+    view: &View,
+    session_key: &str,
+    budget_key: Option<&str>,
+    s: Session,
+    event: &SessionEvent,
+    me: &str,
+    now_ms: i64,
+    confirmed_upto: u64,
+    ttl_ms: u64,
+) -> Result<Planned, StoreError> {
+    let id = view.session.meta.session_id.as_str();
+    let seq = view.session.seq;
+    if event.session_seq() != seq.saturating_add(1)
+        || s.seq != event.session_seq()
+        || event.session_id() != id
+        || s.meta != view.session.meta
+        || s.last_call_number < view.session.last_call_number
+    {
+        return Err(StoreError::Failed {
+            message: format!(
+                "session `{id}`: a commit did not follow its state (version {seq} to {}, entry {})",
+                s.seq,
+                event.session_seq()
+            ),
+        });
+    }
+    let old = Budget::of(&view.session.state);
+    let new = Budget::of(&s.state);
+    let (budget_blob, dr, ds) = match (&view.budget, budget_key) {
+        (Some(_), Some(_)) if new != old => (
+            Some(encode_budget(&new)),
+            new.remaining.0.wrapping_sub(old.remaining.0),
+            new.spent.0.wrapping_sub(old.spent.0),
+        ),
+        _ => (None, 0, 0),
+    };
+    let marker = Marker {
+        seq: s.seq,
+        daemon: me.to_owned(),
+        at_ms: now_ms,
+        prev: encode_session(&view.session),
+        delta_remaining: dr,
+        delta_spent: ds,
+    };
+    let drop = own_confirmed(view, me, confirmed_upto);
+    let ttl = if s.state.status == SessionStatus::Terminated {
+        ttl_ms
+    } else {
+        0
+    };
+    Ok(Planned {
+        request: CasRequest {
+            session_key: session_key.to_owned(),
+            budget_key: budget_key.map(str::to_owned),
+            expect_sv: view.sv,
+            expect_bv: view.budget.map_or(0, |b| b.0),
+            session_blob: encode_session(&s),
+            budget_blob,
+            daemon: me.to_owned(),
+            marker: Some((s.seq, marker.encode())),
+            drop,
+            ttl_ms: ttl,
+        },
+        session: s,
+        marker: Some(marker),
+    })
+}
+
+fn own_confirmed(view: &View, me: &str, confirmed_upto: u64) -> Vec<u64> {
+    view.markers
+        .values()
+        .filter(|m| m.daemon == me && m.seq <= confirmed_upto)
+        .map(|m| m.seq)
+        .collect()
+}
+
+/// Plan the settlement of markers `outcomes` (ascending seq, each settled by the
+/// arbiter): drop those whose entry holds the place; for voided ones, restore the
+/// session to the record before the lowest voided one (keeping the highest voided seq:
+/// the versions stay used) and take their budget deltas back from the shared budget.
+pub fn plan_revert(
+    view: &View,
+    session_key: &str,
+    budget_key: Option<&str>,
+    outcomes: &[(u64, Settled)],
+    me: &str,
+    bounds: Bounds,
+    ttl_ms: u64,
+) -> Result<Planned, StoreError> {
+    let first_void = outcomes.iter().find(|(_, o)| *o == Settled::Void);
+    let mut s = view.session.clone();
+    let mut budget = view.budget.map(|b| b.1);
+    if let Some((low, _)) = first_void {
+        if outcomes
+            .iter()
+            .any(|(seq, o)| seq > low && *o == Settled::Entry)
+        {
+            return Err(StoreError::Failed {
+                message: format!(
+                    "session `{}`: an entry holds a version after a voided one",
+                    view.session.meta.session_id
+                ),
+            });
+        }
+        let m = view
+            .markers
+            .get(low)
+            .ok_or_else(|| bad("settled marker is not in the view"))?;
+        let top = outcomes.iter().map(|(seq, _)| *seq).max().unwrap_or(*low);
+        if m.prev.is_empty() {
+            // The opening itself is void: the session never existed; it stays ended.
+            s.state.status = SessionStatus::Terminated;
+        } else {
+            let heartbeat = s.last_heartbeat_ns;
+            s = decode_session(&m.prev, bounds.max_blob_bytes, heartbeat)
+                .map_err(|e| bad(&format!("marker prev: {e}")))?;
+        }
+        s.seq = top.max(s.seq);
+        if let Some(b) = budget.as_mut() {
+            for (seq, _) in outcomes.iter().filter(|(q, _)| q >= low) {
+                if let Some(v) = view.markers.get(seq) {
+                    b.remaining = Money(b.remaining.0.wrapping_sub(v.delta_remaining));
+                    b.spent = Money(b.spent.0.wrapping_sub(v.delta_spent));
+                }
+            }
+            b.load_into(&mut s.state);
+        }
+    }
+    let changed_budget = match (view.budget, budget) {
+        (Some((_, old)), Some(new)) if old != new => Some(encode_budget(&new)),
+        _ => None,
+    };
+    let ttl = if s.state.status == SessionStatus::Terminated {
+        ttl_ms
+    } else {
+        0
+    };
+    Ok(Planned {
+        request: CasRequest {
+            session_key: session_key.to_owned(),
+            budget_key: budget_key.map(str::to_owned),
+            expect_sv: view.sv,
+            expect_bv: view.budget.map_or(0, |b| b.0),
+            session_blob: encode_session(&s),
+            budget_blob: changed_budget,
+            daemon: me.to_owned(),
+            marker: None,
+            drop: outcomes.iter().map(|(seq, _)| *seq).collect(),
+            ttl_ms: ttl,
+        },
+        session: s,
+        marker: None,
+    })
+}
+
+/// The view after `planned` was written (`Done { sv, bv }`).
+pub fn after_done(view: &View, planned: Planned, sv: u64, bv: u64) -> View {
+    let mut markers = view.markers.clone();
+    for seq in &planned.request.drop {
+        markers.remove(seq);
+    }
+    if let Some(m) = planned.marker {
+        markers.insert(m.seq, m);
+    }
+    // A budget the script did not write keeps the version this view read (the reply's
+    // may be newer, with amounts this view does not have).
+    let budget = match (view.budget, &planned.request.budget_blob) {
+        (Some(_), Some(_)) => Some((bv, Budget::of(&planned.session.state))),
+        (b, _) => b,
+    };
+    View {
+        sv,
+        session: planned.session,
+        markers,
+        budget,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn marker() -> Marker {
+        Marker {
+            seq: 7,
+            daemon: "d1".into(),
+            at_ms: 1_700_000_000_000,
+            prev: br#"{"v":2,"x":"\"quoted\""}"#.to_vec(),
+            delta_remaining: -9_000_000_000_000_000,
+            delta_spent: 5,
+        }
+    }
+
+    #[test]
+    fn markers_round_trip_exactly_and_are_bounded() {
+        let m = marker();
+        let bytes = m.encode();
+        assert_eq!(Marker::decode(&bytes, 1 << 20).unwrap(), m);
+        assert!(Marker::decode(&bytes, bytes.len() - 1).is_err());
+        assert!(Marker::decode(b"{\"seq\":1}", 1 << 20).is_err());
+    }
+
+    #[test]
+    fn versions_must_be_plain_integers() {
+        let mut s = Fields::new();
+        s.insert("v".into(), b"12x".to_vec());
+        s.insert("b".into(), b"{}".to_vec());
+        let b = Fields::new();
+        let bounds = Bounds {
+            max_blob_bytes: 1 << 20,
+        };
+        assert!(view_from_fields(&s, &b, bounds, 0).is_err());
+        assert_eq!(view_from_fields(&Fields::new(), &b, bounds, 0), Ok(None));
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn garbage_never_panics(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..300)) {
+            let _ = Marker::decode(&bytes, 1 << 20);
+            let mut f = Fields::new();
+            f.insert("v".into(), bytes.clone());
+            f.insert("b".into(), bytes.clone());
+            f.insert("u:1".into(), bytes);
+            let _ = budget_from_fields(&f);
+            let _ = view_from_fields(&f, &f, Bounds { max_blob_bytes: 1 << 20 }, 0);
+        }
+    }
+}

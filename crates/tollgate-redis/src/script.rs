@@ -1,0 +1,155 @@
+//! The one server-side part: the CAS script, and [`Fake`], the same contract in Rust.
+//!
+//! Contract (`EVALSHA sha n KEYS… ARGV…`, atomic over its keys):
+//!
+//! ```text
+//! KEYS[1]  session hash  P:{G}:s:<id>
+//! KEYS[2]  budget hash   P:{G}:b            (only for a shared budget)
+//! ARGV[1]  expected session v (0: absent)
+//! ARGV[2]  expected budget v  (0: absent)    checked only if ARGV[4] is not empty
+//! ARGV[3]  new session record
+//! ARGV[4]  new budget record or ""           ("" leaves the budget alone)
+//! ARGV[5]  daemon id                         (field d)
+//! ARGV[6]  marker field "u:<seq>" or ""      ARGV[7] its value
+//! ARGV[8]  ttl ms (0: PERSIST the session hash; >0: PEXPIRE)
+//! ARGV[9]  n, then ARGV[10..9+n]: marker fields to HDEL
+//! ```
+//!
+//! Versions match: `HSET session v=v+1 b d`, push the marker, drop the listed markers,
+//! set the expiry, write the budget (`v=v+1 b`) if given; reply `{1, new sv, bv}`.
+//! A version differs: write nothing; reply `{0, HGETALL session, HGETALL budget}`.
+//! A hash without `v` counts as version 0.
+
+use std::collections::HashMap;
+
+use crate::cas::{marker_field, CasReply, CasRequest, Fields};
+
+/// The CAS script.
+pub const CAS_LUA: &str = r"
+local two = #KEYS > 1
+local sv = tonumber(redis.call('HGET', KEYS[1], 'v') or '0')
+local bv = 0
+if two then bv = tonumber(redis.call('HGET', KEYS[2], 'v') or '0') end
+local writes_budget = two and ARGV[4] ~= ''
+if sv ~= tonumber(ARGV[1]) or (writes_budget and bv ~= tonumber(ARGV[2])) then
+  local b = {}
+  if two then b = redis.call('HGETALL', KEYS[2]) end
+  return {0, redis.call('HGETALL', KEYS[1]), b}
+end
+redis.call('HSET', KEYS[1], 'v', sv + 1, 'b', ARGV[3], 'd', ARGV[5])
+if ARGV[6] ~= '' then redis.call('HSET', KEYS[1], ARGV[6], ARGV[7]) end
+local n = tonumber(ARGV[9])
+for i = 1, n do redis.call('HDEL', KEYS[1], ARGV[9 + i]) end
+local ttl = tonumber(ARGV[8])
+if ttl > 0 then redis.call('PEXPIRE', KEYS[1], ttl) else redis.call('PERSIST', KEYS[1]) end
+if writes_budget then
+  bv = bv + 1
+  redis.call('HSET', KEYS[2], 'v', bv, 'b', ARGV[4])
+end
+return {1, sv + 1, bv}
+";
+
+/// The script's keys and arguments for `req`, in order.
+pub fn keys_and_args(req: &CasRequest) -> (Vec<String>, Vec<Vec<u8>>) {
+    let mut keys = vec![req.session_key.clone()];
+    if let Some(b) = &req.budget_key {
+        keys.push(b.clone());
+    }
+    let mut args: Vec<Vec<u8>> = vec![
+        req.expect_sv.to_string().into_bytes(),
+        req.expect_bv.to_string().into_bytes(),
+        req.session_blob.clone(),
+        req.budget_blob.clone().unwrap_or_default(),
+        req.daemon.clone().into_bytes(),
+    ];
+    match &req.marker {
+        Some((seq, m)) => {
+            args.push(marker_field(*seq).into_bytes());
+            args.push(m.clone());
+        }
+        None => {
+            args.push(Vec::new());
+            args.push(Vec::new());
+        }
+    }
+    args.push(req.ttl_ms.to_string().into_bytes());
+    args.push(req.drop.len().to_string().into_bytes());
+    for seq in &req.drop {
+        args.push(marker_field(*seq).into_bytes());
+    }
+    (keys, args)
+}
+
+/// An in-memory Redis holding only what the store uses: hashes, with the CAS script
+/// run atomically (a `&mut` call). Expiry is recorded, not enforced.
+#[derive(Debug, Default, Clone)]
+pub struct Fake {
+    /// Hashes by key.
+    pub hashes: HashMap<String, Fields>,
+    /// PEXPIRE given per key (ms).
+    pub ttl: HashMap<String, u64>,
+}
+
+impl Fake {
+    fn version(&self, key: &str) -> u64 {
+        self.hashes
+            .get(key)
+            .and_then(|h| h.get("v"))
+            .and_then(|v| std::str::from_utf8(v).ok()?.parse().ok())
+            .unwrap_or(0)
+    }
+
+    /// HGETALL.
+    pub fn hgetall(&self, key: &str) -> Fields {
+        self.hashes.get(key).cloned().unwrap_or_default()
+    }
+
+    /// HDEL.
+    pub fn hdel(&mut self, key: &str, field: &str) {
+        if let Some(h) = self.hashes.get_mut(key) {
+            h.remove(field);
+            if h.is_empty() {
+                self.hashes.remove(key);
+            }
+        }
+    }
+
+    /// The CAS script.
+    pub fn cas(&mut self, req: &CasRequest) -> CasReply {
+        let sv = self.version(&req.session_key);
+        let mut bv = req.budget_key.as_deref().map_or(0, |k| self.version(k));
+        let writes_budget = req.budget_key.is_some() && req.budget_blob.is_some();
+        if sv != req.expect_sv || (writes_budget && bv != req.expect_bv) {
+            return CasReply::Conflict {
+                session: self.hgetall(&req.session_key),
+                budget: req
+                    .budget_key
+                    .as_deref()
+                    .map(|k| self.hgetall(k))
+                    .unwrap_or_default(),
+            };
+        }
+        let h = self.hashes.entry(req.session_key.clone()).or_default();
+        h.insert("v".into(), (sv + 1).to_string().into_bytes());
+        h.insert("b".into(), req.session_blob.clone());
+        h.insert("d".into(), req.daemon.clone().into_bytes());
+        if let Some((seq, m)) = &req.marker {
+            h.insert(marker_field(*seq), m.clone());
+        }
+        for seq in &req.drop {
+            h.remove(&marker_field(*seq));
+        }
+        if req.ttl_ms > 0 {
+            self.ttl.insert(req.session_key.clone(), req.ttl_ms);
+        } else {
+            self.ttl.remove(&req.session_key);
+        }
+        if let (Some(k), Some(b)) = (&req.budget_key, &req.budget_blob) {
+            bv += 1;
+            let h = self.hashes.entry(k.clone()).or_default();
+            h.insert("v".into(), bv.to_string().into_bytes());
+            h.insert("b".into(), b.clone());
+        }
+        CasReply::Done { sv: sv + 1, bv }
+    }
+}

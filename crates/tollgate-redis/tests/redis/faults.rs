@@ -1,0 +1,205 @@
+//! Faults: a daemon killed between its Redis write and its audit commit (void: state and
+//! budget reverted; entry: kept), by the next apply or by the sweeper; Redis unreachable,
+//! silent, or gone and back.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tollgate_core::{Money, Verdict};
+use tollgate_store::{BudgetKey, SessionStore, StoreError};
+
+use crate::support::{
+    cleanup, create, markers, options, org_session, pre_exec, prefix, store, Book, Claim,
+    TestJournal, COMMIT_THEN_HANG, HANG, REDIS,
+};
+
+/// A daemon writes an ALLOW to Redis, then dies with its journal in `mode`; another
+/// daemon then settles it (by applying, or by sweeping). Returns (book, the survivor's
+/// verdict for the same nonce resent, the organization budget's remaining).
+async fn crash(mode: u8, by_sweep: bool, name: &str) -> (Arc<Book>, Verdict, Money, String) {
+    let p = prefix(name);
+    let book = Arc::new(Book::default());
+    let ja = TestJournal::new(book.clone());
+    let a = store(options(&p), ja.clone()).await;
+    create(&a, org_session("c1", "org-c", 1_000)).await;
+    let (d, durable) = pre_exec(&a, "c1", 42, 300).await.unwrap();
+    durable.await.unwrap();
+    assert_eq!(d.verdict, Verdict::Allow);
+    // The next change is written to Redis; then the daemon dies.
+    ja.mode.store(mode, Ordering::SeqCst);
+    let (d, durable) = pre_exec(&a, "c1", 43, 200).await.unwrap();
+    assert_eq!(d.verdict, Verdict::Allow);
+    drop(durable);
+    drop(a);
+    let key = format!("{p}:{{o:org-c}}:s:c1");
+    assert_eq!(markers(&key).await, vec!["u:3".to_owned()]);
+
+    let mut opts = options(&p);
+    opts.grace = Duration::from_millis(200);
+    let b = store(opts, TestJournal::new(book.clone())).await;
+    if by_sweep {
+        // Until grace has passed the sweeper leaves the marker alone.
+        while !markers(&key).await.is_empty() {
+            b.sweep().await.unwrap();
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    // The agent resends its unanswered call, with the same nonce, through b.
+    let (d, durable) = pre_exec(&b, "c1", 43, 200).await.unwrap();
+    durable.await.unwrap();
+    let budget = b
+        .budget(&BudgetKey::Organization("org-c".into()))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(b.stats().settled, 1);
+    cleanup(&p).await;
+    (book, d.verdict, budget.remaining, p)
+}
+
+#[tokio::test]
+async fn a_change_whose_entry_never_committed_is_voided_and_reverted() {
+    for by_sweep in [false, true] {
+        let (book, verdict, remaining, _) = crash(HANG, by_sweep, "void").await;
+        let claims = book.claims.lock().unwrap().clone();
+        assert_eq!(claims.get(&("c1".into(), 3)), Some(&Claim::Void));
+        // Reverted: the nonce was unused again, so the resent call is allowed (seq 4),
+        // and the budget holds the first call and the resent one only.
+        assert_eq!(verdict, Verdict::Allow);
+        assert_eq!(claims.get(&("c1".into(), 4)), Some(&Claim::Entry));
+        assert_eq!(remaining, Money(1_000 - 300 - 200));
+        let allows = book.allows();
+        assert_eq!(allows.iter().filter(|a| a.1 == 43).count(), 1);
+    }
+}
+
+#[tokio::test]
+async fn a_change_whose_entry_committed_is_kept() {
+    for by_sweep in [false, true] {
+        let (book, verdict, remaining, _) = crash(COMMIT_THEN_HANG, by_sweep, "entry").await;
+        let claims = book.claims.lock().unwrap().clone();
+        assert_eq!(claims.get(&("c1".into(), 3)), Some(&Claim::Entry));
+        // Kept: the nonce is used, the resend is a replay; the budget holds both calls.
+        assert_eq!(verdict, Verdict::Deny);
+        assert_eq!(remaining, Money(1_000 - 300 - 200));
+        assert_eq!(book.allows().iter().filter(|a| a.1 == 43).count(), 1);
+    }
+}
+
+#[tokio::test]
+async fn unreachable_or_silent_redis_is_an_error_not_a_hang() {
+    let book = Arc::new(Book::default());
+    let mut o = options("tgtest-down");
+    o.url = "redis://127.0.0.1:1".into();
+    o.command_timeout = Duration::from_millis(500);
+    let arb = Arc::new(crate::support::TestArbiter(book.clone()));
+    let r =
+        tollgate_redis::RedisStore::connect(o.clone(), TestJournal::new(book.clone()), arb.clone())
+            .await;
+    assert!(matches!(r, Err(StoreError::Backend { .. })), "{r:?}");
+    // TLS (ring provider) to a server that speaks plain text: a handshake error.
+    o.url = "rediss://127.0.0.1:6379".into();
+    let r =
+        tollgate_redis::RedisStore::connect(o.clone(), TestJournal::new(book.clone()), arb.clone())
+            .await;
+    assert!(matches!(r, Err(StoreError::Backend { .. })), "{r:?}");
+    // A server that accepts and never answers.
+    let silent = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = silent.local_addr().unwrap();
+    let hold = tokio::spawn(async move {
+        let mut socks = Vec::new();
+        while let Ok((s, _)) = silent.accept().await {
+            socks.push(s);
+        }
+    });
+    o.url = format!("redis://{addr}");
+    let r = tollgate_redis::RedisStore::connect(o, TestJournal::new(book.clone()), arb).await;
+    assert!(matches!(r, Err(StoreError::Backend { .. })), "{r:?}");
+    hold.abort();
+}
+
+/// A TCP proxy to the real Redis that can be cut and restored.
+struct Proxy {
+    accept: tokio::task::JoinHandle<()>,
+    conns: Arc<std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>>,
+}
+
+async fn proxy(listener: TcpListener) -> Proxy {
+    let conns = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let c2 = conns.clone();
+    let accept = tokio::spawn(async move {
+        while let Ok((mut inbound, _)) = listener.accept().await {
+            let t = tokio::spawn(async move {
+                if let Ok(mut out) = tokio::net::TcpStream::connect("127.0.0.1:6379").await {
+                    let _ = tokio::io::copy_bidirectional(&mut inbound, &mut out).await;
+                }
+            });
+            c2.lock().unwrap().push(t);
+        }
+    });
+    Proxy { accept, conns }
+}
+
+impl Proxy {
+    fn cut(self) {
+        self.accept.abort();
+        for t in self.conns.lock().unwrap().drain(..) {
+            t.abort();
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_gone_refuses_and_service_resumes_when_it_is_back() {
+    let p = prefix("outage");
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let px = proxy(listener).await;
+    let book = Arc::new(Book::default());
+    let mut o = options(&p);
+    o.url = format!("redis://{addr}");
+    o.command_timeout = Duration::from_millis(500);
+    let s = store(o, TestJournal::new(book)).await;
+    create(&s, org_session("o1", "org-o", 1_000)).await;
+    let (d, durable) = pre_exec(&s, "o1", 1, 10).await.unwrap();
+    durable.await.unwrap();
+    assert_eq!(d.verdict, Verdict::Allow);
+    px.cut();
+    let r = pre_exec(&s, "o1", 2, 10).await;
+    assert!(
+        matches!(r, Err(StoreError::Backend { .. })),
+        "{:?}",
+        r.map(|x| x.0)
+    );
+    // Back on the same address: the store reconnects by itself.
+    let listener = loop {
+        match TcpListener::bind(addr).await {
+            Ok(l) => break l,
+            Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+        }
+    };
+    let px = proxy(listener).await;
+    let mut ok = None;
+    for _ in 0..100 {
+        match pre_exec(&s, "o1", 2, 10).await {
+            Ok((d, durable)) => {
+                durable.await.unwrap();
+                ok = Some(d.verdict);
+                break;
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    }
+    assert_eq!(ok, Some(Verdict::Allow));
+    let b = s
+        .budget(&BudgetKey::Organization("org-o".into()))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(b.remaining, Money(980));
+    px.cut();
+    let _ = REDIS;
+    cleanup(&p).await;
+}

@@ -1,0 +1,132 @@
+//! The CAS script and its Rust fake answer a table of cases identically, and leave the
+//! same hashes behind.
+
+use redis::Value;
+use tollgate_redis::cas::{CasReply, CasRequest, Fields};
+use tollgate_redis::script::{keys_and_args, Fake, CAS_LUA};
+
+use crate::support::{cleanup, prefix, REDIS};
+
+fn req(p: &str, budget: bool) -> CasRequest {
+    CasRequest {
+        session_key: format!("{p}:{{g}}:s:x"),
+        budget_key: budget.then(|| format!("{p}:{{g}}:b")),
+        expect_sv: 0,
+        expect_bv: 0,
+        session_blob: b"s1".to_vec(),
+        budget_blob: None,
+        daemon: "d1".into(),
+        marker: None,
+        drop: Vec::new(),
+        ttl_ms: 0,
+    }
+}
+
+fn fields(v: Value) -> Fields {
+    let mut f = Fields::new();
+    let Value::Array(items) = v else {
+        panic!("not a hash: {v:?}")
+    };
+    for pair in items.chunks(2) {
+        let (Value::BulkString(k), Value::BulkString(v)) = (&pair[0], &pair[1]) else {
+            panic!("bad pair")
+        };
+        f.insert(String::from_utf8(k.clone()).unwrap(), v.clone());
+    }
+    f
+}
+
+async fn real(c: &mut redis::aio::MultiplexedConnection, r: &CasRequest) -> CasReply {
+    let (keys, args) = keys_and_args(r);
+    let mut cmd = redis::cmd("EVAL");
+    cmd.arg(CAS_LUA).arg(keys.len()).arg(&keys);
+    for a in &args {
+        cmd.arg(a.as_slice());
+    }
+    let v: Value = cmd.query_async(c).await.unwrap();
+    let Value::Array(items) = v else { panic!() };
+    let mut it = items.into_iter();
+    match (it.next(), it.next(), it.next()) {
+        (Some(Value::Int(1)), Some(Value::Int(sv)), Some(Value::Int(bv))) => CasReply::Done {
+            sv: sv as u64,
+            bv: bv as u64,
+        },
+        (Some(Value::Int(0)), Some(s), Some(b)) => CasReply::Conflict {
+            session: fields(s),
+            budget: fields(b),
+        },
+        other => panic!("unexpected reply {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn script_and_fake_agree_on_a_table_of_cases() {
+    let p = prefix("script");
+    let client = redis::Client::open(REDIS).unwrap();
+    let mut c = client.get_multiplexed_async_connection().await.unwrap();
+    let mut fake = Fake::default();
+
+    let mut cases: Vec<(&str, CasRequest)> = Vec::new();
+    cases.push(("create", req(&p, false)));
+    cases.push(("create again: conflict", req(&p, false)));
+    let mut r = req(&p, true);
+    r.expect_sv = 1;
+    r.session_blob = b"s2".to_vec();
+    r.budget_blob = Some(b"b1".to_vec());
+    r.marker = Some((2, b"m2".to_vec()));
+    cases.push(("write, start budget, push marker", r.clone()));
+    let mut r2 = r.clone();
+    r2.expect_sv = 2;
+    r2.expect_bv = 7;
+    r2.budget_blob = Some(b"b2".to_vec());
+    cases.push(("budget version differs: conflict", r2.clone()));
+    r2.budget_blob = None;
+    r2.session_blob = b"s3".to_vec();
+    r2.marker = Some((3, b"m3".to_vec()));
+    cases.push(("budget not written: not checked", r2.clone()));
+    let mut r3 = r2.clone();
+    r3.expect_sv = 3;
+    r3.expect_bv = 1;
+    r3.budget_blob = Some(b"b3".to_vec());
+    r3.marker = None;
+    r3.drop = vec![2, 3, 9];
+    r3.ttl_ms = 60_000;
+    r3.daemon = "d2".into();
+    cases.push(("drop markers, expire, write budget", r3.clone()));
+    let mut r4 = r3.clone();
+    r4.expect_sv = 4;
+    r4.expect_bv = 2;
+    r4.ttl_ms = 0;
+    r4.drop = Vec::new();
+    cases.push(("persist again", r4.clone()));
+    let mut r5 = r4.clone();
+    r5.expect_sv = 1;
+    cases.push(("stale session version: conflict with budget", r5));
+
+    for (name, r) in &cases {
+        let got = real(&mut c, r).await;
+        let want = fake.cas(r);
+        assert_eq!(got, want, "case `{name}`");
+        for key in [r.session_key.clone(), format!("{p}:{{g}}:b")] {
+            let v: Value = redis::cmd("HGETALL")
+                .arg(&key)
+                .query_async(&mut c)
+                .await
+                .unwrap();
+            assert_eq!(fields(v), fake.hgetall(&key), "case `{name}`: hash {key}");
+        }
+        let ttl: i64 = redis::cmd("PTTL")
+            .arg(&r.session_key)
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        assert_eq!(
+            ttl > 0,
+            fake.ttl.contains_key(&r.session_key),
+            "case `{name}`: expiry"
+        );
+    }
+    // The table exercised both answers.
+    assert!(cases.len() >= 8);
+    cleanup(&p).await;
+}

@@ -1,0 +1,259 @@
+//! Test doubles (an in-memory "PostgreSQL": claims and entries, a journal and an
+//! arbiter over it), session builders, the daemon's pre_exec closure, unique prefixes.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tollgate_audit::{Appended, Completer, SessionEvent};
+use tollgate_core::json::Value;
+use tollgate_core::{decide, BudgetScope, Decision, GuardConfig, Money, Params, ToolCall};
+use tollgate_redis::{RedisOptions, RedisStore};
+use tollgate_store::{
+    ops, Arbiter, Change, Durable, Journal, Policy, Session, SessionMeta, SessionStore,
+    SettleFuture, Settled, StoreError,
+};
+
+pub const REDIS: &str = "redis://127.0.0.1:6379";
+
+/// Who holds a (session, seq) place.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Claim {
+    Entry,
+    Void,
+}
+
+/// The shared audit database of a fleet: one claim per place, entries in commit order.
+#[derive(Debug, Default)]
+pub struct Book {
+    pub claims: Mutex<HashMap<(String, u64), Claim>>,
+    pub entries: Mutex<Vec<SessionEvent>>,
+}
+
+impl Book {
+    /// Insert the entry's claim; false if the place is taken (by a void).
+    pub fn commit(&self, event: &SessionEvent) -> bool {
+        let key = (event.session_id().to_owned(), event.session_seq());
+        let mut claims = self.claims.lock().unwrap();
+        if claims.contains_key(&key) {
+            return false;
+        }
+        claims.insert(key, Claim::Entry);
+        self.entries.lock().unwrap().push(event.clone());
+        true
+    }
+
+    pub fn settle(&self, id: &str, seq: u64) -> Settled {
+        let mut claims = self.claims.lock().unwrap();
+        match *claims.entry((id.to_owned(), seq)).or_insert(Claim::Void) {
+            Claim::Entry => Settled::Entry,
+            Claim::Void => Settled::Void,
+        }
+    }
+
+    /// Committed ALLOW verdicts: (session, nonce, estimated cost).
+    pub fn allows(&self) -> Vec<(String, u64, i64)> {
+        self.entries
+            .lock()
+            .unwrap()
+            .iter()
+            .filter_map(|e| match e {
+                SessionEvent::Verdict(v) if v.verdict == tollgate_core::Verdict::Allow => {
+                    Some((v.session_id.clone(), v.nonce, v.estimated_cost.0))
+                }
+                _ => None,
+            })
+            .collect()
+    }
+}
+
+pub const COMMIT: u8 = 0;
+/// Take nothing and never complete (a daemon killed before its entry committed).
+pub const HANG: u8 = 1;
+/// Commit the entry but never complete (killed after the commit, before confirming).
+pub const COMMIT_THEN_HANG: u8 = 2;
+
+#[derive(Debug)]
+pub struct TestJournal {
+    pub book: Arc<Book>,
+    pub mode: AtomicU8,
+    held: Mutex<Vec<Completer<Appended>>>,
+}
+
+impl TestJournal {
+    pub fn new(book: Arc<Book>) -> Arc<TestJournal> {
+        Arc::new(TestJournal {
+            book,
+            mode: AtomicU8::new(COMMIT),
+            held: Mutex::new(Vec::new()),
+        })
+    }
+}
+
+fn appended(i: usize) -> Appended {
+    Appended {
+        index: i as u64,
+        entry_id: uuid::Uuid::nil(),
+        hash: tollgate_core::Digest::default(),
+    }
+}
+
+impl Journal for TestJournal {
+    fn submit(&self, event: SessionEvent) -> Durable {
+        let (c, p) = tollgate_audit::pending_pair();
+        match self.mode.load(Ordering::SeqCst) {
+            COMMIT => {
+                if self.book.commit(&event) {
+                    c.complete(Ok(appended(self.book.entries.lock().unwrap().len())));
+                } else {
+                    c.complete(Err(tollgate_audit::WriteError::Refused(
+                        "place voided".into(),
+                    )));
+                }
+            }
+            HANG => self.held.lock().unwrap().push(c),
+            _ => {
+                self.book.commit(&event);
+                self.held.lock().unwrap().push(c);
+            }
+        }
+        Durable::of(p)
+    }
+}
+
+#[derive(Debug)]
+pub struct TestArbiter(pub Arc<Book>);
+
+impl Arbiter for TestArbiter {
+    fn settle<'a>(&'a self, session_id: &'a str, session_seq: u64) -> SettleFuture<'a> {
+        Box::pin(std::future::ready(Ok(self
+            .0
+            .settle(session_id, session_seq))))
+    }
+}
+
+/// A unique key prefix for one test.
+pub fn prefix(name: &str) -> String {
+    format!("tgtest-{name}-{}", tollgate_redis::random_daemon_id())
+}
+
+pub fn options(prefix: &str) -> RedisOptions {
+    let mut o = RedisOptions::new(REDIS);
+    o.key_prefix = prefix.to_owned();
+    o.command_timeout = Duration::from_secs(5);
+    o.sweep_interval = Duration::from_secs(3600);
+    o
+}
+
+pub async fn store(opts: RedisOptions, journal: Arc<TestJournal>) -> RedisStore {
+    let arbiter = Arc::new(TestArbiter(journal.book.clone()));
+    RedisStore::connect(opts, journal, arbiter).await.unwrap()
+}
+
+/// Delete every key under `prefix`.
+pub async fn cleanup(prefix: &str) {
+    let client = redis::Client::open(REDIS).unwrap();
+    let mut c = client.get_multiplexed_async_connection().await.unwrap();
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{prefix}:*"))
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    if !keys.is_empty() {
+        let _: () = redis::cmd("DEL")
+            .arg(&keys)
+            .query_async(&mut c)
+            .await
+            .unwrap();
+    }
+}
+
+pub fn policy(budget: i64, scope: BudgetScope) -> Arc<Policy> {
+    Arc::new(Policy::new(GuardConfig {
+        budget: Money(budget),
+        budget_scope: scope,
+        nonce_window: 64,
+        ..GuardConfig::default()
+    }))
+}
+
+/// A session of organization `org` spending the organization's budget.
+pub fn org_session(id: &str, org: &str, budget: i64) -> Session {
+    Session::new(
+        SessionMeta {
+            session_id: id.into(),
+            agent_id: format!("agent-{id}"),
+            organization_id: org.into(),
+            budget_scope: BudgetScope::PerOrganization,
+            created_at_ns: 1_000,
+        },
+        policy(budget, BudgetScope::PerOrganization),
+        1_000,
+    )
+}
+
+/// What the daemon's pre_exec does inside `apply`, as a re-runnable closure.
+pub fn pre_exec_closure(
+    nonce: u64,
+    cost: i64,
+) -> impl FnMut(&mut Session) -> Change<Decision> + Send {
+    move |s: &mut Session| {
+        let params = Value::Object([("arg".to_owned(), Value::from(1))].into());
+        let call = ToolCall {
+            tool_name: "t",
+            params: Params::json(&params),
+            nonce: Some(nonce),
+            estimated_cost: Money(cost),
+            raw_params: None,
+        };
+        let now = 2_000;
+        let decision = decide(&s.policy.config, &s.state, &call, now, 0.5);
+        let n = s.last_call_number + 1;
+        let record = ops::verdict(s, &call, &decision, n, now);
+        Change::Commit(decision, record.into())
+    }
+}
+
+pub async fn pre_exec<S: SessionStore>(
+    store: &S,
+    id: &str,
+    nonce: u64,
+    cost: i64,
+) -> Result<(Decision, Durable), StoreError> {
+    store.apply(id, pre_exec_closure(nonce, cost)).await
+}
+
+pub async fn create<S: SessionStore>(store: &S, s: Session) {
+    let (_, d) = store.create(s, 1_000).await.unwrap();
+    d.await.unwrap();
+}
+
+/// Wait until the session hash holds no unconfirmed marker (the confirmer ran).
+pub async fn wait_confirmed(session_key: &str) {
+    let client = redis::Client::open(REDIS).unwrap();
+    let mut c = client.get_multiplexed_async_connection().await.unwrap();
+    loop {
+        let fields: Vec<String> = redis::cmd("HKEYS")
+            .arg(session_key)
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        if !fields.iter().any(|f| f.starts_with("u:")) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// The marker fields of a session hash.
+pub async fn markers(session_key: &str) -> Vec<String> {
+    let client = redis::Client::open(REDIS).unwrap();
+    let mut c = client.get_multiplexed_async_connection().await.unwrap();
+    let fields: Vec<String> = redis::cmd("HKEYS")
+        .arg(session_key)
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    fields.into_iter().filter(|f| f.starts_with("u:")).collect()
+}
