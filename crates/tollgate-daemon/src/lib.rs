@@ -28,6 +28,7 @@ pub mod convert;
 pub mod hitl;
 pub mod metrics;
 pub mod operators;
+mod fleet;
 pub mod ratelimit;
 pub mod service;
 pub mod transport;
@@ -89,6 +90,10 @@ pub enum DaemonError {
     /// The audit log could not be flushed at shutdown.
     #[error("flushing the audit log: {0}")]
     AuditFlush(tollgate_audit::WriteError),
+    /// PostgreSQL (the fleet's audit trail) refused to start: unreachable, not migrated,
+    /// or this daemon's chain is held by another daemon.
+    #[error("audit trail in postgres: {0}")]
+    Postgres(#[from] tollgate_pg::PgError),
     /// The state store failed to open or close.
     #[error("state store: {0}")]
     Store(#[from] tollgate_store::StoreError),
@@ -112,6 +117,8 @@ fn io(what: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> DaemonE
 enum Core {
     /// `[state] backend = "embedded"`: the store on this machine, the file audit log.
     Embedded(Arc<Service<EmbeddedStore>>),
+    /// `[state] backend = "redis"` with `[audit] sink = "postgres"`: a fleet member.
+    Fleet(Arc<Service<tollgate_redis::RedisStore>>),
 }
 
 /// A prepared daemon: data directory ready, socket bound, store and audit log open.
@@ -125,6 +132,10 @@ pub struct Daemon {
     // --- control plane ---
     control: Option<transport::control::Bound>,
     // --- end control plane ---
+    /// What the operator should know at start (weaker Redis persistence than configured).
+    warnings: Vec<String>,
+    /// The chain this daemon writes in PostgreSQL (fleet mode).
+    chain_id: Option<String>,
 }
 
 impl std::fmt::Debug for Daemon {
@@ -170,11 +181,6 @@ impl Daemon {
     /// and the socket (mode from the config, 0660 by default). A stale socket file left by
     /// a crashed daemon is replaced; a live one is an error.
     pub async fn start(config: DaemonConfig) -> Result<Daemon, DaemonError> {
-        if !matches!(config.state.backend, config::StateBackend::Embedded) {
-            return Err(DaemonError::Unsupported(
-                "[state] backend = \"redis\" is not wired into the daemon yet".into(),
-            ));
-        }
         let config = Arc::new(config);
         let data = &config.data_dir;
         std::fs::create_dir_all(data).map_err(io("creating", data))?;
@@ -200,6 +206,25 @@ impl Daemon {
             .clone()
             .unwrap_or_else(|| data.join("audit.key"));
         let signing_key = load_or_create_key(&key_path)?;
+        let socket = config.socket_path();
+        if let (config::StateBackend::Redis(redis), config::AuditSink::Postgres(pg)) =
+            (&config.state.backend, &config.audit.sink)
+        {
+            let (service, warnings, chain_id) = fleet::open(
+                config.clone(),
+                redis,
+                pg,
+                signing_key,
+                &secrets,
+                &operator_secrets,
+            )
+            .await?;
+            let mut d =
+                Daemon::bind_transports(config.clone(), Core::Fleet(service), socket, warnings)
+                    .await?;
+            d.chain_id = Some(chain_id);
+            return Ok(d);
+        }
         let audit_dir = config
             .audit
             .dir
@@ -245,22 +270,6 @@ impl Daemon {
         )?;
         tracing::info!(?store_report, "state open");
 
-        // --- control plane: bound before anything listens, so a bad address or certificate
-        // stops the start ---
-        let control = match &config.control {
-            Some(c) => Some(transport::control::bind(c).await?),
-            None => None,
-        };
-        // --- end control plane ---
-        let socket = config.socket_path();
-        let listener = bind(&socket, config.socket_mode).await?;
-        // --- gRPC binding: bound here, so a bad certificate or a taken port stops the start ---
-        let grpc = match &config.grpc {
-            Some(g) => {
-                Some(transport::grpc::bind(g, &config.grpc_clients, &config.organizations).await?)
-            }
-            None => None,
-        };
         let service = Arc::new(Service::new(
             config.clone(),
             store,
@@ -269,13 +278,37 @@ impl Daemon {
             &secrets,
             &operator_secrets,
         ));
+        Daemon::bind_transports(config, Core::Embedded(service), socket, Vec::new()).await
+    }
+
+    /// Bind every configured transport (the socket, the control plane, gRPC), so that a
+    /// bad address or certificate stops the start before anything serves.
+    async fn bind_transports(
+        config: Arc<DaemonConfig>,
+        core: Core,
+        socket: PathBuf,
+        warnings: Vec<String>,
+    ) -> Result<Daemon, DaemonError> {
+        let control = match &config.control {
+            Some(c) => Some(transport::control::bind(c).await?),
+            None => None,
+        };
+        let listener = bind(&socket, config.socket_mode).await?;
+        let grpc = match &config.grpc {
+            Some(g) => {
+                Some(transport::grpc::bind(g, &config.grpc_clients, &config.organizations).await?)
+            }
+            None => None,
+        };
         Ok(Daemon {
             config,
             listener,
-            core: Core::Embedded(service),
+            core,
             socket,
             grpc,
             control,
+            warnings,
+            chain_id: None,
         })
     }
 
@@ -303,6 +336,16 @@ impl Daemon {
     }
     // --- end control plane ---
 
+    /// Warnings found at start, for `tollgate serve` to print (they are logged too).
+    pub fn warnings(&self) -> &[String] {
+        &self.warnings
+    }
+
+    /// The chain this daemon writes in PostgreSQL, in fleet mode.
+    pub fn chain_id(&self) -> Option<&str> {
+        self.chain_id.as_deref()
+    }
+
     /// The socket path.
     pub fn socket(&self) -> &Path {
         &self.socket
@@ -326,9 +369,14 @@ impl Daemon {
             socket,
             grpc,
             control,
+            warnings: _,
+            chain_id: _,
         } = self;
         match core {
             Core::Embedded(service) => {
+                run_core(config, listener, service, socket, grpc, control, shutdown).await
+            }
+            Core::Fleet(service) => {
                 run_core(config, listener, service, socket, grpc, control, shutdown).await
             }
         }

@@ -44,6 +44,16 @@ impl AuditSink for tollgate_audit::Writer {
     }
 }
 
+impl AuditSink for tollgate_pg::PgJournal {
+    fn stats(&self) -> tollgate_audit::Stats {
+        tollgate_pg::PgJournal::stats(self)
+    }
+
+    fn shutdown(&self) -> Result<(), tollgate_audit::WriteError> {
+        tollgate_pg::PgJournal::shutdown(self)
+    }
+}
+
 /// The longest tool name accepted. Tool names are stored in session state and written to
 /// the audit log (whose string fields hold at most 1024 bytes), so they are bounded here,
 /// before anything is decided or stored.

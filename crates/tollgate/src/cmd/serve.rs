@@ -120,15 +120,34 @@ fn print_banner(d: &Daemon, config_file: Option<&Path>) {
         ),
         None => println!("  control plane: off (no [control] section)"),
     }
-    println!(
-        "  audit: fsync {}, log {}",
-        c.audit.fsync,
-        c.audit
-            .dir
-            .clone()
-            .unwrap_or_else(|| c.data_dir.join("audit"))
-            .display()
-    );
+    if let tollgate_daemon::config::StateBackend::Redis(r) = &c.state.backend {
+        println!(
+            "  state: redis {} (key prefix `{}`, durability {:?})",
+            tollgate_daemon::config::redact_url(&r.url),
+            r.key_prefix,
+            r.durability
+        );
+    }
+    for w in d.warnings() {
+        println!("  WARNING: {w}");
+    }
+    // The audit line is the banner's last.
+    match (&c.audit.sink, d.chain_id()) {
+        (tollgate_daemon::config::AuditSink::Postgres(p), Some(chain)) => println!(
+            "  audit: postgres {} (schema `{}`), chain `{chain}`",
+            tollgate_daemon::config::redact_url(&p.url),
+            p.schema
+        ),
+        _ => println!(
+            "  audit: fsync {}, log {}",
+            c.audit.fsync,
+            c.audit
+                .dir
+                .clone()
+                .unwrap_or_else(|| c.data_dir.join("audit"))
+                .display()
+        ),
+    }
 }
 
 /// Resolves on SIGTERM or SIGINT.

@@ -17,9 +17,11 @@ mod certs;
 mod conformance;
 mod crash;
 mod daemon;
+mod fleet;
 mod mcp;
 mod operator_token;
 mod pg;
+mod servers;
 
 pub fn tollgate(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_tollgate"))

@@ -1,0 +1,520 @@
+//! A fleet of `tollgate serve` processes sharing session state in a real Redis and writing
+//! their signed chains to a real PostgreSQL, under load and faults. 200 agents of one
+//! organization spend one `per_organization` budget through three daemons, with costs
+//! that would total several times the budget. After each run, from the chains in
+//! PostgreSQL (verified with the public keys alone) and the budget in Redis (as the
+//! daemons report it):
+//! - nothing was overspent: Redis's remaining budget is the budget minus exactly what the
+//!   chains' verdicts and settlements took, to the nano-dollar, and is never below 0;
+//! - no nonce was ALLOWed twice in a session, across all chains;
+//! - every ALLOW an agent was given is in some daemon's chain.
+//!
+//! Faults: a daemon killed with SIGKILL mid-load (its agents resume through another daemon
+//! and resend their unanswered call with the same nonce), a private Redis (AOF, fsync
+//! always) killed and restarted mid-load, a private PostgreSQL stopped and started
+//! mid-load.
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tollgate_audit::{Event, SessionEvent};
+use tollgate_client::{ClientConfig, DaemonClient};
+use tollgate_core::Verdict;
+use tollgate_proto::sp1;
+
+use crate::daemon::Serve;
+use crate::servers::{PrivatePostgres, PrivateRedis};
+use crate::{code, s, text, tollgate};
+
+const SHARED_REDIS: &str = "redis://127.0.0.1:6379/0";
+const SHARED_PG: &str = "postgres://postgres@127.0.0.1:5432/test";
+const SECRET: &str = "fleet-test-agents-secret-0123456789";
+const BUDGET_NANOS: i64 = 2_000_000_000; // $2
+const AGENTS: usize = 200;
+const DAEMONS: usize = 3;
+
+fn unique(tag: &str) -> String {
+    static N: AtomicU64 = AtomicU64::new(0);
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_micros();
+    format!(
+        "{tag}_{}_{}_{}",
+        std::process::id(),
+        t % 1_000_000_000,
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// Three daemons on one Redis and one PostgreSQL.
+struct Fleet {
+    dirs: Vec<PathBuf>,
+    daemons: Vec<Option<Serve>>,
+    pg_url: String,
+    schema: String,
+}
+
+impl Fleet {
+    fn start(root: &Path, redis_url: &str, pg_url: &str) -> Fleet {
+        let prefix = unique("tgfleet");
+        let schema = unique("fleet");
+        let mut f = Fleet {
+            dirs: Vec::new(),
+            daemons: Vec::new(),
+            pg_url: pg_url.to_owned(),
+            schema: schema.clone(),
+        };
+        for i in 0..DAEMONS {
+            let dir = root.join(format!("d{i}"));
+            std::fs::create_dir_all(&dir).unwrap();
+            let config = format!(
+                r#"
+[limits]
+registrations_per_second_per_peer = 100000
+pre_exec_per_second_per_session = 100000
+
+[state]
+backend = "redis"
+url = "{redis_url}"
+key_prefix = "{prefix}"
+durability = "none"
+command_timeout_ms = 2000
+grace_secs = 1
+sweep_interval_secs = 1
+
+[audit]
+sink = "postgres"
+url = "{pg_url}"
+schema = "{schema}"
+
+[guard.default]
+budget_usd = 2.0
+budget_scope = "per_organization"
+settlement = "actual"
+max_repeat_calls = 0
+
+[[organization]]
+id = "acme"
+secret = "{SECRET}"
+operator_secret = "fleet-test-operators-secret-0123456789"
+
+[[organization]]
+id = "beta"
+secret = "{SECRET}"
+operator_secret = "fleet-test-operators-secret-0123456789"
+"#
+            );
+            std::fs::write(dir.join("fleet.toml"), config).unwrap();
+            f.daemons.push(Some(Serve::start_with(
+                &dir,
+                &["--config", s(&dir.join("fleet.toml"))],
+            )));
+            f.dirs.push(dir);
+        }
+        f
+    }
+
+    fn client_config(&self, daemon: usize, org: &str, agent: usize) -> ClientConfig {
+        let mut c = ClientConfig::new(
+            self.dirs[daemon].join("tollgate.sock"),
+            org,
+            SECRET.as_bytes(),
+            &format!("agent-{agent}"),
+        );
+        c.timeout = Duration::from_secs(5);
+        c
+    }
+
+    fn kill_9(&mut self, daemon: usize) {
+        if let Some(mut d) = self.daemons[daemon].take() {
+            d.child.kill().unwrap();
+            d.child.wait().unwrap();
+        }
+    }
+
+    fn stop_all(&mut self) {
+        for d in self.daemons.iter_mut() {
+            if let Some(d) = d.take() {
+                assert!(d.terminate().success(), "a daemon did not stop cleanly");
+            }
+        }
+    }
+}
+
+/// What the agents saw.
+#[derive(Default)]
+struct Seen {
+    /// (session, nonce) of every ALLOW an agent was given.
+    allowed: HashSet<(String, u64)>,
+    /// Calls answered, and calls refused or unanswered (fail closed).
+    answered: u64,
+    failed: u64,
+    /// Calls resent after no answer.
+    resent: u64,
+}
+
+/// One agent: its session and where it goes.
+struct Agent {
+    org: &'static str,
+    index: usize,
+    session: String,
+    daemon: usize,
+}
+
+fn live(fleet_alive: &[Arc<AtomicBool>], from: usize) -> usize {
+    (0..DAEMONS)
+        .map(|k| (from + k) % DAEMONS)
+        .find(|&d| fleet_alive[d].load(Ordering::Relaxed))
+        .unwrap_or(from)
+}
+
+/// Every agent fires calls until `stop`: each call a fresh nonce and a cost of 1-4 mills;
+/// an ALLOW is settled at its estimate. A call with no answer is resent with the same
+/// nonce and call number (after resuming the session, through another daemon if its own
+/// is gone) until it is answered or the run stops.
+async fn load(
+    fleet: &Fleet,
+    agents: &mut [Agent],
+    alive: &[Arc<AtomicBool>],
+    stop: Arc<AtomicBool>,
+    seen: Arc<Mutex<Seen>>,
+    salt: u64,
+) {
+    let mut tasks = Vec::new();
+    for a in agents.iter() {
+        let configs: Vec<ClientConfig> = (0..DAEMONS)
+            .map(|d| fleet.client_config(d, a.org, a.index))
+            .collect();
+        let (session, index, mut daemon) = (a.session.clone(), a.index, a.daemon);
+        let (stop, seen) = (stop.clone(), seen.clone());
+        let alive: Vec<Arc<AtomicBool>> = alive.to_vec();
+        tasks.push(tokio::spawn(async move {
+            let mut client: Option<DaemonClient> = None;
+            let mut n = 0u64;
+            let mut next_call = 0u64;
+            let mut pending: Option<(u64, f64)> = None;
+            while !stop.load(Ordering::Relaxed) {
+                let c = match &client {
+                    Some(c) => c,
+                    None => {
+                        daemon = live(&alive, daemon);
+                        let resumed = match DaemonClient::resume(configs[daemon].clone(), &session)
+                            .await
+                        {
+                            Ok(c) => c.session_state().await.map(|st| (c, st)),
+                            Err(e) => Err(e),
+                        };
+                        match resumed {
+                            Ok((c, st)) => {
+                                // The call numbers go on from the session's last.
+                                next_call = st.last_call_number + 1;
+                                client.insert(c)
+                            }
+                            Err(_) => {
+                                daemon = (daemon + 1) % DAEMONS;
+                                tokio::time::sleep(Duration::from_millis(20)).await;
+                                continue;
+                            }
+                        }
+                    }
+                };
+                let (nonce, cost) = match pending {
+                    Some(p) => {
+                        seen.lock().unwrap().resent += 1;
+                        p
+                    }
+                    None => {
+                        n += 1;
+                        let nonce = (salt << 48) | ((index as u64) << 32) | n;
+                        (nonce, 0.001 * ((n % 4) as f64 + 1.0))
+                    }
+                };
+                let call_number = next_call;
+                let v = c
+                    .pre_exec_request(sp1::PreExecRequest {
+                        session_id: session.clone(),
+                        call_number,
+                        tool_name: ["search", "fetch", "read"][(n % 3) as usize].into(),
+                        tool_params_hash: vec![7; 32],
+                        estimated_cost_usd: cost,
+                        nonce,
+                        ..Default::default()
+                    })
+                    .await;
+                if v.response.is_none() {
+                    // Refused or unanswered: it may or may not have been decided. Resume
+                    // (the session's last call number says which) and resend it with the
+                    // same nonce: decided again if it was not, a replay if it was.
+                    seen.lock().unwrap().failed += 1;
+                    pending = Some((nonce, cost));
+                    client = None;
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    continue;
+                }
+                pending = None;
+                next_call += 1;
+                seen.lock().unwrap().answered += 1;
+                if v.verdict == Verdict::Allow {
+                    seen.lock().unwrap().allowed.insert((session.clone(), nonce));
+                    let _ = c.post_exec(call_number, cost, true, "").await;
+                }
+            }
+            daemon
+        }));
+    }
+    for (a, t) in agents.iter_mut().zip(tasks) {
+        a.daemon = t.await.unwrap();
+    }
+}
+
+/// The chains in PostgreSQL, verified with the public keys alone.
+#[derive(Debug, Default)]
+struct Chains {
+    chains: usize,
+    /// Σ (budget_before − budget_after) over verdicts and settlements: what was taken.
+    taken: i64,
+    allows: HashSet<(String, u64)>,
+    voids: u64,
+    entries: u64,
+}
+
+async fn read_chains(url: &str, schema: &str) -> Chains {
+    let settings = tollgate_pg::PgSettings::new(url).with_schema(schema);
+    let client = tollgate_pg::connect(&settings).await.unwrap();
+    let mut out = Chains::default();
+    let mut dup = None;
+    let reports = tollgate_pg::verify(&client, schema, None, &[], &mut |_, e| {
+        out.entries += 1;
+        match &e.event {
+            Event::Session(SessionEvent::Verdict(v)) => {
+                out.taken += v.budget_before.0 - v.budget_after.0;
+                if v.verdict == Verdict::Allow
+                    && !out.allows.insert((v.session_id.clone(), v.nonce))
+                {
+                    dup = Some((v.session_id.clone(), v.nonce));
+                }
+            }
+            Event::Session(SessionEvent::Settled(st)) => {
+                out.taken += st.budget_before.0 - st.budget_after.0;
+            }
+            Event::Void(_) => out.voids += 1,
+            _ => {}
+        }
+    })
+    .await
+    .unwrap();
+    assert_eq!(dup, None, "a nonce was ALLOWed twice in a session");
+    for r in &reports {
+        assert!(r.result.is_ok(), "chain {} breaks: {:?}", r.chain_id, r.result);
+    }
+    out.chains = reports.len();
+    out
+}
+
+/// The organization's remaining budget, as Redis holds it (asked of a live daemon).
+async fn remaining(fleet: &Fleet, alive: &[Arc<AtomicBool>], agent: &Agent) -> i64 {
+    let d = live(alive, 0);
+    let c = DaemonClient::resume(fleet.client_config(d, agent.org, agent.index), &agent.session)
+        .await
+        .unwrap();
+    c.session_state().await.unwrap().budget_remaining_nanos
+}
+
+/// The checks every run ends with. Waits (bounded) for a dead daemon's half-done changes
+/// to be settled by the others' sweepers.
+async fn check(fleet: &Fleet, alive: &[Arc<AtomicBool>], agents: &[Agent], seen: &Seen) -> Chains {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let chains = read_chains(&fleet.pg_url, &fleet.schema).await;
+        let left = remaining(fleet, alive, &agents[0]).await;
+        assert!(left >= 0, "overspent: {left}");
+        assert!(chains.taken <= BUDGET_NANOS, "chains took {}", chains.taken);
+        if BUDGET_NANOS - left == chains.taken {
+            let missing: Vec<_> = seen.allowed.difference(&chains.allows).take(5).collect();
+            assert!(
+                missing.is_empty(),
+                "ALLOWs given to agents but in no chain: {missing:?}"
+            );
+            return chains;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "Redis holds {left} left, the chains took {} of {BUDGET_NANOS}",
+            chains.taken
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+async fn register(fleet: &Fleet, org: &'static str, agents: usize) -> Vec<Agent> {
+    let mut v = Vec::new();
+    for i in 0..agents {
+        let d = i % DAEMONS;
+        let c = DaemonClient::connect(fleet.client_config(d, org, i))
+            .await
+            .unwrap();
+        v.push(Agent {
+            org,
+            index: i,
+            session: c.session_id().to_owned(),
+            daemon: d,
+        });
+    }
+    v
+}
+
+/// Run the load for `secs`, with `fault` run on its own thread meanwhile.
+fn run(
+    rt: &tokio::runtime::Runtime,
+    fleet: &Fleet,
+    agents: &mut [Agent],
+    alive: &[Arc<AtomicBool>],
+    secs: u64,
+    salt: u64,
+    fault: impl FnOnce() + Send + 'static,
+) -> Seen {
+    let stop = Arc::new(AtomicBool::new(false));
+    let seen = Arc::new(Mutex::new(Seen::default()));
+    let fault = std::thread::spawn(fault);
+    let stopper = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_secs(secs));
+            stop.store(true, Ordering::Relaxed);
+        })
+    };
+    rt.block_on(load(fleet, agents, alive, stop, seen.clone(), salt));
+    stopper.join().unwrap();
+    fault.join().unwrap();
+    Arc::try_unwrap(seen)
+        .ok()
+        .unwrap()
+        .into_inner()
+        .unwrap()
+}
+
+fn all_alive() -> Vec<Arc<AtomicBool>> {
+    (0..DAEMONS).map(|_| Arc::new(AtomicBool::new(true))).collect()
+}
+
+#[test]
+fn three_daemons_share_one_budget_without_overspending_then_one_is_killed() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut fleet = Fleet::start(tmp.path(), SHARED_REDIS, SHARED_PG);
+    let rt = rt();
+    let alive = all_alive();
+
+    // 1. No overspend, no double ALLOW: 200 agents of `acme` through three daemons.
+    let mut agents = rt.block_on(register(&fleet, "acme", AGENTS));
+    let seen = run(&rt, &fleet, &mut agents, &alive, 4, 1, || {});
+    assert!(
+        seen.allowed.len() > 100,
+        "too few ALLOWs to say anything: {}",
+        seen.allowed.len()
+    );
+    let chains = rt.block_on(check(&fleet, &alive, &agents, &seen));
+    assert_eq!(chains.chains, DAEMONS);
+    assert_eq!(chains.voids, 0, "nothing crashed, nothing is voided");
+    assert!(
+        chains.taken > BUDGET_NANOS * 9 / 10,
+        "the load should spend most of the budget: {}",
+        chains.taken
+    );
+
+    // 2. kill -9 one daemon mid-load (a fresh budget: organization `beta`); its agents
+    // resume through the others and resend what went unanswered, with the same nonce.
+    let mut agents = rt.block_on(register(&fleet, "beta", AGENTS));
+    let pid = fleet.daemons[0].as_ref().unwrap().child.id();
+    let dead = alive[0].clone();
+    let seen2 = run(&rt, &fleet, &mut agents, &alive, 5, 2, move || {
+        std::thread::sleep(Duration::from_millis(1500));
+        dead.store(false, Ordering::Relaxed);
+        let _ = std::process::Command::new("kill")
+            .args(["-KILL", &pid.to_string()])
+            .status();
+    });
+    fleet.kill_9(0);
+    assert!(seen2.resent > 0, "some calls were in flight at the kill");
+    let before = chains;
+    let chains = rt.block_on(check(&fleet, &alive, &agents, &seen2));
+    assert!(chains.allows.is_superset(&before.allows));
+    assert!(chains.entries > before.entries);
+    // Every chain, the killed daemon's included, verifies with the CLI too.
+    let out = tollgate(&[
+        "audit",
+        "verify",
+        "--postgres",
+        &fleet.pg_url,
+        "--schema",
+        &fleet.schema,
+    ]);
+    assert_eq!(code(&out), 0, "{}", text(&out));
+    fleet.stop_all();
+}
+
+#[test]
+fn a_redis_restart_mid_load_refuses_then_resumes_with_state_intact() {
+    let tmp = tempfile::tempdir().unwrap();
+    let redis = Arc::new(Mutex::new(PrivateRedis::start(&tmp.path().join("redis"))));
+    let url = redis.lock().unwrap().url();
+    let mut fleet = Fleet::start(tmp.path(), &url, SHARED_PG);
+    let rt = rt();
+    let alive = all_alive();
+    let mut agents = rt.block_on(register(&fleet, "acme", 60));
+    let fault = redis.clone();
+    let seen = run(&rt, &fleet, &mut agents, &alive, 5, 3, move || {
+        std::thread::sleep(Duration::from_millis(1500));
+        // kill -9 the server: what it acknowledged is in its AOF (fsync always).
+        fault.lock().unwrap().kill();
+        std::thread::sleep(Duration::from_millis(1000));
+        fault.lock().unwrap().restart();
+    });
+    assert!(seen.failed > 0, "calls during the outage are refused");
+    let chains = rt.block_on(check(&fleet, &alive, &agents, &seen));
+    assert!(!chains.allows.is_empty());
+    // And it serves again, without a restart.
+    let seen = run(&rt, &fleet, &mut agents, &alive, 1, 4, || {});
+    assert!(seen.answered > 0, "service resumed");
+    rt.block_on(check(&fleet, &alive, &agents, &seen));
+    fleet.stop_all();
+    redis.lock().unwrap().kill();
+}
+
+#[test]
+fn a_postgres_stop_mid_load_refuses_verdicts_and_loses_no_acknowledged_entry() {
+    let tmp = tempfile::tempdir().unwrap();
+    let pg = Arc::new(Mutex::new(PrivatePostgres::start(tmp.path())));
+    let url = pg.lock().unwrap().url();
+    let mut fleet = Fleet::start(&tmp.path().join("fleet"), SHARED_REDIS, &url);
+    let rt = rt();
+    let alive = all_alive();
+    let mut agents = rt.block_on(register(&fleet, "acme", 60));
+    let fault = pg.clone();
+    let seen = run(&rt, &fleet, &mut agents, &alive, 5, 5, move || {
+        std::thread::sleep(Duration::from_millis(1500));
+        fault.lock().unwrap().stop();
+        std::thread::sleep(Duration::from_millis(1000));
+        fault.lock().unwrap().restart();
+    });
+    assert!(seen.failed > 0, "verdicts are refused while PostgreSQL is down");
+    // Every ALLOW an agent was given is in a chain; the budget in Redis is what the
+    // chains took (changes made while the journal was down were voided and reverted).
+    let chains = rt.block_on(check(&fleet, &alive, &agents, &seen));
+    assert!(!chains.allows.is_empty());
+    let seen = run(&rt, &fleet, &mut agents, &alive, 1, 6, || {});
+    assert!(seen.answered > 0, "service resumed");
+    rt.block_on(check(&fleet, &alive, &agents, &seen));
+    fleet.stop_all();
+}
