@@ -14,6 +14,7 @@ use crate::support::{
 
 #[tokio::test]
 async fn sessions_are_created_read_listed_and_joined() {
+    let _scripts = crate::support::SCRIPTS.read().await;
     let p = prefix("basics");
     let book = Arc::new(Book::default());
     let s = store(options(&p), TestJournal::new(book.clone())).await;
@@ -102,6 +103,7 @@ async fn sessions_are_created_read_listed_and_joined() {
 
 #[tokio::test]
 async fn garbage_in_redis_is_an_error_not_a_panic() {
+    let _scripts = crate::support::SCRIPTS.read().await;
     let p = prefix("garbage");
     let book = Arc::new(Book::default());
     let s = store(options(&p), TestJournal::new(book.clone())).await;
@@ -152,6 +154,7 @@ async fn garbage_in_redis_is_an_error_not_a_panic() {
 
 #[tokio::test]
 async fn the_servers_durability_settings_are_read() {
+    let _scripts = crate::support::SCRIPTS.read().await;
     let p = prefix("durability");
     let s = store(options(&p), TestJournal::new(Arc::new(Book::default()))).await;
     let d = s.server_durability().await.unwrap();
