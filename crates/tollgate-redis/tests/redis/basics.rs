@@ -8,8 +8,8 @@ use tollgate_core::{BudgetScope, Money, Verdict};
 use tollgate_store::{BudgetKey, Change, Session, SessionMeta, SessionStore, StoreError};
 
 use crate::support::{
-    cleanup, create, options, org_session, policy, pre_exec, prefix, store, Book, TestJournal,
-    REDIS,
+    cleanup, create, options, org_session, policy, pre_exec, prefix, store, wait_confirmed, Book,
+    TestJournal, REDIS,
 };
 
 #[tokio::test]
@@ -76,7 +76,7 @@ async fn sessions_are_created_read_listed_and_joined() {
     assert_eq!(ids, ["b1", "b2"]);
     assert_eq!(s.list(None).await.unwrap().len(), 3);
     assert!(s.pending_hitl(None).await.unwrap().is_empty());
-    // A liveness touch writes nothing and costs no round trip.
+    // A liveness touch writes nothing: one read of the session's version.
     let before = s.stats().round_trips;
     let ((), d) = s
         .apply("b1", |x: &mut Session| {
@@ -86,13 +86,27 @@ async fn sessions_are_created_read_listed_and_joined() {
         .await
         .unwrap();
     d.await.unwrap();
-    assert_eq!(s.stats().round_trips, before);
+    assert_eq!(s.stats().round_trips, before + 1);
     // Another store sees the same sessions.
     let t = store(options(&p), TestJournal::new(book)).await;
     assert_eq!(
         t.get("b2").await.unwrap().unwrap().state.budget_remaining,
         Money(600)
     );
+    // It changes one; a read-only closure on the first store sees the change, not its
+    // stale copy.
+    wait_confirmed(&format!("{p}:{{o:org-b}}:s:b2")).await;
+    let (d, durable) = pre_exec(&t, "b2", 2, 100).await.unwrap();
+    durable.await.unwrap();
+    assert_eq!(d.verdict, Verdict::Allow);
+    wait_confirmed(&format!("{p}:{{o:org-b}}:s:b2")).await;
+    let (seen, _) = s
+        .apply("b2", |x: &mut Session| {
+            Change::Keep((x.seq, x.last_call_number))
+        })
+        .await
+        .unwrap();
+    assert_eq!(seen, (3, 2));
     s.close().await.unwrap();
     assert_eq!(
         pre_exec(&s, "b1", 2, 1).await.unwrap_err(),
