@@ -520,6 +520,20 @@ impl Inner {
         }
     }
 
+    /// The session hash's `v` now (0 if absent): one round trip.
+    async fn session_version(&self, skey: &str) -> Result<u64, StoreError> {
+        let mut p = redis::pipe();
+        p.cmd("HGET").arg(skey).arg("v");
+        let mut r = self.send_store(&p, 1, "apply").await?;
+        match r.pop() {
+            Some(Value::Nil) | None => Ok(0),
+            Some(v) => std::str::from_utf8(&bytes_of(v, 32)?)
+                .ok()
+                .and_then(|t| t.parse().ok())
+                .ok_or_else(|| corrupt("version is not an integer")),
+        }
+    }
+
     /// Whether this daemon's change `seq` of session `id` is in flight to its journal.
     fn in_flight(&self, id: &str, seq: u64) -> bool {
         lock(&self.in_flight)
@@ -1069,10 +1083,24 @@ impl RedisStore {
             }
             let mut s = view.session.clone();
             match f(&mut s) {
-                Change::Keep(r) => return Ok((r, Durable::ready())),
-                Change::Touch(r) => {
-                    view.session = s;
-                    return Ok((r, Durable::ready()));
+                change @ (Change::Keep(_) | Change::Touch(_)) => {
+                    // Nothing to write, but the answer must not come from a stale copy
+                    // (another daemon may have changed the session: a human decision, a
+                    // settlement): one read of the session's version says.
+                    let sv = view.sv;
+                    if inner.session_version(&skey).await? != sv {
+                        inner.load(&mut slot, id).await?;
+                        continue;
+                    }
+                    return Ok(match change {
+                        Change::Touch(r) => {
+                            if let Some(v) = slot.view.as_mut() {
+                                v.session = s;
+                            }
+                            (r, Durable::ready())
+                        }
+                        Change::Keep(r) | Change::Commit(r, _) => (r, Durable::ready()),
+                    });
                 }
                 Change::Commit(r, event) => {
                     let planned = plan_commit(

@@ -8,12 +8,13 @@ use tollgate_core::{BudgetScope, Money, Verdict};
 use tollgate_store::{BudgetKey, Change, Session, SessionMeta, SessionStore, StoreError};
 
 use crate::support::{
-    cleanup, create, options, org_session, policy, pre_exec, prefix, store, Book, TestJournal,
-    REDIS,
+    cleanup, create, options, org_session, policy, pre_exec, prefix, store, wait_confirmed, Book,
+    TestJournal, REDIS,
 };
 
 #[tokio::test]
 async fn sessions_are_created_read_listed_and_joined() {
+    let _scripts = crate::support::SCRIPTS.read().await;
     let p = prefix("basics");
     let book = Arc::new(Book::default());
     let s = store(options(&p), TestJournal::new(book.clone())).await;
@@ -75,7 +76,7 @@ async fn sessions_are_created_read_listed_and_joined() {
     assert_eq!(ids, ["b1", "b2"]);
     assert_eq!(s.list(None).await.unwrap().len(), 3);
     assert!(s.pending_hitl(None).await.unwrap().is_empty());
-    // A liveness touch writes nothing and costs no round trip.
+    // A liveness touch writes nothing: one read of the session's version.
     let before = s.stats().round_trips;
     let ((), d) = s
         .apply("b1", |x: &mut Session| {
@@ -85,13 +86,27 @@ async fn sessions_are_created_read_listed_and_joined() {
         .await
         .unwrap();
     d.await.unwrap();
-    assert_eq!(s.stats().round_trips, before);
+    assert_eq!(s.stats().round_trips, before + 1);
     // Another store sees the same sessions.
     let t = store(options(&p), TestJournal::new(book)).await;
     assert_eq!(
         t.get("b2").await.unwrap().unwrap().state.budget_remaining,
         Money(600)
     );
+    // It changes one; a read-only closure on the first store sees the change, not its
+    // stale copy.
+    wait_confirmed(&format!("{p}:{{o:org-b}}:s:b2")).await;
+    let (d, durable) = pre_exec(&t, "b2", 2, 100).await.unwrap();
+    durable.await.unwrap();
+    assert_eq!(d.verdict, Verdict::Allow);
+    wait_confirmed(&format!("{p}:{{o:org-b}}:s:b2")).await;
+    let (seen, _) = s
+        .apply("b2", |x: &mut Session| {
+            Change::Keep((x.seq, x.last_call_number))
+        })
+        .await
+        .unwrap();
+    assert_eq!(seen, (3, 2));
     s.close().await.unwrap();
     assert_eq!(
         pre_exec(&s, "b1", 2, 1).await.unwrap_err(),
@@ -102,6 +117,7 @@ async fn sessions_are_created_read_listed_and_joined() {
 
 #[tokio::test]
 async fn garbage_in_redis_is_an_error_not_a_panic() {
+    let _scripts = crate::support::SCRIPTS.read().await;
     let p = prefix("garbage");
     let book = Arc::new(Book::default());
     let s = store(options(&p), TestJournal::new(book.clone())).await;
@@ -152,6 +168,7 @@ async fn garbage_in_redis_is_an_error_not_a_panic() {
 
 #[tokio::test]
 async fn the_servers_durability_settings_are_read() {
+    let _scripts = crate::support::SCRIPTS.read().await;
     let p = prefix("durability");
     let s = store(options(&p), TestJournal::new(Arc::new(Book::default()))).await;
     let d = s.server_durability().await.unwrap();

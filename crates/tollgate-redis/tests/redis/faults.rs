@@ -61,6 +61,7 @@ async fn crash(mode: u8, by_sweep: bool, name: &str) -> (Arc<Book>, Verdict, Mon
 
 #[tokio::test]
 async fn a_change_whose_entry_never_committed_is_voided_and_reverted() {
+    let _scripts = crate::support::SCRIPTS.read().await;
     for by_sweep in [false, true] {
         let (book, verdict, remaining, _) = crash(HANG, by_sweep, "void").await;
         let claims = book.claims.lock().unwrap().clone();
@@ -77,6 +78,7 @@ async fn a_change_whose_entry_never_committed_is_voided_and_reverted() {
 
 #[tokio::test]
 async fn a_change_whose_entry_committed_is_kept() {
+    let _scripts = crate::support::SCRIPTS.read().await;
     for by_sweep in [false, true] {
         let (book, verdict, remaining, _) = crash(COMMIT_THEN_HANG, by_sweep, "entry").await;
         let claims = book.claims.lock().unwrap().clone();
@@ -90,6 +92,7 @@ async fn a_change_whose_entry_committed_is_kept() {
 
 #[tokio::test]
 async fn unreachable_or_silent_redis_is_an_error_not_a_hang() {
+    let _scripts = crate::support::SCRIPTS.read().await;
     let book = Arc::new(Book::default());
     let mut o = options("tgtest-down");
     o.url = "redis://127.0.0.1:1".into();
@@ -153,6 +156,7 @@ impl Proxy {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_gone_refuses_and_service_resumes_when_it_is_back() {
+    let _scripts = crate::support::SCRIPTS.read().await;
     let p = prefix("outage");
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -201,5 +205,27 @@ async fn redis_gone_refuses_and_service_resumes_when_it_is_back() {
     assert_eq!(b.remaining, Money(980));
     px.cut();
     let _ = REDIS;
+    cleanup(&p).await;
+}
+
+#[tokio::test]
+async fn a_flushed_script_is_loaded_again() {
+    let _scripts = crate::support::SCRIPTS.write().await;
+    let p = prefix("noscript");
+    let s = store(options(&p), TestJournal::new(Arc::new(Book::default()))).await;
+    create(&s, org_session("n1", "org-n", 1_000)).await;
+    let client = redis::Client::open(REDIS).unwrap();
+    let mut c = client.get_multiplexed_async_connection().await.unwrap();
+    let _: () = redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    let before = s.stats().round_trips;
+    let (d, durable) = pre_exec(&s, "n1", 1, 10).await.unwrap();
+    durable.await.unwrap();
+    assert_eq!(d.verdict, Verdict::Allow);
+    // NOSCRIPT, SCRIPT LOAD, the pipeline again.
+    assert_eq!(s.stats().round_trips - before, 3);
     cleanup(&p).await;
 }

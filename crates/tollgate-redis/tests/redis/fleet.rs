@@ -14,6 +14,7 @@ use crate::support::{
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn three_daemons_never_overspend_a_shared_budget_nor_allow_a_nonce_twice() {
+    let _scripts = crate::support::SCRIPTS.read().await;
     let p = prefix("fleet");
     let book = Arc::new(Book::default());
     let mut daemons = Vec::new();
@@ -106,6 +107,7 @@ async fn three_daemons_never_overspend_a_shared_budget_nor_allow_a_nonce_twice()
 
 #[tokio::test]
 async fn a_cached_decision_costs_one_round_trip() {
+    let _scripts = crate::support::SCRIPTS.read().await;
     let p = prefix("rtt");
     let book = Arc::new(Book::default());
     let a = store(options(&p), TestJournal::new(book.clone())).await;

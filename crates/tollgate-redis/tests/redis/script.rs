@@ -61,6 +61,7 @@ async fn real(c: &mut redis::aio::MultiplexedConnection, r: &CasRequest) -> CasR
 
 #[tokio::test]
 async fn script_and_fake_agree_on_a_table_of_cases() {
+    let _scripts = crate::support::SCRIPTS.read().await;
     let p = prefix("script");
     let client = redis::Client::open(REDIS).unwrap();
     let mut c = client.get_multiplexed_async_connection().await.unwrap();

@@ -257,3 +257,8 @@ pub async fn markers(session_key: &str) -> Vec<String> {
         .unwrap();
     fields.into_iter().filter(|f| f.starts_with("u:")).collect()
 }
+
+/// Every test that uses Redis holds it to read; the one that flushes Redis's scripts holds
+/// it to write, so that no other test of this binary loads the script again first or
+/// counts the flush's round trips.
+pub static SCRIPTS: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
