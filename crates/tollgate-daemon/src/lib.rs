@@ -25,10 +25,10 @@
 
 pub mod config;
 pub mod convert;
+mod fleet;
 pub mod hitl;
 pub mod metrics;
 pub mod operators;
-mod fleet;
 pub mod ratelimit;
 pub mod service;
 pub mod transport;

@@ -19,7 +19,10 @@ fn free_port() -> u16 {
 fn wait_for_port(port: u16, what: &str) {
     let t = Instant::now();
     while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(t.elapsed() < Duration::from_secs(30), "{what} did not start");
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "{what} did not start"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
 }
@@ -141,7 +144,14 @@ impl PrivatePostgres {
         };
         pg.restart();
         let out = Command::new(pg.bin.join("psql"))
-            .args(["-h", "127.0.0.1", "-p", &pg.port.to_string(), "-U", "postgres"])
+            .args([
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &pg.port.to_string(),
+                "-U",
+                "postgres",
+            ])
             .args(["-c", "CREATE DATABASE test"])
             .output()
             .unwrap();
