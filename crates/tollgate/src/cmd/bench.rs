@@ -13,6 +13,12 @@
 //! - `--socket S --secret-file F [--org O]`: a daemon already running, as it is
 //!   configured (its rate limits apply).
 //!
+//! - `--daemons N --redis URL --postgres URL`: a fleet: N `tollgate serve` processes
+//!   sharing session state in that Redis (a fresh key prefix) and writing their chains to
+//!   that PostgreSQL (a fresh schema), sessions spread over them in turn; the report adds
+//!   Redis's commands per decision (`INFO commandstats`, all daemons, background work
+//!   included) and its EVALSHA per decision (the compare-and-set: one round trip each).
+//!
 //! `--grpc` sends the load over the bench's own daemon's gRPC binding with mutual TLS
 //! (on 127.0.0.1, with a CA, server and client certificate made by `tollgate certs`'s
 //! code in the temporary directory) instead of its Unix socket.
@@ -89,6 +95,18 @@ pub struct Args {
     /// of its Unix socket.
     #[arg(long, conflicts_with = "socket")]
     pub grpc: bool,
+    /// How many daemons the bench starts (more than one needs --redis and --postgres).
+    #[arg(long, default_value_t = 1, conflicts_with_all = ["socket", "in_process", "grpc"],
+          value_parser = clap::value_parser!(u16).range(1..=16))]
+    pub daemons: u16,
+    /// Fleet mode: the daemons keep session state in this Redis (`redis://...`), under a
+    /// fresh key prefix.
+    #[arg(long, value_name = "URL", requires = "postgres", conflicts_with_all = ["socket", "in_process", "grpc"])]
+    pub redis: Option<String>,
+    /// Fleet mode: the daemons write their audit chains to this PostgreSQL
+    /// (`postgres://...`), in a fresh schema.
+    #[arg(long, value_name = "URL", requires = "redis")]
+    pub postgres: Option<String>,
     /// With --socket: the organization.
     #[arg(long, default_value = "default")]
     pub org: String,
@@ -141,7 +159,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
             .as_deref()
             .context("--socket needs --secret-file")?;
         let target = Target {
-            socket: socket.clone(),
+            sockets: vec![socket.clone()],
             org: args.org.clone(),
             secret: read_secret(secret_file)?,
             grpc: None,
@@ -158,7 +176,10 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         .prefix("tollgate-bench-")
         .tempdir()
         .context("creating a temporary directory")?;
-    let own = OwnDaemon::prepare(dir.path(), args)?;
+    if args.daemons > 1 || args.redis.is_some() {
+        return fleet(&rt, &plan, dir.path(), args);
+    }
+    let own = OwnDaemon::prepare(dir.path(), args, None)?;
     let how = if args.fsync == "batch" {
         "each verdict signed, audited and fsync'd before the reply"
     } else {
@@ -295,7 +316,8 @@ fn default_marks(n: u64) -> Vec<u64> {
 /// Where the load goes.
 #[derive(Debug)]
 struct Target {
-    socket: PathBuf,
+    /// Sessions go to these in turn.
+    sockets: Vec<PathBuf>,
     org: String,
     secret: Vec<u8>,
     /// Over gRPC instead of the socket.
@@ -324,24 +346,31 @@ struct OwnDaemon {
 }
 
 impl OwnDaemon {
-    fn prepare(dir: &Path, args: &Args) -> anyhow::Result<OwnDaemon> {
-        // A random secret, mode 0600, in <dir>/secrets/bench.secret.
+    /// `fleet`: this daemon's place in a fleet (its number, and the shared tables).
+    fn prepare(dir: &Path, args: &Args, fleet: Option<(u16, &str)>) -> anyhow::Result<OwnDaemon> {
+        // A random secret, mode 0600, in <dir>/secrets/bench.secret (shared by a fleet).
         let secret = tollgate_daemon::org_secret(dir, ORG)?;
-        let config_file = dir.join("bench.toml");
+        let n = fleet.map_or(String::new(), |(i, _)| format!("-{i}"));
+        let config_file = dir.join(format!("bench{n}.toml"));
         let pki = if args.grpc {
             Some(grpc_pki(dir, &args.agent)?)
         } else {
             None
         };
-        std::fs::write(&config_file, config_text(args, pki.as_ref()))
+        let mut text = config_text(args, pki.as_ref());
+        if let Some((_, tables)) = fleet {
+            tollgate_daemon::org_secret(dir, &format!("{ORG}.operator"))?;
+            text.push_str(tables);
+        }
+        std::fs::write(&config_file, text)
             .with_context(|| format!("writing {}", config_file.display()))?;
-        let data_dir = dir.join("data");
+        let data_dir = dir.join(format!("data{n}"));
         let mut config = DaemonConfig::load(&config_file)?;
         config.data_dir.clone_from(&data_dir);
         Ok(OwnDaemon {
             config_file,
             data_dir,
-            log: dir.join("serve.log"),
+            log: dir.join(format!("serve{n}.log")),
             config,
             secret,
             grpc: pki.map(|p| p.client),
@@ -350,7 +379,7 @@ impl OwnDaemon {
 
     fn target(&self) -> Target {
         Target {
-            socket: self.config.socket_path(),
+            sockets: vec![self.config.socket_path()],
             org: ORG.to_owned(),
             secret: self.secret.clone(),
             grpc: self.grpc.clone(),
@@ -465,6 +494,127 @@ fn toml_string(s: &str) -> String {
     }
     out.push('"');
     out
+}
+
+/// `--daemons N --redis URL --postgres URL`: N `tollgate serve` processes in the fleet
+/// configuration (a fresh Redis key prefix and PostgreSQL schema, so runs never meet),
+/// sessions spread over them in turn; Redis's command counts before and after the load
+/// give its commands per decision.
+fn fleet(
+    rt: &tokio::runtime::Runtime,
+    plan: &Plan,
+    dir: &Path,
+    args: &Args,
+) -> anyhow::Result<ExitCode> {
+    let (Some(redis), Some(postgres)) = (&args.redis, &args.postgres) else {
+        anyhow::bail!("--daemons {} needs --redis URL and --postgres URL", args.daemons);
+    };
+    let run = format!(
+        "{}_{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs())
+    );
+    let state = format!(
+        "\n[state]\nbackend = \"redis\"\nurl = {}\nkey_prefix = {}\ndurability = \"none\"\n",
+        toml_string(redis),
+        toml_string(&format!("tgbench{run}")),
+    );
+    let sink = format!(
+        "sink = \"postgres\"\nurl = {}\nschema = {}\n",
+        toml_string(postgres),
+        toml_string(&format!("bench_{run}")),
+    );
+    let mut daemons = Vec::new();
+    let mut sockets = Vec::new();
+    let mut secret = Vec::new();
+    for i in 0..args.daemons {
+        let mut own = OwnDaemon::prepare(dir, args, Some((i, &state)))?;
+        // Put the sink into the [audit] table config_text wrote.
+        let text = std::fs::read_to_string(&own.config_file)?
+            .replacen("[audit]\n", &format!("[audit]\n{sink}"), 1)
+            .replace(
+                &format!("secret_file = \"secrets/{ORG}.secret\"\n"),
+                &format!(
+                    "secret_file = \"secrets/{ORG}.secret\"\noperator_secret_file = \"secrets/{ORG}.operator.secret\"\n"
+                ),
+            );
+        std::fs::write(&own.config_file, text)?;
+        own.config = DaemonConfig::load(&own.config_file)?;
+        own.config.data_dir.clone_from(&own.data_dir);
+        let mut serve = Serve::spawn(&own)?;
+        serve.wait_listening(&own.config.socket_path())?;
+        sockets.push(own.config.socket_path());
+        secret.clone_from(&own.secret);
+        daemons.push(serve);
+    }
+    println!(
+        "mode: fleet: {} `tollgate serve` processes, state in Redis {}, audit chains in PostgreSQL {} (schema bench_{run})",
+        args.daemons,
+        tollgate_daemon::config::redact_url(redis),
+        tollgate_daemon::config::redact_url(postgres),
+    );
+    let before = rt.block_on(redis_counts(redis))?;
+    let report = rt.block_on(load(
+        plan,
+        &Target {
+            sockets,
+            org: ORG.to_owned(),
+            secret,
+            grpc: None,
+        },
+    ));
+    let after = rt.block_on(redis_counts(redis))?;
+    let mut stopped = Ok(());
+    for mut d in daemons {
+        if let Err(e) = d.stop() {
+            stopped = Err(e);
+        }
+    }
+    let report = report?;
+    report.print(
+        plan,
+        "each verdict in Redis and committed to PostgreSQL before the reply",
+    );
+    let decisions = report.latencies.len().max(1) as f64;
+    println!(
+        "redis: {:.2} commands per decision, {:.2} EVALSHA (compare-and-set round trips) per decision",
+        after.0.saturating_sub(before.0) as f64 / decisions,
+        after.1.saturating_sub(before.1) as f64 / decisions,
+    );
+    stopped?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Redis's total commands processed and EVALSHA calls so far (`INFO`).
+async fn redis_counts(url: &str) -> anyhow::Result<(u64, u64)> {
+    let client = redis::Client::open(url).context("--redis")?;
+    let mut c = client
+        .get_multiplexed_async_connection()
+        .await
+        .context("connecting to Redis")?;
+    let info: String = redis::cmd("INFO")
+        .arg("all")
+        .query_async(&mut c)
+        .await
+        .context("INFO")?;
+    let field = |line: &str, key: &str| -> Option<u64> {
+        line.split(',')
+            .find_map(|kv| kv.strip_prefix(key))
+            .and_then(|v| v.trim().parse().ok())
+    };
+    let mut total = 0;
+    let mut evalsha = 0;
+    for line in info.lines() {
+        if let Some(v) = line.strip_prefix("total_commands_processed:") {
+            total = v.trim().parse().unwrap_or(0);
+        }
+        if let Some(rest) = line.strip_prefix("cmdstat_evalsha:") {
+            evalsha = field(rest, "calls=").unwrap_or(0);
+        }
+    }
+    Ok((total, evalsha))
 }
 
 /// `--in-process`: the daemon on this runtime, stopped after the load.
@@ -751,8 +901,12 @@ async fn load(plan: &Plan, target: &Target) -> anyhow::Result<Report> {
     let marks = &plan.marks;
     let mut clients = Vec::with_capacity(plan.sessions);
     let mut heartbeats = Vec::with_capacity(plan.sessions);
-    for _ in 0..plan.sessions {
-        let mut cfg = ClientConfig::new(&target.socket, &target.org, &target.secret, &plan.agent);
+    for i in 0..plan.sessions {
+        let socket = target
+            .sockets
+            .get(i % target.sockets.len().max(1))
+            .context("no socket to load")?;
+        let mut cfg = ClientConfig::new(socket, &target.org, &target.secret, &plan.agent);
         cfg.grpc.clone_from(&target.grpc);
         let client = Arc::new(
             DaemonClient::connect(cfg)
