@@ -90,22 +90,7 @@ async fn an_entry_is_acknowledged_only_after_its_commit() {
     let pending = tokio::spawn(j.submit(verdict("s", 1)));
     // Wait (bounded) until the journal's backend is waiting for that lock.
     let watcher = client().await.unwrap();
-    let mut waiting = false;
-    for _ in 0..1000 {
-        let n: i64 = watcher
-            .query_one(
-                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%entries%'",
-                &[],
-            )
-            .await
-            .unwrap()
-            .get(0);
-        if n > 0 {
-            waiting = true;
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
+    let waiting = wait_for_lock_wait(&watcher, &s.name).await;
     assert!(waiting, "the journal's insert never blocked");
     assert!(!pending.is_finished(), "acknowledged before its commit");
     assert_eq!(count(&watcher, &s.name, "entries").await, 0);
@@ -116,13 +101,14 @@ async fn an_entry_is_acknowledged_only_after_its_commit() {
     j.close().await.unwrap();
 }
 
-/// Wait (bounded) until some backend waits on a lock with a query mentioning `table`.
-async fn wait_for_lock_wait(watcher: &tokio_postgres::Client, table: &str) -> bool {
+/// Wait (bounded) until some backend waits on a lock in a statement on `schema` (whose
+/// name is unique to the test).
+pub async fn wait_for_lock_wait(watcher: &tokio_postgres::Client, schema: &str) -> bool {
     for _ in 0..1000 {
         let n: i64 = watcher
             .query_one(
                 "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE $1",
-                &[&format!("%{table}%")],
+                &[&format!("%{schema}%")],
             )
             .await
             .unwrap()
@@ -173,7 +159,7 @@ async fn a_killed_connection_fails_submits_until_reconnected_and_nothing_is_writ
             .collect();
         if let Some(tx) = lock {
             assert!(
-                wait_for_lock_wait(&admin, "entries").await,
+                wait_for_lock_wait(&admin, &s.name).await,
                 "the batch never blocked"
             );
             let n: i64 = admin

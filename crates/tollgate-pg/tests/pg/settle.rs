@@ -170,8 +170,8 @@ async fn settle_and_commit_in_flight_together_leave_exactly_one_holder() {
     for _ in 0..1000 {
         let n: i64 = watcher
             .query_one(
-                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%claims%'",
-                &[],
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE $1",
+                &[&format!("%{}%", s.name)],
             )
             .await
             .unwrap()
