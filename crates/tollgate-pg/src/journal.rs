@@ -856,7 +856,8 @@ impl Task {
         self.client = None;
         let mut wait = self.settings.reconnect_min;
         loop {
-            if !self.drain_failing() {
+            // Shutting down: stop trying (what is queued fails; see `finish`).
+            if !self.drain_failing() || self.shared.closed.load(Ordering::SeqCst) {
                 return;
             }
             match self.reconnect(signed_first).await {

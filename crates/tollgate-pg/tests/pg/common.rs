@@ -113,3 +113,56 @@ pub async fn verify_all(schema: &str) -> Vec<tollgate_pg::ChainReport> {
         .await
         .unwrap()
 }
+
+/// A TCP forwarder to the test server that can be taken down (every connection through
+/// it cut, new ones closed at once) and brought back: PostgreSQL stopping and starting,
+/// as a client sees it.
+pub struct Switch {
+    pub port: u16,
+    up: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    conns: std::sync::Arc<std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>>,
+}
+
+impl Switch {
+    pub async fn start() -> Switch {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let up = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let conns = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (u, c) = (up.clone(), conns.clone());
+        tokio::spawn(async move {
+            // Bounded: a test reconnects a bounded number of times.
+            for _ in 0..10_000 {
+                let Ok((mut sock, _)) = listener.accept().await else {
+                    return;
+                };
+                if !u.load(Ordering::SeqCst) {
+                    drop(sock);
+                    continue;
+                }
+                let h = tokio::spawn(async move {
+                    if let Ok(mut up) = tokio::net::TcpStream::connect("127.0.0.1:5432").await {
+                        let _ = tokio::io::copy_bidirectional(&mut sock, &mut up).await;
+                    }
+                });
+                c.lock().unwrap().push(h);
+            }
+        });
+        Switch { port, up, conns }
+    }
+
+    pub fn down(&self) {
+        self.up.store(false, Ordering::SeqCst);
+        for h in self.conns.lock().unwrap().drain(..) {
+            h.abort();
+        }
+    }
+
+    pub fn up(&self) {
+        self.up.store(true, Ordering::SeqCst);
+    }
+
+    pub fn url(&self) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/test", self.port)
+    }
+}

@@ -126,7 +126,8 @@ async fn a_killed_connection_fails_submits_until_reconnected_and_nothing_is_writ
     let s = migrated("kill").await;
     let app = s.name.clone();
     let mut settings = s.settings();
-    settings.url = format!("{}?application_name={app}", url());
+    let sep = if url().contains('?') { '&' } else { '?' };
+    settings.url = format!("{}{sep}application_name={app}", url());
     let j = PgJournal::open(settings, key(1), "daemon-a").await.unwrap();
     let admin = client().await.unwrap();
     let mut ok: Vec<(u64, tollgate_core::Digest)> = Vec::new();
@@ -278,4 +279,59 @@ async fn an_entry_that_does_not_encode_is_refused_and_the_chain_goes_on() {
     .unwrap();
     assert_eq!(kinds, [1]);
     let _ = Event::from(verdict("s", 1));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_down_refuses_everything_until_it_is_back() {
+    let s = migrated("down").await;
+    let switch = Switch::start().await;
+    let mut settings = s.settings();
+    settings.url = switch.url();
+    let j = PgJournal::open(settings.clone(), key(1), "daemon-a")
+        .await
+        .unwrap();
+    let idle = PgJournal::open(settings, key(2), "daemon-b").await.unwrap();
+    let mut acked = 0i64;
+    let mut seq = 0u64;
+    for _ in 0..10 {
+        seq += 1;
+        j.submit(verdict("s", seq)).await.unwrap();
+        acked += 1;
+    }
+    switch.down();
+    // While it is down, nothing is acknowledged, and settles fail too.
+    for _ in 0..20 {
+        seq += 1;
+        assert!(j.submit(verdict("s", seq)).await.is_err());
+    }
+    assert!(tollgate_store::Arbiter::settle(&j, "x", 1).await.is_err());
+    assert!(!j.is_healthy());
+    // A journal shut down while the server is away stops anyway.
+    idle.close().await.unwrap();
+    switch.up();
+    // Back: submissions succeed again (bounded wait for the reconnect).
+    let mut back = false;
+    for _ in 0..1000 {
+        seq += 1;
+        if j.submit(verdict("s", seq)).await.is_ok() {
+            acked += 1;
+            back = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert!(back, "never served again");
+    for _ in 0..10 {
+        seq += 1;
+        j.submit(verdict("s", seq)).await.unwrap();
+        acked += 1;
+    }
+    j.close().await.unwrap();
+    let c = client().await.unwrap();
+    assert_eq!(
+        count(&c, &s.name, "entries WHERE chain_id = 'daemon-a'").await,
+        acked
+    );
+    let reports = verify_all(&s.name).await;
+    assert!(reports.iter().all(|r| r.result.is_ok()), "{reports:?}");
 }
