@@ -154,7 +154,7 @@ impl PgJournal {
             rx,
             settings,
         };
-        let handle = tokio::spawn(task.run());
+        let handle = crate::conn::runtime()?.spawn(task.run());
         Ok(PgJournal {
             tx,
             shared,
