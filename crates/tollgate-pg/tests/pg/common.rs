@@ -120,7 +120,60 @@ pub async fn verify_all(schema: &str) -> Vec<tollgate_pg::ChainReport> {
 pub struct Switch {
     pub port: u16,
     up: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// Armed: the next `COMMIT` a client sends reaches the server, but its answer does
+    /// not reach the client: the connection is cut instead (a lost acknowledgement).
+    trap: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// How many answers the trap swallowed.
+    pub swallowed: std::sync::Arc<AtomicU64>,
     conns: std::sync::Arc<std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>>,
+}
+
+/// Forward one connection; see [`Switch`]'s `trap`.
+async fn pump(
+    client: tokio::net::TcpStream,
+    trap: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    swallowed: std::sync::Arc<AtomicU64>,
+) {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let Ok(server) = tokio::net::TcpStream::connect("127.0.0.1:5432").await else {
+        return;
+    };
+    let (mut cr, mut cw) = client.into_split();
+    let (mut sr, mut sw) = server.into_split();
+    let cut = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let cut2 = cut.clone();
+    let up = tokio::spawn(async move {
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            let n = match cr.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => n,
+            };
+            let chunk = &buf[..n];
+            if chunk.windows(7).any(|w| w == b"COMMIT\0") && trap.swap(false, Ordering::SeqCst) {
+                cut2.store(true, Ordering::SeqCst);
+            }
+            if sw.write_all(chunk).await.is_err() {
+                return;
+            }
+        }
+    });
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = match sr.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        if cut.load(Ordering::SeqCst) {
+            // The COMMIT's answer: dropped, and the connection cut.
+            swallowed.fetch_add(1, Ordering::SeqCst);
+            break;
+        }
+        if cw.write_all(&buf[..n]).await.is_err() {
+            break;
+        }
+    }
+    up.abort();
 }
 
 impl Switch {
@@ -128,27 +181,36 @@ impl Switch {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
         let up = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let trap = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let swallowed = std::sync::Arc::new(AtomicU64::new(0));
         let conns = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-        let (u, c) = (up.clone(), conns.clone());
+        let (u, c, t, w) = (up.clone(), conns.clone(), trap.clone(), swallowed.clone());
         tokio::spawn(async move {
             // Bounded: a test reconnects a bounded number of times.
             for _ in 0..10_000 {
-                let Ok((mut sock, _)) = listener.accept().await else {
+                let Ok((sock, _)) = listener.accept().await else {
                     return;
                 };
                 if !u.load(Ordering::SeqCst) {
                     drop(sock);
                     continue;
                 }
-                let h = tokio::spawn(async move {
-                    if let Ok(mut up) = tokio::net::TcpStream::connect("127.0.0.1:5432").await {
-                        let _ = tokio::io::copy_bidirectional(&mut sock, &mut up).await;
-                    }
-                });
+                let h = tokio::spawn(pump(sock, t.clone(), w.clone()));
                 c.lock().unwrap().push(h);
             }
         });
-        Switch { port, up, conns }
+        Switch {
+            port,
+            up,
+            trap,
+            swallowed,
+            conns,
+        }
+    }
+
+    /// Swallow the answer to the next COMMIT (and cut that connection).
+    pub fn arm_lost_commit(&self) {
+        self.trap.store(true, Ordering::SeqCst);
     }
 
     pub fn down(&self) {

@@ -335,3 +335,44 @@ async fn postgres_down_refuses_everything_until_it_is_back() {
     let reports = verify_all(&s.name).await;
     assert!(reports.iter().all(|r| r.result.is_ok()), "{reports:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_whose_answer_is_lost_is_found_and_not_written_twice() {
+    let s = migrated("lostack").await;
+    let switch = Switch::start().await;
+    let mut settings = s.settings();
+    settings.url = switch.url();
+    let j = PgJournal::open(settings, key(1), "daemon-a").await.unwrap();
+    j.submit(verdict("s", 1)).await.unwrap();
+    // The server commits entry 1, but the journal never hears it: the batch fails.
+    switch.arm_lost_commit();
+    let e = j.submit(verdict("s", 2)).await.unwrap_err();
+    assert!(matches!(e, StoreError::Journal { .. }), "{e}");
+    assert_eq!(
+        switch.swallowed.load(std::sync::atomic::Ordering::SeqCst),
+        1
+    );
+    // After the reconnect the chain goes on after the committed entry (bounded wait).
+    let mut next = None;
+    for _ in 0..1000 {
+        if let Ok(Some(a)) = j.submit(verdict("s", 3)).await {
+            next = Some(a);
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let next = next.expect("never served again");
+    assert_eq!(next.index, 2, "the lost batch holds index 1");
+    let st = j.pg_stats();
+    assert_eq!(st.lost_acks, 1);
+    // The change whose answer was lost holds its place: settling it finds its entry.
+    assert_eq!(
+        tollgate_store::Arbiter::settle(&j, "s", 2).await.unwrap(),
+        tollgate_store::Settled::Entry
+    );
+    j.close().await.unwrap();
+    let c = client().await.unwrap();
+    assert_eq!(count(&c, &s.name, "entries").await, 3);
+    let reports = verify_all(&s.name).await;
+    assert_eq!(reports[0].result.as_ref().unwrap().entries, 3);
+}
