@@ -86,8 +86,10 @@ pub fn check_schema(schema: &str) -> Result<(), PgError> {
     }
 }
 
-/// Open one connection; its driver runs as a task on the current tokio runtime.
+/// Open one connection; its driver runs as a task on the current tokio runtime (outside
+/// one: [`PgError::NoRuntime`]).
 pub async fn connect(settings: &PgSettings) -> Result<Client, PgError> {
+    let runtime = runtime()?;
     let config: tokio_postgres::Config = settings
         .url
         .parse()
@@ -98,7 +100,7 @@ pub async fn connect(settings: &PgSettings) -> Result<Client, PgError> {
                 .connect(tokio_postgres::NoTls)
                 .await
                 .map_err(PgError::db("connect"))?;
-            tokio::spawn(async move {
+            runtime.spawn(async move {
                 if let Err(e) = conn.await {
                     tracing::debug!(error = %e, "postgres connection ended");
                 }
@@ -108,7 +110,7 @@ pub async fn connect(settings: &PgSettings) -> Result<Client, PgError> {
         Some(path) => {
             let tls = tls_connector(path)?;
             let (client, conn) = config.connect(tls).await.map_err(PgError::db("connect"))?;
-            tokio::spawn(async move {
+            runtime.spawn(async move {
                 if let Err(e) = conn.await {
                     tracing::debug!(error = %e, "postgres connection ended");
                 }
@@ -116,6 +118,11 @@ pub async fn connect(settings: &PgSettings) -> Result<Client, PgError> {
             Ok(client)
         }
     }
+}
+
+/// The current tokio runtime, or [`PgError::NoRuntime`].
+pub(crate) fn runtime() -> Result<tokio::runtime::Handle, PgError> {
+    tokio::runtime::Handle::try_current().map_err(|_| PgError::NoRuntime)
 }
 
 /// The largest CA file read.

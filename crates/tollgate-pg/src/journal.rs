@@ -64,6 +64,7 @@ struct Shared {
     failed_batches: AtomicU64,
     reconnects: AtomicU64,
     lost_acks: AtomicU64,
+    conflicts: AtomicU64,
 }
 
 impl Shared {
@@ -101,6 +102,9 @@ pub struct PgStats {
     pub reconnects: u64,
     /// Failed batches found committed after reconnecting (the COMMIT's answer was lost).
     pub lost_acks: u64,
+    /// Batches rolled back and tried again because another daemon held, or was taking,
+    /// one of their places (or a deadlock).
+    pub conflicts: u64,
     /// Whether the journal takes submissions now.
     pub healthy: bool,
 }
@@ -150,7 +154,7 @@ impl PgJournal {
             rx,
             settings,
         };
-        let handle = tokio::spawn(task.run());
+        let handle = crate::conn::runtime()?.spawn(task.run());
         Ok(PgJournal {
             tx,
             shared,
@@ -192,6 +196,7 @@ impl PgJournal {
             failed_batches: s.failed_batches.load(Ordering::Relaxed),
             reconnects: s.reconnects.load(Ordering::Relaxed),
             lost_acks: s.lost_acks.load(Ordering::Relaxed),
+            conflicts: s.conflicts.load(Ordering::Relaxed),
             healthy: s.healthy.load(Ordering::SeqCst),
         }
     }
@@ -629,10 +634,12 @@ impl Task {
             self.shared.reconnects.fetch_add(1, Ordering::Relaxed);
         }
         let head = (self.chainer.next_index(), self.chainer.last_hash());
-        for _ in 0..MAX_CONFLICT_RETRIES {
+        for attempt in 0..MAX_CONFLICT_RETRIES {
             let started = Instant::now();
             let mut signed_first = None;
-            match self.try_batch(&items, &mut signed_first).await {
+            // The first attempt assumes no place of the batch is held (the common case:
+            // one round trip less); one that loses a race reads the claims first.
+            match self.try_batch(&items, attempt > 0, &mut signed_first).await {
                 Ok(outcomes) => {
                     let sh = &self.shared;
                     sh.batches.fetch_add(1, Ordering::Relaxed);
@@ -644,6 +651,7 @@ impl Task {
                     return;
                 }
                 Err(BatchError::Conflict) => {
+                    self.shared.conflicts.fetch_add(1, Ordering::Relaxed);
                     self.chainer.reset(head.0, head.1);
                 }
                 Err(BatchError::Db(message)) => {
@@ -662,12 +670,16 @@ impl Task {
         items.into_iter().for_each(|i| i.fail(&e));
     }
 
-    /// One transaction: read the claims of the batch's places, sign what may be written,
-    /// insert entries and claims, commit. `signed_first` gets the first signed record's
-    /// index and hash (to tell after an error whether the commit happened).
+    /// One transaction: read the claims of the batch's places (when `check_claims`),
+    /// sign what may be written, insert entries and claims (one statement), commit. A
+    /// place already held makes the insert fail with a unique violation: a
+    /// [`BatchError::Conflict`], tried again with `check_claims`. `signed_first` gets the
+    /// first signed record's index and hash (to tell after an error whether the commit
+    /// happened).
     async fn try_batch(
         &mut self,
         items: &[Item],
+        check_claims: bool,
         signed_first: &mut Option<(u64, Digest)>,
     ) -> Result<Vec<Outcome>, BatchError> {
         let s = &self.s;
@@ -684,8 +696,8 @@ impl Task {
                 seqs.push(q);
             }
         }
-        let rows = tx
-            .query(
+        let rows = if check_claims {
+            tx.query(
                 &format!(
                     "SELECT c.session_id, c.session_seq, c.kind FROM {s}.claims c
                      JOIN unnest($1::text[], $2::bigint[]) AS k(s, q)
@@ -693,7 +705,10 @@ impl Task {
                 ),
                 &[&sids, &seqs],
             )
-            .await?;
+            .await?
+        } else {
+            Vec::new()
+        };
         // (session, seq) -> whether an entry (true) or a void (false) holds it.
         let mut held: HashMap<(String, i64), bool> = HashMap::new();
         for r in rows {
@@ -799,21 +814,29 @@ impl Task {
         if !e_idx.is_empty() {
             tx.execute(
                 &format!(
-                    "INSERT INTO {s}.entries (chain_id, idx, record, entry_hash, session_id, session_seq, kind)
-                     SELECT $1, u.i, u.r, u.h, u.s, u.q, u.k
-                     FROM unnest($2::bigint[], $3::bytea[], $4::bytea[], $5::text[], $6::bigint[], $7::smallint[])
-                       AS u(i, r, h, s, q, k)"
+                    "WITH e AS (
+                       INSERT INTO {s}.entries (chain_id, idx, record, entry_hash, session_id, session_seq, kind)
+                       SELECT $1, u.i, u.r, u.h, u.s, u.q, u.k
+                       FROM unnest($2::bigint[], $3::bytea[], $4::bytea[], $5::text[], $6::bigint[], $7::smallint[])
+                         AS u(i, r, h, s, q, k)
+                     )
+                     INSERT INTO {s}.claims (session_id, session_seq, kind, chain_id, idx)
+                     SELECT u.s, u.q, u.k, $1, u.i
+                     FROM unnest($8::text[], $9::bigint[], $10::text[], $11::bigint[]) AS u(s, q, k, i)"
                 ),
-                &[&self.chain_id, &e_idx, &e_rec, &e_hash, &e_sid, &e_seq, &e_kind],
-            )
-            .await?;
-            tx.execute(
-                &format!(
-                    "INSERT INTO {s}.claims (session_id, session_seq, kind, chain_id, idx)
-                     SELECT u.s, u.q, u.k, $5, u.i
-                     FROM unnest($1::text[], $2::bigint[], $3::text[], $4::bigint[]) AS u(s, q, k, i)"
-                ),
-                &[&c_sid, &c_seq, &c_kind, &c_idx, &self.chain_id],
+                &[
+                    &self.chain_id,
+                    &e_idx,
+                    &e_rec,
+                    &e_hash,
+                    &e_sid,
+                    &e_seq,
+                    &e_kind,
+                    &c_sid,
+                    &c_seq,
+                    &c_kind,
+                    &c_idx,
+                ],
             )
             .await?;
         }
@@ -833,7 +856,8 @@ impl Task {
         self.client = None;
         let mut wait = self.settings.reconnect_min;
         loop {
-            if !self.drain_failing() {
+            // Shutting down: stop trying (what is queued fails; see `finish`).
+            if !self.drain_failing() || self.shared.closed.load(Ordering::SeqCst) {
                 return;
             }
             match self.reconnect(signed_first).await {

@@ -38,7 +38,7 @@ mod verify;
 
 pub use conn::{check_schema, connect, PgSettings, DEFAULT_SCHEMA, MAX_SCHEMA_LEN};
 pub use journal::{check_chain_id, PgJournal, PgStats, CHAIN_FORMAT_VERSION, MAX_CHAIN_ID_BYTES};
-pub use schema::{migrate, MigrateReport, RoleOutcome, SCHEMA_VERSION, WRITER_ROLE};
+pub use schema::{migrate, migrate_with, MigrateReport, RoleOutcome, SCHEMA_VERSION, WRITER_ROLE};
 pub use verify::{chain_name, list_chains, verify, verify_chain, ChainInfo, ChainReport};
 
 /// Why a PostgreSQL operation failed.
@@ -101,6 +101,9 @@ pub enum PgError {
     /// No chain has that id.
     #[error("no chain `{0}`")]
     NoSuchChain(String),
+    /// Called outside a tokio runtime (connections and the writer are tokio tasks).
+    #[error("tollgate-pg needs a tokio runtime (called outside one)")]
+    NoRuntime,
 }
 
 impl PgError {

@@ -2,7 +2,7 @@
 
 use tokio_postgres::Client;
 
-use crate::conn::{check_schema, lock_key};
+use crate::conn::{check_schema, connect, lock_key, PgSettings};
 use crate::PgError;
 
 /// The role migrations create (NOLOGIN) and grant INSERT and SELECT on the tables; make
@@ -162,6 +162,12 @@ pub async fn migrate(client: &mut Client, schema: &str) -> Result<MigrateReport,
         applied,
         role,
     })
+}
+
+/// Connect with `settings` and [`migrate`] its schema (what a daemon may do at start).
+pub async fn migrate_with(settings: &PgSettings) -> Result<MigrateReport, PgError> {
+    let mut client = connect(settings).await?;
+    migrate(&mut client, &settings.schema).await
 }
 
 /// Create the writer role if missing and grant it INSERT and SELECT (and nothing else).

@@ -91,3 +91,26 @@ fn the_pure_and_storage_layers_have_no_runtime_network_or_protobuf() {
         ],
     );
 }
+
+#[test]
+fn the_postgres_sink_knows_the_journal_and_the_database_only() {
+    // The PostgreSQL audit sink: the store's journal traits, the audit format (it signs
+    // through the audit crate's Chainer, never a copy), the database driver and rustls
+    // with ring. No protobuf, no daemon, no HTTP.
+    assert_only(
+        "tollgate-pg",
+        &[
+            "tollgate-core",
+            "tollgate-audit",
+            "tollgate-store",
+            "tokio",
+            "tokio-postgres",
+            "tokio-postgres-rustls",
+            "rustls",
+            "sha2",
+            "ed25519-dalek",
+            "thiserror",
+            "tracing",
+        ],
+    );
+}

@@ -113,3 +113,118 @@ pub async fn verify_all(schema: &str) -> Vec<tollgate_pg::ChainReport> {
         .await
         .unwrap()
 }
+
+/// A TCP forwarder to the test server that can be taken down (every connection through
+/// it cut, new ones closed at once) and brought back: PostgreSQL stopping and starting,
+/// as a client sees it.
+pub struct Switch {
+    pub port: u16,
+    up: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// Armed: the next `COMMIT` a client sends reaches the server, but its answer does
+    /// not reach the client: the connection is cut instead (a lost acknowledgement).
+    trap: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// How many answers the trap swallowed.
+    pub swallowed: std::sync::Arc<AtomicU64>,
+    conns: std::sync::Arc<std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>>,
+}
+
+/// Forward one connection; see [`Switch`]'s `trap`.
+async fn pump(
+    client: tokio::net::TcpStream,
+    trap: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    swallowed: std::sync::Arc<AtomicU64>,
+) {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let Ok(server) = tokio::net::TcpStream::connect("127.0.0.1:5432").await else {
+        return;
+    };
+    let (mut cr, mut cw) = client.into_split();
+    let (mut sr, mut sw) = server.into_split();
+    let cut = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let cut2 = cut.clone();
+    let up = tokio::spawn(async move {
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            let n = match cr.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => n,
+            };
+            let chunk = &buf[..n];
+            if chunk.windows(7).any(|w| w == b"COMMIT\0") && trap.swap(false, Ordering::SeqCst) {
+                cut2.store(true, Ordering::SeqCst);
+            }
+            if sw.write_all(chunk).await.is_err() {
+                return;
+            }
+        }
+    });
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = match sr.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        if cut.load(Ordering::SeqCst) {
+            // The COMMIT's answer: dropped, and the connection cut.
+            swallowed.fetch_add(1, Ordering::SeqCst);
+            break;
+        }
+        if cw.write_all(&buf[..n]).await.is_err() {
+            break;
+        }
+    }
+    up.abort();
+}
+
+impl Switch {
+    pub async fn start() -> Switch {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let up = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let trap = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let swallowed = std::sync::Arc::new(AtomicU64::new(0));
+        let conns = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (u, c, t, w) = (up.clone(), conns.clone(), trap.clone(), swallowed.clone());
+        tokio::spawn(async move {
+            // Bounded: a test reconnects a bounded number of times.
+            for _ in 0..10_000 {
+                let Ok((sock, _)) = listener.accept().await else {
+                    return;
+                };
+                if !u.load(Ordering::SeqCst) {
+                    drop(sock);
+                    continue;
+                }
+                let h = tokio::spawn(pump(sock, t.clone(), w.clone()));
+                c.lock().unwrap().push(h);
+            }
+        });
+        Switch {
+            port,
+            up,
+            trap,
+            swallowed,
+            conns,
+        }
+    }
+
+    /// Swallow the answer to the next COMMIT (and cut that connection).
+    pub fn arm_lost_commit(&self) {
+        self.trap.store(true, Ordering::SeqCst);
+    }
+
+    pub fn down(&self) {
+        self.up.store(false, Ordering::SeqCst);
+        for h in self.conns.lock().unwrap().drain(..) {
+            h.abort();
+        }
+    }
+
+    pub fn up(&self) {
+        self.up.store(true, Ordering::SeqCst);
+    }
+
+    pub fn url(&self) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/test", self.port)
+    }
+}

@@ -90,22 +90,7 @@ async fn an_entry_is_acknowledged_only_after_its_commit() {
     let pending = tokio::spawn(j.submit(verdict("s", 1)));
     // Wait (bounded) until the journal's backend is waiting for that lock.
     let watcher = client().await.unwrap();
-    let mut waiting = false;
-    for _ in 0..1000 {
-        let n: i64 = watcher
-            .query_one(
-                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%entries%'",
-                &[],
-            )
-            .await
-            .unwrap()
-            .get(0);
-        if n > 0 {
-            waiting = true;
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
+    let waiting = wait_for_lock_wait(&watcher, &s.name).await;
     assert!(waiting, "the journal's insert never blocked");
     assert!(!pending.is_finished(), "acknowledged before its commit");
     assert_eq!(count(&watcher, &s.name, "entries").await, 0);
@@ -116,13 +101,14 @@ async fn an_entry_is_acknowledged_only_after_its_commit() {
     j.close().await.unwrap();
 }
 
-/// Wait (bounded) until some backend waits on a lock with a query mentioning `table`.
-async fn wait_for_lock_wait(watcher: &tokio_postgres::Client, table: &str) -> bool {
+/// Wait (bounded) until some backend waits on a lock in a statement on `schema` (whose
+/// name is unique to the test).
+pub async fn wait_for_lock_wait(watcher: &tokio_postgres::Client, schema: &str) -> bool {
     for _ in 0..1000 {
         let n: i64 = watcher
             .query_one(
                 "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE $1",
-                &[&format!("%{table}%")],
+                &[&format!("%{schema}%")],
             )
             .await
             .unwrap()
@@ -140,7 +126,8 @@ async fn a_killed_connection_fails_submits_until_reconnected_and_nothing_is_writ
     let s = migrated("kill").await;
     let app = s.name.clone();
     let mut settings = s.settings();
-    settings.url = format!("{}?application_name={app}", url());
+    let sep = if url().contains('?') { '&' } else { '?' };
+    settings.url = format!("{}{sep}application_name={app}", url());
     let j = PgJournal::open(settings, key(1), "daemon-a").await.unwrap();
     let admin = client().await.unwrap();
     let mut ok: Vec<(u64, tollgate_core::Digest)> = Vec::new();
@@ -173,7 +160,7 @@ async fn a_killed_connection_fails_submits_until_reconnected_and_nothing_is_writ
             .collect();
         if let Some(tx) = lock {
             assert!(
-                wait_for_lock_wait(&admin, "entries").await,
+                wait_for_lock_wait(&admin, &s.name).await,
                 "the batch never blocked"
             );
             let n: i64 = admin
@@ -292,4 +279,100 @@ async fn an_entry_that_does_not_encode_is_refused_and_the_chain_goes_on() {
     .unwrap();
     assert_eq!(kinds, [1]);
     let _ = Event::from(verdict("s", 1));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_down_refuses_everything_until_it_is_back() {
+    let s = migrated("down").await;
+    let switch = Switch::start().await;
+    let mut settings = s.settings();
+    settings.url = switch.url();
+    let j = PgJournal::open(settings.clone(), key(1), "daemon-a")
+        .await
+        .unwrap();
+    let idle = PgJournal::open(settings, key(2), "daemon-b").await.unwrap();
+    let mut acked = 0i64;
+    let mut seq = 0u64;
+    for _ in 0..10 {
+        seq += 1;
+        j.submit(verdict("s", seq)).await.unwrap();
+        acked += 1;
+    }
+    switch.down();
+    // While it is down, nothing is acknowledged, and settles fail too.
+    for _ in 0..20 {
+        seq += 1;
+        assert!(j.submit(verdict("s", seq)).await.is_err());
+    }
+    assert!(tollgate_store::Arbiter::settle(&j, "x", 1).await.is_err());
+    assert!(!j.is_healthy());
+    // A journal shut down while the server is away stops anyway.
+    idle.close().await.unwrap();
+    switch.up();
+    // Back: submissions succeed again (bounded wait for the reconnect).
+    let mut back = false;
+    for _ in 0..1000 {
+        seq += 1;
+        if j.submit(verdict("s", seq)).await.is_ok() {
+            acked += 1;
+            back = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert!(back, "never served again");
+    for _ in 0..10 {
+        seq += 1;
+        j.submit(verdict("s", seq)).await.unwrap();
+        acked += 1;
+    }
+    j.close().await.unwrap();
+    let c = client().await.unwrap();
+    assert_eq!(
+        count(&c, &s.name, "entries WHERE chain_id = 'daemon-a'").await,
+        acked
+    );
+    let reports = verify_all(&s.name).await;
+    assert!(reports.iter().all(|r| r.result.is_ok()), "{reports:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_whose_answer_is_lost_is_found_and_not_written_twice() {
+    let s = migrated("lostack").await;
+    let switch = Switch::start().await;
+    let mut settings = s.settings();
+    settings.url = switch.url();
+    let j = PgJournal::open(settings, key(1), "daemon-a").await.unwrap();
+    j.submit(verdict("s", 1)).await.unwrap();
+    // The server commits entry 1, but the journal never hears it: the batch fails.
+    switch.arm_lost_commit();
+    let e = j.submit(verdict("s", 2)).await.unwrap_err();
+    assert!(matches!(e, StoreError::Journal { .. }), "{e}");
+    assert_eq!(
+        switch.swallowed.load(std::sync::atomic::Ordering::SeqCst),
+        1
+    );
+    // After the reconnect the chain goes on after the committed entry (bounded wait).
+    let mut next = None;
+    for _ in 0..1000 {
+        if let Ok(Some(a)) = j.submit(verdict("s", 3)).await {
+            next = Some(a);
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let next = next.expect("never served again");
+    assert_eq!(next.index, 2, "the lost batch holds index 1");
+    let st = j.pg_stats();
+    assert_eq!(st.lost_acks, 1);
+    // The change whose answer was lost holds its place: settling it finds its entry.
+    assert_eq!(
+        tollgate_store::Arbiter::settle(&j, "s", 2).await.unwrap(),
+        tollgate_store::Settled::Entry
+    );
+    j.close().await.unwrap();
+    let c = client().await.unwrap();
+    assert_eq!(count(&c, &s.name, "entries").await, 3);
+    let reports = verify_all(&s.name).await;
+    assert_eq!(reports[0].result.as_ref().unwrap().entries, 3);
 }

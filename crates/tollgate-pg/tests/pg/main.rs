@@ -11,4 +11,5 @@ mod common;
 mod journal;
 mod schema;
 mod settle;
+mod tls;
 mod verify;

@@ -14,7 +14,7 @@ async fn migrations_are_idempotent() {
         first.role,
         RoleOutcome::Created | RoleOutcome::Existed
     ));
-    let again = migrate(&mut c, &s.name).await.unwrap();
+    let again = tollgate_pg::migrate_with(&s.settings()).await.unwrap();
     assert_eq!(again.from, SCHEMA_VERSION);
     assert!(again.applied.is_empty());
     assert_eq!(again.role, RoleOutcome::Existed);
@@ -124,4 +124,22 @@ async fn a_journal_needs_a_migrated_schema() {
         .await
         .unwrap_err();
     assert!(matches!(e, tollgate_pg::PgError::NotMigrated(_)), "{e}");
+}
+
+#[test]
+fn outside_a_tokio_runtime_is_an_error_not_a_panic() {
+    use std::future::Future as _;
+    use std::task::{Context, Poll, Waker};
+    let settings = tollgate_pg::PgSettings::new(url());
+    let mut f = std::pin::pin!(tollgate_pg::connect(&settings));
+    let mut cx = Context::from_waker(Waker::noop());
+    assert!(matches!(
+        f.as_mut().poll(&mut cx),
+        Poll::Ready(Err(tollgate_pg::PgError::NoRuntime))
+    ));
+    let mut g = std::pin::pin!(tollgate_pg::PgJournal::open(settings.clone(), key(1), "c"));
+    assert!(matches!(
+        g.as_mut().poll(&mut cx),
+        Poll::Ready(Err(tollgate_pg::PgError::NoRuntime))
+    ));
 }

@@ -170,8 +170,8 @@ async fn settle_and_commit_in_flight_together_leave_exactly_one_holder() {
     for _ in 0..1000 {
         let n: i64 = watcher
             .query_one(
-                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%claims%'",
-                &[],
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE $1",
+                &[&format!("%{}%", s.name)],
             )
             .await
             .unwrap()
@@ -191,6 +191,8 @@ async fn settle_and_commit_in_flight_together_leave_exactly_one_holder() {
         (Err(e), Settled::Void) => assert!(e.to_string().contains("void"), "{e}"),
         (c, st) => panic!("inconsistent: entry {c:?}, settled {st:?}"),
     }
+    // The loser rolled back and tried again.
+    assert_eq!(j.pg_stats().conflicts + k.pg_stats().conflicts, 1);
     j.close().await.unwrap();
     k.close().await.unwrap();
     let c = client().await.unwrap();

@@ -109,3 +109,64 @@ async fn given_keys_are_trusted_and_a_wrong_one_is_a_break() {
         .unwrap_err();
     assert_eq!(e, tollgate_pg::PgError::NoSuchChain("nope".into()));
 }
+
+#[tokio::test]
+async fn swapped_rows_are_a_reordered_entry() {
+    let s = chain_of(6).await;
+    let c = client().await.unwrap();
+    // Swap the records of rows 2 and 3 (the rows keep their idx).
+    c.batch_execute(&format!(
+        "ALTER TABLE \"{n}\".entries DISABLE TRIGGER USER;
+         UPDATE \"{n}\".entries e SET record = o.record
+           FROM \"{n}\".entries o
+          WHERE e.chain_id = o.chain_id AND ((e.idx = 2 AND o.idx = 3) OR (e.idx = 3 AND o.idx = 2));
+         ALTER TABLE \"{n}\".entries ENABLE TRIGGER USER;",
+        n = s.name
+    ))
+    .await
+    .unwrap();
+    let r = verify_all(&s.name).await;
+    let b = r[0].result.as_ref().unwrap_err();
+    assert_eq!(b.index, Some(2));
+    assert_eq!(
+        b.kind,
+        BreakKind::ReorderedEntry {
+            expected: 2,
+            found: 3
+        }
+    );
+}
+
+#[tokio::test]
+async fn a_replaced_registered_key_breaks_the_header() {
+    // Someone swaps the chain's registered key for theirs: without --key the verifier
+    // trusts the table's key, and the signed header (and every record) disagrees.
+    let s = chain_of(2).await;
+    let c = client().await.unwrap();
+    let forged = key(7).verifying_key();
+    c.execute(
+        &format!(
+            "ALTER TABLE \"{n}\".chains DISABLE TRIGGER USER",
+            n = s.name
+        ),
+        &[],
+    )
+    .await
+    .unwrap();
+    c.execute(
+        &format!("UPDATE \"{}\".chains SET public_key = $1", s.name),
+        &[&forged.as_bytes().as_slice()],
+    )
+    .await
+    .unwrap();
+    let r = verify_all(&s.name).await;
+    let b = r[0].result.as_ref().unwrap_err();
+    assert_eq!(b.index, None);
+    assert_eq!(
+        b.kind,
+        BreakKind::UnknownKey {
+            expected: KeyId::of(forged.as_bytes()),
+            found: KeyId::of(key(1).verifying_key().as_bytes())
+        }
+    );
+}
