@@ -346,11 +346,16 @@ struct OwnDaemon {
 }
 
 impl OwnDaemon {
-    /// `fleet`: this daemon's place in a fleet (its number, and the shared tables).
-    fn prepare(dir: &Path, args: &Args, fleet: Option<(u16, &str)>) -> anyhow::Result<OwnDaemon> {
+    /// `fleet`: this daemon's place in a fleet: its number, the `[state]` table, and the
+    /// `[audit]` keys of the PostgreSQL sink.
+    fn prepare(
+        dir: &Path,
+        args: &Args,
+        fleet: Option<(u16, &str, &str)>,
+    ) -> anyhow::Result<OwnDaemon> {
         // A random secret, mode 0600, in <dir>/secrets/bench.secret (shared by a fleet).
         let secret = tollgate_daemon::org_secret(dir, ORG)?;
-        let n = fleet.map_or(String::new(), |(i, _)| format!("-{i}"));
+        let n = fleet.map_or(String::new(), |(i, _, _)| format!("-{i}"));
         let config_file = dir.join(format!("bench{n}.toml"));
         let pki = if args.grpc {
             Some(grpc_pki(dir, &args.agent)?)
@@ -358,9 +363,20 @@ impl OwnDaemon {
             None
         };
         let mut text = config_text(args, pki.as_ref());
-        if let Some((_, tables)) = fleet {
+        if let Some((_, state, sink)) = fleet {
+            // A fleet's organizations name both secrets, the same on every daemon.
             tollgate_daemon::org_secret(dir, &format!("{ORG}.operator"))?;
-            text.push_str(tables);
+            text = text
+                .replacen("[audit]\n", &format!("[audit]\n{sink}"), 1)
+                .replacen(
+                    &format!("secret_file = \"secrets/{ORG}.secret\"\n"),
+                    &format!(
+                        "secret_file = \"secrets/{ORG}.secret\"\n\
+                         operator_secret_file = \"secrets/{ORG}.operator.secret\"\n"
+                    ),
+                    1,
+                );
+            text.push_str(state);
         }
         std::fs::write(&config_file, text)
             .with_context(|| format!("writing {}", config_file.display()))?;
@@ -530,19 +546,7 @@ fn fleet(
     let mut sockets = Vec::new();
     let mut secret = Vec::new();
     for i in 0..args.daemons {
-        let mut own = OwnDaemon::prepare(dir, args, Some((i, &state)))?;
-        // Put the sink into the [audit] table config_text wrote.
-        let text = std::fs::read_to_string(&own.config_file)?
-            .replacen("[audit]\n", &format!("[audit]\n{sink}"), 1)
-            .replace(
-                &format!("secret_file = \"secrets/{ORG}.secret\"\n"),
-                &format!(
-                    "secret_file = \"secrets/{ORG}.secret\"\noperator_secret_file = \"secrets/{ORG}.operator.secret\"\n"
-                ),
-            );
-        std::fs::write(&own.config_file, text)?;
-        own.config = DaemonConfig::load(&own.config_file)?;
-        own.config.data_dir.clone_from(&own.data_dir);
+        let own = OwnDaemon::prepare(dir, args, Some((i, &state, &sink)))?;
         let mut serve = Serve::spawn(&own)?;
         serve.wait_listening(&own.config.socket_path())?;
         sockets.push(own.config.socket_path());
