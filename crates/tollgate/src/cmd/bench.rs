@@ -523,7 +523,10 @@ fn fleet(
     args: &Args,
 ) -> anyhow::Result<ExitCode> {
     let (Some(redis), Some(postgres)) = (&args.redis, &args.postgres) else {
-        anyhow::bail!("--daemons {} needs --redis URL and --postgres URL", args.daemons);
+        anyhow::bail!(
+            "--daemons {} needs --redis URL and --postgres URL",
+            args.daemons
+        );
     };
     let run = format!(
         "{}_{}",
@@ -576,6 +579,10 @@ fn fleet(
             stopped = Err(e);
         }
     }
+    // Leave nothing behind: the run's schema and keys are the bench's own.
+    if let Err(e) = rt.block_on(clean_up(redis, postgres, &run)) {
+        eprintln!("tollgate bench: cleaning up: {e:#}");
+    }
     let report = report?;
     report.print(
         plan,
@@ -589,6 +596,37 @@ fn fleet(
     );
     stopped?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// Drop the run's schema (`bench_<run>`) and delete its Redis keys (`tgbench<run>*`).
+async fn clean_up(redis: &str, postgres: &str, run: &str) -> anyhow::Result<()> {
+    let settings = tollgate_pg::PgSettings::new(postgres);
+    let client = tollgate_pg::connect(&settings).await?;
+    client
+        .batch_execute(&format!("DROP SCHEMA IF EXISTS bench_{run} CASCADE"))
+        .await
+        .context("dropping the bench's schema")?;
+    let mut c = redis::Client::open(redis)?
+        .get_multiplexed_async_connection()
+        .await?;
+    let mut cursor: u64 = 0;
+    loop {
+        let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(format!("tgbench{run}*"))
+            .arg("COUNT")
+            .arg(1000)
+            .query_async(&mut c)
+            .await?;
+        if !keys.is_empty() {
+            let () = redis::cmd("DEL").arg(&keys).query_async(&mut c).await?;
+        }
+        if next == 0 {
+            return Ok(());
+        }
+        cursor = next;
+    }
 }
 
 /// Redis's total commands processed and EVALSHA calls so far (`INFO`).

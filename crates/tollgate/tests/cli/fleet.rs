@@ -56,6 +56,8 @@ struct Fleet {
     daemons: Vec<Option<Serve>>,
     pg_url: String,
     schema: String,
+    redis_url: String,
+    prefix: String,
 }
 
 impl Fleet {
@@ -67,6 +69,8 @@ impl Fleet {
             daemons: Vec::new(),
             pg_url: pg_url.to_owned(),
             schema: schema.clone(),
+            redis_url: redis_url.to_owned(),
+            prefix: prefix.clone(),
         };
         for i in 0..DAEMONS {
             let dir = root.join(format!("d{i}"));
@@ -142,6 +146,46 @@ operator_secret = "fleet-test-operators-secret-0123456789"
                 assert!(d.terminate().success(), "a daemon did not stop cleanly");
             }
         }
+    }
+}
+
+/// The daemons are killed (by `Serve`'s own drop) and the run's schema and keys go: the
+/// shared servers keep nothing of a test.
+impl Drop for Fleet {
+    fn drop(&mut self) {
+        for d in self.daemons.iter_mut() {
+            drop(d.take());
+        }
+        let (pg, schema, redis, prefix) = (
+            self.pg_url.clone(),
+            self.schema.clone(),
+            self.redis_url.clone(),
+            self.prefix.clone(),
+        );
+        // On a thread of its own: a test's runtime may be on this one.
+        let _ = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async {
+                if let Ok(c) = tollgate_pg::connect(&tollgate_pg::PgSettings::new(&pg)).await {
+                    let _ = c
+                        .batch_execute(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE"))
+                        .await;
+                }
+            });
+            if let Ok(mut c) = redis::Client::open(redis).and_then(|c| c.get_connection()) {
+                let keys: Vec<String> = redis::cmd("KEYS")
+                    .arg(format!("{prefix}*"))
+                    .query(&mut c)
+                    .unwrap_or_default();
+                if !keys.is_empty() {
+                    let _: redis::RedisResult<()> = redis::cmd("DEL").arg(&keys).query(&mut c);
+                }
+            }
+        })
+        .join();
     }
 }
 
