@@ -1786,6 +1786,18 @@ mod tests {
         assert!(shown.contains("tg:***@db"), "{shown}");
     }
 
+    /// The README's and docs/fleet.md's example parses as a fleet member's configuration.
+    #[test]
+    fn the_example_fleet_configuration_parses() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("acme.secret"), "0123456789abcdef0123\n").unwrap();
+        std::fs::write(dir.path().join("acme.ops"), "fedcba9876543210fedc\n").unwrap();
+        let text = include_str!("../../../examples/fleet.toml");
+        let c = DaemonConfig::from_toml(text, dir.path()).unwrap();
+        assert!(matches!(c.state.backend, StateBackend::Redis(_)));
+        assert!(matches!(c.audit.sink, AuditSink::Postgres(_)));
+    }
+
     #[test]
     fn fleet_mistakes_are_named() {
         let err = |t: &str| {

@@ -114,3 +114,24 @@ fn the_postgres_sink_knows_the_journal_and_the_database_only() {
         ],
     );
 }
+
+#[test]
+fn the_redis_store_knows_the_store_contract_and_redis_only() {
+    // The Redis session store: the store's trait and records, the audit events it hands to
+    // its journal, the Redis client and rustls with ring. It decides nothing itself (the
+    // daemon's closure does) and knows no daemon, protobuf or PostgreSQL.
+    assert_only(
+        "tollgate-redis",
+        &[
+            "tollgate-core",
+            "tollgate-audit",
+            "tollgate-store",
+            "tokio",
+            "tracing",
+            "redis",
+            "getrandom",
+            "uuid",
+            "rustls",
+        ],
+    );
+}

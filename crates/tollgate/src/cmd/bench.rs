@@ -1178,7 +1178,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let agent = "we\"ird\\agent\u{1}.x";
         let a = args(&["--sessions", "5000", "--fsync", "never", "--agent", agent]);
-        let own = OwnDaemon::prepare(dir.path(), &a).unwrap();
+        let own = OwnDaemon::prepare(dir.path(), &a, None).unwrap();
         let c = &own.config;
         assert_eq!(c.data_dir, dir.path().join("data"));
         assert_eq!(c.audit.fsync, "never");
