@@ -5,8 +5,10 @@
 //!
 //! Every decision and every expiry is a state change made through `tollgate_store::ops`,
 //! audited and durable before anyone is told. The params shown to operators are kept in
-//! memory only: after a restart a held call shows its digest, and says its params are not
-//! known, until its agent sends them again.
+//! memory and, when the store is shared by several daemons, as the session's note in the
+//! store (`SessionStore::set_note`), so every daemon shows them; after a single daemon's
+//! restart a held call shows its digest, and says its params are not known, until its agent
+//! sends them again.
 
 use std::time::Duration;
 
@@ -26,7 +28,10 @@ use crate::service::{lock, not_found, refuse, Caller, Refusal, Service, SessionI
 pub const MAX_PARAMS_BYTES: usize = 64 * 1024;
 
 /// What operators see of a held call beyond its state, and a modify's successor params.
-#[derive(Debug, Clone, Default)]
+/// Kept in the daemon's memory and, for the daemons sharing a store, as the session's note
+/// (JSON of this struct), so a call held through one daemon shows its params on another,
+/// and an agent waiting on one daemon gets a successor decided through another.
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
 pub(crate) struct HeldParams {
     /// The held call's number.
     pub call_number: u64,
@@ -128,6 +133,74 @@ impl<S: SessionStore> Service<S> {
         requested_at_ns.saturating_add(self.hitl_timeout_ns())
     }
 
+    /// Write the session's held-call params (as this daemon knows them) to the store's
+    /// note, for the other daemons sharing the store. Best effort: a failure is logged, and
+    /// the other daemons then show the digest alone.
+    async fn publish_held(&self, session_id: &str) {
+        let held = lock(&self.held).get(session_id).cloned();
+        let Some(held) = held else { return };
+        let Ok(bytes) = serde_json::to_vec(&held) else {
+            return;
+        };
+        if let Err(e) = self.store.set_note(session_id, bytes).await {
+            tracing::warn!(%session_id, error = %e, "a held call's params could not be shared");
+        }
+    }
+
+    /// Take what another daemon sharing the store knows of the session's held call (its
+    /// params, a modify's successor) into this daemon's memory, where this daemon has less.
+    async fn refresh_held(&self, session_id: &str) {
+        let Ok(Some(bytes)) = self.store.note(session_id).await else {
+            return;
+        };
+        let Ok(theirs) = serde_json::from_slice::<HeldParams>(&bytes) else {
+            tracing::warn!(%session_id, "a shared note that does not decode is ignored");
+            return;
+        };
+        let mut held = lock(&self.held);
+        let mine = held.entry(session_id.to_owned()).or_default();
+        if theirs.call_number > mine.call_number {
+            // A later held call than this daemon has seen.
+            *mine = theirs;
+        } else if theirs.call_number == mine.call_number {
+            if mine.params_json.is_none() {
+                mine.params_json = theirs.params_json;
+            }
+            if mine.successor_json.is_none() {
+                mine.successor_json = theirs.successor_json;
+            }
+        }
+    }
+
+    /// Before a modify is applied: keep its successor's params with the held call's, here
+    /// and in the shared note. The held call is the session's pending one; a modify that
+    /// then fails leaves a successor nobody reads (only a `modify` outcome shows one).
+    async fn keep_successor(&self, session_id: &str, json: &str) -> Result<(), Refusal> {
+        let Some(call_number) = self
+            .store
+            .get(session_id)
+            .await
+            .map_err(|e| refuse(ErrorCode::DaemonUnavailable, e.to_string()))?
+            .and_then(|s| s.state.pending.map(|p| p.call_number))
+        else {
+            return Ok(());
+        };
+        self.refresh_held(session_id).await;
+        {
+            let mut held = lock(&self.held);
+            let h = held.entry(session_id.to_owned()).or_default();
+            if h.call_number != call_number {
+                *h = HeldParams {
+                    call_number,
+                    ..Default::default()
+                };
+            }
+            h.successor_json = Some(json.to_owned());
+        }
+        self.publish_held(session_id).await;
+        Ok(())
+    }
+
     /// A session's held call as operators see it.
     fn pending_view(&self, s: &Session) -> Option<sp1::HitlPending> {
         let p = s.state.pending.as_ref()?;
@@ -154,6 +227,7 @@ impl<S: SessionStore> Service<S> {
         let Ok(Some(s)) = self.store.get(session_id).await else {
             return;
         };
+        self.refresh_held(session_id).await;
         if let Some(view) = self.pending_view(&s) {
             let _ = self.events.send(HitlEvent::Held(Box::new(view)));
         } else {
@@ -179,6 +253,9 @@ impl<S: SessionStore> Service<S> {
             .pending_hitl(Some(org))
             .await
             .map_err(|e| refuse(ErrorCode::DaemonUnavailable, e.to_string()))?;
+        for s in &sessions {
+            self.refresh_held(&s.meta.session_id).await;
+        }
         Ok(sp1::HitlListResponse {
             pending: sessions
                 .iter()
@@ -244,6 +321,12 @@ impl<S: SessionStore> Service<S> {
         let word = decision.as_str().to_owned();
         if r.note.len() > 1024 {
             return Err(refuse(ErrorCode::InvalidRequest, "note over 1024 bytes"));
+        }
+        if let Some(json) = &successor_json {
+            // The successor's params reach the shared note before the decision reaches
+            // the shared state, so an agent waiting on another daemon never reads a
+            // modify without them.
+            self.keep_successor(&r.session_id, json).await?;
         }
         let operator = operator_id.clone();
         let note = r.note.clone();
@@ -348,6 +431,7 @@ impl<S: SessionStore> Service<S> {
             }
             h.params_json = Some(canonical);
         }
+        self.publish_held(&r.session_id).await;
         self.announce_held(&info, &r.session_id).await;
         Ok(sp1::HeldParamsAck {
             session_id: r.session_id,
@@ -415,6 +499,7 @@ impl<S: SessionStore> Service<S> {
                 .await
                 .map_err(|e| refuse(ErrorCode::DaemonUnavailable, e.to_string()))?
                 .ok_or_else(|| not_found(&r.session_id))?;
+            self.refresh_held(&r.session_id).await;
             if let Some(out) = self.outcome_of(&s, r.call_number) {
                 return Ok(out);
             }

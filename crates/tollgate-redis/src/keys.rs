@@ -61,6 +61,11 @@ impl Keys {
         format!("{}:loc:{id}", self.prefix)
     }
 
+    /// A session's note (a held call's params, for other daemons).
+    pub fn note(&self, id: &str) -> String {
+        format!("{}:note:{id}", self.prefix)
+    }
+
     /// The set of live session ids.
     pub fn idx(&self) -> String {
         format!("{}:idx", self.prefix)

@@ -15,7 +15,7 @@ use tollgate_core::{SessionState, UnixNanos};
 use tollgate_store::record::encode_budget;
 use tollgate_store::{
     ops, Arbiter, Budget, BudgetKey, Change, Durable, Journal, Session, SessionStore, Settled,
-    StoreError, MAX_ID_BYTES,
+    StoreError, MAX_ID_BYTES, MAX_NOTE_BYTES,
 };
 
 use crate::cas::{
@@ -1390,5 +1390,40 @@ impl SessionStore for RedisStore {
     fn close(&self) -> impl Future<Output = Result<(), StoreError>> + Send {
         self.inner.closed.store(true, Ordering::Release);
         std::future::ready(Ok(()))
+    }
+
+    fn note(&self, id: &str) -> impl Future<Output = Result<Option<Vec<u8>>, StoreError>> + Send {
+        let key = self.inner.keys.note(id);
+        async move {
+            let mut p = redis::pipe();
+            p.cmd("GET").arg(key);
+            let mut r = self.inner.send_store(&p, 1, "note").await?;
+            match r.pop().unwrap_or(Value::Nil) {
+                Value::Nil => Ok(None),
+                v => bytes_of(v, MAX_NOTE_BYTES).map(Some),
+            }
+        }
+    }
+
+    fn set_note(
+        &self,
+        id: &str,
+        note: Vec<u8>,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        let key = self.inner.keys.note(id);
+        async move {
+            if note.len() > MAX_NOTE_BYTES {
+                return Err(StoreError::Backend {
+                    op: "note",
+                    message: format!("a note holds at most {MAX_NOTE_BYTES} bytes"),
+                });
+            }
+            self.inner.check_open()?;
+            // It lives as long as an ended session's keys do.
+            let ttl = u64::try_from(self.inner.opts.session_ttl.as_millis()).unwrap_or(u64::MAX);
+            let mut p = redis::pipe();
+            p.cmd("SET").arg(key).arg(note).arg("PX").arg(ttl.max(1));
+            self.inner.send_store(&p, 1, "note").await.map(|_| ())
+        }
     }
 }

@@ -354,4 +354,27 @@ pub trait SessionStore: Send + Sync + 'static {
 
     /// Refuse further changes and stop (graceful shutdown). Idempotent.
     fn close(&self) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// The note kept beside session `id` for the daemons that share the store (the daemon
+    /// keeps a held call's params there, so operators and waiting agents on other daemons
+    /// see them), or `None`. A note is not session state: not audited, not folded, gone
+    /// with the session. A store that no other daemon reads keeps none: `Ok(None)`.
+    fn note(&self, id: &str) -> impl Future<Output = Result<Option<Vec<u8>>, StoreError>> + Send {
+        let _ = id;
+        std::future::ready(Ok(None))
+    }
+
+    /// Replace session `id`'s note (at most [`MAX_NOTE_BYTES`]). A store that no other
+    /// daemon reads keeps none and does nothing.
+    fn set_note(
+        &self,
+        id: &str,
+        note: Vec<u8>,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        let _ = (id, note);
+        std::future::ready(Ok(()))
+    }
 }
+
+/// The largest note [`SessionStore::set_note`] keeps.
+pub const MAX_NOTE_BYTES: usize = 256 * 1024;

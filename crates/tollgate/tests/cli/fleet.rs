@@ -32,6 +32,7 @@ use crate::{code, s, text, tollgate};
 const SHARED_REDIS: &str = "redis://127.0.0.1:6379/0";
 const SHARED_PG: &str = "postgres://postgres@127.0.0.1:5432/test";
 const SECRET: &str = "fleet-test-agents-secret-0123456789";
+const OPERATOR_SECRET: &str = "fleet-test-operators-secret-0123456789";
 const BUDGET_NANOS: i64 = 2_000_000_000; // $2
 const AGENTS: usize = 200;
 const DAEMONS: usize = 3;
@@ -100,6 +101,9 @@ budget_usd = 2.0
 budget_scope = "per_organization"
 settlement = "actual"
 max_repeat_calls = 0
+
+[guard.agents.reviewed]
+hitl_mode = "always"
 
 [[organization]]
 id = "acme"
@@ -574,4 +578,63 @@ fn a_postgres_stop_mid_load_refuses_verdicts_and_loses_no_acknowledged_entry() {
     assert!(seen.answered > 0, "service resumed");
     rt.block_on(check(&fleet, &alive, &agents, &seen));
     fleet.stop_all();
+}
+
+#[test]
+fn a_call_held_through_one_daemon_is_modified_through_another() {
+    let tmp = tempfile::tempdir().unwrap();
+    let fleet = Fleet::start(tmp.path(), SHARED_REDIS, SHARED_PG);
+    let rt = rt();
+    rt.block_on(async {
+        // The agent is on daemon 0; the operator on daemon 1.
+        let mut agent_cfg = fleet.client_config(0, "acme", 0);
+        agent_cfg.agent_id = "reviewed".into();
+        let agent = DaemonClient::connect(agent_cfg).await.unwrap();
+        let mut op_cfg = fleet.client_config(1, "acme", 0);
+        op_cfg.secret = OPERATOR_SECRET.as_bytes().to_vec();
+        let op = DaemonClient::operator(op_cfg).await.unwrap();
+        let session = agent.session_id().to_owned();
+        let decider = tokio::spawn(async move {
+            // Daemon 1 shows the params the agent sent to daemon 0.
+            let deadline = Instant::now() + Duration::from_secs(15);
+            let held = loop {
+                let listed = op.hitl_list().await.unwrap();
+                if let Some(p) = listed
+                    .into_iter()
+                    .find(|p| p.session_id == session && p.params_known)
+                {
+                    break p;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "daemon 1 never showed the held call's params"
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            };
+            assert_eq!(held.params_json, r#"{"amount":1000,"to":"acct_1"}"#);
+            op.hitl_decide(sp1::HitlDecideRequest {
+                session_id: session,
+                decision: "modify".into(),
+                operator_id: "bob".into(),
+                note: "smaller amount".into(),
+                successor_params_json: r#"{"to":"acct_1","amount":10}"#.into(),
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+        });
+        let p = tollgate_core::json::parse_str(r#"{"to":"acct_1","amount":1000}"#).unwrap();
+        let wait = tollgate_client::HumanWait {
+            timeout: Duration::from_secs(20),
+            ..Default::default()
+        };
+        let r = agent.pre_exec_or_wait("pay", &p, 0.01, wait).await;
+        decider.await.unwrap();
+        // Daemon 0 hands its agent the successor decided through daemon 1.
+        assert_eq!(r.decision, "modify");
+        assert!(r.allowed(), "{r:?}");
+        assert_eq!(r.verdict.reason, "hitl_transition:modify_successor");
+        let edited = tollgate_core::json::parse_str(r#"{"amount":10,"to":"acct_1"}"#).unwrap();
+        assert_eq!(r.params, Some(edited));
+    });
 }

@@ -1,0 +1,22 @@
+//! Arbitrary bytes into everything the store decodes of what it reads back from Redis: an
+//! unconfirmed change's marker, and a session hash with its budget hash (the hash's fields
+//! are the input split at 0xff bytes into names and values). None may panic.
+
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+use tollgate_redis::cas::{budget_from_fields, view_from_fields, Bounds, Fields, Marker};
+
+fuzz_target!(|data: &[u8]| {
+    let _ = Marker::decode(data, 1 << 21);
+    let mut parts = data.split(|b| *b == 0xff);
+    let mut fields = Fields::new();
+    while let (Some(name), Some(value)) = (parts.next(), parts.next()) {
+        fields.insert(String::from_utf8_lossy(name).into_owned(), value.to_vec());
+    }
+    let _ = budget_from_fields(&fields);
+    let bounds = Bounds {
+        max_blob_bytes: 1 << 20,
+    };
+    let _ = view_from_fields(&fields, &fields, bounds, 0);
+});
