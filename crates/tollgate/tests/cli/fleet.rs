@@ -638,3 +638,44 @@ fn a_call_held_through_one_daemon_is_modified_through_another() {
         assert_eq!(r.params, Some(edited));
     });
 }
+
+#[test]
+fn serve_warns_when_redis_persists_less_than_configured() {
+    // The shared Redis keeps nothing on disk (appendonly no); the daemon expects
+    // `appendfsync always` (the default durability) and says so at start.
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let schema = unique("warn");
+    let prefix = unique("tgwarn");
+    std::fs::write(
+        dir.join("fleet.toml"),
+        format!(
+            "[state]\nbackend = \"redis\"\nurl = \"{SHARED_REDIS}\"\nkey_prefix = \"{prefix}\"\n\
+             [audit]\nsink = \"postgres\"\nurl = \"{SHARED_PG}\"\nschema = \"{schema}\"\n\
+             [[organization]]\nid = \"acme\"\nsecret = \"{SECRET}\"\noperator_secret = \"{OPERATOR_SECRET}\"\n"
+        ),
+    )
+    .unwrap();
+    let mut d = Serve::start_with(dir, &["--config", s(&dir.join("fleet.toml"))]);
+    let banner = d.banner();
+    assert!(
+        banner.contains("WARNING: redis persistence is weaker than [state] durability"),
+        "{banner}"
+    );
+    assert!(
+        banner.contains("expected appendonly yes, appendfsync always"),
+        "{banner}"
+    );
+    assert!(banner.contains(&format!("schema `{schema}`")), "{banner}");
+    assert!(d.terminate().success());
+    // The schema the daemon migrated goes with the test.
+    let fleet = Fleet {
+        dirs: Vec::new(),
+        daemons: Vec::new(),
+        pg_url: SHARED_PG.to_owned(),
+        schema,
+        redis_url: SHARED_REDIS.to_owned(),
+        prefix,
+    };
+    drop(fleet);
+}
