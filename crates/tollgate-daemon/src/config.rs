@@ -418,7 +418,8 @@ pub struct RedisSettings {
     pub sweep_interval: Duration,
     /// How old a half-done change must be before a sweep settles it.
     pub grace: Duration,
-    /// A CA certificate (PEM) for `rediss://`, beside the system's roots.
+    /// CA certificates (PEM, at most 1 MiB) for `rediss://`, trusted instead of the
+    /// system's roots.
     pub ca_file: Option<PathBuf>,
 }
 

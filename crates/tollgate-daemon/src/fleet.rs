@@ -23,6 +23,29 @@ pub fn default_chain_id(key: &tollgate_audit::VerifyingKey) -> String {
     format!("key-{}", KeyId::of(key.as_bytes()))
 }
 
+/// A CA certificate file (PEM), at most 1 MiB.
+fn read_pem(path: &std::path::Path) -> Result<Vec<u8>, DaemonError> {
+    use std::io::Read as _;
+    let io = |source| DaemonError::Io {
+        what: "reading the Redis CA certificate",
+        path: path.to_owned(),
+        source,
+    };
+    let mut pem = Vec::new();
+    std::fs::File::open(path)
+        .map_err(io)?
+        .take(1 << 20 | 1)
+        .read_to_end(&mut pem)
+        .map_err(io)?;
+    if pem.len() > 1 << 20 {
+        return Err(io(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            "larger than 1 MiB",
+        )));
+    }
+    Ok(pem)
+}
+
 /// Open the audit chain in PostgreSQL (migrating first unless told not to), then the
 /// Redis store over it, and check Redis's persistence against `durability`.
 pub(crate) async fn open(
@@ -33,13 +56,6 @@ pub(crate) async fn open(
     secrets: &HashMap<String, Vec<u8>>,
     operator_secrets: &HashMap<String, Vec<u8>>,
 ) -> Result<(Arc<Service<RedisStore>>, Vec<String>, String), DaemonError> {
-    if redis.ca_file.is_some() {
-        return Err(DaemonError::Unsupported(
-            "[state] ca_file is not supported yet: for rediss://, put the server's CA in the \
-             system's trust store"
-                .into(),
-        ));
-    }
     let mut settings = PgSettings::new(pg.url.clone()).with_schema(pg.schema.clone());
     settings.ca_file.clone_from(&pg.ca_file);
     if pg.migrate_at_start {
@@ -55,6 +71,9 @@ pub(crate) async fn open(
     tracing::info!(chain = %chain_id, "audit chain open in postgres");
 
     let mut opts = RedisOptions::new(redis.url.clone());
+    if let Some(path) = &redis.ca_file {
+        opts.ca_pem = Some(read_pem(path)?);
+    }
     opts.key_prefix.clone_from(&redis.key_prefix);
     opts.command_timeout = redis.command_timeout;
     opts.session_ttl = redis.session_ttl;

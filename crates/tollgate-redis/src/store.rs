@@ -50,6 +50,9 @@ pub struct RedisOptions {
     pub max_retries: u32,
     /// The largest session record decoded (default 1 MiB).
     pub max_blob_bytes: usize,
+    /// For `rediss://`: the certificate authorities (PEM) that Redis's certificate must
+    /// chain to, instead of the system's roots. `None` (default): the system's roots.
+    pub ca_pem: Option<Vec<u8>>,
 }
 
 impl std::fmt::Debug for RedisOptions {
@@ -65,6 +68,7 @@ impl std::fmt::Debug for RedisOptions {
             .field("sweep_interval", &self.sweep_interval)
             .field("max_retries", &self.max_retries)
             .field("max_blob_bytes", &self.max_blob_bytes)
+            .field("ca_pem", &self.ca_pem.as_ref().map(Vec::len))
             .finish()
     }
 }
@@ -95,7 +99,27 @@ impl RedisOptions {
             sweep_interval: Duration::from_secs(5),
             max_retries: 64,
             max_blob_bytes: 1 << 20,
+            ca_pem: None,
         }
+    }
+}
+
+/// The client for `settings.url`: with `ca_pem`, TLS that trusts exactly those authorities
+/// (the URL must then be `rediss://`).
+fn open_client(settings: &RedisOptions) -> Result<redis::Client, String> {
+    match &settings.ca_pem {
+        None => redis::Client::open(settings.url.as_str()).map_err(|e| e.to_string()),
+        Some(_) if !settings.url.starts_with("rediss://") => {
+            Err("a CA certificate is for TLS: the url must be rediss://".to_owned())
+        }
+        Some(pem) => redis::Client::build_with_tls(
+            settings.url.as_str(),
+            redis::TlsCertificates {
+                client_tls: None,
+                root_cert: Some(pem.clone()),
+            },
+        )
+        .map_err(|e| e.to_string()),
     }
 }
 
@@ -761,8 +785,7 @@ impl RedisStore {
     ) -> Result<RedisStore, StoreError> {
         let keys = Keys::new(&settings.key_prefix).map_err(|e| backend("connect", e))?;
         check_id("daemon_id", &settings.daemon_id)?;
-        let client =
-            redis::Client::open(settings.url.as_str()).map_err(|e| backend("connect", e))?;
+        let client = open_client(&settings).map_err(|e| backend("connect", e))?;
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(settings.command_timeout)
             .set_response_timeout(settings.command_timeout)

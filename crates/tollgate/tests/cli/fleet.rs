@@ -679,3 +679,67 @@ fn serve_warns_when_redis_persists_less_than_configured() {
     };
     drop(fleet);
 }
+
+#[test]
+fn rediss_with_a_private_ca_is_trusted_only_through_ca_file() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let pki = dir.join("pki");
+    let out = tollgate(&["certs", "--out", s(&pki)]);
+    assert_eq!(code(&out), 0, "{}", text(&out));
+    let mut redis = PrivateRedis::start_tls(
+        &dir.join("redis"),
+        &pki.join("server.pem"),
+        &pki.join("server.key"),
+        &pki.join("ca.pem"),
+    );
+    let schema = unique("tls");
+    let prefix = unique("tgtls");
+    let config = |ca: &str| {
+        format!(
+            "[state]\nbackend = \"redis\"\nurl = \"rediss://127.0.0.1:{}/0\"\nkey_prefix = \"{prefix}\"\n\
+             durability = \"none\"\ncommand_timeout_ms = 2000\n{ca}\
+             [audit]\nsink = \"postgres\"\nurl = \"{SHARED_PG}\"\nschema = \"{schema}\"\n\
+             [[organization]]\nid = \"acme\"\nsecret = \"{SECRET}\"\noperator_secret = \"{OPERATOR_SECRET}\"\n",
+            redis.port
+        )
+    };
+    // The system's roots do not know the test CA: the daemon refuses to start, saying why.
+    let refused = dir.join("refused");
+    std::fs::create_dir_all(&refused).unwrap();
+    std::fs::write(refused.join("fleet.toml"), config("")).unwrap();
+    let out = tollgate(&[
+        "serve",
+        "--config",
+        s(&refused.join("fleet.toml")),
+        "--data-dir",
+        s(&refused),
+    ]);
+    assert_ne!(code(&out), 0);
+    assert!(text(&out).contains("state store"), "{}", text(&out));
+    // With ca_file, it serves over TLS.
+    let ok = dir.join("ok");
+    std::fs::create_dir_all(&ok).unwrap();
+    let ca_line = format!("ca_file = {:?}\n", s(&pki.join("ca.pem")));
+    std::fs::write(ok.join("fleet.toml"), config(&ca_line)).unwrap();
+    let daemon = Serve::start_with(&ok, &["--config", s(&ok.join("fleet.toml"))]);
+    let rt = rt();
+    rt.block_on(async {
+        let mut c = ClientConfig::new(ok.join("tollgate.sock"), "acme", SECRET.as_bytes(), "tls");
+        c.timeout = Duration::from_secs(5);
+        let agent = DaemonClient::connect(c).await.unwrap();
+        let p = tollgate_core::json::parse_str(r#"{"q":1}"#).unwrap();
+        let v = agent.pre_exec("search", &p, 0.0).await;
+        assert_eq!(v.verdict, Verdict::Allow, "{v:?}");
+    });
+    assert!(daemon.terminate().success());
+    redis.kill();
+    drop(Fleet {
+        dirs: Vec::new(),
+        daemons: Vec::new(),
+        pg_url: SHARED_PG.to_owned(),
+        schema,
+        redis_url: SHARED_REDIS.to_owned(),
+        prefix,
+    });
+}

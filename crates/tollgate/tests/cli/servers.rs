@@ -27,11 +27,13 @@ fn wait_for_port(port: u16, what: &str) {
     }
 }
 
-/// A `redis-server` with AOF on (`appendfsync always`), in its own directory.
+/// A `redis-server` with AOF on (`appendfsync always`), in its own directory; with `tls`
+/// (certificate, key and CA files), it speaks TLS only on its port.
 pub(crate) struct PrivateRedis {
     child: Option<Child>,
     pub(crate) port: u16,
     dir: PathBuf,
+    tls: Option<[PathBuf; 3]>,
 }
 
 impl PrivateRedis {
@@ -41,6 +43,21 @@ impl PrivateRedis {
             child: None,
             port: free_port(),
             dir: dir.to_owned(),
+            tls: None,
+        };
+        r.restart();
+        r
+    }
+
+    /// The same, speaking TLS only (`--tls-port`), with this certificate and key; clients
+    /// are not asked for certificates.
+    pub(crate) fn start_tls(dir: &Path, cert: &Path, key: &Path, ca: &Path) -> PrivateRedis {
+        std::fs::create_dir_all(dir).unwrap();
+        let mut r = PrivateRedis {
+            child: None,
+            port: free_port(),
+            dir: dir.to_owned(),
+            tls: Some([cert.to_owned(), key.to_owned(), ca.to_owned()]),
         };
         r.restart();
         r
@@ -53,8 +70,20 @@ impl PrivateRedis {
     /// Start it again on the same port and directory (it reloads its AOF).
     pub(crate) fn restart(&mut self) {
         assert!(self.child.is_none(), "already running");
-        let child = Command::new("redis-server")
-            .args(["--port", &self.port.to_string()])
+        let mut command = Command::new("redis-server");
+        match &self.tls {
+            None => command.args(["--port", &self.port.to_string()]),
+            Some([cert, key, ca]) => command
+                .args(["--port", "0", "--tls-port", &self.port.to_string()])
+                .arg("--tls-cert-file")
+                .arg(cert)
+                .arg("--tls-key-file")
+                .arg(key)
+                .arg("--tls-ca-cert-file")
+                .arg(ca)
+                .args(["--tls-auth-clients", "no"]),
+        };
+        let child = command
             .args(["--bind", "127.0.0.1", "--save", ""])
             .args(["--appendonly", "yes", "--appendfsync", "always"])
             .arg("--dir")
