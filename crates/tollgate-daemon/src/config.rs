@@ -184,10 +184,11 @@ struct GuardSection {
     agents: BTreeMap<String, GuardTable>,
 }
 
-/// One guard configuration in TOML; every key optional, falling back to the default guard.
+/// One guard configuration in TOML (`[guard.default]`, `[guard.agents.NAME]`, and `tollgate
+/// mcp`'s `[guard]`); every key optional, falling back to a base guard ([`guard`]).
 #[derive(Debug, Default, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct GuardTable {
+pub struct GuardTable {
     budget_usd: Option<f64>,
     budget_scope: Option<String>,
     max_repeat_calls: Option<u32>,
@@ -1251,7 +1252,9 @@ fn positive<T: PartialOrd + Default + Copy>(
     }
 }
 
-fn guard(t: &GuardTable, base: &GuardConfig, key: &str) -> Result<GuardConfig, ConfigError> {
+/// `base` with the keys `t` sets; a bad value is [`ConfigError::Value`] naming
+/// `<key>.<name>`.
+pub fn guard(t: &GuardTable, base: &GuardConfig, key: &str) -> Result<GuardConfig, ConfigError> {
     let k = |name: &str| format!("{key}.{name}");
     let mut g = base.clone();
     if let Some(b) = t.budget_usd {

@@ -9,7 +9,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::Deserialize;
-use tollgate_core::{BudgetScope, GuardConfig, HitlMode, Money, Ratio, Settlement};
+use tollgate_daemon::config::GuardTable;
+use tollgate_core::{GuardConfig, Money};
 
 /// The largest configuration file read.
 pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
@@ -219,27 +220,6 @@ struct DaemonSection {
     agent_id: Option<String>,
     timeout_ms: Option<u64>,
     share_params: Option<bool>,
-}
-
-/// The same keys as `tollgate serve`'s `[guard.default]`.
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct GuardTable {
-    budget_usd: Option<f64>,
-    budget_scope: Option<String>,
-    max_repeat_calls: Option<u32>,
-    error_amplification: Option<bool>,
-    timeout_seconds: Option<u32>,
-    window_duration_s: Option<u32>,
-    window_max_calls: Option<u32>,
-    max_total_calls: Option<u64>,
-    probabilistic_deny: Option<bool>,
-    deny_jitter_ratio: Option<f64>,
-    hitl_mode: Option<String>,
-    hitl_budget_threshold: Option<f64>,
-    settlement: Option<String>,
-    nonce_window: Option<u32>,
-    max_reservations: Option<u32>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -539,70 +519,13 @@ impl Config {
     }
 }
 
+/// `[guard]`: the same keys, parsed by the same code, as `tollgate serve`'s
+/// `[guard.default]`.
 fn guard(t: &GuardTable, base: &GuardConfig) -> Result<GuardConfig, ConfigError> {
-    let k = |name: &str| format!("guard.{name}");
-    let mut g = base.clone();
-    if let Some(b) = t.budget_usd {
-        g.budget =
-            Money::from_usd_non_negative(b).map_err(|e| bad(k("budget_usd"), e.to_string()))?;
-    }
-    if let Some(s) = &t.budget_scope {
-        g.budget_scope = s
-            .parse::<BudgetScope>()
-            .map_err(|e| bad(k("budget_scope"), e.to_string()))?;
-    }
-    if let Some(v) = t.max_repeat_calls {
-        g.max_repeat_calls = v;
-    }
-    if let Some(v) = t.error_amplification {
-        g.error_amplification = v;
-    }
-    if let Some(v) = t.timeout_seconds {
-        g.timeout_seconds = v;
-    }
-    if let Some(v) = t.window_duration_s {
-        g.window_duration_s = v;
-    }
-    if let Some(v) = t.window_max_calls {
-        g.window_max_calls = v;
-    }
-    if let Some(v) = t.max_total_calls {
-        g.max_total_calls = v;
-    }
-    if let Some(v) = t.probabilistic_deny {
-        g.probabilistic_deny = v;
-    }
-    if let Some(v) = t.deny_jitter_ratio {
-        g.deny_jitter_ratio =
-            Ratio::from_f64(v).map_err(|e| bad(k("deny_jitter_ratio"), e.to_string()))?;
-    }
-    if let Some(s) = &t.hitl_mode {
-        g.hitl_mode = s
-            .parse::<HitlMode>()
-            .map_err(|e| bad(k("hitl_mode"), e.to_string()))?;
-    }
-    if let Some(v) = t.hitl_budget_threshold {
-        g.hitl_budget_threshold =
-            Ratio::from_f64(v).map_err(|e| bad(k("hitl_budget_threshold"), e.to_string()))?;
-    }
-    if let Some(s) = &t.settlement {
-        g.settlement = s
-            .parse::<Settlement>()
-            .map_err(|e| bad(k("settlement"), e.to_string()))?;
-    }
-    if let Some(v) = t.nonce_window {
-        if v == 0 {
-            return Err(bad(k("nonce_window"), "must be greater than zero"));
-        }
-        g.nonce_window = v;
-    }
-    if let Some(v) = t.max_reservations {
-        if v == 0 {
-            return Err(bad(k("max_reservations"), "must be greater than zero"));
-        }
-        g.max_reservations = v;
-    }
-    Ok(g)
+    tollgate_daemon::config::guard(t, base, "guard").map_err(|e| match e {
+        tollgate_daemon::config::ConfigError::Value { key, message } => bad(key, message),
+        other => bad("guard", other.to_string()),
+    })
 }
 
 #[cfg(test)]
@@ -659,7 +582,7 @@ mod tests {
         };
         assert_eq!(l.guard.budget, Money(500_000_000));
         assert_eq!(l.guard.max_repeat_calls, 2);
-        assert_eq!(l.guard.hitl_mode, HitlMode::Always);
+        assert_eq!(l.guard.hitl_mode, tollgate_core::HitlMode::Always);
     }
 
     #[test]
