@@ -9,8 +9,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::Deserialize;
-use tollgate_daemon::config::GuardTable;
 use tollgate_core::{GuardConfig, Money};
+use tollgate_daemon::config::GuardTable;
 
 /// The largest configuration file read.
 pub const MAX_CONFIG_BYTES: u64 = 1 << 20;

@@ -13,9 +13,10 @@ use tokio::task::JoinHandle;
 use tollgate_audit::{Appended, SessionEvent, WriteError};
 use tollgate_core::{SessionState, UnixNanos};
 use tollgate_store::record::encode_budget;
+use tollgate_store::{check_id, MAX_ID_BYTES};
 use tollgate_store::{
     ops, Arbiter, Budget, BudgetKey, Change, Durable, Journal, Session, SessionStore, Settled,
-    StoreError, MAX_ID_BYTES, MAX_NOTE_BYTES,
+    StoreError, MAX_NOTE_BYTES,
 };
 
 use crate::cas::{
@@ -274,19 +275,6 @@ fn now_ns() -> i64 {
 
 fn ms(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
-}
-
-fn check_id(field: &'static str, id: &str) -> Result<(), StoreError> {
-    let reason = if id.is_empty() {
-        "empty"
-    } else if id.len() > MAX_ID_BYTES {
-        "longer than 256 bytes"
-    } else if id.chars().any(char::is_control) {
-        "contains a control character"
-    } else {
-        return Ok(());
-    };
-    Err(StoreError::InvalidId { field, reason })
 }
 
 /// A hash from a reply (RESP2 flat array or RESP3 map), bounded.
@@ -895,9 +883,7 @@ impl RedisStore {
     ) -> Result<(SessionState, Durable), StoreError> {
         let inner = &self.inner;
         inner.check_open()?;
-        check_id("session_id", &session.meta.session_id)?;
-        check_id("agent_id", &session.meta.agent_id)?;
-        check_id("organization_id", &session.meta.organization_id)?;
+        session.meta.validate()?;
         let id = session.meta.session_id.clone();
         let group = Keys::group(&session.meta);
         let skey = inner.keys.session(&group, &id);

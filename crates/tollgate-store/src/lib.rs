@@ -191,7 +191,7 @@ pub use embedded::{
 pub use ledger::{Ledger, LedgerError};
 pub use memory::MemoryStore;
 pub use ops::FoldError;
-pub use session::{Budget, BudgetKey, Policy, Session, SessionMeta, MAX_ID_BYTES};
+pub use session::{check_id, Budget, BudgetKey, Policy, Session, SessionMeta, MAX_ID_BYTES};
 
 /// What a check-and-apply closure did to the session.
 // A `Change` lives only between the closure and the store, by value; boxing the record

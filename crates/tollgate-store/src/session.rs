@@ -85,7 +85,9 @@ impl SessionMeta {
         }
     }
 
-    pub(crate) fn validate(&self) -> Result<(), StoreError> {
+    /// Every id is 1 to [`MAX_ID_BYTES`] bytes with no control character
+    /// ([`StoreError::InvalidId`] otherwise): what every store checks at `create`.
+    pub fn validate(&self) -> Result<(), StoreError> {
         check_id("session_id", &self.session_id)?;
         check_id("agent_id", &self.agent_id)?;
         check_id("organization_id", &self.organization_id)?;
@@ -93,7 +95,9 @@ impl SessionMeta {
     }
 }
 
-fn check_id(field: &'static str, id: &str) -> Result<(), StoreError> {
+/// `id` is 1 to [`MAX_ID_BYTES`] bytes with no control character, else
+/// [`StoreError::InvalidId`] naming `field`.
+pub fn check_id(field: &'static str, id: &str) -> Result<(), StoreError> {
     let reason = if id.is_empty() {
         "empty"
     } else if id.len() > MAX_ID_BYTES {

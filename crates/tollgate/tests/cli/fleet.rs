@@ -126,6 +126,18 @@ operator_secret = "fleet-test-operators-secret-0123456789"
         f
     }
 
+    /// No daemons: only what a test left in the shared servers, removed when dropped.
+    fn leftovers(schema: String, prefix: String) -> Fleet {
+        Fleet {
+            dirs: Vec::new(),
+            daemons: Vec::new(),
+            pg_url: SHARED_PG.to_owned(),
+            schema,
+            redis_url: SHARED_REDIS.to_owned(),
+            prefix,
+        }
+    }
+
     fn client_config(&self, daemon: usize, org: &str, agent: usize) -> ClientConfig {
         let mut c = ClientConfig::new(
             self.dirs[daemon].join("tollgate.sock"),
@@ -669,15 +681,7 @@ fn serve_warns_when_redis_persists_less_than_configured() {
     assert!(banner.contains(&format!("schema `{schema}`")), "{banner}");
     assert!(d.terminate().success());
     // The schema the daemon migrated goes with the test.
-    let fleet = Fleet {
-        dirs: Vec::new(),
-        daemons: Vec::new(),
-        pg_url: SHARED_PG.to_owned(),
-        schema,
-        redis_url: SHARED_REDIS.to_owned(),
-        prefix,
-    };
-    drop(fleet);
+    drop(Fleet::leftovers(schema, prefix));
 }
 
 #[test]
@@ -734,12 +738,5 @@ fn rediss_with_a_private_ca_is_trusted_only_through_ca_file() {
     });
     assert!(daemon.terminate().success());
     redis.kill();
-    drop(Fleet {
-        dirs: Vec::new(),
-        daemons: Vec::new(),
-        pg_url: SHARED_PG.to_owned(),
-        schema,
-        redis_url: SHARED_REDIS.to_owned(),
-        prefix,
-    });
+    drop(Fleet::leftovers(schema, prefix));
 }
