@@ -216,3 +216,39 @@ async fn a_call_nobody_decides_expires_and_is_refused() {
     assert_eq!(expired[0].decision.as_str(), "expire");
     assert_eq!(expired[0].operator_id, "tollgate");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn params_over_64_kib_are_neither_shown_nor_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = start(config(dir.path())).await;
+    let agent = connect(&d.socket, "reviewed").await;
+    let op = crate::operator(&d.socket).await;
+    let big = json::parse_str(&format!(r#"{{"blob":"{}"}}"#, "x".repeat(64 * 1024))).unwrap();
+    let v = agent.pre_exec("pay", &big, 0.0).await;
+    assert_eq!(v.verdict, Verdict::Hitl);
+    // Shown: refused as too large, and the console keeps showing the digest alone.
+    let e = agent
+        .send_held_params(v.call_number, &big)
+        .await
+        .unwrap_err();
+    assert_eq!(e.reason(), "fail_closed:message_too_large", "{e:?}");
+    assert!(!listed(&op, agent.session_id()).await.params_known);
+    // Edited into a successor over the bound: refused, nothing decided, still held.
+    let r = op
+        .hitl_decide(sp1::HitlDecideRequest {
+            session_id: agent.session_id().to_owned(),
+            decision: "modify".into(),
+            operator_id: "bob".into(),
+            note: "too big".into(),
+            successor_params_json: format!(r#"{{"blob":"{}"}}"#, "y".repeat(64 * 1024)),
+            ..Default::default()
+        })
+        .await;
+    assert!(r.is_err(), "{r:?}");
+    let still = listed(&op, agent.session_id()).await;
+    assert_eq!(still.transition.unwrap().decision, "");
+    d.stop().await;
+    assert!(!session_events(dir.path())
+        .iter()
+        .any(|e| matches!(e, SessionEvent::HumanDecision(_))));
+}

@@ -623,3 +623,107 @@ async fn a_resume_must_come_back_as_the_session_asked_for() {
         .unwrap_err();
     assert_eq!(e.reason(), "fail_closed:malformed_reply");
 }
+
+/// docs/protocol.md §5.4: a settled post_exec gets no reply (the next reply on the
+/// connection is the next request's), and a refused one gets an `Error` correlated to it,
+/// unsealed when the sender was never authenticated (an unknown session, a wrong key).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_post_exec_is_answered_only_by_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = start(config(dir.path())).await;
+    let c = connect(&d.socket, "research-bot").await;
+    let key = MessageKey::derive(SECRET);
+    let mut raw = UnixStream::connect(&d.socket).await.unwrap();
+    let post = |session: &str, id: &str| Envelope {
+        protocol_version: "1.0.0".into(),
+        message_id: id.into(),
+        payload: Some(Payload::PostExec(sp1::PostExecNotification {
+            session_id: session.to_owned(),
+            call_number: 1,
+            actual_cost_usd: 0.0,
+            success: true,
+            ..Default::default()
+        })),
+        ..Default::default()
+    };
+    // Read one reply, raw, so its seal can be checked.
+    async fn raw_reply(stream: &mut UnixStream) -> Vec<u8> {
+        let mut header = [0u8; 4];
+        tokio::time::timeout(Duration::from_secs(5), stream.read_exact(&mut header))
+            .await
+            .unwrap()
+            .unwrap();
+        let mut body = vec![0u8; frame::body_len(header).unwrap()];
+        stream.read_exact(&mut body).await.unwrap();
+        body
+    }
+    let send = |env: Vec<u8>| frame::frame_bytes(&env).unwrap();
+
+    // An allowed call, settled: no reply; the next reply is the heartbeat's.
+    let allowed = exchange(
+        &mut raw,
+        &seal(&key, &pre_exec_envelope(c.session_id(), 1)).unwrap(),
+    )
+    .await;
+    assert!(matches!(
+        allowed.and_then(|e| e.payload),
+        Some(Payload::PreExecResponse(_))
+    ));
+    raw.write_all(&send(seal(&key, &post(c.session_id(), "p1")).unwrap()))
+        .await
+        .unwrap();
+    let beat = Envelope {
+        protocol_version: "1.0.0".into(),
+        message_id: "h1".into(),
+        payload: Some(Payload::Heartbeat(sp1::Heartbeat {
+            session_id: c.session_id().to_owned(),
+            ..Default::default()
+        })),
+        ..Default::default()
+    };
+    raw.write_all(&send(seal(&key, &beat).unwrap()))
+        .await
+        .unwrap();
+    let next = tollgate_proto::auth::Unverified::decode(&raw_reply(&mut raw).await)
+        .unwrap()
+        .verify(&key)
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        next.correlation_id, "h1",
+        "the settled post_exec got no reply"
+    );
+
+    // An unknown session: SESSION_NOT_FOUND for that post_exec, unsealed (the daemon picks
+    // the key by the session's organization, so it never authenticated the sender).
+    raw.write_all(&send(seal(&key, &post("s_nope", "p2")).unwrap()))
+        .await
+        .unwrap();
+    let refused = Envelope::decode(raw_reply(&mut raw).await.as_slice()).unwrap();
+    assert!(refused.hmac.is_empty());
+    assert_eq!(refused.correlation_id, "p2");
+    assert_eq!(error_code(&Some(refused)), Some(ErrorCode::SessionNotFound));
+
+    // A key the daemon does not know: an unsealed AUTHENTICATION_FAILED, and nothing settled.
+    let wrong = MessageKey::derive(b"not the organization's secret at all");
+    raw.write_all(&send(seal(&wrong, &post(c.session_id(), "p3")).unwrap()))
+        .await
+        .unwrap();
+    let body = raw_reply(&mut raw).await;
+    let unsealed = Envelope::decode(body.as_slice()).unwrap();
+    assert!(unsealed.hmac.is_empty());
+    assert_eq!(unsealed.correlation_id, "p3");
+    assert_eq!(
+        error_code(&Some(unsealed)),
+        Some(ErrorCode::AuthenticationFailed)
+    );
+    d.stop().await;
+    let settled = crate::session_events(dir.path())
+        .into_iter()
+        .filter(|e| matches!(e, tollgate_audit::SessionEvent::Settled(_)))
+        .count();
+    assert_eq!(
+        settled, 1,
+        "only the authenticated post_exec of a real session settled"
+    );
+}
