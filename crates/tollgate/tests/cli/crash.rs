@@ -1,10 +1,11 @@
-//! kill -9 of `tollgate serve` under load, at many points. Agents fire calls (and settle
-//! the allowed ones, now and then with a cost the daemon cannot read) from eight sessions
-//! that share two agent budgets; the daemon is SIGKILLed mid-load, restarted, and every
-//! agent resumes its session and resends the call it never heard back about, with the
-//! same nonce. After each restart, before any new call: the daemon's state is the fold of
-//! its audit log (read with the public key alone) session by session, every budget
-//! reconciles entry by entry, and no nonce was ever ALLOWed twice in a session.
+//! kill -9 of `tollgate serve` under load, at many points (six fixed, six random from a
+//! printed seed). Agents fire calls (and settle the allowed ones, now and then with a cost
+//! the daemon cannot read) from eight sessions that share two agent budgets; the daemon
+//! is SIGKILLed mid-load, restarted, and every agent resumes its session and resends the
+//! call it never heard back about, with the same nonce. After each restart, before any
+//! new call: the daemon's state is the fold of its audit log (read with the public key
+//! alone) session by session, every budget reconciles entry by entry, and no nonce was
+//! ever ALLOWed twice in a session.
 
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
@@ -216,10 +217,34 @@ fn kill_9_under_load_leaves_the_state_the_fold_of_the_log() {
         }
         v
     });
-    // Kill points, in milliseconds of load: early, mid and late relative to the
-    // snapshot interval and count.
+    // Kill points, in milliseconds of load: six fixed ones (early, mid and late relative to
+    // the snapshot interval and count) and six random ones, from a seed printed for a rerun
+    // (TOLLGATE_CRASH_SEED=N reproduces a run).
+    let seed = std::env::var("TOLLGATE_CRASH_SEED")
+        .ok()
+        .and_then(|s| s.parse::<u64>().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos() as u64
+                | 1
+        });
+    eprintln!("kill points from TOLLGATE_CRASH_SEED={seed}");
+    let mut x = seed;
+    let mut random_ms = || {
+        // xorshift64: enough to spread kill points, reproducible from the seed.
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x % 1_500
+    };
+    let points: Vec<u64> = [40u64, 260, 5, 730, 120, 1_100]
+        .into_iter()
+        .chain((0..6).map(|_| random_ms()))
+        .collect();
     let mut resent = 0;
-    for (round, ms) in [40u64, 260, 5, 730, 120, 1_100].into_iter().enumerate() {
+    for (round, ms) in points.into_iter().enumerate() {
         let stop = Arc::new(AtomicBool::new(false));
         let killer = {
             let stop = stop.clone();
