@@ -544,11 +544,13 @@ fn a_redis_restart_mid_load_refuses_then_resumes_with_state_intact() {
     let alive = all_alive();
     let mut agents = rt.block_on(register(&fleet, "acme", 60));
     let fault = redis.clone();
-    let seen = run(&rt, &fleet, &mut agents, &alive, 5, 3, move || {
+    let seen = run(&rt, &fleet, &mut agents, &alive, 7, 3, move || {
         std::thread::sleep(Duration::from_millis(1500));
-        // kill -9 the server: what it acknowledged is in its AOF (fsync always).
+        // kill -9 the server: what it acknowledged is in its AOF (fsync always). Down for
+        // longer than the daemons' command deadline (2 s), so calls in the outage fail
+        // rather than wait it out.
         fault.lock().unwrap().kill();
-        std::thread::sleep(Duration::from_millis(1000));
+        std::thread::sleep(Duration::from_millis(3000));
         fault.lock().unwrap().restart();
     });
     assert!(seen.failed > 0, "calls during the outage are refused");
