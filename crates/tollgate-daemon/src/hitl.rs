@@ -10,6 +10,7 @@
 //! restart a held call shows its digest, and says its params are not known, until its agent
 //! sends them again.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use tollgate_core::json::{self, Limits};
@@ -39,6 +40,23 @@ pub(crate) struct HeldParams {
     pub params_json: Option<String>,
     /// A modify's successor params, canonical, for the agent to run.
     pub successor_json: Option<String>,
+}
+
+/// The daemon's record of call `call_number` held in `session_id`: the one it has, or a
+/// fresh one replacing a record of an earlier held call.
+fn held_call<'a>(
+    held: &'a mut HashMap<String, HeldParams>,
+    session_id: &str,
+    call_number: u64,
+) -> &'a mut HeldParams {
+    let h = held.entry(session_id.to_owned()).or_default();
+    if h.call_number != call_number {
+        *h = HeldParams {
+            call_number,
+            ..Default::default()
+        };
+    }
+    h
 }
 
 /// What happened to a held call, for consoles and waiting agents.
@@ -186,17 +204,8 @@ impl<S: SessionStore> Service<S> {
             return Ok(());
         };
         self.refresh_held(session_id).await;
-        {
-            let mut held = lock(&self.held);
-            let h = held.entry(session_id.to_owned()).or_default();
-            if h.call_number != call_number {
-                *h = HeldParams {
-                    call_number,
-                    ..Default::default()
-                };
-            }
-            h.successor_json = Some(json.to_owned());
-        }
+        held_call(&mut lock(&self.held), session_id, call_number).successor_json =
+            Some(json.to_owned());
         self.publish_held(session_id).await;
         Ok(())
     }
@@ -339,16 +348,15 @@ impl<S: SessionStore> Service<S> {
                     Ok(record) => {
                         // A modify's params are kept before the session's lock is released,
                         // so whoever reads the decision can read them too.
+                        // (`keep_successor` kept them already; this covers a new call held
+                        // between that and this lock.)
                         if let Some(json) = successor_for_agent.clone() {
-                            let mut held = lock(held_map);
-                            let h = held.entry(s.meta.session_id.clone()).or_default();
-                            if h.call_number != record.call_number {
-                                *h = HeldParams {
-                                    call_number: record.call_number,
-                                    ..Default::default()
-                                };
-                            }
-                            h.successor_json = Some(json);
+                            held_call(
+                                &mut lock(held_map),
+                                &s.meta.session_id,
+                                record.call_number,
+                            )
+                            .successor_json = Some(json);
                         }
                         Change::Commit(
                             Ok((s.state.pending.clone(), record.call_number)),
@@ -420,17 +428,8 @@ impl<S: SessionStore> Service<S> {
                 "params do not hash to the held call's args digest",
             ));
         }
-        {
-            let mut held = lock(&self.held);
-            let h = held.entry(r.session_id.clone()).or_default();
-            if h.call_number != r.call_number {
-                *h = HeldParams {
-                    call_number: r.call_number,
-                    ..Default::default()
-                };
-            }
-            h.params_json = Some(canonical);
-        }
+        held_call(&mut lock(&self.held), &r.session_id, r.call_number).params_json =
+            Some(canonical);
         self.publish_held(&r.session_id).await;
         self.announce_held(&info, &r.session_id).await;
         Ok(sp1::HeldParamsAck {
