@@ -151,3 +151,14 @@ def daemon():
 @pytest.fixture
 def data_dir() -> pathlib.Path:
     return REPO / "tests" / "data"
+
+
+def wait_until_held(op, session_id, with_params=True):
+    """Poll the operator's list until the session's call is held and, by default, its
+    params have been shown (no timing threshold: each poll is a round trip; bounded in
+    count)."""
+    for _ in range(10_000):
+        for p in op.pending():
+            if p["session_id"] == session_id and p["decision"] == "" and (p["params"] is not None or not with_params):
+                return p
+    raise AssertionError("the call was never held")

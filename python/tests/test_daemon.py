@@ -11,6 +11,7 @@ import threading
 import pytest
 
 import tollgate
+from conftest import wait_until_held
 
 
 def connect(daemon, agent="bot", **kw):
@@ -20,17 +21,6 @@ def connect(daemon, agent="bot", **kw):
 
 def operator(daemon):
     return tollgate.operator(socket=daemon.socket, secret_file=daemon.operator_secret_file)
-
-
-def wait_until_held(op, session_id, with_params=True):
-    """Poll the operator's list until the session's call is held and, by default, its
-    params have been shown (no timing threshold: each poll is a round trip; bounded in
-    count)."""
-    for _ in range(10_000):
-        for p in op.pending():
-            if p["session_id"] == session_id and p["decision"] == "" and (p["params"] is not None or not with_params):
-                return p
-    raise AssertionError("the call was never held")
 
 
 def test_verdicts_come_from_the_daemon(daemon):

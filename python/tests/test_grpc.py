@@ -13,7 +13,7 @@ import threading
 import pytest
 
 import tollgate
-from conftest import Daemon, make_pki
+from conftest import Daemon, make_pki, wait_until_held
 
 CONFIG = """
     [guard.default]
@@ -57,16 +57,6 @@ def connect(d, agent="grpc-bot", **kw):
 
 def operator(d):
     return tollgate.operator(socket=d.socket, secret_file=d.operator_secret_file)
-
-
-def wait_until_held(op, session_id, with_params=True):
-    """Poll the operator's list (on the socket) until the session's call is held and, by
-    default, its params have been shown (bounded in count, no timing threshold)."""
-    for _ in range(10_000):
-        for p in op.pending():
-            if p["session_id"] == session_id and p["decision"] == "" and (p["params"] is not None or not with_params):
-                return p
-    raise AssertionError("the call was never held")
 
 
 def test_a_check_is_allowed_over_grpc(daemon):
