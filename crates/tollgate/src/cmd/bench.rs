@@ -362,21 +362,14 @@ impl OwnDaemon {
         } else {
             None
         };
-        let mut text = config_text(args, pki.as_ref());
-        if let Some((_, state, sink)) = fleet {
+        let text = config_text(
+            args,
+            pki.as_ref(),
+            fleet.map(|(_, state, sink)| (state, sink)),
+        );
+        if fleet.is_some() {
             // A fleet's organizations name both secrets, the same on every daemon.
             tollgate_daemon::org_secret(dir, &format!("{ORG}.operator"))?;
-            text = text
-                .replacen("[audit]\n", &format!("[audit]\n{sink}"), 1)
-                .replacen(
-                    &format!("secret_file = \"secrets/{ORG}.secret\"\n"),
-                    &format!(
-                        "secret_file = \"secrets/{ORG}.secret\"\n\
-                         operator_secret_file = \"secrets/{ORG}.operator.secret\"\n"
-                    ),
-                    1,
-                );
-            text.push_str(state);
         }
         std::fs::write(&config_file, text)
             .with_context(|| format!("writing {}", config_file.display()))?;
@@ -403,11 +396,6 @@ impl OwnDaemon {
     }
 }
 
-/// The configuration of the daemon the bench starts: organization `bench` with the secret
-/// in `secrets/bench.secret` (beside the file), rate limits and caps raised above anything
-/// the load can reach, the audit fsync policy from `--fsync`, and a guard for the bench's
-/// agent with no budget (every budget rule off: the path is measured, not the policy) and
-/// `max_repeat_calls = 3` (never reached: every call's params are new).
 /// With `--grpc`: what the daemon's configuration and the clients need.
 struct GrpcPki {
     /// The configuration's `[grpc]` table.
@@ -463,8 +451,22 @@ fn grpc_pki(dir: &Path, agent: &str) -> anyhow::Result<GrpcPki> {
     })
 }
 
-fn config_text(args: &Args, grpc: Option<&GrpcPki>) -> String {
+/// The configuration of the daemon the bench starts: organization `bench` with the secret
+/// in `secrets/bench.secret` (beside the file), rate limits and caps raised above anything
+/// the load can reach, the audit fsync policy from `--fsync`, and a guard for the bench's
+/// agent with no budget (every budget rule off: the path is measured, not the policy) and
+/// `max_repeat_calls = 3` (never reached: every call's params are new).
+///
+/// With `fleet` (the `[state]` table and the `[audit]` sink keys): a fleet member, whose
+/// organization also names its operator secret (a fleet's secrets are never generated).
+fn config_text(args: &Args, grpc: Option<&GrpcPki>, fleet: Option<(&str, &str)>) -> String {
     let (grpc_table, org_keys) = grpc.map_or(("", ""), |g| (g.table.as_str(), g.org_keys.as_str()));
+    let (state_table, sink_keys) = fleet.unwrap_or(("", ""));
+    let operator_secret = if fleet.is_some() {
+        format!("operator_secret_file = \"secrets/{ORG}.operator.secret\"\n")
+    } else {
+        String::new()
+    };
     let d = Limits::default();
     let max_sessions = args.sessions.max(d.max_sessions);
     // One connection per session, and room for a few more (a listening check, an operator).
@@ -481,16 +483,19 @@ fn config_text(args: &Args, grpc: Option<&GrpcPki>) -> String {
          \n\
          [audit]\n\
          fsync = {fsync}\n\
+         {sink_keys}\
          \n\
          {grpc_table}\
          [[organization]]\n\
          id = \"{ORG}\"\n\
          secret_file = \"secrets/{ORG}.secret\"\n\
+         {operator_secret}\
          {org_keys}\
          \n\
          [guard.agents.{agent}]\n\
          budget_usd = 0.0\n\
-         max_repeat_calls = 3\n"
+         max_repeat_calls = 3\n\
+         {state_table}"
     )
 }
 

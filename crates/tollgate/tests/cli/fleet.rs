@@ -742,3 +742,63 @@ fn rediss_with_a_private_ca_is_trusted_only_through_ca_file() {
     redis.kill();
     drop(Fleet::leftovers(schema, prefix));
 }
+
+#[test]
+fn bench_loads_a_fleet_and_leaves_nothing_behind() {
+    let out = tollgate(&[
+        "bench",
+        "--daemons",
+        "2",
+        "--redis",
+        SHARED_REDIS,
+        "--postgres",
+        SHARED_PG,
+        "--sessions",
+        "4",
+        "--duration",
+        "1",
+    ]);
+    assert_eq!(code(&out), 0, "{}", text(&out));
+    let report = text(&out);
+    assert!(
+        report.contains("mode: fleet: 2 `tollgate serve` processes"),
+        "{report}"
+    );
+    assert!(report.contains("denied 0"), "{report}");
+    assert!(
+        report.contains("EVALSHA (compare-and-set round trips) per decision"),
+        "{report}"
+    );
+    // The run's schema and keys are gone.
+    let schema = report
+        .split("(schema ")
+        .nth(1)
+        .and_then(|r| r.split(')').next())
+        .unwrap()
+        .to_owned();
+    let rt = rt();
+    rt.block_on(async {
+        let c = tollgate_pg::connect(&tollgate_pg::PgSettings::new(SHARED_PG))
+            .await
+            .unwrap();
+        let n: i64 = c
+            .query_one(
+                "SELECT count(*) FROM information_schema.schemata WHERE schema_name = $1",
+                &[&schema],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(n, 0, "schema {schema} is left behind");
+    });
+    let prefix = schema.replacen("bench_", "tgbench", 1);
+    let mut c = redis::Client::open(SHARED_REDIS)
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{prefix}*"))
+        .query(&mut c)
+        .unwrap();
+    assert!(keys.is_empty(), "{keys:?}");
+}
