@@ -49,12 +49,18 @@ pg_up() {
 
 cargo_args=(--workspace --locked --no-fail-fast)
 skip_args=()
-fleet=1
-redis_up || { lack "Redis on 127.0.0.1:6379" "fleet tests"; fleet=0; }
-pg_up || { lack "PostgreSQL on 127.0.0.1:5432 (trust auth, database test)" "fleet tests"; fleet=0; }
-command -v redis-server >/dev/null || { lack "redis-server" "fleet tests"; fleet=0; }
+fleet_needs=()
+redis_up || fleet_needs+=("Redis on 127.0.0.1:6379")
+pg_up || fleet_needs+=("PostgreSQL on 127.0.0.1:5432 (trust auth, database test)")
+command -v redis-server >/dev/null || fleet_needs+=("redis-server")
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || command -v initdb >/dev/null ||
-  { lack "PostgreSQL's server binaries (initdb)" "fleet tests"; fleet=0; }
+  fleet_needs+=("PostgreSQL's server binaries (initdb)")
+fleet=1
+if [ ${#fleet_needs[@]} -gt 0 ]; then
+  fleet=0
+  joined=$(printf '%s, ' "${fleet_needs[@]}")
+  lack "${joined%, }" "the fleet tests"
+fi
 if [ "$fleet" = 0 ]; then
   cargo_args+=(--exclude tollgate-redis --exclude tollgate-pg)
   skip_args+=(--skip fleet:: --skip pg::)
