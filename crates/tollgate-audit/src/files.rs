@@ -22,6 +22,33 @@ pub fn log_file_name(seq: u64, day: i64) -> String {
     format!("audit-{seq:08}-{y:04}{m:02}{d:02}.log")
 }
 
+/// Create directory `path` and any missing parents, each with exactly `mode` whatever the
+/// process's umask (the mode given to `mkdir` is filtered by the umask, so each directory
+/// created here is then set to `mode`). Directories that already exist are left as they
+/// are. Returns whether `path` itself was created.
+pub fn create_dir_with_mode(path: &Path, mode: u32) -> std::io::Result<bool> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    let mut missing = Vec::new();
+    let mut at = Some(path);
+    while let Some(p) = at {
+        if p.as_os_str().is_empty() || p.is_dir() {
+            break;
+        }
+        missing.push(p);
+        at = p.parent();
+    }
+    let created = !missing.is_empty();
+    for p in missing.into_iter().rev() {
+        match std::fs::DirBuilder::new().mode(mode).create(p) {
+            Ok(()) => std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode))?,
+            // Made by someone else meanwhile: theirs to set.
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && p.is_dir() => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(created)
+}
+
 /// A log file found in a directory.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LogFile {

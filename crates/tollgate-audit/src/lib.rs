@@ -60,8 +60,8 @@ pub use keys::KeyId;
 pub use tail::{read_tail, TailEnd, TailError};
 pub use verify::{verify, Break, BreakKind, Summary, Verifier, VerifyOptions};
 pub use writer::{
-    Appended, Clock, Committed, FsyncPolicy, OpenError, OpenReport, Recovered, Stats, SystemClock,
-    Tap, WriteError, Writer, WriterConfig,
+    Appended, Clock, Committed, FsyncPolicy, Health, OpenError, OpenReport, Recovered, Stats,
+    SystemClock, Tap, WriteError, Writer, WriterConfig,
 };
 
 /// Why files could not be verified.

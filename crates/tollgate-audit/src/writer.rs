@@ -5,14 +5,14 @@
 
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use ed25519_dalek::SigningKey;
 use tollgate_core::Digest;
@@ -100,6 +100,10 @@ pub struct WriterConfig {
     /// Check every signature of the tail file on open (default false: structure and
     /// links only, which is fast).
     pub verify_on_open: bool,
+    /// After a write, sync or rotation failure (a full disk, no descriptor left, an I/O
+    /// error) the writer refuses every entry, then tries to recover this often: see
+    /// [`Writer::health`]. `None`: never (fail-stop: refuse until reopened). Default 1 s.
+    pub heal_interval: Option<Duration>,
     /// The clock.
     pub clock: Arc<dyn Clock>,
 }
@@ -119,6 +123,7 @@ impl WriterConfig {
             checkpoint_every: 10_000,
             checkpoint_interval: Duration::from_secs(60),
             verify_on_open: false,
+            heal_interval: Some(Duration::from_secs(1)),
             clock: Arc::new(SystemClock),
         }
     }
@@ -130,12 +135,20 @@ pub enum WriteError {
     /// The entry cannot be encoded (a field is too long). Nothing was written.
     #[error("entry rejected: {0}")]
     Encode(#[from] EncodeError),
-    /// Writing or syncing failed. The writer stops: every later submission fails too.
+    /// Writing or syncing failed. The writer refuses every later submission until it
+    /// has recovered (see [`Writer::health`]).
     #[error("audit write failed: {0}")]
     Io(String),
-    /// The writer stopped after an earlier I/O error.
-    #[error("audit writer stopped after an earlier error: {0}")]
+    /// The writer refuses entries after an earlier failure, until it has recovered.
+    #[error("the audit log refuses entries after an earlier failure: {0}")]
     Failed(String),
+    /// The entry was submitted with [`Writer::submit_at`] for a generation the writer has
+    /// left: it was computed before the writer recovered from a failure, from a state
+    /// that may hold changes the log lost. Nothing was written.
+    #[error(
+        "the entry was made before the audit log recovered from a failure; it was not written"
+    )]
+    Stale,
     /// The writer thread is gone (shut down, or it died).
     #[error("audit writer is shut down")]
     WriterGone,
@@ -238,8 +251,80 @@ pub struct Committed {
 /// [`Writer::open_with_tap`].
 pub type Tap = Box<dyn FnMut(Vec<Committed>) + Send>;
 
+/// Whether the writer takes entries, as [`Writer::health`] reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Health {
+    /// How many times the writer has recovered since it was opened. An entry submitted
+    /// with [`Writer::submit_at`] is written only at the generation it names.
+    pub generation: u64,
+    /// Why the writer refuses entries now; `None` when it takes them.
+    pub failure: Option<String>,
+    /// The failure will not go away by itself: the log changed under the writer (cut,
+    /// edited, removed) or recovery is off. Only a restart, after an operator has looked,
+    /// gets the writer going again.
+    pub permanent: bool,
+    /// The chain position (the index of the next entry) everything durable reached when
+    /// the writer last opened or recovered.
+    pub recovered_at: u64,
+    /// Failures so far.
+    pub failures: u64,
+}
+
+/// What the writer thread shares with every handle: its health, read without a lock on
+/// the hot path.
+#[derive(Debug, Default)]
+struct Shared {
+    failed: AtomicBool,
+    permanent: AtomicBool,
+    generation: AtomicU64,
+    recovered_at: AtomicU64,
+    failures: AtomicU64,
+    message: Mutex<Option<String>>,
+}
+
+impl Shared {
+    fn message(&self) -> String {
+        self.message
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+            .unwrap_or_default()
+    }
+
+    fn set_message(&self, m: Option<String>) {
+        *self.message.lock().unwrap_or_else(PoisonError::into_inner) = m;
+    }
+}
+
+/// A durable point of the log: where the writer knows every byte before is on disk
+/// (synced, or written under `never`). A recovery cuts the current file back to it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Mark {
+    path: PathBuf,
+    file_seq: u64,
+    len: u64,
+    next_index: u64,
+    last_hash: Digest,
+}
+
+impl Mark {
+    /// Whether `self` is at or past `other` in the log.
+    fn reaches(&self, other: &Mark) -> bool {
+        (self.file_seq, self.len) >= (other.file_seq, other.len)
+    }
+}
+
+/// Why a recovery attempt did not succeed.
+#[derive(Debug)]
+enum Unhealed {
+    /// The cause is still there (no space, no descriptor): try again later.
+    Retry(String),
+    /// The log is not what the writer wrote: only an operator can say what happened.
+    Permanent(String),
+}
+
 enum Msg {
-    Entry(Box<Event>, i64, Completer<Appended>),
+    Entry(Box<Event>, i64, Option<u64>, Completer<Appended>),
     Flush(Completer<()>),
     Checkpoint(Completer<Checkpoint>),
     RotateKey(Box<SigningKey>, Completer<Appended>),
@@ -252,6 +337,7 @@ pub struct Writer {
     tx: SyncSender<Msg>,
     thread: Mutex<Option<JoinHandle<()>>>,
     stats: Arc<Counters>,
+    shared: Arc<Shared>,
 }
 
 /// Counters the writer thread keeps (for metrics and benchmarks).
@@ -338,15 +424,21 @@ impl Writer {
     ) -> Result<(Writer, OpenReport), OpenError> {
         let (mut state, report) = State::open(config, key)?;
         let stats = state.stats.clone();
+        let shared = state.shared.clone();
+        shared
+            .recovered_at
+            .store(state.chain.next_index(), Ordering::Release);
         state.tapping = tap.is_some();
         if state.cfg.fsync == FsyncPolicy::Batch {
-            state.syncer =
-                Some(
-                    Syncer::start(stats.clone(), tap).map_err(|error| OpenError::Io {
-                        path: PathBuf::from("<fsync thread>"),
-                        error,
-                    })?,
-                );
+            let syncer = Syncer::start(stats.clone(), tap).map_err(|error| OpenError::Io {
+                path: PathBuf::from("<fsync thread>"),
+                error,
+            })?;
+            *syncer
+                .durable
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner) = Some(state.mark.clone());
+            state.syncer = Some(syncer);
         } else {
             state.tap = tap;
         }
@@ -363,6 +455,7 @@ impl Writer {
                 tx,
                 thread: Mutex::new(Some(thread)),
                 stats,
+                shared,
             },
             report,
         ))
@@ -383,7 +476,51 @@ impl Writer {
     pub fn submit(&self, event: impl Into<SessionEvent>) -> Pending<Appended> {
         let event = event.into();
         let ts = event.timestamp_ns();
-        self.send(|c| Msg::Entry(Box::new(Event::Session(event)), ts, c))
+        self.send(|c| Msg::Entry(Box::new(Event::Session(event)), ts, None, c))
+    }
+
+    /// [`Writer::submit`], but written only if the writer is still at `generation` (from
+    /// [`Writer::generation`]) when it takes the entry; otherwise it fails with
+    /// [`WriteError::Stale`]. A store that computed the change from its memory uses it:
+    /// after a recovery its memory may hold changes whose entries were lost, and a change
+    /// computed on them must not reach the log (the store reloads the fold of the log
+    /// first, see `tollgate_store`).
+    pub fn submit_at(&self, event: impl Into<SessionEvent>, generation: u64) -> Pending<Appended> {
+        let event = event.into();
+        let ts = event.timestamp_ns();
+        self.send(|c| Msg::Entry(Box::new(Event::Session(event)), ts, Some(generation), c))
+    }
+
+    /// The generation the writer takes entries at, or why it refuses them now. Cheap (two
+    /// atomic loads): for every change a store makes.
+    pub fn generation(&self) -> Result<u64, String> {
+        if self.shared.failed.load(Ordering::Acquire) {
+            return Err(self.shared.message());
+        }
+        Ok(self.shared.generation.load(Ordering::Acquire))
+    }
+
+    /// Whether the writer takes entries, why not, and how often it has recovered.
+    ///
+    /// After a failure to write, sync or rotate (`ENOSPC`, `EMFILE`, `EIO`), every entry
+    /// is refused (callers fail closed) and the writer tries to recover every
+    /// [`WriterConfig::heal_interval`]: it settles every batch already handed to fsync,
+    /// moves what was written after the last durable point (never acknowledged) into
+    /// `torn/` and cuts the file back to that point, re-reads the file and checks that
+    /// it ends exactly where, and with exactly the record hash, the writer knows, records
+    /// the cut with a signed recovery entry, and then takes entries again at the next
+    /// generation. If the file is not what the writer wrote (shorter than what was
+    /// acknowledged, another record hash, files it did not write), it stays refused:
+    /// [`Health::permanent`].
+    pub fn health(&self) -> Health {
+        let failed = self.shared.failed.load(Ordering::Acquire);
+        Health {
+            generation: self.shared.generation.load(Ordering::Acquire),
+            failure: failed.then(|| self.shared.message()),
+            permanent: failed && self.shared.permanent.load(Ordering::Acquire),
+            recovered_at: self.shared.recovered_at.load(Ordering::Acquire),
+            failures: self.shared.failures.load(Ordering::Acquire),
+        }
     }
 
     /// Like [`Writer::submit`] but fails instead of blocking when the queue is full,
@@ -397,10 +534,10 @@ impl Writer {
         let ts = event.timestamp_ns();
         match self
             .tx
-            .try_send(Msg::Entry(Box::new(Event::Session(event)), ts, c))
+            .try_send(Msg::Entry(Box::new(Event::Session(event)), ts, None, c))
         {
             Ok(()) => Ok(p),
-            Err(TrySendError::Full(Msg::Entry(ev, _, _))) => match *ev {
+            Err(TrySendError::Full(Msg::Entry(ev, _, _, _))) => match *ev {
                 Event::Session(e) => Err(Box::new(e)),
                 _ => Ok(p),
             },
@@ -495,6 +632,16 @@ struct State {
     stats: Arc<Counters>,
     /// The fsync stage of the pipeline (batch policy only).
     syncer: Option<Syncer>,
+    /// Health, shared with the handles.
+    shared: Arc<Shared>,
+    /// The last durable point, when there is no fsync stage (which keeps its own).
+    mark: Mark,
+    /// The generation entries are taken at (the number of recoveries).
+    generation: u64,
+    /// When the next recovery attempt may run.
+    next_heal: Instant,
+    /// A failure no recovery attempt will fix.
+    permanent: bool,
 }
 
 /// The fsync stage: while it syncs one batch, the writer thread signs and writes the
@@ -504,6 +651,8 @@ struct Syncer {
     tx: mpsc::Sender<SyncJob>,
     thread: JoinHandle<()>,
     failed: Arc<Mutex<Option<String>>>,
+    /// The last durable point: the end of the last job synced without error.
+    durable: Arc<Mutex<Option<Mark>>>,
 }
 
 /// Written bytes waiting for a sync.
@@ -514,6 +663,8 @@ struct SyncJob {
     done: Vec<(Completer<Appended>, Appended)>,
     flushes: Vec<Completer<()>>,
     committed: Vec<Committed>,
+    /// Where the log ends once this job's bytes are synced.
+    mark: Mark,
 }
 
 impl Syncer {
@@ -521,6 +672,8 @@ impl Syncer {
         let (tx, rx) = mpsc::channel::<SyncJob>();
         let failed = Arc::new(Mutex::new(None::<String>));
         let shared = failed.clone();
+        let durable = Arc::new(Mutex::new(None::<Mark>));
+        let durable_here = durable.clone();
         let thread = std::thread::Builder::new()
             .name("tollgate-audit-fsync".into())
             .spawn(move || {
@@ -550,6 +703,13 @@ impl Syncer {
                         if f.is_none() {
                             *f = Some(e.clone());
                         }
+                    } else if let Some(last) = jobs.last() {
+                        // INVARIANT (durable-mark): the mark moves only past bytes a sync
+                        // covered without error; a recovery cuts back to it.
+                        let mut d = durable_here.lock().unwrap_or_else(PoisonError::into_inner);
+                        if d.as_ref().is_none_or(|m| last.mark.reaches(m)) {
+                            *d = Some(last.mark.clone());
+                        }
                     }
                     for job in jobs {
                         // INVARIANT (tap-order): jobs arrive in chain order; each is
@@ -574,7 +734,12 @@ impl Syncer {
                     }
                 }
             })?;
-        Ok(Syncer { tx, thread, failed })
+        Ok(Syncer {
+            tx,
+            thread,
+            failed,
+            durable,
+        })
     }
 }
 
@@ -598,11 +763,7 @@ impl std::fmt::Debug for State {
 impl State {
     fn open(cfg: WriterConfig, key: SigningKey) -> Result<(State, OpenReport), OpenError> {
         let dir = cfg.dir.clone();
-        fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o750)
-            .create(&dir)
-            .map_err(io_err(&dir))?;
+        files::create_dir_with_mode(&dir, 0o750).map_err(io_err(&dir))?;
         remove_stale_tmp(&dir);
         let key_id = KeyId::of(key.verifying_key().as_bytes());
         let now = cfg.clock.now_ns();
@@ -682,11 +843,7 @@ impl State {
                 .get(usize::try_from(offset).unwrap_or(usize::MAX)..)
                 .unwrap_or_default();
             let torn_dir = dir.join(TORN_DIR);
-            fs::DirBuilder::new()
-                .recursive(true)
-                .mode(0o750)
-                .create(&torn_dir)
-                .map_err(io_err(&torn_dir))?;
+            files::create_dir_with_mode(&torn_dir, 0o750).map_err(io_err(&torn_dir))?;
             let file_name = last
                 .path
                 .file_name()
@@ -735,6 +892,7 @@ impl State {
         };
         let mut state = State::new(cfg, key, file, path.clone(), &header, len);
         state.chain.reset(tip.next_index, tip.last_hash);
+        state.mark = state.written_mark();
         state.last_checkpoint_count = tip.next_index;
         // Files left uncompressed by a crash during compression.
         if state.cfg.compress_rotated {
@@ -775,6 +933,13 @@ impl State {
         len: u64,
     ) -> State {
         let now = cfg.clock.now_ns();
+        let mark = Mark {
+            path: path.clone(),
+            file_seq: header.file_seq,
+            len,
+            next_index: header.first_index,
+            last_hash: header.prev_hash,
+        };
         State {
             chain: Chainer::new(
                 key,
@@ -799,8 +964,292 @@ impl State {
             tap: None,
             stats: Arc::new(Counters::default()),
             syncer: None,
+            shared: Arc::new(Shared::default()),
+            mark,
+            generation: 0,
+            next_heal: Instant::now(),
+            permanent: false,
             cfg,
         }
+    }
+
+    /// The end of what has been written (everything staged must be written).
+    fn written_mark(&self) -> Mark {
+        Mark {
+            path: self.file_path.clone(),
+            file_seq: self.file_seq,
+            len: self.file_len,
+            next_index: self.chain.next_index(),
+            last_hash: self.chain.last_hash(),
+        }
+    }
+
+    /// Everything written so far is durable.
+    fn set_durable(&mut self) {
+        let mark = self.written_mark();
+        if let Some(s) = &self.syncer {
+            *s.durable.lock().unwrap_or_else(PoisonError::into_inner) = Some(mark.clone());
+        }
+        self.mark = mark;
+    }
+
+    /// The last durable point: the fsync stage's (all its jobs must be settled), or ours.
+    fn durable_mark(&self) -> Mark {
+        let staged = self.syncer.as_ref().and_then(|s| {
+            s.durable
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .clone()
+        });
+        match staged {
+            Some(m) if m.reaches(&self.mark) => m,
+            _ => self.mark.clone(),
+        }
+    }
+
+    /// Refuse every entry from now on, until a recovery (the first failure's message
+    /// wins).
+    fn fail(&mut self, message: String) {
+        if self.failed.is_some() {
+            return;
+        }
+        self.shared.failures.fetch_add(1, Ordering::Relaxed);
+        self.shared.set_message(Some(message.clone()));
+        self.shared.failed.store(true, Ordering::Release);
+        self.failed = Some(message);
+        self.next_heal = Instant::now() + self.cfg.heal_interval.unwrap_or_default();
+    }
+
+    /// Try to recover, if failed and due.
+    fn maybe_heal(&mut self) {
+        let Some(reason) = self.failed.clone() else {
+            return;
+        };
+        let Some(interval) = self.cfg.heal_interval else {
+            return;
+        };
+        if self.permanent || Instant::now() < self.next_heal {
+            return;
+        }
+        match self.heal() {
+            Ok(()) => {
+                self.generation = self.generation.saturating_add(1);
+                self.shared
+                    .recovered_at
+                    .store(self.chain.next_index(), Ordering::Release);
+                self.shared.set_message(None);
+                self.shared.permanent.store(false, Ordering::Release);
+                self.shared
+                    .generation
+                    .store(self.generation, Ordering::Release);
+                self.shared.failed.store(false, Ordering::Release);
+            }
+            Err(Unhealed::Retry(why)) => {
+                self.next_heal = Instant::now() + interval;
+                // The writer may have failed anew while recovering: keep the newest cause.
+                let first = self.failed.clone().unwrap_or(reason);
+                self.shared
+                    .set_message(Some(format!("{first} (not recovered yet: {why})")));
+            }
+            Err(Unhealed::Permanent(why)) => {
+                self.permanent = true;
+                self.shared.set_message(Some(format!(
+                    "{reason}; it will not recover by itself: {why}. See `Fail-stop` in docs/audit-format.md"
+                )));
+                self.shared.permanent.store(true, Ordering::Release);
+            }
+        }
+    }
+
+    /// One recovery attempt; see [`Writer::health`] for what it does and why.
+    fn heal(&mut self) -> Result<(), Unhealed> {
+        let retry = |what: &str, p: &Path| {
+            let (what, p) = (what.to_owned(), p.to_owned());
+            move |e: std::io::Error| Unhealed::Retry(format!("{what} `{}`: {e}", p.display()))
+        };
+        // 1. Every batch handed to the fsync stage is settled (synced and acknowledged,
+        // or failed and its callers told), so the durable mark is final.
+        if let Some(s) = &self.syncer {
+            let (c, p) = completion::pair();
+            let barrier = SyncJob {
+                file: self.file.clone(),
+                path: self.file_path.clone(),
+                done: Vec::new(),
+                flushes: vec![c],
+                committed: Vec::new(),
+                mark: self.mark.clone(),
+            };
+            if s.tx.send(barrier).is_err() {
+                return Err(Unhealed::Permanent("the fsync thread is gone".into()));
+            }
+            let _ = p.wait();
+        }
+        // Anything staged or waiting was completed with the failure already.
+        self.buf.clear();
+        self.complete_all();
+        let mark = self.durable_mark();
+        let dir = self.cfg.dir.clone();
+        let foreign = |what: String| Unhealed::Permanent(what);
+
+        // 2. Files after the mark's: only a half-done rotation's new file (its header
+        // alone, continuing the chain from the mark) may be there; it is adopted.
+        let logs = files::list_log_files(&dir).map_err(retry("listing", &dir))?;
+        let mut next_file: Option<(PathBuf, FileHeader)> = None;
+        for f in logs.iter().filter(|f| f.seq > mark.file_seq) {
+            let bytes = files::read_log_file(&f.path)
+                .map_err(|e| Unhealed::Retry(format!("reading `{}`: {e}", f.path.display())))?;
+            let header = bytes
+                .get(..format::HEADER_LEN)
+                .and_then(|h| FileHeader::decode(h).ok());
+            let continues = header.as_ref().is_some_and(|h| {
+                h.first_index == mark.next_index
+                    && h.prev_hash == mark.last_hash
+                    && h.key_id == self.chain.key_id()
+                    && h.version == format::FORMAT_VERSION
+            });
+            if f.seq != mark.file_seq.saturating_add(1)
+                || f.compressed
+                || bytes.len() != format::HEADER_LEN
+                || !continues
+                || next_file.is_some()
+            {
+                return Err(foreign(format!(
+                    "`{}` follows the file being written and is not a new file this writer started",
+                    f.path.display()
+                )));
+            }
+            if let Some(h) = header {
+                next_file = Some((f.path.clone(), h));
+            }
+        }
+
+        // 3. The mark's file holds at least what was durable; what it holds beyond was
+        // written but never acknowledged (a failed write's partial record, batches whose
+        // sync failed): copied to `torn/`, then cut.
+        let len = match fs::metadata(&mark.path) {
+            Ok(m) => m.len(),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(foreign(format!(
+                    "`{}` was removed while the writer had it open",
+                    mark.path.display()
+                )))
+            }
+            Err(e) => return Err(retry("reading", &mark.path)(e)),
+        };
+        if len < mark.len {
+            return Err(foreign(format!(
+                "`{}` holds {len} bytes, fewer than the {} already durable: it was cut while the writer ran",
+                mark.path.display(),
+                mark.len
+            )));
+        }
+        let file_name = mark
+            .path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or("log")
+            .to_owned();
+        let mut cut = None;
+        if len > mark.len {
+            let bytes = files::read_log_file(&mark.path)
+                .map_err(|e| Unhealed::Retry(format!("reading `{}`: {e}", mark.path.display())))?;
+            let tail = bytes
+                .get(usize::try_from(mark.len).unwrap_or(usize::MAX)..)
+                .unwrap_or_default();
+            let torn_dir = dir.join(TORN_DIR);
+            files::create_dir_with_mode(&torn_dir, 0o750).map_err(retry("creating", &torn_dir))?;
+            let now = self.cfg.clock.now_ns();
+            let rel = format!("{TORN_DIR}/{file_name}.{}.{now}.torn", mark.len);
+            let torn_path = dir.join(&rel);
+            write_new_file(&torn_path, tail).map_err(retry("writing", &torn_path))?;
+            sync_dir(&torn_dir).map_err(retry("syncing", &torn_dir))?;
+            let f = OpenOptions::new()
+                .write(true)
+                .open(&mark.path)
+                .map_err(retry("opening", &mark.path))?;
+            f.set_len(mark.len)
+                .and_then(|()| f.sync_all())
+                .map_err(retry("cutting", &mark.path))?;
+            cut = Some(Event::Recovery {
+                file: file_name.clone(),
+                offset: mark.len,
+                length: tail.len() as u64,
+                sha256: format::sha256(tail),
+                moved_to: rel,
+            });
+        }
+
+        // 4. Re-read the file: structure and links from its header must end exactly at
+        // the mark, with the mark's record hash. The writer computed that hash when it
+        // signed the record, and each record links to the one before, so every byte of
+        // the file is the writer's own.
+        let bytes = files::read_log_file(&mark.path)
+            .map_err(|e| Unhealed::Retry(format!("reading `{}`: {e}", mark.path.display())))?;
+        let mut v = Verifier::new(VerifyOptions {
+            allow_head_gap: true,
+            check_signatures: false,
+            ..VerifyOptions::default()
+        });
+        let name = mark.path.display().to_string();
+        v.feed_file(&name, &bytes, &mut |_| {}).map_err(|b| {
+            foreign(format!(
+                "`{name}` no longer reads as the writer wrote it: {b}"
+            ))
+        })?;
+        let tip = v
+            .tip()
+            .cloned()
+            .ok_or_else(|| foreign(format!("`{name}` is empty")))?;
+        if tip.next_index != mark.next_index
+            || tip.last_hash != mark.last_hash
+            || tip.valid_len != mark.len
+        {
+            return Err(foreign(format!(
+                "`{name}` ends at entry {} ({} bytes), not at entry {} ({} bytes) as written: it was changed while the writer ran",
+                tip.next_index, tip.valid_len, mark.next_index, mark.len
+            )));
+        }
+
+        // 5. Go on from the mark on a fresh descriptor (one whose write-back failed may
+        // report the failure again, or never).
+        sync_dir(&dir).map_err(retry("syncing", &dir))?;
+        let (path, file_seq, file_len, created_ns) = match next_file {
+            Some((p, h)) => (p, h.file_seq, format::HEADER_LEN as u64, h.created_ns),
+            None => (
+                mark.path.clone(),
+                mark.file_seq,
+                mark.len,
+                tip.header.created_ns,
+            ),
+        };
+        let file = OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .map_err(retry("opening", &path))?;
+        if path != mark.path && self.cfg.compress_rotated {
+            self.spawn_compress(mark.path.clone());
+        }
+        self.file = Arc::new(file);
+        self.file_path = path;
+        self.file_seq = file_seq;
+        self.file_len = file_len;
+        self.file_day = files::day_of(created_ns);
+        self.chain.reset(mark.next_index, mark.last_hash);
+        self.last_checkpoint_count = self.last_checkpoint_count.min(mark.next_index);
+        self.failed = None;
+        if let Some(s) = &self.syncer {
+            *s.failed.lock().unwrap_or_else(PoisonError::into_inner) = None;
+        }
+        self.set_durable();
+
+        // 6. The cut is part of the chain's history: a signed recovery entry says what
+        // was moved where, before any new entry.
+        if let Some(event) = cut {
+            if let Err(e) = self.append_system(event) {
+                return Err(Unhealed::Retry(format!("recording the cut: {e}")));
+            }
+        }
+        Ok(())
     }
 
     fn run(mut self, rx: &Receiver<Msg>) {
@@ -808,9 +1257,14 @@ impl State {
         let tick = self.cfg.checkpoint_interval.min(Duration::from_secs(1));
         let mut batch = Vec::with_capacity(max_batch);
         loop {
-            match rx.recv_timeout(tick.max(Duration::from_millis(10))) {
+            let mut wait = tick;
+            if self.failed.is_some() && !self.permanent && self.cfg.heal_interval.is_some() {
+                wait = wait.min(self.next_heal.saturating_duration_since(Instant::now()));
+            }
+            match rx.recv_timeout(wait.max(Duration::from_millis(10))) {
                 Ok(m) => batch.push(m),
                 Err(RecvTimeoutError::Timeout) => {
+                    self.maybe_heal();
                     self.maybe_checkpoint();
                     continue;
                 }
@@ -825,6 +1279,7 @@ impl State {
                     Err(_) => break,
                 }
             }
+            self.maybe_heal();
             if self.process(&mut batch) {
                 let _ = self.finish();
                 return;
@@ -838,9 +1293,15 @@ impl State {
         let mut shutdown = None;
         for msg in batch.drain(..) {
             match msg {
-                Msg::Entry(event, ts, c) => {
+                Msg::Entry(event, ts, generation, c) => {
                     if let Some(f) = &self.failed {
                         c.complete(Err(WriteError::Failed(f.clone())));
+                        continue;
+                    }
+                    // INVARIANT (generation): an entry computed before a recovery, from a
+                    // state that may hold lost changes, never reaches the log.
+                    if generation.is_some_and(|g| g != self.generation) {
+                        c.complete(Err(WriteError::Stale));
                         continue;
                     }
                     match self.stage(*event, ts) {
@@ -922,12 +1383,14 @@ impl State {
     /// Adopt a failure the fsync stage found: from now on every entry fails.
     fn take_sync_failure(&mut self) {
         if self.failed.is_none() {
-            if let Some(s) = &self.syncer {
-                self.failed = s
-                    .failed
+            let found = self.syncer.as_ref().and_then(|s| {
+                s.failed
                     .lock()
                     .unwrap_or_else(PoisonError::into_inner)
-                    .clone();
+                    .clone()
+            });
+            if let Some(f) = found {
+                self.fail(f);
             }
         }
     }
@@ -945,9 +1408,9 @@ impl State {
                         .fetch_add(self.done.len() as u64, Ordering::Relaxed);
                 }
                 Err(e) => {
-                    // After a failed write the file's state is unknown: stop. The next
-                    // open finds any torn tail and moves it aside.
-                    self.failed = Some(format!("`{}`: {e}", self.file_path.display()));
+                    // After a failed write the file's end is unknown: refuse until a
+                    // recovery has cut it back to the last durable point.
+                    self.fail(format!("`{}`: {e}", self.file_path.display()));
                 }
             }
         }
@@ -984,7 +1447,9 @@ impl State {
     fn commit(&mut self) {
         if self.cfg.fsync != FsyncPolicy::Batch || self.syncer.is_none() {
             if self.cfg.fsync == FsyncPolicy::Never {
-                self.write_out();
+                if self.write_out() {
+                    self.set_durable();
+                }
                 self.complete_all();
             } else {
                 self.commit_durable();
@@ -1004,6 +1469,7 @@ impl State {
             done: std::mem::take(&mut self.done),
             flushes: std::mem::take(&mut self.flushes),
             committed: std::mem::take(&mut self.committed),
+            mark: self.written_mark(),
         };
         if let Some(s) = &self.syncer {
             // If the fsync stage is gone, the job's completers report WriterGone.
@@ -1025,9 +1491,15 @@ impl State {
             self.take_sync_failure();
             return;
         }
-        if self.write_out() && self.cfg.fsync != FsyncPolicy::Never {
-            if let Err(e) = self.stats.sync(&self.file) {
-                self.failed = Some(format!("`{}`: {e}", self.file_path.display()));
+        if self.write_out() {
+            let synced = if self.cfg.fsync == FsyncPolicy::Never {
+                Ok(())
+            } else {
+                self.stats.sync(&self.file)
+            };
+            match synced {
+                Ok(()) => self.set_durable(),
+                Err(e) => self.fail(format!("`{}`: {e}", self.file_path.display())),
             }
         }
         self.complete_all();
@@ -1043,13 +1515,15 @@ impl State {
         if !(by_size || by_day) {
             return;
         }
-        // Everything staged so far belongs to the old file.
-        self.commit();
+        // Everything staged so far belongs to the old file, and is durable (settled by
+        // the fsync stage) before the next file continues from it.
+        self.commit_durable();
         if self.failed.is_some() {
             return;
         }
-        if let Err(e) = self.rotate(now) {
-            self.failed = Some(format!("rotation failed: {e}"));
+        match self.rotate(now) {
+            Ok(()) => self.set_durable(),
+            Err(e) => self.fail(format!("rotation failed: {e}")),
         }
     }
 
@@ -1145,10 +1619,18 @@ impl State {
     /// current file is synced first, so a checkpoint never counts an entry that is not
     /// durable (files rotated out were synced when they were closed).
     fn write_checkpoint(&mut self) -> Result<Checkpoint, WriteError> {
-        if self.cfg.fsync != FsyncPolicy::Never {
+        if self.syncer.is_some() {
+            // Through the fsync stage, so that the checkpoint counts only entries it
+            // acknowledged (a sync here could take a write-back error the stage then
+            // misses, and acknowledge entries that are not on disk).
+            self.commit_durable();
+            if let Some(f) = &self.failed {
+                return Err(WriteError::Failed(f.clone()));
+            }
+        } else if self.cfg.fsync != FsyncPolicy::Never {
             if let Err(e) = self.file.sync_data() {
                 let msg = format!("`{}`: {e}", self.file_path.display());
-                self.failed = Some(msg.clone());
+                self.fail(msg.clone());
                 return Err(WriteError::Io(msg));
             }
         }

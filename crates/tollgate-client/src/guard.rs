@@ -8,7 +8,7 @@
 
 use std::sync::{Arc, Mutex, PoisonError};
 
-use tollgate_audit::SessionEvent;
+use tollgate_audit::{Appended, SessionEvent};
 use tollgate_core::json::{self, Value};
 use tollgate_core::signals::has_error_signal;
 use tollgate_core::transition::HumanDecisionRefused;
@@ -59,7 +59,9 @@ pub struct Settlement {
 /// An in-process guard over one session.
 pub struct Guard {
     session: Mutex<Session>,
-    audit: Option<tollgate_audit::Writer>,
+    /// The local audit log, and the writer's generation when the guard opened its
+    /// session there.
+    audit: Option<(tollgate_audit::Writer, u64)>,
 }
 
 /// Who the local audit entries are about.
@@ -124,10 +126,13 @@ impl Guard {
     ) -> Result<Guard, tollgate_audit::WriteError> {
         let config = self.lock().policy.config.clone();
         let (session, opened) = open_session(config, who);
-        writer.append(opened)?;
+        let generation = writer
+            .generation()
+            .map_err(tollgate_audit::WriteError::Failed)?;
+        writer.submit_at(opened, generation).wait()?;
         Ok(Guard {
             session: Mutex::new(session),
-            audit: Some(writer),
+            audit: Some((writer, generation)),
         })
     }
 
@@ -135,9 +140,20 @@ impl Guard {
         self.session.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Write `event` and wait until it is durable; true without a log.
-    fn audit(&self, event: SessionEvent) -> bool {
-        self.audit.as_ref().is_none_or(|w| w.append(event).is_ok())
+    /// Submit `event`, while the session's lock is held (so entries reach the log in the
+    /// order of the changes), at the writer's generation when the guard opened: once an
+    /// entry has failed and the writer recovered, the guard's state holds a change the
+    /// log lost, and no later entry of this guard is written (every later call is a
+    /// DENY; open a new guard). `None` without a log.
+    fn submit(&self, event: SessionEvent) -> Option<tollgate_audit::Pending<Appended>> {
+        self.audit
+            .as_ref()
+            .map(|(w, generation)| w.submit_at(event, *generation))
+    }
+
+    /// Wait until a submitted entry is durable; true without a log.
+    fn audited(pending: Option<tollgate_audit::Pending<Appended>>) -> bool {
+        pending.is_none_or(|p| p.wait().is_ok())
     }
 
     /// Decide whether `tool` may run with `params`, and apply the verdict to the session.
@@ -173,14 +189,15 @@ impl Guard {
             raw_params: raw.as_deref(),
         };
         let now = now_ns();
-        let (decision, call_number, record, budget_remaining) = {
+        let (decision, call_number, pending, budget_remaining) = {
             let mut s = self.lock();
             let call_number = s.last_call_number.saturating_add(1);
             let d = decide(&s.policy.config, &s.state, &call, now, random_draw());
             let record = ops::verdict(&mut s, &call, &d, call_number, now);
-            (d, call_number, record, s.state.budget_remaining)
+            let pending = self.submit(record.into());
+            (d, call_number, pending, s.state.budget_remaining)
         };
-        let decision = if self.audit(record.into()) {
+        let decision = if Self::audited(pending) {
             decision
         } else {
             // Not audited, not allowed.
@@ -207,25 +224,26 @@ impl Guard {
         actual_cost_usd: f64,
         error_message: Option<&str>,
     ) -> Settlement {
-        let record = {
+        let (out, pending) = {
             let mut s = self.lock();
-            ops::settle(
+            let record = ops::settle(
                 &mut s,
                 call_number,
                 actual_cost_usd,
                 error_message.is_none(),
                 error_message.is_some_and(has_error_signal),
                 now_ns(),
-            )
-        };
-        let out = Settlement {
-            charged: record.charged,
-            remaining: record.budget_after,
-            cost_unreadable: record.cost_status != tollgate_audit::CostStatus::Readable,
-            audited: false,
+            );
+            let out = Settlement {
+                charged: record.charged,
+                remaining: record.budget_after,
+                cost_unreadable: record.cost_status != tollgate_audit::CostStatus::Readable,
+                audited: false,
+            };
+            (out, self.submit(record.into()))
         };
         Settlement {
-            audited: self.audit(record.into()),
+            audited: Self::audited(pending),
             ..out
         }
     }
@@ -237,11 +255,12 @@ impl Guard {
         successor: Option<Successor>,
         operator: &str,
     ) -> Result<(), HumanDecisionRefused> {
-        let record = {
+        let pending = {
             let mut s = self.lock();
-            ops::human_decision(&mut s, decision, successor, operator, "", now_ns())?
+            let record = ops::human_decision(&mut s, decision, successor, operator, "", now_ns())?;
+            self.submit(record.into())
         };
-        self.audit(record.into());
+        Self::audited(pending);
         Ok(())
     }
 
@@ -250,11 +269,12 @@ impl Guard {
     /// operator is `tollgate`, as the daemon records its own expiries. The held call, if
     /// dispatched again, is DENIED `hitl_transition:reject`.
     pub fn expire_pending(&self) -> Result<(), HumanDecisionRefused> {
-        let record = {
+        let pending = {
             let mut s = self.lock();
-            ops::expire(&mut s, now_ns())?
+            let record = ops::expire(&mut s, now_ns())?;
+            self.submit(record.into())
         };
-        self.audit(record.into());
+        Self::audited(pending);
         Ok(())
     }
 

@@ -25,6 +25,7 @@
 
 pub mod config;
 pub mod convert;
+pub mod descriptors;
 mod fleet;
 pub mod hitl;
 pub mod metrics;
@@ -97,6 +98,15 @@ pub enum DaemonError {
     /// The state store failed to open or close.
     #[error("state store: {0}")]
     Store(#[from] tollgate_store::StoreError),
+    /// The data directory may be written by any user: anyone could replace the state
+    /// file, the audit key or the secrets in it.
+    #[error("the data directory `{path}` may be written by any user (mode {mode:04o}): anyone could replace the state file, the audit key or the secrets in it; `chmod o-w` it (the daemon creates it with mode 0750)")]
+    UnsafeDataDir {
+        /// The directory.
+        path: PathBuf,
+        /// Its mode bits.
+        mode: u32,
+    },
     /// Another daemon is serving the socket.
     #[error("another daemon is listening on `{0}`")]
     SocketInUse(PathBuf),
@@ -106,6 +116,9 @@ pub enum DaemonError {
     /// The control plane could not start.
     #[error(transparent)]
     Control(#[from] transport::control::ControlError),
+    /// The descriptor limit leaves no room for connections.
+    #[error(transparent)]
+    Descriptors(#[from] descriptors::TooFew),
 }
 
 fn io(what: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> DaemonError {
@@ -136,6 +149,10 @@ pub struct Daemon {
     warnings: Vec<String>,
     /// The chain this daemon writes in PostgreSQL (fleet mode).
     chain_id: Option<String>,
+    /// The descriptor limit and the connection caps fitted under it.
+    descriptors: descriptors::Budget,
+    /// The file audit log's writer (embedded mode), whose health is watched.
+    writer: Option<Arc<tollgate_audit::Writer>>,
 }
 
 impl std::fmt::Debug for Daemon {
@@ -183,7 +200,7 @@ impl Daemon {
     pub async fn start(config: DaemonConfig) -> Result<Daemon, DaemonError> {
         let config = Arc::new(config);
         let data = &config.data_dir;
-        std::fs::create_dir_all(data).map_err(io("creating", data))?;
+        prepare_data_dir(data)?;
 
         let mut secrets = HashMap::new();
         let mut operator_secrets = HashMap::new();
@@ -273,22 +290,47 @@ impl Daemon {
         let service = Arc::new(Service::new(
             config.clone(),
             store,
-            audit,
+            audit.clone(),
             Arc::new(SystemClock),
             &secrets,
             &operator_secrets,
         ));
-        Daemon::bind_transports(config, Core::Embedded(service), socket, Vec::new()).await
+        let mut d =
+            Daemon::bind_transports(config, Core::Embedded(service), socket, Vec::new()).await?;
+        d.writer = Some(audit);
+        Ok(d)
     }
 
     /// Bind every configured transport (the socket, the control plane, gRPC), so that a
-    /// bad address or certificate stops the start before anything serves.
+    /// bad address or certificate stops the start before anything serves; first raise the
+    /// descriptor limit and fit the connection caps under it.
     async fn bind_transports(
         config: Arc<DaemonConfig>,
         core: Core,
         socket: PathBuf,
-        warnings: Vec<String>,
+        mut warnings: Vec<String>,
     ) -> Result<Daemon, DaemonError> {
+        let (limit, raised_from, raise_warning) = descriptors::raise();
+        let mut budget = descriptors::fit(
+            limit,
+            descriptors::in_use(),
+            descriptors::Wanted {
+                socket: config.limits.max_connections,
+                grpc: config.grpc.as_ref().map(|_| config.limits.max_connections),
+                control: config
+                    .control
+                    .as_ref()
+                    .map(|_| transport::control::MAX_HTTP_CONNECTIONS),
+                fleet: matches!(core, Core::Fleet(_)),
+            },
+        )?;
+        budget.raised_from = raised_from;
+        budget.warnings.extend(raise_warning);
+        for w in &budget.warnings {
+            tracing::warn!("{w}");
+        }
+        warnings.extend(budget.warnings.iter().cloned());
+        tracing::info!(budget = %budget.describe(), "descriptors");
         let control = match &config.control {
             Some(c) => Some(transport::control::bind(c).await?),
             None => None,
@@ -309,7 +351,14 @@ impl Daemon {
             control,
             warnings,
             chain_id: None,
+            descriptors: budget,
+            writer: None,
         })
+    }
+
+    /// The descriptor limit and the connection caps fitted under it.
+    pub fn descriptors(&self) -> &descriptors::Budget {
+        &self.descriptors
     }
 
     /// The gRPC binding's address (its port picked when configured as 0), when it is on.
@@ -371,20 +420,69 @@ impl Daemon {
             control,
             warnings: _,
             chain_id: _,
+            descriptors,
+            writer,
         } = self;
+        let caps = (descriptors.socket, descriptors.grpc.unwrap_or(0));
+        let watch = writer.map(|w| tokio::spawn(watch_audit(w)));
         match core {
             Core::Embedded(service) => {
-                run_core(config, listener, service, socket, grpc, control, shutdown).await
+                let r = run_core(
+                    config, listener, service, socket, grpc, control, caps, shutdown,
+                )
+                .await;
+                if let Some(w) = watch {
+                    w.abort();
+                }
+                r
             }
             Core::Fleet(service) => {
-                run_core(config, listener, service, socket, grpc, control, shutdown).await
+                run_core(
+                    config, listener, service, socket, grpc, control, caps, shutdown,
+                )
+                .await
             }
         }
     }
 }
 
+/// Log the audit writer's failures and recoveries as they happen (checked every 200 ms):
+/// while it refuses entries every change is refused with `DAEMON_UNAVAILABLE`.
+async fn watch_audit(writer: Arc<tollgate_audit::Writer>) {
+    let mut last = writer.health();
+    let mut tick = tokio::time::interval(std::time::Duration::from_millis(200));
+    loop {
+        tick.tick().await;
+        let now = writer.health();
+        if now.failures != last.failures && now.failure.is_some() {
+            tracing::error!(
+                failure = now.failure.as_deref().unwrap_or_default(),
+                "the audit log refuses entries: every change is refused (DAEMON_UNAVAILABLE) until it recovers"
+            );
+            metrics::audit_failed();
+        }
+        if now.permanent && !last.permanent {
+            tracing::error!(
+                failure = now.failure.as_deref().unwrap_or_default(),
+                "the audit log will not recover by itself: fail-stop; stop the daemon, check the log with `tollgate audit verify`, and restart"
+            );
+        }
+        if now.generation != last.generation {
+            tracing::warn!(
+                generation = now.generation,
+                next_index = now.recovered_at,
+                "the audit log recovered: the log is whole to this index, the state is reloaded from it, and changes are taken again"
+            );
+            metrics::audit_recovered();
+        }
+        last = now;
+    }
+}
+
 /// Serve one service core on every configured transport until `shutdown`, then stop in
-/// order: transports, expiry, the audit sink (flushed), the store.
+/// order: transports, expiry, the audit sink (flushed), the store. `caps` are the socket's
+/// and gRPC's connection caps, fitted under the descriptor limit.
+#[allow(clippy::too_many_arguments)]
 async fn run_core<S: SessionStore>(
     config: Arc<DaemonConfig>,
     listener: UnixListener,
@@ -392,6 +490,7 @@ async fn run_core<S: SessionStore>(
     socket: PathBuf,
     grpc: Option<transport::grpc::GrpcListener>,
     control: Option<transport::control::Bound>,
+    caps: (usize, usize),
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), DaemonError> {
     // --- control plane: stops when the socket does ---
@@ -423,7 +522,8 @@ async fn run_core<S: SessionStore>(
     // --- gRPC binding: serves beside the socket and stops with it ---
     let (grpc_stop, mut grpc_stopping) = tokio::sync::watch::channel(false);
     let grpc_task = grpc.map(|l| {
-        let (service, limits) = (service.clone(), config.limits.clone());
+        let (service, mut limits) = (service.clone(), config.limits.clone());
+        limits.max_connections = caps.1;
         tokio::spawn(async move {
             let stop = async move {
                 let _ = grpc_stopping.wait_for(|s| *s).await;
@@ -435,7 +535,9 @@ async fn run_core<S: SessionStore>(
         shutdown.await;
         let _ = grpc_stop.send(true);
     };
-    transport::socket::serve(listener, service.clone(), config.limits.clone(), shutdown).await;
+    let mut socket_limits = config.limits.clone();
+    socket_limits.max_connections = caps.0;
+    transport::socket::serve(listener, service.clone(), socket_limits, shutdown).await;
     if let Some(t) = grpc_task {
         let _ = t.await;
     }
@@ -489,22 +591,55 @@ fn load_or_create_key(path: &Path) -> Result<tollgate_audit::SigningKey, DaemonE
     Ok(key)
 }
 
-async fn bind(path: &Path, mode: u32) -> Result<UnixListener, DaemonError> {
-    if let Some(dir) = path.parent() {
-        if !dir.as_os_str().is_empty() {
-            std::fs::create_dir_all(dir).map_err(io("creating", dir))?;
-        }
+/// Create the data directory (mode 0750 whatever the umask) or check the one there: a
+/// directory anyone may write is refused (unless sticky, like `/tmp`, where others cannot
+/// replace our files).
+fn prepare_data_dir(data: &Path) -> Result<(), DaemonError> {
+    tollgate_audit::files::create_dir_with_mode(data, 0o750).map_err(io("creating", data))?;
+    let mode = std::fs::metadata(data)
+        .map_err(io("reading", data))?
+        .permissions()
+        .mode();
+    if mode & 0o002 != 0 && mode & 0o1000 == 0 {
+        return Err(DaemonError::UnsafeDataDir {
+            path: data.to_owned(),
+            mode: mode & 0o7777,
+        });
     }
+    Ok(())
+}
+
+/// Bind the socket with exactly `mode`, whatever the umask: it is bound inside a fresh
+/// directory only this user can enter (so nobody can connect while its mode is the
+/// umask's), given its mode, then renamed into place. A directory made for it gets
+/// mode 0755 (the socket's own mode says who may connect).
+async fn bind(path: &Path, mode: u32) -> Result<UnixListener, DaemonError> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_owned(),
+        _ => PathBuf::from("."),
+    };
+    tollgate_audit::files::create_dir_with_mode(&dir, 0o755).map_err(io("creating", &dir))?;
     if path.exists() {
         if tokio::net::UnixStream::connect(path).await.is_ok() {
             return Err(DaemonError::SocketInUse(path.to_owned()));
         }
         std::fs::remove_file(path).map_err(io("removing the stale socket", path))?;
     }
-    let listener = UnixListener::bind(path).map_err(io("binding", path))?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
-        .map_err(io("setting the mode of", path))?;
-    Ok(listener)
+    let staging = dir.join(format!(".tg-{}", std::process::id()));
+    // A leftover of a daemon that died here with the same pid.
+    let _ = std::fs::remove_dir_all(&staging);
+    tollgate_audit::files::create_dir_with_mode(&staging, 0o700)
+        .map_err(io("creating", &staging))?;
+    let bound = staging.join("s");
+    let result = (|| {
+        let listener = UnixListener::bind(&bound).map_err(io("binding", path))?;
+        std::fs::set_permissions(&bound, std::fs::Permissions::from_mode(mode))
+            .map_err(io("setting the mode of", path))?;
+        std::fs::rename(&bound, path).map_err(io("moving the socket to", path))?;
+        Ok(listener)
+    })();
+    let _ = std::fs::remove_dir_all(&staging);
+    result
 }
 
 /// A store-generic entry point for tests and embedders: serve `service` on `listener`.

@@ -101,6 +101,22 @@ pub fn refusal(code: ErrorCode) {
 #[must_use = "the connection counts as open until this is dropped"]
 pub struct OpenConnection(usize);
 
+static AUDIT_FAILURES: AtomicU64 = AtomicU64::new(0);
+static AUDIT_RECOVERIES: AtomicU64 = AtomicU64::new(0);
+static AUDIT_REFUSING: AtomicI64 = AtomicI64::new(0);
+
+/// The audit log started refusing entries (a failure to write, sync or rotate).
+pub fn audit_failed() {
+    AUDIT_FAILURES.fetch_add(1, Ordering::Relaxed);
+    AUDIT_REFUSING.store(1, Ordering::Relaxed);
+}
+
+/// The audit log recovered and takes entries again.
+pub fn audit_recovered() {
+    AUDIT_RECOVERIES.fetch_add(1, Ordering::Relaxed);
+    AUDIT_REFUSING.store(0, Ordering::Relaxed);
+}
+
 /// Count a connection a transport accepted: `"socket"`, `"grpc"` or `"control"` (any other
 /// name counts as `"other"`). Keep the result for as long as the connection is open.
 ///
@@ -328,6 +344,39 @@ pub fn render_with(audit: tollgate_audit::Stats, store: StoreGauges) -> String {
         seconds(audit.sync_nanos)
     );
     let _ = writeln!(out, "tollgate_audit_fsync_seconds_count {}", audit.syncs);
+    header(
+        &mut out,
+        "tollgate_audit_refusing",
+        "gauge",
+        "1 while the audit log refuses entries after a failure (every change is refused), else 0.",
+    );
+    let _ = writeln!(
+        out,
+        "tollgate_audit_refusing {}",
+        AUDIT_REFUSING.load(Ordering::Relaxed)
+    );
+    header(
+        &mut out,
+        "tollgate_audit_failures_total",
+        "counter",
+        "Times the audit log started refusing entries (a failure to write, sync or rotate).",
+    );
+    let _ = writeln!(
+        out,
+        "tollgate_audit_failures_total {}",
+        AUDIT_FAILURES.load(Ordering::Relaxed)
+    );
+    header(
+        &mut out,
+        "tollgate_audit_recoveries_total",
+        "counter",
+        "Times the audit log recovered by itself after a failure.",
+    );
+    let _ = writeln!(
+        out,
+        "tollgate_audit_recoveries_total {}",
+        AUDIT_RECOVERIES.load(Ordering::Relaxed)
+    );
 
     header(
         &mut out,

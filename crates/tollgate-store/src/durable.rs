@@ -65,11 +65,49 @@ impl Future for Durable {
 pub trait Journal: Send + Sync + std::fmt::Debug + 'static {
     /// Write `event`; the returned handle completes once it is durable.
     fn submit(&self, event: SessionEvent) -> Durable;
+
+    /// Whether the journal takes entries now, and at which generation. A journal that
+    /// recovers from failures by itself (the audit [`Writer`]) counts its recoveries: a
+    /// store whose memory may hold changes the journal lost in a failure reloads the fold
+    /// of the log when the generation moves. The default: always generation 0, never
+    /// failed.
+    fn health(&self) -> JournalHealth {
+        JournalHealth::default()
+    }
+
+    /// [`Journal::submit`], written only if the journal is still at `generation` when it
+    /// takes the entry (else the handle fails and nothing is written). The default
+    /// ignores the generation.
+    fn submit_at(&self, event: SessionEvent, generation: u64) -> Durable {
+        let _ = generation;
+        self.submit(event)
+    }
+}
+
+/// What [`Journal::health`] reports.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct JournalHealth {
+    /// How many times the journal recovered from a failure.
+    pub generation: u64,
+    /// Why it refuses entries now; `None` when it takes them.
+    pub failure: Option<String>,
 }
 
 impl Journal for Writer {
     fn submit(&self, event: SessionEvent) -> Durable {
         Durable::of(Writer::submit(self, event))
+    }
+
+    fn health(&self) -> JournalHealth {
+        let h = Writer::health(self);
+        JournalHealth {
+            generation: h.generation,
+            failure: h.failure,
+        }
+    }
+
+    fn submit_at(&self, event: SessionEvent, generation: u64) -> Durable {
+        Durable::of(Writer::submit_at(self, event, generation))
     }
 }
 

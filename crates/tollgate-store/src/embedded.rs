@@ -74,6 +74,9 @@ enum Msg {
     Snapshot(Sender<Result<SnapshotStats, StoreError>>),
     /// Fold what is queued, write a last snapshot, answer, and stop.
     Close(Sender<Result<SnapshotStats, StoreError>>),
+    /// Answer with the fold so far (every session, with its shared budget loaded, and
+    /// every shared budget): the live state to go on from after the journal recovered.
+    Fold(Sender<Result<crate::engine::Fold, StoreError>>),
 }
 
 /// The audit writer's side of the tap: give [`Tap::into_fn`] to
@@ -105,6 +108,7 @@ impl std::fmt::Debug for Msg {
             Msg::Entries(_) => "Entries",
             Msg::Snapshot(_) => "Snapshot",
             Msg::Close(_) => "Close",
+            Msg::Fold(_) => "Fold",
         })
     }
 }
@@ -177,6 +181,7 @@ impl EmbeddedStore {
         now: UnixNanos,
     ) -> Result<(EmbeddedStore, StoreReport), StoreError> {
         let path = path.as_ref();
+        prepare_file(path)?;
         // redb's file lock is held until the snapshot thread ends (it owns the
         // `Database`): a second process fails here.
         let db = Database::create(path).map_err(|e| StoreError::Backend {
@@ -186,8 +191,9 @@ impl EmbeddedStore {
         init(&db)?;
         let mut ledger = load(&db, &options)?;
         let snapshot_index = ledger.next_index;
-        let corrupt = |reason: String| StoreError::Corrupt {
-            key: log_dir.as_ref().display().to_string(),
+        let corrupt = |reason: String| StoreError::Mismatch {
+            state: path.display().to_string(),
+            log: log_dir.as_ref().display().to_string(),
             reason,
         };
         let mut fold_error = None;
@@ -251,7 +257,19 @@ impl EmbeddedStore {
         if replayed > 0 || from_key.is_none() {
             write_snapshot(&db, &mut ledger)?;
         }
-        let engine = Engine::new(options.max_sessions, Some(journal));
+        // After the audit writer recovered from a failure, the live state may hold changes
+        // whose entries were lost; the engine then reloads the ledger's fold, which holds
+        // exactly the durable entries (the tap delivers each before its completion, and
+        // the writer's recovery finishes before its new generation shows).
+        let reload_tx = tap.tx.clone();
+        let reload = crate::engine::Reload(Box::new(move || {
+            let (tx, rx) = mpsc::channel();
+            reload_tx
+                .send(Msg::Fold(tx))
+                .map_err(|_| StoreError::Closed)?;
+            rx.recv().map_err(|_| StoreError::Closed)?
+        }));
+        let engine = Engine::new(options.max_sessions, Some(journal)).with_reload(reload);
         let sessions = ledger.sessions.values().cloned().map(|mut s| {
             s.last_heartbeat_ns = now;
             s
@@ -269,7 +287,10 @@ impl EmbeddedStore {
         let control = tap.tx.clone();
         let thread = std::thread::Builder::new()
             .name("tollgate-store-snapshot".into())
-            .spawn(move || snapshot_loop(&db, ledger, &tap.rx, options))
+            .spawn({
+                let path = path.to_owned();
+                move || snapshot_loop(db, &path, ledger, &tap.rx, options)
+            })
             .map_err(|e| StoreError::Backend {
                 op: "spawn snapshot thread",
                 message: e.to_string(),
@@ -332,6 +353,55 @@ fn backend(op: &'static str) -> impl Fn(redb::Error) -> StoreError {
     move |e| StoreError::Backend {
         op,
         message: e.to_string(),
+    }
+}
+
+/// Create the snapshot file with mode 0640 whatever the umask (redb would create it
+/// with the umask's mode), or check that an existing one is safe to trust: a regular
+/// file of this process's user that nobody else may write.
+fn prepare_file(path: &Path) -> Result<(), StoreError> {
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+    let shown = || path.display().to_string();
+    let io = |e: std::io::Error| StoreError::Backend {
+        op: "open",
+        message: format!("`{}`: {e}", path.display()),
+    };
+    match std::fs::symlink_metadata(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let f = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o640)
+                .open(path)
+                .map_err(io)?;
+            f.set_permissions(std::fs::Permissions::from_mode(0o640))
+                .map_err(io)
+        }
+        Err(e) => Err(io(e)),
+        Ok(m) => {
+            let reason = if !m.file_type().is_file() {
+                Some("is not a regular file".to_owned())
+            } else if m.uid() != rustix::process::geteuid().as_raw() {
+                Some(format!(
+                    "is owned by uid {}, not by this process's",
+                    m.uid()
+                ))
+            } else if m.mode() & 0o022 != 0 {
+                Some(format!(
+                    "may be written by users other than its owner (mode {:04o})",
+                    m.mode() & 0o7777
+                ))
+            } else {
+                None
+            };
+            match reason {
+                Some(reason) => Err(StoreError::Unsafe {
+                    path: shown(),
+                    reason,
+                }),
+                None => Ok(()),
+            }
+        }
     }
 }
 
@@ -472,14 +542,28 @@ fn write_snapshot(db: &Database, ledger: &mut Ledger) -> Result<u64, StoreError>
         txn.commit()?;
         Ok(written)
     };
-    write().map_err(backend("snapshot"))
+    write().map_err(|e| {
+        // Nothing was written: what changed is still to be written by the next snapshot
+        // (else it would record a position past changes it does not hold).
+        ledger.restore_dirty(sessions, budgets);
+        backend("snapshot")(e)
+    })
 }
 
 /// The snapshot thread: fold every reported entry; snapshot on time, on count, on
 /// request and at close. A fold that fails stops snapshots (the live state has left the
 /// log's, which is a bug to report, not to persist): the next open replays from the last
 /// good snapshot and names the entry.
-fn snapshot_loop(db: &Database, mut ledger: Ledger, rx: &Receiver<Msg>, options: StoreOptions) {
+fn snapshot_loop(
+    db: Database,
+    path: &Path,
+    mut ledger: Ledger,
+    rx: &Receiver<Msg>,
+    options: StoreOptions,
+) {
+    // redb refuses everything after an I/O error (a full disk) until the database is
+    // opened again: a failed snapshot closes it, and the next one reopens it.
+    let db = std::cell::RefCell::new(Some(db));
     let mut stats = SnapshotStats {
         position: ledger.next_index,
         ..SnapshotStats::default()
@@ -496,7 +580,25 @@ fn snapshot_loop(db: &Database, mut ledger: Ledger, rx: &Receiver<Msg>, options:
             return Err(e.clone());
         }
         if ledger.is_dirty() || stats.position != ledger.next_index {
-            let n = write_snapshot(db, ledger)?;
+            let mut slot = db.borrow_mut();
+            if slot.is_none() {
+                let reopened = Database::create(path).map_err(|e| StoreError::Backend {
+                    op: "reopen",
+                    message: e.to_string(),
+                })?;
+                init(&reopened)?;
+                *slot = Some(reopened);
+            }
+            let Some(open) = slot.as_ref() else {
+                return Err(StoreError::Closed);
+            };
+            let n = match write_snapshot(open, ledger) {
+                Ok(n) => n,
+                Err(e) => {
+                    *slot = None;
+                    return Err(e);
+                }
+            };
             stats.snapshots += 1;
             stats.sessions_written += n;
             stats.position = ledger.next_index;
@@ -532,6 +634,24 @@ fn snapshot_loop(db: &Database, mut ledger: Ledger, rx: &Receiver<Msg>, options:
                 let _ = reply.send(snap(&mut ledger, &mut stats, &broken));
                 since = 0;
                 last = Instant::now();
+            }
+            Ok(Msg::Fold(reply)) => {
+                let fold = match &broken {
+                    Some(e) => Err(e.clone()),
+                    None => Ok((
+                        ledger
+                            .sessions
+                            .keys()
+                            .filter_map(|id| ledger.session(id))
+                            .collect(),
+                        ledger
+                            .budgets
+                            .iter()
+                            .map(|(k, b)| (k.clone(), *b))
+                            .collect(),
+                    )),
+                };
+                let _ = reply.send(fold);
             }
             Ok(Msg::Close(reply)) => {
                 // Everything reported before the close was sent is already queued ahead

@@ -4,6 +4,8 @@
 //! Lock order, outermost first; a thread holding one lock only ever takes locks further
 //! down this list, so no two threads can wait on each other:
 //!
+//! 0. the gate (`gate`: shared by every change and read, exclusive for a reload of the
+//!    state after the journal recovered from a failure),
 //! 1. a shard of the session map (`shards[i]`; held only to find or insert a slot, never
 //!    while a closure runs),
 //! 2. a session slot (held for the whole check-and-apply),
@@ -25,7 +27,7 @@ use std::collections::hash_map::{DefaultHasher, Entry};
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard};
 
 use tollgate_audit::SessionEvent;
 use tollgate_core::{SessionState, UnixNanos};
@@ -39,6 +41,19 @@ const SHARDS: usize = 32;
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The fold of the log the engine reloads after its journal recovered from a failure:
+/// every session and shared budget as the durable entries say.
+pub(crate) type Fold = (Vec<Session>, Vec<(BudgetKey, Budget)>);
+
+/// Where the engine gets that fold (the embedded store's snapshot thread).
+pub(crate) struct Reload(pub(crate) Box<dyn Fn() -> Result<Fold, StoreError> + Send + Sync>);
+
+impl std::fmt::Debug for Reload {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Reload")
+    }
 }
 
 type Slot = Mutex<Session>;
@@ -56,6 +71,12 @@ pub(crate) struct Engine {
     journal: Option<Arc<dyn Journal>>,
     /// Set once a closure panicked or the store closed: every later change is refused.
     stopped: Mutex<Option<StoreError>>,
+    /// The journal generation the live state follows. Every change holds it shared from
+    /// its check to its submit; a reload holds it exclusively, so it waits for changes in
+    /// flight and none starts until it is done.
+    gate: RwLock<u64>,
+    /// How to get the fold of the log when the journal's generation moves.
+    reload: Option<Reload>,
 }
 
 impl Engine {
@@ -65,9 +86,110 @@ impl Engine {
             budgets: Mutex::new(HashMap::new()),
             count: AtomicUsize::new(0),
             max_sessions,
+            gate: RwLock::new(journal.as_ref().map_or(0, |j| j.health().generation)),
             journal,
             stopped: Mutex::new(None),
+            reload: None,
         }
+    }
+
+    /// Reload from `reload` whenever the journal has recovered from a failure.
+    pub(crate) fn with_reload(mut self, reload: Reload) -> Engine {
+        self.reload = Some(reload);
+        self
+    }
+
+    /// Admit a change: the journal takes entries, and the live state follows its
+    /// current generation (reloaded first if the journal recovered since). Returns the
+    /// gate, held shared until the change's entry is submitted, and the generation to
+    /// submit it at.
+    // INVARIANT (reload-after-recovery): a change is computed only on a state that is the
+    // fold of the log at the journal's current generation, and its entry is written only
+    // at that generation, so a change built on one whose entry was lost never reaches
+    // the log.
+    fn admit(&self) -> Result<(RwLockReadGuard<'_, u64>, u64), StoreError> {
+        loop {
+            let health = self
+                .journal
+                .as_ref()
+                .map(|j| j.health())
+                .unwrap_or_default();
+            if let Some(message) = health.failure {
+                return Err(StoreError::Unavailable { message });
+            }
+            let gate = self.gate.read().unwrap_or_else(PoisonError::into_inner);
+            if *gate == health.generation {
+                return Ok((gate, health.generation));
+            }
+            drop(gate);
+            self.resync(health.generation)?;
+        }
+    }
+
+    /// A view for reads: reloaded first if the journal recovered since the last change.
+    /// While the journal is failed, reads answer from memory (which may hold changes whose
+    /// entries were lost; nobody was told they happened).
+    fn view(&self) -> Result<RwLockReadGuard<'_, u64>, StoreError> {
+        loop {
+            let health = self
+                .journal
+                .as_ref()
+                .map(|j| j.health())
+                .unwrap_or_default();
+            let gate = self.gate.read().unwrap_or_else(PoisonError::into_inner);
+            if health.failure.is_some() || *gate == health.generation {
+                return Ok(gate);
+            }
+            drop(gate);
+            self.resync(health.generation)?;
+        }
+    }
+
+    /// Replace the live state by the fold of the log, for journal generation
+    /// `generation`. Liveness (heartbeat time, staleness, last activity) is kept for the
+    /// sessions that stay.
+    fn resync(&self, generation: u64) -> Result<(), StoreError> {
+        let mut gate = self.gate.write().unwrap_or_else(PoisonError::into_inner);
+        if *gate == generation {
+            return Ok(());
+        }
+        let Some(reload) = &self.reload else {
+            let e = StoreError::Failed {
+                message: "the journal recovered from a failure, and this store cannot reload the fold of its log".into(),
+            };
+            self.stop(e.clone());
+            return Err(e);
+        };
+        let (sessions, budgets) = match (reload.0)() {
+            Ok(f) => f,
+            Err(e) => {
+                let e = StoreError::Failed {
+                    message: format!("reloading the state after the audit log recovered: {e}"),
+                };
+                self.stop(e.clone());
+                return Err(e);
+            }
+        };
+        let mut live: HashMap<String, Session> = HashMap::new();
+        for shard in self.shards.iter() {
+            let mut map = shard.write().unwrap_or_else(PoisonError::into_inner);
+            for (id, slot) in map.drain() {
+                live.insert(id, lock(&slot).clone());
+            }
+        }
+        lock(&self.budgets).clear();
+        self.count.store(0, Ordering::Release);
+        let sessions = sessions.into_iter().map(|mut s| {
+            if let Some(old) = live.get(&s.meta.session_id) {
+                s.last_heartbeat_ns = old.last_heartbeat_ns;
+                s.state.last_activity_ns = old.state.last_activity_ns;
+                s.state.status = old.state.status;
+            }
+            s
+        });
+        self.load(sessions, budgets)?;
+        *gate = generation;
+        Ok(())
     }
 
     fn shard(&self, id: &str) -> Result<&Shard, StoreError> {
@@ -143,6 +265,7 @@ impl Engine {
     ) -> Result<(SessionState, Durable), StoreError> {
         self.check_running()?;
         session.meta.validate()?;
+        let (_gate, generation) = self.admit()?;
         let id = session.meta.session_id.clone();
         let shard = self.shard(&id)?;
         let mut map = shard.write().unwrap_or_else(PoisonError::into_inner);
@@ -164,7 +287,7 @@ impl Engine {
         let durable = match session.meta.shared_budget_key() {
             None => {
                 let record = ops::open(&mut session, now);
-                self.submit(SessionEvent::Opened(record))
+                self.submit(SessionEvent::Opened(record), generation)
             }
             Some(key) => {
                 let mut budgets = lock(&self.budgets);
@@ -179,7 +302,7 @@ impl Engine {
                 // Join: the shared record's amounts win over the new session's own.
                 b.load_into(&mut session.state);
                 let record = ops::open(&mut session, now);
-                self.submit(SessionEvent::Opened(record))
+                self.submit(SessionEvent::Opened(record), generation)
             }
         };
         let state = session.state.clone();
@@ -187,15 +310,16 @@ impl Engine {
         Ok((state, durable))
     }
 
-    fn submit(&self, event: SessionEvent) -> Durable {
+    fn submit(&self, event: SessionEvent, generation: u64) -> Durable {
         match &self.journal {
-            Some(j) => j.submit(event),
+            Some(j) => j.submit_at(event, generation),
             None => Durable::ready(),
         }
     }
 
     /// A copy of a session with its shared budget loaded.
     pub(crate) fn get(&self, id: &str) -> Result<Option<Session>, StoreError> {
+        let _view = self.view()?;
         let slot = match self.slot(id) {
             Ok(s) => s,
             Err(StoreError::NotFound { .. }) => return Ok(None),
@@ -215,6 +339,7 @@ impl Engine {
 
     /// Copies of every session that `keep` accepts, sorted by id.
     pub(crate) fn list(&self, keep: impl Fn(&Session) -> bool) -> Result<Vec<Session>, StoreError> {
+        let _view = self.view()?;
         let mut out = Vec::new();
         for shard in self.shards.iter() {
             let slots: Vec<Arc<Slot>> = shard
@@ -239,6 +364,7 @@ impl Engine {
         if let BudgetKey::Session(id) = key {
             return Ok(self.get(id)?.map(|s| Budget::of(&s.state)));
         }
+        let _view = self.view()?;
         Ok(lock(&self.budgets).get(key).map(|slot| *lock(slot)))
     }
 
@@ -263,6 +389,7 @@ impl Engine {
         f: impl FnOnce(&mut Session) -> Change<R>,
     ) -> Result<(R, Durable), StoreError> {
         self.check_running()?;
+        let (_gate, generation) = self.admit()?;
         let slot = self.slot(id)?;
         let mut session = lock(&slot);
         let bslot = session
@@ -312,7 +439,7 @@ impl Engine {
                 if let Some(b) = &mut budget {
                     **b = Budget::of(&session.state);
                 }
-                let durable = self.submit(event);
+                let durable = self.submit(event, generation);
                 Ok((r, durable))
             }
         }

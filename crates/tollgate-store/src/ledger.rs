@@ -177,6 +177,12 @@ impl Ledger {
         )
     }
 
+    /// Mark again what [`Ledger::take_dirty`] returned (a snapshot that failed).
+    pub fn restore_dirty(&mut self, sessions: BTreeSet<String>, budgets: BTreeSet<BudgetKey>) {
+        self.dirty_sessions.extend(sessions);
+        self.dirty_budgets.extend(budgets);
+    }
+
     /// Whether anything changed since [`Ledger::take_dirty`].
     pub fn is_dirty(&self) -> bool {
         !self.dirty_sessions.is_empty() || !self.dirty_budgets.is_empty()

@@ -184,7 +184,7 @@ pub mod fuzzing {
     }
 }
 
-pub use durable::{Arbiter, Durable, Journal, SettleFuture, Settled, VoidBudget};
+pub use durable::{Arbiter, Durable, Journal, JournalHealth, SettleFuture, Settled, VoidBudget};
 pub use embedded::{
     dump, tap, EmbeddedStore, SnapshotStats, StoreOptions, StoreReport, Tap, TapReceiver,
 };
@@ -259,8 +259,17 @@ pub enum StoreError {
         /// What happened.
         message: String,
     },
+    /// The journal (the audit log) refuses entries now (after a failure to write, sync
+    /// or rotate): no change is made. It passes when the journal has recovered; the store
+    /// then reloads its state from the fold of the log before the next change.
+    #[error("the audit log is not taking entries: {message}")]
+    Unavailable {
+        /// Why, as the journal says.
+        message: String,
+    },
     /// The journal (the audit log) could not make a change durable. The audit writer
-    /// fails every later entry too, so no later change becomes durable either.
+    /// refuses every later entry too until it has recovered (then the store reloads its
+    /// state from the log), so no later change is built on this one.
     #[error("the audit log did not take the change: {message}")]
     Journal {
         /// The writer's error.
@@ -272,6 +281,28 @@ pub enum StoreError {
         /// What the file says it is.
         found: String,
     },
+    /// At open: the snapshot and the audit log disagree (see [`EmbeddedStore::open`]).
+    /// The message says what to do: the log is the record, the snapshot only a cache of
+    /// its fold.
+    #[error("the state file `{state}` and the audit log `{log}` disagree: {reason}. The log is the record: check it with `tollgate audit verify {log} --key <the log's public key>` (and `--checkpoint FILE` with a checkpoint kept elsewhere, to detect a cut). If it verifies and is the log to continue, move `{state}` aside and start again: the state is rebuilt from the log. If the log was cut or replaced, restore it from its archive instead: a state rebuilt from a cut log has forgotten the changes that were cut")]
+    Mismatch {
+        /// The snapshot file.
+        state: String,
+        /// The log directory.
+        log: String,
+        /// What disagrees.
+        reason: String,
+    },
+    /// At open: the snapshot file is not safe to trust: another user owns it, or users
+    /// other than its owner may write it (whoever can write it can set any session's
+    /// budget at the next start).
+    #[error("the state file `{path}` {reason}: refusing to trust it. Fix its owner and mode (`chown` it to the daemon's user, `chmod 0640`), or move it aside: the state is then rebuilt from the audit log")]
+    Unsafe {
+        /// The snapshot file.
+        path: String,
+        /// What is wrong with it.
+        reason: String,
+    },
     /// The storage engine reported an error (`op` says during what).
     #[error("storage error during {op}: {message}")]
     Backend {
@@ -280,8 +311,7 @@ pub enum StoreError {
         /// The engine's message.
         message: String,
     },
-    /// At open: a snapshot record does not decode, or the snapshot and the audit log
-    /// disagree (`key` is then the log's directory): see [`EmbeddedStore::open`].
+    /// At open: a snapshot record does not decode.
     #[error("stored record `{key}` is corrupt: {reason}")]
     Corrupt {
         /// The record's key.

@@ -5,6 +5,8 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+#[macro_use]
+mod out;
 mod cmd;
 
 /// Tollgate: decides, before an AI agent runs a tool, whether it may.
@@ -79,8 +81,10 @@ fn main() -> ExitCode {
     };
     match result {
         Ok(code) => code,
+        // A closed standard output ends a command quietly (see `out`).
+        Err(e) if out::is_closed_pipe(&e) => ExitCode::from(out::CLOSED_PIPE_STATUS),
         Err(e) => {
-            eprintln!("tollgate: error: {}", describe(&e));
+            errln!("tollgate: error: {}", describe(&e));
             ExitCode::from(2)
         }
     }

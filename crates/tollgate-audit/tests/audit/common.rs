@@ -158,3 +158,67 @@ pub fn block_on<F: std::future::Future>(f: F) -> F::Output {
         std::thread::park();
     }
 }
+
+/// A tmpfs of `kib` KiB mounted for one test (unmounted when dropped), or `None` when
+/// this machine cannot mount one (not root, no mount(8)): the test is then skipped, said
+/// on standard error, and under `TOLLGATE_CI=1` the skip is a failure.
+pub struct Tmpfs(tempfile::TempDir);
+
+impl Tmpfs {
+    pub fn mount(kib: u64) -> Option<Tmpfs> {
+        let dir = tempfile::tempdir().unwrap();
+        let out = std::process::Command::new("mount")
+            .args([
+                "-t",
+                "tmpfs",
+                "-o",
+                &format!("size={kib}k,mode=0700"),
+                "tmpfs",
+            ])
+            .arg(dir.path())
+            .output();
+        match out {
+            Ok(o) if o.status.success() => Some(Tmpfs(dir)),
+            other => {
+                let why = match other {
+                    Ok(o) => String::from_utf8_lossy(&o.stderr).into_owned(),
+                    Err(e) => e.to_string(),
+                };
+                assert!(
+                    std::env::var("TOLLGATE_CI").as_deref() != Ok("1"),
+                    "TOLLGATE_CI=1 and a tmpfs cannot be mounted: {why}"
+                );
+                eprintln!("SKIPPED: cannot mount a tmpfs (needs root and mount(8)): {why}");
+                None
+            }
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        self.0.path()
+    }
+
+    /// Fill the file system with `path` until writing fails, then give back `free`
+    /// bytes (the file system then has about that much room). Returns the file's length.
+    pub fn fill(&self, path: &Path, free: u64) -> u64 {
+        use std::io::Write;
+        let mut f = std::fs::File::create(path).unwrap();
+        let chunk = vec![0x5au8; 4096];
+        let mut len = 0u64;
+        while f.write_all(&chunk).is_ok() {
+            len += 4096;
+        }
+        let keep = len.saturating_sub(free);
+        f.set_len(keep).unwrap();
+        keep
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(self.0.path())
+            .status();
+    }
+}

@@ -11,6 +11,7 @@ mod agreement;
 mod common;
 mod crash;
 mod export;
+mod heal;
 mod known_answer;
 mod props;
 mod raw;

@@ -171,7 +171,7 @@ fn a_snapshot_ahead_of_its_log_is_refused() {
     std::fs::remove_dir_all(dir.path().join("audit")).unwrap();
     copy_dir(early_log.path(), &dir.path().join("audit"));
     let err = open_embedded(dir.path(), manual()).unwrap_err();
-    assert!(matches!(err, StoreError::Corrupt { .. }), "{err}");
+    assert!(matches!(err, StoreError::Mismatch { .. }), "{err}");
 }
 
 #[test]
@@ -190,7 +190,7 @@ fn a_log_that_is_not_the_snapshots_is_refused() {
     }
     std::fs::copy(one.path().join("state.redb"), two.path().join("state.redb")).unwrap();
     let err = open_embedded(two.path(), manual()).unwrap_err();
-    assert!(matches!(err, StoreError::Corrupt { .. }), "{err}");
+    assert!(matches!(err, StoreError::Mismatch { .. }), "{err}");
 }
 
 #[test]
@@ -213,7 +213,7 @@ fn a_tampered_entry_after_the_snapshot_is_refused() {
     bytes[at] ^= 0x01;
     std::fs::write(&log, bytes).unwrap();
     let err = open_embedded(crashed.path(), manual()).unwrap_err();
-    assert!(matches!(err, StoreError::Corrupt { .. }), "{err}");
+    assert!(matches!(err, StoreError::Mismatch { .. }), "{err}");
 }
 
 #[test]

@@ -211,19 +211,22 @@ fn verify(a: &VerifyArgs) -> anyhow::Result<ExitCode> {
             } else {
                 "NOT CHECKED: no --key given, the key in the log was taken on trust"
             };
-            println!(
+            outln!(
                 "ok: {} entries (index {}..{}) in {} file(s), whole",
-                s.entries, s.first_index, s.next_index, s.files
+                s.entries,
+                s.first_index,
+                s.next_index,
+                s.files
             );
-            println!("key: {} ({trust})", s.key_id);
-            println!("last hash: {}", s.last_hash);
+            outln!("key: {} ({trust})", s.key_id);
+            outln!("last hash: {}", s.last_hash);
             if opts.checkpoint.is_some() {
-                println!("checkpoint: matched");
+                outln!("checkpoint: matched");
             }
             Ok(ExitCode::SUCCESS)
         }
         Err(PathsError::Break(b)) => {
-            println!("BROKEN: {b}");
+            outln!("BROKEN: {b}");
             Ok(ExitCode::from(1))
         }
         Err(e @ PathsError::Io { .. }) => Err(e.into()),
@@ -235,11 +238,11 @@ fn checkpoint(a: &CheckpointArgs) -> anyhow::Result<ExitCode> {
     if let Some(k) = &a.key {
         let key = read_public_key(k)?;
         if !cp.verify_with(&key) {
-            println!("BROKEN: checkpoint signature does not verify with the given key");
+            outln!("BROKEN: checkpoint signature does not verify with the given key");
             return Ok(ExitCode::from(1));
         }
     }
-    print!("{}", cp.to_text());
+    out!("{}", cp.to_text());
     Ok(ExitCode::SUCCESS)
 }
 
@@ -276,10 +279,10 @@ fn export(a: &ExportArgs) -> anyhow::Result<ExitCode> {
         let key = a.key.as_ref().map(|k| read_public_key(k)).transpose()?;
         let reports = pg_reports(url, &a.pg, key, &mut |chain, e| row(Some(chain), e))?;
         if key.is_none() {
-            eprintln!("tollgate: warning: no --key given; each chain's registered key was trusted");
+            errln!("tollgate: warning: no --key given; each chain's registered key was trusted");
         }
         if let Some(b) = reports.iter().find_map(|r| r.result.as_ref().err()) {
-            eprintln!("BROKEN: {b}; nothing exported");
+            errln!("BROKEN: {b}; nothing exported");
             return Ok(ExitCode::from(1));
         }
         return write_rows(a.format, rows);
@@ -289,11 +292,11 @@ fn export(a: &ExportArgs) -> anyhow::Result<ExitCode> {
     match r {
         Ok(s) => {
             if !s.key_trusted {
-                eprintln!("tollgate: warning: no --key given; the log's own key was trusted");
+                errln!("tollgate: warning: no --key given; the log's own key was trusted");
             }
         }
         Err(PathsError::Break(b)) => {
-            eprintln!("BROKEN: {b}; nothing exported");
+            errln!("BROKEN: {b}; nothing exported");
             return Ok(ExitCode::from(1));
         }
         Err(e @ PathsError::Io { .. }) => return Err(e.into()),
@@ -364,16 +367,19 @@ fn verify_pg(url: &str, pg: &PgArgs, key: Option<&PathBuf>) -> anyhow::Result<Ex
     for r in &reports {
         match &r.result {
             Ok(s) => {
-                println!(
+                outln!(
                     "chain {}: ok: {} entries (index {}..{}), whole",
-                    r.chain_id, s.entries, s.first_index, s.next_index
+                    r.chain_id,
+                    s.entries,
+                    s.first_index,
+                    s.next_index
                 );
-                println!("  key: {} ({trust})", s.key_id);
-                println!("  last hash: {}", s.last_hash);
+                outln!("  key: {} ({trust})", s.key_id);
+                outln!("  last hash: {}", s.last_hash);
             }
             Err(b) => {
                 broken = true;
-                println!("BROKEN: {b}");
+                outln!("BROKEN: {b}");
             }
         }
     }
@@ -392,7 +398,7 @@ fn rotate_key(a: &RotateKeyArgs) -> anyhow::Result<ExitCode> {
     report_recovery(&report);
     let h = w.rotate_key(new).wait()?;
     w.shutdown()?;
-    println!(
+    outln!(
         "hand-over entry {} names key {new_id}; the log is now signed by it",
         h.index
     );
@@ -401,14 +407,14 @@ fn rotate_key(a: &RotateKeyArgs) -> anyhow::Result<ExitCode> {
 
 fn report_recovery(report: &tollgate_audit::OpenReport) {
     if let Some(v) = report.upgraded_from {
-        eprintln!(
+        errln!(
             "tollgate: the log's last file is format version {v}; continuing in a new version-{} file `{}`",
             tollgate_audit::format::FORMAT_VERSION,
             report.file.display()
         );
     }
     if let Some(r) = &report.recovered {
-        eprintln!(
+        errln!(
             "tollgate: recovered a torn tail: {} bytes at offset {} of `{}` moved to `{}` (recorded as entry {})",
             r.length,
             r.offset,
@@ -483,7 +489,7 @@ fn demo_write(a: &DemoWriteArgs) -> anyhow::Result<ExitCode> {
         p.wait()?;
     }
     w.shutdown()?;
-    println!(
+    outln!(
         "appended {} entries; next index {i}",
         i.saturating_sub(start)
     );

@@ -164,7 +164,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
             secret: read_secret(secret_file)?,
             grpc: None,
         };
-        println!(
+        outln!(
             "mode: external daemon at {} (as it is configured)",
             socket.display()
         );
@@ -194,7 +194,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         if let Some(g) = &own.config.grpc {
             serve.wait_tcp(g.listen)?;
         }
-        println!(
+        outln!(
             "mode: separate process: `tollgate serve` (pid {}), started by the bench",
             serve.child.id()
         );
@@ -561,7 +561,7 @@ fn fleet(
         secret.clone_from(&own.secret);
         daemons.push(serve);
     }
-    println!(
+    outln!(
         "mode: fleet: {} `tollgate serve` processes, state in Redis {}, audit chains in PostgreSQL {} (schema bench_{run})",
         args.daemons,
         tollgate_daemon::config::redact_url(redis),
@@ -586,7 +586,7 @@ fn fleet(
     }
     // Leave nothing behind: the run's schema and keys are the bench's own.
     if let Err(e) = rt.block_on(clean_up(redis, postgres, &run)) {
-        eprintln!("tollgate bench: cleaning up: {e:#}");
+        errln!("tollgate bench: cleaning up: {e:#}");
     }
     let report = report?;
     report.print(
@@ -594,7 +594,7 @@ fn fleet(
         "each verdict in Redis and committed to PostgreSQL before the reply",
     );
     let decisions = report.latencies.len().max(1) as f64;
-    println!(
+    outln!(
         "redis: {:.2} commands per decision, {:.2} EVALSHA (compare-and-set round trips) per decision",
         after.0.saturating_sub(before.0) as f64 / decisions,
         after.1.saturating_sub(before.1) as f64 / decisions,
@@ -667,7 +667,7 @@ async fn redis_counts(url: &str) -> anyhow::Result<(u64, u64)> {
 /// `--in-process`: the daemon on this runtime, stopped after the load.
 async fn in_process(plan: &Plan, own: &OwnDaemon) -> anyhow::Result<Report> {
     let daemon = Daemon::start(own.config.clone()).await?;
-    println!("mode: in-process: the daemon runs in the load generator's process");
+    outln!("mode: in-process: the daemon runs in the load generator's process");
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let handle = tokio::spawn(daemon.run(async {
         let _ = rx.await;
@@ -939,11 +939,11 @@ async fn work(
 /// Register the sessions, run the workers, gather what they measured.
 async fn load(plan: &Plan, target: &Target) -> anyhow::Result<Report> {
     match &target.grpc {
-        Some(g) => println!(
+        Some(g) => outln!(
             "transport: gRPC with mutual TLS at {} (one HTTP/2 connection per session)",
             g.address
         ),
-        None => println!("transport: Unix socket (one connection per session)"),
+        None => outln!("transport: Unix socket (one connection per session)"),
     }
     let marks = &plan.marks;
     let mut clients = Vec::with_capacity(plan.sessions);
@@ -1057,17 +1057,17 @@ impl Report {
 
     fn print(&self, plan: &Plan, how: &str) {
         if plan.post_exec {
-            println!(
+            outln!(
                 "load: pre_exec, and after every ALLOW its post_exec (actual cost ${COST_USD}): a settlement, one more audited entry each"
             );
         } else {
-            println!("load: pre_exec only (no post_exec; --post-exec adds settlements)");
+            outln!("load: pre_exec only (no post_exec; --post-exec adds settlements)");
         }
         let denied = match &self.first_denial {
             Some(reason) => format!("{} (first: {reason})", self.denied),
             None => self.denied.to_string(),
         };
-        println!(
+        outln!(
             "sessions {}  concurrency {}  duration {:.1}s  requests {}  denied {denied}",
             self.sessions,
             plan.concurrency,
@@ -1075,8 +1075,8 @@ impl Report {
             self.latencies.len(),
         );
         match self.calls_per_session {
-            (lo, hi) if lo == hi => println!("calls per session: {lo}"),
-            (lo, hi) => println!("calls per session: {lo} to {hi}"),
+            (lo, hi) if lo == hi => outln!("calls per session: {lo}"),
+            (lo, hi) => outln!("calls per session: {lo} to {hi}"),
         }
         let secs = self.elapsed.as_secs_f64();
         let rate = if secs > 0.0 {
@@ -1084,9 +1084,9 @@ impl Report {
         } else {
             0.0
         };
-        println!("throughput {rate:.0} pre_exec/s ({how})");
+        outln!("throughput {rate:.0} pre_exec/s ({how})");
         let p = |q: f64| percentile(&self.latencies, q);
-        println!(
+        outln!(
             "latency us: p50 {}  p99 {}  p99.9 {}  max {}",
             p(0.50),
             p(0.99),
@@ -1094,18 +1094,19 @@ impl Report {
             self.latencies.last().copied().unwrap_or(0)
         );
         if plan.post_exec {
-            println!(
+            outln!(
                 "post_exec sent {}  failed to send {}",
-                self.post_execs, self.post_exec_failures
+                self.post_execs,
+                self.post_exec_failures
             );
         }
         if !self.rows.is_empty() {
-            println!(
+            outln!(
                 "history: per mark, the window of calls ending there, min(mark/10, {MAX_WINDOW}) per session, all sessions together"
             );
         }
         for row in &self.rows {
-            println!(
+            outln!(
                 "mark {}  window {}/session  calls {}  throughput {:.0} pre_exec/s  p50 {} us  p99 {} us",
                 row.mark.at, row.mark.window, row.calls, row.rate, row.p50, row.p99
             );

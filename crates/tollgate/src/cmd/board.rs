@@ -102,7 +102,7 @@ fn check(args: &CheckArgs) -> anyhow::Result<ExitCode> {
                 }));
             }
             Err(e) => {
-                eprintln!("tollgate: cannot read `{shown}`: {e}");
+                errln!("tollgate: cannot read `{shown}`: {e}");
                 unreadable.push((shown, e.to_string()));
             }
         }
@@ -131,7 +131,7 @@ fn check(args: &CheckArgs) -> anyhow::Result<ExitCode> {
     match args.format {
         Format::Text => {
             for l in &lines {
-                println!(
+                outln!(
                     "{}\t{}\t{}\t{}",
                     l.finding.rule,
                     one_field(&l.path),
@@ -177,7 +177,7 @@ fn check(args: &CheckArgs) -> anyhow::Result<ExitCode> {
             ]);
             let bytes = json::to_canonical_vec(&doc)
                 .map_err(|_| anyhow::anyhow!("internal: output is not canonicalizable"))?;
-            println!("{}", String::from_utf8_lossy(&bytes));
+            outln!("{}", String::from_utf8_lossy(&bytes));
         }
     }
     Ok(ExitCode::from(code))
@@ -206,6 +206,6 @@ fn digest(args: &DigestArgs) -> anyhow::Result<ExitCode> {
         .with_context(|| format!("cannot read `{}`", args.file.display()))?;
     let d = tollgate_board::digest(&bytes)
         .with_context(|| format!("cannot digest `{}`", args.file.display()))?;
-    println!("{d}");
+    outln!("{d}");
     Ok(ExitCode::SUCCESS)
 }

@@ -11,7 +11,7 @@
 use std::fmt::Write as _;
 use std::io::Write as _;
 use std::net::IpAddr;
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -111,14 +111,14 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         &args.listen,
         args.days,
     )?;
-    println!("CA certificate:     {}", w.ca.display());
-    println!(
+    outln!("CA certificate:     {}", w.ca.display());
+    outln!(
         "server certificate: {} (key {})",
         w.server.0.display(),
         w.server.1.display()
     );
     for (c, cert, key) in &w.clients {
-        println!(
+        outln!(
             "client {}/{}: {} (key {})",
             c.org,
             c.agent,
@@ -126,8 +126,8 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
             key.display()
         );
     }
-    println!("daemon configuration: {}", w.config.display());
-    println!(
+    outln!("daemon configuration: {}", w.config.display());
+    outln!(
         "next: tollgate serve --config {}   (then connect with a client certificate above)",
         w.config.display()
     );
@@ -169,6 +169,9 @@ fn write_file(path: &Path, text: &str, mode: u32) -> anyhow::Result<()> {
         .mode(mode)
         .open(path)
         .with_context(|| format!("creating {} (it must not exist yet)", path.display()))?;
+    // The mode given at creation is filtered by the umask; set it exactly.
+    f.set_permissions(std::fs::Permissions::from_mode(mode))
+        .with_context(|| format!("setting the mode of {}", path.display()))?;
     f.write_all(text.as_bytes())
         .with_context(|| format!("writing {}", path.display()))
 }
@@ -187,7 +190,9 @@ pub fn write_pki(
     listen: &str,
     days: u32,
 ) -> anyhow::Result<Written> {
-    std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
+    // Exactly 0755 whatever the umask; the private keys in it are 0600 each.
+    tollgate_audit::files::create_dir_with_mode(out, 0o755)
+        .with_context(|| format!("creating {}", out.display()))?;
     let out = out
         .canonicalize()
         .with_context(|| format!("resolving {}", out.display()))?;

@@ -110,11 +110,11 @@ fn check(args: &Args, items: &[(String, Result<Prepared, Outcome>)]) -> usize {
     match args.format {
         Format::Text => {
             for (_, o) in &results {
-                println!("{o}");
+                outln!("{o}");
             }
-            println!("{passed} passed, {failed} failed");
+            outln!("{passed} passed, {failed} failed");
         }
-        Format::Json => println!("{}", to_json(&results, passed, failed)),
+        Format::Json => outln!("{}", to_json(&results, passed, failed)),
     }
     failed
 }
@@ -171,14 +171,14 @@ fn bench(args: &Args, items: &[(String, Result<Prepared, Outcome>)]) -> usize {
         Format::Text => {
             for r in &rows {
                 match &r.result {
-                    Ok(ns) => println!("{}\t{ns:.1}", r.name),
-                    Err(o) => println!("{o}"),
+                    Ok(ns) => outln!("{}\t{ns:.1}", r.name),
+                    Err(o) => outln!("{o}"),
                 }
             }
             #[allow(clippy::cast_precision_loss)]
             let total_ms = total_ns as f64 / 1e6;
-            println!("{vectors} vectors, {decisions} decisions, mean {mean:.1} ns/vector, total {total_ms:.1} ms");
-            println!("{} passed, {failed} failed", timed.len());
+            outln!("{vectors} vectors, {decisions} decisions, mean {mean:.1} ns/vector, total {total_ms:.1} ms");
+            outln!("{} passed, {failed} failed", timed.len());
         }
         Format::Json => {
             let s = |t: &str| Value::String(t.to_owned());
@@ -216,7 +216,7 @@ fn bench(args: &Args, items: &[(String, Result<Prepared, Outcome>)]) -> usize {
             top.insert("passed".to_owned(), int(timed.len() as u128));
             top.insert("failed".to_owned(), int(failed as u128));
             let bytes = json::to_canonical_vec(&Value::Object(top)).unwrap_or_default();
-            println!("{}", String::from_utf8(bytes).unwrap_or_default());
+            outln!("{}", String::from_utf8(bytes).unwrap_or_default());
         }
     }
     failed

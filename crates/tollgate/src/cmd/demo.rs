@@ -32,7 +32,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     let ok = rt.block_on(flow(data.clone()))?;
     if args.keep {
         let kept = dir.keep();
-        println!("data directory kept at {}", kept.display());
+        outln!("data directory kept at {}", kept.display());
     }
     Ok(if ok {
         ExitCode::SUCCESS
@@ -42,7 +42,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
 }
 
 fn line(dir: &str, text: impl std::fmt::Display) {
-    println!("{dir} {text}");
+    outln!("{dir} {text}");
 }
 
 async fn flow(data: std::path::PathBuf) -> anyhow::Result<bool> {
@@ -62,7 +62,7 @@ async fn flow(data: std::path::PathBuf) -> anyhow::Result<bool> {
 
     let daemon = Daemon::start(config).await?;
     let socket = daemon.socket().to_owned();
-    println!("daemon listening on {}", socket.display());
+    outln!("daemon listening on {}", socket.display());
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(daemon.run(async {
         let _ = stop_rx.await;
@@ -169,7 +169,7 @@ async fn flow(data: std::path::PathBuf) -> anyhow::Result<bool> {
         }
     })
     .map_err(|e| anyhow::anyhow!("audit log verification failed: {e}"))?;
-    println!(
+    outln!(
         "audit log verified with the public key: {} entries: {opened} session opened, {} verdicts [{}], {} settlements [{}]",
         summary.entries,
         verdicts.len(),
@@ -177,7 +177,7 @@ async fn flow(data: std::path::PathBuf) -> anyhow::Result<bool> {
         settled.len(),
         settled.join("; ")
     );
-    println!(
+    outln!(
         "{}",
         if all_as_written {
             "Appendix A flow: as written"

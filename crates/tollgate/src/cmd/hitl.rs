@@ -96,11 +96,11 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
                 let client = connect(conn).await?;
                 let pending = client.hitl_list().await?;
                 if pending.is_empty() {
-                    println!("no pending decisions");
+                    outln!("no pending decisions");
                 }
                 for p in pending {
                     let t = p.transition.unwrap_or_default();
-                    println!(
+                    outln!(
                         "{}\tagent={}\ttool={}\tnonce={}\tdigest={}\tdecision={}\tstatus={}",
                         p.session_id,
                         p.agent_id,
@@ -146,12 +146,12 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
                         successor_params_json,
                     })
                     .await?;
-                println!(
+                outln!(
                     "{session}: {decision} recorded by {operator} (audit entry {})",
                     r.audit_entry_id
                 );
                 if let Some(t) = r.transition.as_ref().filter(|_| decision == "modify") {
-                    println!(
+                    outln!(
                         "successor: nonce {} digest {}",
                         t.successor_nonce,
                         hex(&t.successor_args_digest)

@@ -34,7 +34,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         0o644,
         args.force,
     )?;
-    println!(
+    outln!(
         "key id {}\nsigning key {} (mode 0600, keep secret)\npublic key  {}",
         keys::key_id(&key.verifying_key()),
         secret.display(),

@@ -30,13 +30,14 @@ pub fn run(a: &Args) -> anyhow::Result<ExitCode> {
         tollgate_pg::migrate(&mut client, &a.schema).await
     })?;
     if report.applied.is_empty() {
-        println!(
+        outln!(
             "schema {}: at version {}, up to date",
-            report.schema, report.to
+            report.schema,
+            report.to
         );
     } else {
         let applied: Vec<String> = report.applied.iter().map(ToString::to_string).collect();
-        println!(
+        outln!(
             "schema {}: version {} -> {} (applied {})",
             report.schema,
             report.from,
@@ -45,16 +46,16 @@ pub fn run(a: &Args) -> anyhow::Result<ExitCode> {
         );
     }
     match &report.role {
-        RoleOutcome::Created => println!(
+        RoleOutcome::Created => outln!(
             "role {}: created (NOLOGIN), granted INSERT and SELECT",
             tollgate_pg::WRITER_ROLE
         ),
-        RoleOutcome::Existed => println!(
+        RoleOutcome::Existed => outln!(
             "role {}: exists, granted INSERT and SELECT",
             tollgate_pg::WRITER_ROLE
         ),
         RoleOutcome::NotPermitted(why) => {
-            println!(
+            outln!(
                 "role {}: NOT SET UP ({why}); a superuser must create it and grant it INSERT, SELECT (docs/postgres.md)",
                 tollgate_pg::WRITER_ROLE
             );

@@ -21,13 +21,13 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     let token = operators::new_token().map_err(|e| anyhow::anyhow!("no randomness: {e}"))?;
     let hash = operators::hex(&operators::token_sha256(&token));
     let orgs: Vec<String> = args.orgs.iter().map(|o| format!("{o:?}")).collect();
-    println!("token: {token}");
-    println!("  (give it to the operator; it is not stored anywhere, only its hash below)");
-    println!();
-    println!("[[operator]]");
-    println!("id = {:?}", args.id);
-    println!("token_sha256 = \"{hash}\"");
-    println!("organizations = [{}]", orgs.join(", "));
-    println!("# expires_at = \"2027-01-01T00:00:00Z\"");
+    outln!("token: {token}");
+    outln!("  (give it to the operator; it is not stored anywhere, only its hash below)");
+    outln!();
+    outln!("[[operator]]");
+    outln!("id = {:?}", args.id);
+    outln!("token_sha256 = \"{hash}\"");
+    outln!("organizations = [{}]", orgs.join(", "));
+    outln!("# expires_at = \"2027-01-01T00:00:00Z\"");
     Ok(ExitCode::SUCCESS)
 }

@@ -50,12 +50,20 @@ fn generated_secret(data_dir: &Path, name: &str) -> PathBuf {
     data_dir.join("secrets").join(format!("{name}.secret"))
 }
 
+/// One line of the banner on standard output. The daemon goes on serving when nobody
+/// reads it (a closed pipe is not a reason to stop deciding).
+macro_rules! banner {
+    ($($arg:tt)*) => {{
+        let _ = $crate::out::stdout_lossy(format_args!("{}\n", format_args!($($arg)*)));
+    }};
+}
+
 /// Print where everything is and the settings in force: never a secret's value, only
 /// where it is kept.
 fn print_banner(d: &Daemon, config_file: Option<&Path>) {
     let c = d.config();
     let g = &c.default_guard;
-    println!(
+    banner!(
         "tollgate {} listening on {}",
         env!("CARGO_PKG_VERSION"),
         d.socket().display()
@@ -65,12 +73,12 @@ fn print_banner(d: &Daemon, config_file: Option<&Path>) {
         None => "in the configuration".to_owned(),
     };
     match config_file {
-        Some(f) => println!("  configuration: {}", f.display()),
-        None => println!("  configuration: embedded defaults"),
+        Some(f) => banner!("  configuration: {}", f.display()),
+        None => banner!("  configuration: embedded defaults"),
     }
-    println!("  data directory: {}", c.data_dir.display());
+    banner!("  data directory: {}", c.data_dir.display());
     if let Some(addr) = d.grpc_addr() {
-        println!("  gRPC (mutual TLS): {addr}");
+        banner!("  gRPC (mutual TLS): {addr}");
     }
     for o in &c.organizations {
         let place = |given: bool, name: String| {
@@ -80,17 +88,17 @@ fn print_banner(d: &Daemon, config_file: Option<&Path>) {
                 generated_secret(&c.data_dir, &name).display().to_string()
             }
         };
-        println!("  organization `{}`:", o.id);
-        println!(
+        banner!("  organization `{}`:", o.id);
+        banner!(
             "    agents' secret: {}",
             place(o.secret.is_some(), o.id.clone())
         );
-        println!(
+        banner!(
             "    operator secret: {}",
             place(o.operator_secret.is_some(), format!("{}.operator", o.id))
         );
     }
-    println!(
+    banner!(
         "  default guard: budget ${} ({}), max_repeat_calls {}, hitl_mode {}, settlement {:?}",
         g.budget,
         g.budget_scope.as_str(),
@@ -99,7 +107,7 @@ fn print_banner(d: &Daemon, config_file: Option<&Path>) {
         g.settlement
     );
     let l = &c.limits;
-    println!(
+    banner!(
         "  limits: {} pre_exec/s per session, {} registrations/s per peer, {} sessions, {} connections, heartbeat {:?} x{}",
         l.pre_exec_per_second_per_session,
         l.registrations_per_second_per_peer,
@@ -108,20 +116,22 @@ fn print_banner(d: &Daemon, config_file: Option<&Path>) {
         l.heartbeat_interval,
         l.missed_heartbeats_for_stale
     );
-    println!(
+    banner!(
         "  timeouts: idle {:?} between frames, {:?} per frame from its first byte",
-        l.idle_timeout, l.frame_timeout
+        l.idle_timeout,
+        l.frame_timeout
     );
+    banner!("  descriptors: {}", d.descriptors().describe());
     match d.control_addr() {
-        Some(addr) => println!(
+        Some(addr) => banner!(
             "  control plane: {}://{addr}/ (console, /v1/control, /metrics), {} operator(s)",
             if d.control_tls() { "https" } else { "http" },
             c.operators.len()
         ),
-        None => println!("  control plane: off (no [control] section)"),
+        None => banner!("  control plane: off (no [control] section)"),
     }
     if let tollgate_daemon::config::StateBackend::Redis(r) = &c.state.backend {
-        println!(
+        banner!(
             "  state: redis {} (key prefix `{}`, durability {:?})",
             tollgate_daemon::config::redact_url(&r.url),
             r.key_prefix,
@@ -129,16 +139,16 @@ fn print_banner(d: &Daemon, config_file: Option<&Path>) {
         );
     }
     for w in d.warnings() {
-        println!("  WARNING: {w}");
+        banner!("  WARNING: {w}");
     }
     // The audit line is the banner's last.
     match (&c.audit.sink, d.chain_id()) {
-        (tollgate_daemon::config::AuditSink::Postgres(p), Some(chain)) => println!(
+        (tollgate_daemon::config::AuditSink::Postgres(p), Some(chain)) => banner!(
             "  audit: postgres {} (schema `{}`), chain `{chain}`",
             tollgate_daemon::config::redact_url(&p.url),
             p.schema
         ),
-        _ => println!(
+        _ => banner!(
             "  audit: fsync {}, log {}",
             c.audit.fsync,
             c.audit
