@@ -14,5 +14,6 @@ mod basics;
 mod crash;
 mod fold;
 mod persist;
+mod recover;
 mod shared;
 mod support;

@@ -21,9 +21,18 @@ impl Serve {
     }
 
     pub(crate) fn start_with(dir: &Path, extra: &[&str]) -> Serve {
-        let child = Command::new(env!("CARGO_BIN_EXE_tollgate"))
-            .args(["serve", "--data-dir", s(dir)])
-            .args(extra)
+        Serve::start_command(
+            dir,
+            Command::new(env!("CARGO_BIN_EXE_tollgate"))
+                .args(["serve", "--data-dir", s(dir)])
+                .args(extra),
+        )
+    }
+
+    /// Start `command` (a `tollgate serve` for `dir`, perhaps under a wrapper) and wait
+    /// for its socket.
+    pub(crate) fn start_command(dir: &Path, command: &mut Command) -> Serve {
+        let child = command
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()

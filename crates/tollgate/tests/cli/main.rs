@@ -18,6 +18,7 @@ mod conformance;
 mod crash;
 mod daemon;
 mod fleet;
+mod heal;
 mod mcp;
 mod operator_token;
 mod pg;
