@@ -37,9 +37,13 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         .build()
         .context("starting the runtime")?;
     rt.block_on(async move {
+        // The handlers are installed before the socket exists: a SIGTERM sent as soon as
+        // the socket answers is a clean shutdown, not the default action.
+        let shutdown = shutdown_signal()?;
         let daemon = Daemon::start(config).await?;
         print_banner(&daemon, args.config.as_deref());
-        daemon.run(shutdown_signal()).await
+        daemon.run(shutdown).await?;
+        anyhow::Ok(())
     })?;
     Ok(ExitCode::SUCCESS)
 }
@@ -160,21 +164,16 @@ fn print_banner(d: &Daemon, config_file: Option<&Path>) {
     }
 }
 
-/// Resolves on SIGTERM or SIGINT.
-pub async fn shutdown_signal() {
+/// Install the SIGTERM and SIGINT handlers now; the future resolves on either.
+pub fn shutdown_signal() -> anyhow::Result<impl std::future::Future<Output = ()>> {
     use tokio::signal::unix::{signal, SignalKind};
-    let term = signal(SignalKind::terminate());
-    let int = signal(SignalKind::interrupt());
-    match (term, int) {
-        (Ok(mut t), Ok(mut i)) => {
-            tokio::select! {
-                _ = t.recv() => {}
-                _ = i.recv() => {}
-            }
+    let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+    let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+    Ok(async move {
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
         }
-        _ => {
-            let _ = tokio::signal::ctrl_c().await;
-        }
-    }
-    tracing::info!("shutdown requested");
+        tracing::info!("shutdown requested");
+    })
 }

@@ -32,14 +32,18 @@ impl Serve {
     /// Start `command` (a `tollgate serve` for `dir`, perhaps under a wrapper) and wait
     /// for its socket.
     pub(crate) fn start_command(dir: &Path, command: &mut Command) -> Serve {
+        Serve::start_command_at(dir, &dir.join("tollgate.sock"), command)
+    }
+
+    /// [`Serve::start_command`] for a daemon listening on `socket`.
+    pub(crate) fn start_command_at(dir: &Path, socket: &Path, command: &mut Command) -> Serve {
         let child = command
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()
             .unwrap();
-        let socket = dir.join("tollgate.sock");
         let t = Instant::now();
-        while std::os::unix::net::UnixStream::connect(&socket).is_err() {
+        while std::os::unix::net::UnixStream::connect(socket).is_err() {
             assert!(
                 t.elapsed() < Duration::from_secs(20),
                 "daemon did not start"

@@ -17,6 +17,7 @@ mod certs;
 mod conformance;
 mod crash;
 mod daemon;
+mod files;
 mod fleet;
 mod heal;
 mod mcp;

@@ -1,0 +1,314 @@
+//! Files and commands (issue 17 §6): every file and directory `tollgate serve` creates has
+//! its mode whatever the umask; a state file others may write is not trusted; every
+//! command stops quietly when its output is closed.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use tollgate_client::{ClientConfig, DaemonClient};
+
+use crate::daemon::Serve;
+use crate::{repo, s};
+
+fn mode(p: &Path) -> u32 {
+    std::fs::symlink_metadata(p)
+        .unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+        .permissions()
+        .mode()
+        & 0o7777
+}
+
+/// `tollgate serve` for `dir` under umask 000.
+fn serve_umask_000(dir: &Path, socket: &Path) -> Serve {
+    let script = format!(
+        "umask 000; exec '{}' serve --data-dir '{}' --socket '{}'",
+        env!("CARGO_BIN_EXE_tollgate"),
+        s(dir),
+        s(socket)
+    );
+    Serve::start_command_at(dir, socket, Command::new("sh").args(["-c", &script]))
+}
+
+#[test]
+fn every_file_and_directory_has_its_mode_under_umask_000() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("data");
+    let socket = tmp.path().join("run/tollgate/t.sock");
+    let daemon = serve_umask_000(&dir, &socket);
+    // One registration and a verdict, so that the log has entries; SIGTERM writes a
+    // checkpoint and the last snapshot.
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(async {
+            let secret = std::fs::read_to_string(dir.join("secrets/default.secret")).unwrap();
+            let c = DaemonClient::connect(ClientConfig::new(
+                &socket,
+                "default",
+                secret.trim().as_bytes(),
+                "umask",
+            ))
+            .await
+            .unwrap();
+            let p = tollgate_core::json::parse_str("{}").unwrap();
+            assert!(c.pre_exec("search", &p, 0.0).await.allowed());
+        });
+    // The socket is never reachable with the umask's mode: bound in a private
+    // directory, given its mode, then moved into place.
+    assert_eq!(mode(&socket), 0o660, "socket");
+    assert!(daemon.terminate().success());
+
+    let expect = [
+        (dir.clone(), 0o750),
+        (dir.join("state.redb"), 0o640),
+        (dir.join("audit"), 0o750),
+        (dir.join("audit/checkpoint"), 0o640),
+        (dir.join("audit.key"), 0o600),
+        (dir.join("audit.pub"), 0o644),
+        (dir.join("secrets"), 0o700),
+        (dir.join("secrets/default.secret"), 0o600),
+        (dir.join("secrets/default.operator.secret"), 0o600),
+        (tmp.path().join("run"), 0o755),
+        (tmp.path().join("run/tollgate"), 0o755),
+    ];
+    for (p, m) in expect {
+        assert_eq!(mode(&p), m, "{} is {:04o}", p.display(), mode(&p));
+    }
+    for f in tollgate_audit::files::list_log_files(&dir.join("audit")).unwrap() {
+        assert_eq!(mode(&f.path), 0o640, "{}", f.path.display());
+    }
+}
+
+/// Run `tollgate args...` for at most `secs`; `None` if it was still running (then killed).
+fn run_briefly(args: &[&str], secs: u64) -> Option<Output> {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if t.elapsed() > Duration::from_secs(secs) {
+            let _ = child.kill();
+            let _ = child.wait();
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Some(child.wait_with_output().unwrap())
+}
+
+#[test]
+fn a_state_file_others_may_write_is_not_trusted() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let daemon = Serve::start_with(dir, &[]);
+    assert!(daemon.terminate().success());
+
+    std::fs::set_permissions(
+        dir.join("state.redb"),
+        std::fs::Permissions::from_mode(0o666),
+    )
+    .unwrap();
+    let out = run_briefly(&["serve", "--data-dir", s(dir)], 20)
+        .expect("the daemon started on a state file anyone may write");
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("may be written by users other than its owner (mode 0666)"),
+        "{err}"
+    );
+    assert!(err.contains("chmod 0640"), "the remedy: {err}");
+
+    std::fs::set_permissions(
+        dir.join("state.redb"),
+        std::fs::Permissions::from_mode(0o640),
+    )
+    .unwrap();
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let out = run_briefly(&["serve", "--data-dir", s(dir)], 20)
+        .expect("the daemon started in a data directory anyone may write");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("may be written by any user (mode 0777)"),
+        "{err}"
+    );
+    assert!(err.contains("chmod o-w"), "the remedy: {err}");
+}
+
+/// A daemon on `dir` that registers a session and decides one call, then stops.
+fn some_history(dir: &Path) {
+    let daemon = Serve::start_with(dir, &[]);
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(async {
+            let secret = std::fs::read_to_string(dir.join("secrets/default.secret")).unwrap();
+            let c = DaemonClient::connect(ClientConfig::new(
+                dir.join("tollgate.sock"),
+                "default",
+                secret.trim().as_bytes(),
+                "history",
+            ))
+            .await
+            .unwrap();
+            let p = tollgate_core::json::parse_str("{}").unwrap();
+            assert!(c.pre_exec("search", &p, 0.0).await.allowed());
+        });
+    assert!(daemon.terminate().success());
+}
+
+#[test]
+fn a_snapshot_that_disagrees_with_the_log_says_what_to_do() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    some_history(dir);
+    // The log replaced by another one (a restore of the wrong backup): the snapshot's
+    // position does not link into it.
+    let other = tempfile::tempdir().unwrap();
+    some_history(other.path());
+    some_history(other.path());
+    std::fs::remove_dir_all(dir.join("audit")).unwrap();
+    std::fs::rename(other.path().join("audit"), dir.join("audit")).unwrap();
+    std::fs::copy(other.path().join("audit.key"), dir.join("audit.key")).unwrap();
+    let out = run_briefly(&["serve", "--data-dir", s(dir)], 20)
+        .expect("the daemon started on a snapshot of another log");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("disagree"), "{err}");
+    assert!(err.contains("tollgate audit verify"), "the remedy: {err}");
+    assert!(
+        err.contains("move") && err.contains("state.redb"),
+        "the remedy: {err}"
+    );
+}
+
+/// Run `tollgate args...` with its standard output a pipe whose reading end is already
+/// closed: its first write fails with EPIPE.
+fn into_closed_pipe(args: &[&str]) -> Output {
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let child = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .args(args)
+        .stdout(writer)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.wait_with_output().unwrap()
+}
+
+#[test]
+fn commands_stop_quietly_when_their_output_is_closed() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    // A log to read.
+    let key = dir.join("audit.key");
+    let public = dir.join("audit.pub");
+    let out = crate::tollgate(&["keygen", "--out", s(dir)]);
+    assert!(out.status.success(), "{}", crate::text(&out));
+    let log = dir.join("log");
+    let out = crate::tollgate(&[
+        "audit",
+        "demo-write",
+        "--dir",
+        s(&log),
+        "--key",
+        s(&key),
+        "--count",
+        "300",
+    ]);
+    assert!(out.status.success(), "{}", crate::text(&out));
+    let doc = dir.join("doc.json");
+    std::fs::write(&doc, r#"{"b":1,"a":[1,2]}"#).unwrap();
+    let vectors = repo("tests/data/sp1");
+    let fixture = repo("crates/tollgate-board/tests/data/board/valid/v01-delegate-example.json");
+    let commands: Vec<Vec<&str>> = vec![
+        vec!["audit", "verify", "--key", s(&public), s(&log)],
+        vec![
+            "audit",
+            "export",
+            "--format",
+            "jsonl",
+            "--key",
+            s(&public),
+            s(&log),
+        ],
+        vec![
+            "audit",
+            "export",
+            "--format",
+            "csv",
+            "--key",
+            s(&public),
+            s(&log),
+        ],
+        vec!["audit", "checkpoint", s(&log)],
+        vec!["canonical", s(&doc)],
+        vec!["conformance", s(&vectors)],
+        vec!["board", "check", s(&fixture)],
+        vec!["operator-token", "--id", "alice"],
+        vec!["keygen", "--out", s(dir), "--name", "other"],
+        vec!["--help"],
+        vec!["--version"],
+        vec!["audit", "--help"],
+    ];
+    for args in commands {
+        let out = into_closed_pipe(&args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !err.contains("panicked"),
+            "tollgate {args:?} panicked: {err}"
+        );
+        assert!(err.is_empty(), "tollgate {args:?} wrote to stderr: {err}");
+        assert!(
+            matches!(out.status.code(), Some(141) | Some(0)),
+            "tollgate {args:?}: {:?}",
+            out.status
+        );
+    }
+}
+
+#[test]
+fn audit_verify_into_head_exits_quietly() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let key = dir.join("audit.key");
+    assert!(crate::tollgate(&["keygen", "--out", s(dir)])
+        .status
+        .success());
+    let log = dir.join("log");
+    assert!(crate::tollgate(&[
+        "audit",
+        "demo-write",
+        "--dir",
+        s(&log),
+        "--key",
+        s(&key),
+        "--count",
+        "2000",
+    ])
+    .status
+    .success());
+    // What a user types, in a real shell pipeline: head closes the pipe after one line.
+    for sub in ["verify", "export --format jsonl"] {
+        let script = format!(
+            "'{}' audit {sub} --key '{}' '{}' 2>'{}' | head -1 >/dev/null; echo ${{PIPESTATUS[0]}}",
+            env!("CARGO_BIN_EXE_tollgate"),
+            s(&dir.join("audit.pub")),
+            s(&log),
+            s(&dir.join("err"))
+        );
+        let out = Command::new("bash").args(["-c", &script]).output().unwrap();
+        let status = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+        let err = std::fs::read_to_string(dir.join("err")).unwrap();
+        assert!(err.is_empty(), "audit {sub} | head -1: {err}");
+        assert!(
+            status == "0" || status == "141",
+            "audit {sub} | head -1: {status}"
+        );
+    }
+}
