@@ -1,11 +1,11 @@
 //! Standard output and error for every command, without panics.
 //!
 //! `println!` panics when standard output is a pipe whose reader has gone
-//! (`tollgate audit verify DIR | head -1`). Every command prints through [`outln!`] and
-//! [`out!`] instead: a closed pipe (`EPIPE`) stops the command at once, silently, with
+//! (`tollgate audit verify DIR | head -1`). Every command prints through `outln!` and
+//! `out!` instead: a closed pipe (`EPIPE`) stops the command at once, silently, with
 //! exit status [`CLOSED_PIPE_STATUS`] (141, what a shell reports for a program killed by
 //! SIGPIPE, so a `set -o pipefail` script still sees that the output was cut). Any other
-//! write error is reported once on standard error, with exit status 2. [`errln!`] writes
+//! write error is reported once on standard error, with exit status 2. `errln!` writes
 //! to standard error and ignores a failure there (there is nowhere left to report it).
 
 use std::io::Write;
