@@ -14,9 +14,9 @@ use crate::args::ArgPath;
 /// The deepest policy structure walked; a deeper policy is taken to read all of the args.
 const MAX_WALK_DEPTH: usize = 512;
 
-/// The paths below `context.args` a policy reads (`[]` is the whole of args), sorted, with
-/// no path listed whose prefix is also listed.
-pub(crate) fn args_read(est: &Json) -> Vec<ArgPath> {
+/// The paths below `context` a policy reads (`[]` is the whole of it), sorted, with no
+/// path listed whose prefix is also listed.
+pub(crate) fn context_read(est: &Json) -> Vec<Vec<String>> {
     let mut reads = Vec::new();
     if !walk(est, 0, &mut reads) {
         return vec![Vec::new()];
@@ -24,7 +24,7 @@ pub(crate) fn args_read(est: &Json) -> Vec<ArgPath> {
     reads.sort();
     reads.dedup();
     // Drop paths covered by a shorter one.
-    let mut out: Vec<ArgPath> = Vec::new();
+    let mut out: Vec<Vec<String>> = Vec::new();
     for r in reads {
         if !out.iter().any(|o| r.starts_with(o)) {
             out.push(r);
@@ -33,18 +33,25 @@ pub(crate) fn args_read(est: &Json) -> Vec<ArgPath> {
     out
 }
 
+/// The paths below `context.args` among `context_reads` (`[]`: all of args).
+pub(crate) fn args_read(context_reads: &[Vec<String>]) -> Vec<ArgPath> {
+    context_reads
+        .iter()
+        .filter_map(|p| match p.split_first() {
+            None => Some(Vec::new()),
+            Some((first, rest)) if first == "args" => Some(rest.to_vec()),
+            Some(_) => None,
+        })
+        .collect()
+}
+
 /// Record the reads below `v`; false when the walk went too deep.
-fn walk(v: &Json, depth: usize, reads: &mut Vec<ArgPath>) -> bool {
+fn walk(v: &Json, depth: usize, reads: &mut Vec<Vec<String>>) -> bool {
     if depth > MAX_WALK_DEPTH {
         return false;
     }
     if let Some(path) = context_path(v, 0) {
-        match path.split_first() {
-            // `context` itself: everything.
-            None => reads.push(Vec::new()),
-            Some((first, rest)) if first == "args" => reads.push(rest.to_vec()),
-            Some(_) => {}
-        }
+        reads.push(path);
         return true;
     }
     match v {
@@ -91,7 +98,7 @@ mod tests {
 
     fn reads(src: &str) -> Vec<Vec<&'static str>> {
         let p: cedar_policy::Policy = src.parse().unwrap();
-        let r = args_read(&p.to_json().unwrap());
+        let r = args_read(&context_read(&p.to_json().unwrap()));
         r.into_iter()
             .map(|path| {
                 path.into_iter()
@@ -129,6 +136,16 @@ mod tests {
         assert_eq!(
             reads("forbid(principal, action, resource) unless { [context.args.x].contains(1) };"),
             vec![vec!["x"]]
+        );
+        let p: cedar_policy::Policy = "permit(principal, action, resource) when { context.session.labels.contains(\"x\") && context has now && context.session.calls > context.args.n };".parse().unwrap();
+        assert_eq!(
+            context_read(&p.to_json().unwrap()),
+            vec![
+                vec!["args".to_owned(), "n".to_owned()],
+                vec!["now".to_owned()],
+                vec!["session".to_owned(), "calls".to_owned()],
+                vec!["session".to_owned(), "labels".to_owned()]
+            ]
         );
     }
 }

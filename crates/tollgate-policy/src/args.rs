@@ -17,6 +17,7 @@ use std::collections::BTreeMap;
 use cedar_policy::RestrictedExpression;
 use tollgate_core::json::Value;
 
+use crate::model::Names;
 use crate::number::{map_number, CedarNumber, NumberType, Unrepresentable};
 
 /// The most JSON values (objects, arrays and scalars together) one call's args may hold;
@@ -79,8 +80,9 @@ pub struct Args {
 
 /// Convert params (a JSON object; anything else is an empty record with the root path
 /// unrepresentable) under `shape`.
-pub fn to_cedar(params: &Value, shape: &Shape) -> Args {
+pub(crate) fn to_cedar(params: &Value, shape: &Shape, names: &Names) -> Args {
     let mut cx = Cx {
+        names,
         budget: MAX_ARG_VALUES,
         issues: Vec::new(),
         path: Vec::new(),
@@ -111,7 +113,8 @@ fn empty_record() -> RestrictedExpression {
         .unwrap_or_else(|_| RestrictedExpression::new_set(std::iter::empty()))
 }
 
-struct Cx {
+struct Cx<'n> {
+    names: &'n Names,
     budget: usize,
     issues: Vec<(ArgPath, ArgIssue)>,
     /// The keys from `args` to the value being converted.
@@ -121,7 +124,7 @@ struct Cx {
     path_frozen: usize,
 }
 
-impl Cx {
+impl Cx<'_> {
     fn issue(&mut self, issue: ArgIssue) {
         let path = self.path.clone();
         if !self.issues.iter().any(|(p, i)| *p == path && *i == issue) {
@@ -154,7 +157,7 @@ impl Cx {
                 match map_number(n, declared) {
                     Ok(CedarNumber::Long(i)) => RestrictedExpression::new_long(i),
                     Ok(CedarNumber::Decimal(scaled)) => {
-                        RestrictedExpression::new_decimal(CedarNumber::decimal_text(scaled))
+                        self.names.decimal(CedarNumber::decimal_text(scaled))
                     }
                     Err(u) => {
                         self.issue(ArgIssue::Number(u));
@@ -240,7 +243,7 @@ mod tests {
     use tollgate_core::json::parse_str;
 
     fn issues(text: &str, shape: &Shape) -> Vec<(ArgPath, ArgIssue)> {
-        to_cedar(&parse_str(text).unwrap(), shape).issues
+        to_cedar(&parse_str(text).unwrap(), shape, &Names::new().unwrap()).issues
     }
 
     fn p(keys: &[&str]) -> ArgPath {

@@ -163,7 +163,7 @@ impl Inner {
                     None
                 } else {
                     let shape = self.shapes.get(call.tool).unwrap_or(&Shape::Unknown);
-                    let converted = args::to_cedar(params, shape);
+                    let converted = args::to_cedar(params, shape, &self.names);
                     for i in readers() {
                         let Some(m) = self.meta.get(i) else { continue };
                         for (path, issue) in &converted.issues {
@@ -183,7 +183,7 @@ impl Inner {
             }
         };
 
-        let Some(request) = request(actor, call, args_value) else {
+        let Some(request) = request(&self.names, slice.needs, actor, call, args_value) else {
             // Our own values always build; if one did not, nothing may pass.
             return self.deny(
                 slice.members.first().copied().unwrap_or(usize::MAX),
@@ -267,7 +267,7 @@ impl Inner {
     pub(crate) fn denies_unconditionally(&self, actor: &Actor, tool: &str) -> Option<Effect> {
         let slice = self.slice(tool);
         if !slice.unconditional_forbids.is_empty() {
-            let action = model::uid("Action", tool)?;
+            let action = self.names.action(tool);
             let request = Request::new(
                 actor.principal.clone(),
                 action,
@@ -324,50 +324,74 @@ impl Inner {
     }
 }
 
-fn request(actor: &Actor, call: &Call<'_>, args: Option<RestrictedExpression>) -> Option<Request> {
+fn request(
+    names: &model::Names,
+    needs: model::Needs,
+    actor: &Actor,
+    call: &Call<'_>,
+    args: Option<RestrictedExpression>,
+) -> Option<Request> {
     let s = &call.session;
-    let labels = RestrictedExpression::new_set(
-        s.labels
-            .iter()
-            .map(|l| RestrictedExpression::new_string(l.as_str().to_owned())),
-    );
-    let session = RestrictedExpression::new_record([
-        (
-            "calls".to_owned(),
-            RestrictedExpression::new_long(i64::try_from(s.calls).unwrap_or(i64::MAX)),
-        ),
-        (
-            "budget_initial_usd".to_owned(),
-            model::money_decimal(s.budget_initial, false),
-        ),
-        (
-            "budget_remaining_usd".to_owned(),
-            model::money_decimal(s.budget_remaining, false),
-        ),
-        (
-            "budget_fraction".to_owned(),
-            model::fraction_decimal(s.budget_remaining, s.budget_initial),
-        ),
-        ("labels".to_owned(), labels),
-    ])
-    .ok()?;
-    let mut pairs = vec![
-        (
+    let mut pairs: Vec<(String, RestrictedExpression)> = Vec::with_capacity(5);
+    if needs.tool {
+        pairs.push((
             "tool".to_owned(),
             RestrictedExpression::new_string(call.tool.to_owned()),
-        ),
-        ("cost_usd".to_owned(), model::money_decimal(call.cost, true)),
-        (
+        ));
+    }
+    if needs.cost {
+        pairs.push((
+            "cost_usd".to_owned(),
+            model::money_decimal(names, call.cost, true),
+        ));
+    }
+    if needs.now {
+        pairs.push((
             "now".to_owned(),
-            RestrictedExpression::new_datetime(model::datetime_text(call.now)),
-        ),
-        ("session".to_owned(), session),
-    ];
+            names.datetime(model::datetime_text(call.now)),
+        ));
+    }
+    if needs.session() {
+        let mut session: Vec<(String, RestrictedExpression)> = Vec::with_capacity(5);
+        if needs.calls {
+            let calls = i64::try_from(s.calls).unwrap_or(i64::MAX);
+            session.push(("calls".to_owned(), RestrictedExpression::new_long(calls)));
+        }
+        if needs.initial {
+            session.push((
+                "budget_initial_usd".to_owned(),
+                model::money_decimal(names, s.budget_initial, false),
+            ));
+        }
+        if needs.remaining {
+            session.push((
+                "budget_remaining_usd".to_owned(),
+                model::money_decimal(names, s.budget_remaining, false),
+            ));
+        }
+        if needs.fraction {
+            session.push((
+                "budget_fraction".to_owned(),
+                model::fraction_decimal(names, s.budget_remaining, s.budget_initial),
+            ));
+        }
+        if needs.labels {
+            let labels = s
+                .labels
+                .iter()
+                .map(|l| RestrictedExpression::new_string(l.as_str().to_owned()));
+            session.push(("labels".to_owned(), RestrictedExpression::new_set(labels)));
+        }
+        pairs.push((
+            "session".to_owned(),
+            RestrictedExpression::new_record(session).ok()?,
+        ));
+    }
     if let Some(a) = args {
         pairs.push(("args".to_owned(), a));
     }
     let context = Context::from_pairs(pairs).ok()?;
-    let action = model::uid("Action", call.tool)?;
+    let action = names.action(call.tool);
     Request::new(
         actor.principal.clone(),
         action,

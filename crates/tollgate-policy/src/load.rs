@@ -219,6 +219,8 @@ pub(crate) struct Meta {
     pub labels: Vec<Label>,
     /// Paths below `context.args` it reads.
     pub reads: Vec<ArgPath>,
+    /// The other context fields it reads.
+    pub needs: crate::model::Needs,
     /// No `when` or `unless`.
     pub unconditional: bool,
 }
@@ -233,6 +235,8 @@ pub(crate) struct Slice {
     pub unconditional_forbids: PolicySet,
     /// Whether any member is a permit.
     pub has_permit: bool,
+    /// The context fields its members read.
+    pub needs: crate::model::Needs,
 }
 
 #[derive(Debug)]
@@ -248,6 +252,7 @@ pub(crate) struct Inner {
     /// The slice for every other tool: the policies whose action scope is any action.
     pub other: Slice,
     pub authorizer: Authorizer,
+    pub names: crate::model::Names,
 }
 
 struct Parsed {
@@ -541,6 +546,17 @@ pub fn load(files: &[Source], options: &Options) -> Result<Loaded, LoadError> {
         .map(|(i, m)| (m.id.as_str().to_owned(), i))
         .collect();
     let (slices, other) = index(&policies, &meta, schema.as_ref());
+    let Some(names) = crate::model::Names::new() else {
+        cx.error(
+            "tollgate::internal",
+            "Cedar's names do not parse".into(),
+            (None, None),
+            None,
+        );
+        return Err(LoadError {
+            findings: cx.findings,
+        });
+    };
     let inner = Inner {
         default: options.default,
         digest,
@@ -551,6 +567,7 @@ pub fn load(files: &[Source], options: &Options) -> Result<Loaded, LoadError> {
         slices,
         other,
         authorizer: Authorizer::new(),
+        names,
     };
     Ok(Loaded {
         policies: crate::Policies {
@@ -641,11 +658,16 @@ fn annotations(
         );
         ok = false;
     }
-    let reads = match policy.to_json() {
-        Ok(est) => analysis::args_read(&est),
+    let context_reads = match policy.to_json() {
+        Ok(est) => analysis::context_read(&est),
         // Conservative: a policy whose structure cannot be read reads everything.
         Err(_) => vec![Vec::new()],
     };
+    let reads = analysis::args_read(&context_reads);
+    let mut needs = crate::model::Needs::default();
+    for path in &context_reads {
+        needs.add(path);
+    }
     let id = id?;
     ok.then(|| Meta {
         id,
@@ -653,6 +675,7 @@ fn annotations(
         hitl,
         labels,
         reads,
+        needs,
         unconditional: !policy.has_non_scope_constraint(),
     })
 }
@@ -803,6 +826,7 @@ fn index(
                 let _ = slice.unconditional_forbids.add(p.clone());
             }
             slice.has_permit |= !m.forbid;
+            slice.needs = slice.needs.union(m.needs);
         }
         slice.members = idx.clone();
         slice

@@ -87,6 +87,122 @@ pub struct SessionView<'a> {
     pub labels: &'a LabelSet,
 }
 
+/// Which context fields a policy (or a slice of policies) reads: the request carries only
+/// those, since building Cedar values costs more than most evaluations. A policy cannot
+/// observe a field it never names (a `has` test names it too), so leaving the others out
+/// changes no outcome.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct Needs {
+    pub tool: bool,
+    pub cost: bool,
+    pub now: bool,
+    pub calls: bool,
+    pub initial: bool,
+    pub remaining: bool,
+    pub fraction: bool,
+    pub labels: bool,
+}
+
+impl Needs {
+    /// Every field.
+    pub fn all() -> Needs {
+        Needs {
+            tool: true,
+            cost: true,
+            now: true,
+            calls: true,
+            initial: true,
+            remaining: true,
+            fraction: true,
+            labels: true,
+        }
+    }
+
+    /// Add what reading `path` (below `context`) needs.
+    pub fn add(&mut self, path: &[String]) {
+        let key = |i: usize| path.get(i).map(String::as_str);
+        match (key(0), key(1)) {
+            (None, _) => *self = Needs::all(),
+            (Some("tool"), _) => self.tool = true,
+            (Some("cost_usd"), _) => self.cost = true,
+            (Some("now"), _) => self.now = true,
+            (Some("session"), None) => {
+                self.calls = true;
+                self.initial = true;
+                self.remaining = true;
+                self.fraction = true;
+                self.labels = true;
+            }
+            (Some("session"), Some("calls")) => self.calls = true,
+            (Some("session"), Some("budget_initial_usd")) => self.initial = true,
+            (Some("session"), Some("budget_remaining_usd")) => self.remaining = true,
+            (Some("session"), Some("budget_fraction")) => self.fraction = true,
+            (Some("session"), Some("labels")) => self.labels = true,
+            // `args` is decided separately; other names are not in the context at all.
+            _ => {}
+        }
+    }
+
+    /// Both.
+    pub fn union(self, o: Needs) -> Needs {
+        Needs {
+            tool: self.tool || o.tool,
+            cost: self.cost || o.cost,
+            now: self.now || o.now,
+            calls: self.calls || o.calls,
+            initial: self.initial || o.initial,
+            remaining: self.remaining || o.remaining,
+            fraction: self.fraction || o.fraction,
+            labels: self.labels || o.labels,
+        }
+    }
+
+    pub fn session(&self) -> bool {
+        self.calls || self.initial || self.remaining || self.fraction || self.labels
+    }
+}
+
+/// Names parsed once per set: Cedar's public constructors (`new_decimal`, `EntityTypeName`
+/// from text) run its full parser for a name on every call, which costs more than an
+/// evaluation.
+#[derive(Debug, Clone)]
+pub(crate) struct Names {
+    decimal: cedar_policy_core::ast::Name,
+    datetime: cedar_policy_core::ast::Name,
+    pub action: EntityTypeName,
+}
+
+impl Names {
+    pub fn new() -> Option<Names> {
+        use cedar_policy_core::ast::Name;
+        Some(Names {
+            decimal: Name::parse_unqualified_name("decimal").ok()?,
+            datetime: Name::parse_unqualified_name("datetime").ok()?,
+            action: type_name("Action")?,
+        })
+    }
+
+    fn call(name: &cedar_policy_core::ast::Name, text: String) -> RestrictedExpression {
+        use cedar_policy_core::ast::RestrictedExpr;
+        RestrictedExpr::call_extension_fn(name.clone(), [RestrictedExpr::val(text)]).into()
+    }
+
+    /// `decimal("text")`.
+    pub fn decimal(&self, text: String) -> RestrictedExpression {
+        Names::call(&self.decimal, text)
+    }
+
+    /// `datetime("text")`.
+    pub fn datetime(&self, text: String) -> RestrictedExpression {
+        Names::call(&self.datetime, text)
+    }
+
+    /// `Action::"tool"`.
+    pub fn action(&self, tool: &str) -> EntityUid {
+        EntityUid::from_type_name_and_id(self.action.clone(), EntityId::new(tool))
+    }
+}
+
 pub(crate) fn type_name(name: &str) -> Option<EntityTypeName> {
     name.parse().ok()
 }
@@ -132,16 +248,20 @@ pub(crate) fn actor_entities(
 const NANOS_PER_TICK: i64 = 100_000;
 
 /// A money amount as `decimal` text, rounded up (`ceil`) or down.
-pub(crate) fn money_decimal(m: Money, up: bool) -> RestrictedExpression {
+pub(crate) fn money_decimal(names: &Names, m: Money, up: bool) -> RestrictedExpression {
     let q = m.0.div_euclid(NANOS_PER_TICK);
     let r = m.0.rem_euclid(NANOS_PER_TICK);
     let ticks = if up && r != 0 { q + 1 } else { q };
-    RestrictedExpression::new_decimal(crate::number::CedarNumber::decimal_text(ticks))
+    names.decimal(crate::number::CedarNumber::decimal_text(ticks))
 }
 
 /// remaining ÷ initial, rounded down to four places, clamped to [0, 1]; zero when there
 /// is no initial budget.
-pub(crate) fn fraction_decimal(remaining: Money, initial: Money) -> RestrictedExpression {
+pub(crate) fn fraction_decimal(
+    names: &Names,
+    remaining: Money,
+    initial: Money,
+) -> RestrictedExpression {
     let ticks = if initial.0 <= 0 {
         0
     } else {
@@ -149,7 +269,7 @@ pub(crate) fn fraction_decimal(remaining: Money, initial: Money) -> RestrictedEx
         let v = (r * 10_000).div_euclid(i128::from(initial.0));
         i64::try_from(v.clamp(0, 10_000)).unwrap_or(0)
     };
-    RestrictedExpression::new_decimal(crate::number::CedarNumber::decimal_text(ticks))
+    names.decimal(crate::number::CedarNumber::decimal_text(ticks))
 }
 
 /// `now` as Cedar `datetime` text: `YYYY-MM-DDThh:mm:ss.sssZ`, truncated to the
@@ -205,28 +325,29 @@ mod tests {
     #[test]
     fn money_rounds_in_the_documented_direction() {
         let text = |e: RestrictedExpression| format!("{e:?}");
+        let n = Names::new().unwrap();
         assert_eq!(
-            text(money_decimal(Money(150_000), true)),
+            text(money_decimal(&n, Money(150_000), true)),
             text(RestrictedExpression::new_decimal("0.0002"))
         );
         assert_eq!(
-            text(money_decimal(Money(150_000), false)),
+            text(money_decimal(&n, Money(150_000), false)),
             text(RestrictedExpression::new_decimal("0.0001"))
         );
         assert_eq!(
-            text(money_decimal(Money(1_000_000_000), true)),
+            text(money_decimal(&n, Money(1_000_000_000), true)),
             text(RestrictedExpression::new_decimal("1.0000"))
         );
         assert_eq!(
-            text(fraction_decimal(Money(1), Money(3))),
+            text(fraction_decimal(&n, Money(1), Money(3))),
             text(RestrictedExpression::new_decimal("0.3333"))
         );
         assert_eq!(
-            text(fraction_decimal(Money(5), Money(0))),
+            text(fraction_decimal(&n, Money(5), Money(0))),
             text(RestrictedExpression::new_decimal("0.0000"))
         );
         assert_eq!(
-            text(fraction_decimal(Money(9), Money(3))),
+            text(fraction_decimal(&n, Money(9), Money(3))),
             text(RestrictedExpression::new_decimal("1.0000"))
         );
     }

@@ -502,3 +502,17 @@ fn names_are_bounded() {
         Effect::Permit { .. }
     ));
 }
+
+#[test]
+fn every_field_a_policy_names_is_there_even_when_only_tested_with_has() {
+    for (test, want) in [
+        ("context has now && context has cost_usd && context has tool", "policy:f"),
+        ("context.session has calls && context.session has labels && context has session.budget_fraction", "policy:f"),
+        ("context has session.budget_initial_usd && context has session.budget_remaining_usd", "policy:f"),
+        ("context has args", "policy:f"),
+        ("context has nothing_like_this", "-"),
+    ] {
+        let p = set(&format!("@id(\"f\") forbid(principal, action, resource) when {{ {test} }};"));
+        assert_eq!(reason(&eval(&p, "t", Some("{}"))), want, "{test}");
+    }
+}

@@ -21,6 +21,7 @@ mod fleet;
 mod mcp;
 mod operator_token;
 mod pg;
+mod policy;
 mod servers;
 
 pub fn tollgate(args: &[&str]) -> Output {
