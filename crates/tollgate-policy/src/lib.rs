@@ -62,6 +62,7 @@
 
 pub mod analysis;
 pub mod args;
+pub mod compose;
 mod eval;
 pub mod load;
 pub mod model;

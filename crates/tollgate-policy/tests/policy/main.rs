@@ -7,6 +7,8 @@
 )]
 
 mod common;
+mod compose;
+mod docs;
 mod load;
 mod outcomes;
 mod properties;
