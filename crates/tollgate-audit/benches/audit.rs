@@ -45,6 +45,7 @@ fn record(i: u64) -> VerdictRecord {
         nonce: i,
         config_digest: Some(Digest([9; 32])),
         session_seq: i + 1,
+        budget_version: 0,
     }
 }
 

@@ -55,6 +55,9 @@ pub struct VerdictRecord {
     /// The session's state version after this entry (at least 1). A verdict read from a
     /// version-1 file, which has no such field, has 0.
     pub session_seq: u64,
+    /// Format version 4: the version of the shared budget this change wrote (see
+    /// [`SessionEvent::budget_version`]); 0 when it wrote none.
+    pub budget_version: u64,
 }
 
 /// A session was opened (record kind 4): everything needed to rebuild its starting state.
@@ -82,6 +85,9 @@ pub struct SessionRecord {
     pub config: String,
     /// Always 1: the session's first state.
     pub session_seq: u64,
+    /// Format version 4: the version of the shared budget this opening wrote (1 when it
+    /// created the budget); 0 when it wrote none (it joined a budget, or has its own).
+    pub budget_version: u64,
 }
 
 /// How the cost an agent reported after a call was read.
@@ -161,6 +167,9 @@ pub struct SettlementRecord {
     pub error_signal: bool,
     /// The session's state version after this entry (at least 1).
     pub session_seq: u64,
+    /// Format version 4: the version of the shared budget this settlement wrote; 0 when
+    /// it wrote none.
+    pub budget_version: u64,
 }
 
 /// A human decided a held call (record kind 6).
@@ -214,6 +223,17 @@ pub struct VoidRecord {
     /// Why, as a short word: [`VoidRecord::UNCONFIRMED_AT_SETTLE`] for a change found
     /// unconfirmed and with no entry when it was settled.
     pub reason: String,
+    /// Format version 4: the version of the shared budget the voided change wrote; 0 when
+    /// it wrote none (then the next three fields are 0 too).
+    pub budget_version: u64,
+    /// Format version 4: the shared budget's remaining amount before the voided change.
+    pub budget_before: Money,
+    /// Format version 4: the shared budget's remaining amount after the voided change.
+    pub budget_after: Money,
+    /// Format version 4: the version of the shared budget whose write gave the voided
+    /// change's amounts back (greater than `budget_version`); 0 when nothing was to be
+    /// given back (the change moved neither the remaining nor the spent amount).
+    pub revert_version: u64,
 }
 
 impl VoidRecord {
@@ -262,6 +282,32 @@ impl SessionEvent {
             SessionEvent::Verdict(r) => r.session_seq,
             SessionEvent::Settled(r) => r.session_seq,
             SessionEvent::HumanDecision(r) => r.session_seq,
+        }
+    }
+
+    /// Format version 4: the version of the shared (per-agent or per-organization)
+    /// budget this change wrote, from the store that holds the budget (Redis's write
+    /// version of the budget, in a fleet): versions are unique per budget and count
+    /// every write of it, so an auditor orders a budget's changes across every chain by
+    /// them. 0: the change wrote no shared budget (a per-session budget, a change that
+    /// moved no amount, a human decision, or a store that does not version budgets).
+    pub const fn budget_version(&self) -> u64 {
+        match self {
+            SessionEvent::Opened(r) => r.budget_version,
+            SessionEvent::Verdict(r) => r.budget_version,
+            SessionEvent::Settled(r) => r.budget_version,
+            SessionEvent::HumanDecision(_) => 0,
+        }
+    }
+
+    /// Set [`SessionEvent::budget_version`] (the store does, when it knows the version
+    /// its write produces). A human decision never writes a budget: unchanged.
+    pub fn set_budget_version(&mut self, version: u64) {
+        match self {
+            SessionEvent::Opened(r) => r.budget_version = version,
+            SessionEvent::Verdict(r) => r.budget_version = version,
+            SessionEvent::Settled(r) => r.budget_version = version,
+            SessionEvent::HumanDecision(_) => {}
         }
     }
 

@@ -56,6 +56,7 @@ impl Filter {
 /// (JSON). docs/audit-format.md ("Export") says which kinds fill which columns.
 pub const COLUMNS: &[&str] = &[
     "index",
+    "chain_id",
     "entry_id",
     "time",
     "timestamp_ns",
@@ -73,6 +74,7 @@ pub const COLUMNS: &[&str] = &[
     "probabilistic",
     "budget_before_usd",
     "budget_after_usd",
+    "budget_version",
     "estimated_cost_usd",
     "nonce",
     "operator_id",
@@ -102,6 +104,7 @@ pub const COLUMNS: &[&str] = &[
     "recovery_sha256",
     "recovery_moved_to",
     "void_chain_id",
+    "revert_version",
     "key_id",
     "prev_hash",
     "signature",
@@ -116,8 +119,9 @@ enum Cell {
     Null,
 }
 
-/// The cells of one entry, in [`COLUMNS`] order.
-fn cells(e: &AuditEntry) -> Vec<Cell> {
+/// The cells of one entry of chain `chain_id` (the chain's id in PostgreSQL; `None` for
+/// a file log, whose bytes name no chain), in [`COLUMNS`] order.
+fn cells(e: &AuditEntry, chain_id: Option<&str>) -> Vec<Cell> {
     let mut row: Vec<(&'static str, Cell)> = Vec::with_capacity(32);
     let t = |s: &str| Cell::Text(s.to_owned());
     let n = |x: &dyn std::fmt::Display| Cell::Num(x.to_string());
@@ -126,6 +130,7 @@ fn cells(e: &AuditEntry) -> Vec<Cell> {
     let digest = |d: &Digest| Cell::Text(d.to_string());
     row.extend([
         ("index", n(&e.index)),
+        ("chain_id", chain_id.map_or(Cell::Null, t)),
         ("entry_id", t(&e.entry_id.to_string())),
         ("time", t(&rfc3339(e.timestamp_ns))),
         ("timestamp_ns", n(&e.timestamp_ns)),
@@ -144,6 +149,9 @@ fn cells(e: &AuditEntry) -> Vec<Cell> {
             ("organization_id", t(org)),
             ("session_seq", n(&ev.session_seq())),
         ]);
+        if !matches!(ev, SessionEvent::HumanDecision(_)) {
+            row.push(("budget_version", n(&ev.budget_version())));
+        }
     }
     match &e.event {
         Event::Session(SessionEvent::Verdict(v)) => row.extend([
@@ -237,6 +245,10 @@ fn cells(e: &AuditEntry) -> Vec<Cell> {
             ("session_seq", n(&v.session_seq)),
             ("reason", t(&v.reason)),
             ("void_chain_id", t(&v.chain_id)),
+            ("budget_version", n(&v.budget_version)),
+            ("budget_before_usd", usd(v.budget_before)),
+            ("budget_after_usd", usd(v.budget_after)),
+            ("revert_version", n(&v.revert_version)),
         ]),
     }
     row.extend([
@@ -254,10 +266,11 @@ fn cells(e: &AuditEntry) -> Vec<Cell> {
         .collect()
 }
 
-/// One JSON object (no trailing newline), keys in [`COLUMNS`] order.
-pub fn to_json_line(e: &AuditEntry) -> String {
+/// One JSON object (no trailing newline), keys in [`COLUMNS`] order, for an entry of
+/// chain `chain_id` (`None`: a file log).
+pub fn to_json_line(e: &AuditEntry, chain_id: Option<&str>) -> String {
     let mut out = String::from("{");
-    for (i, (k, c)) in COLUMNS.iter().zip(cells(e)).enumerate() {
+    for (i, (k, c)) in COLUMNS.iter().zip(cells(e, chain_id)).enumerate() {
         if i > 0 {
             out.push(',');
         }
@@ -279,10 +292,11 @@ pub fn csv_header() -> String {
     COLUMNS.join(",")
 }
 
-/// One CSV row (RFC 4180 quoting, no line end).
-pub fn to_csv_row(e: &AuditEntry) -> String {
+/// One CSV row (RFC 4180 quoting, no line end), for an entry of chain `chain_id`
+/// (`None`: a file log).
+pub fn to_csv_row(e: &AuditEntry, chain_id: Option<&str>) -> String {
     let mut out = String::new();
-    for (i, c) in cells(e).into_iter().enumerate() {
+    for (i, c) in cells(e, chain_id).into_iter().enumerate() {
         if i > 0 {
             out.push(',');
         }

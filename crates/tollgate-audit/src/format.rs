@@ -15,14 +15,20 @@ use crate::keys::KeyId;
 
 /// The first 8 bytes of every log file.
 pub const MAGIC: [u8; 8] = *b"TGAUDIT\0";
-/// The format version the file writer writes.
-pub const FORMAT_VERSION: u16 = 2;
-/// The newest format version this crate reads and can encode. Version 3 adds record kind
-/// 7 (void); journals that settle changes (the PostgreSQL sink) write it.
-pub const NEWEST_VERSION: u16 = 3;
+/// The format version the writers (the file writer and the PostgreSQL sink) write.
+pub const FORMAT_VERSION: u16 = 4;
+/// The newest format version this crate reads and can encode.
+pub const NEWEST_VERSION: u16 = 4;
 /// The oldest format version this crate reads. Version 1 has record kinds 1-3 and a
 /// verdict payload without `session_seq`; version 2 adds kinds 4-6 and `session_seq`;
-/// version 3 adds kind 7.
+/// version 3 adds kind 7 (void); version 4 appends fields to the payloads of kinds 1, 4,
+/// 5 and 7 (the shared budget's version; docs/audit-format.md, "Version 4").
+///
+/// Adding to version 4: append the field at the end of its kind's payload in
+/// `encode_record_version` and `parse_fields` (the blocks marked "version 4"), state its
+/// rule in [`check_event`], list it in docs/audit-format.md ("Version 4"), and rebuild
+/// `known-answer-v4.log` (`TOLLGATE_BLESS=1 cargo test -p tollgate-audit --test audit
+/// known_answer`).
 pub const OLDEST_VERSION: u16 = 1;
 /// Size of a file header in bytes.
 pub const HEADER_LEN: usize = 170;
@@ -377,8 +383,8 @@ pub fn encode_record_version(
     b.extend_from_slice(&key_id.0);
     match event {
         Event::Session(SessionEvent::Verdict(v)) => encode_verdict(&mut b, v, version)?,
-        Event::Session(SessionEvent::Opened(o)) => encode_opened(&mut b, o)?,
-        Event::Session(SessionEvent::Settled(s)) => encode_settlement(&mut b, s)?,
+        Event::Session(SessionEvent::Opened(o)) => encode_opened(&mut b, o, version)?,
+        Event::Session(SessionEvent::Settled(s)) => encode_settlement(&mut b, s, version)?,
         Event::Session(SessionEvent::HumanDecision(d)) => encode_decision(&mut b, d)?,
         Event::KeyHandover { new_public_key } => b.extend_from_slice(new_public_key),
         Event::Recovery {
@@ -399,6 +405,13 @@ pub fn encode_record_version(
             put_u64(&mut b, v.session_seq);
             put_str(&mut b, "chain_id", &v.chain_id)?;
             put_str(&mut b, "reason", &v.reason)?;
+            if version >= 4 {
+                // Version 4, appended in this order.
+                put_u64(&mut b, v.budget_version);
+                put_money(&mut b, v.budget_before);
+                put_money(&mut b, v.budget_after);
+                put_u64(&mut b, v.revert_version);
+            }
         }
     }
     b.extend_from_slice(&pos.prev_hash.0);
@@ -480,10 +493,14 @@ fn encode_verdict(b: &mut Vec<u8>, v: &VerdictRecord, version: u16) -> Result<()
     if version >= 2 {
         put_u64(b, v.session_seq);
     }
+    if version >= 4 {
+        // Version 4, appended in this order.
+        put_u64(b, v.budget_version);
+    }
     Ok(())
 }
 
-fn encode_opened(b: &mut Vec<u8>, o: &SessionRecord) -> Result<(), EncodeError> {
+fn encode_opened(b: &mut Vec<u8>, o: &SessionRecord, version: u16) -> Result<(), EncodeError> {
     put_str(b, "session_id", &o.session_id)?;
     put_str(b, "agent_id", &o.agent_id)?;
     put_str(b, "organization_id", &o.organization_id)?;
@@ -493,10 +510,18 @@ fn encode_opened(b: &mut Vec<u8>, o: &SessionRecord) -> Result<(), EncodeError> 
     b.extend_from_slice(&o.config_digest.0);
     put_text(b, "config", &o.config)?;
     put_u64(b, o.session_seq);
+    if version >= 4 {
+        // Version 4, appended in this order.
+        put_u64(b, o.budget_version);
+    }
     Ok(())
 }
 
-fn encode_settlement(b: &mut Vec<u8>, s: &SettlementRecord) -> Result<(), EncodeError> {
+fn encode_settlement(
+    b: &mut Vec<u8>,
+    s: &SettlementRecord,
+    version: u16,
+) -> Result<(), EncodeError> {
     put_str(b, "session_id", &s.session_id)?;
     put_str(b, "agent_id", &s.agent_id)?;
     put_str(b, "organization_id", &s.organization_id)?;
@@ -512,6 +537,10 @@ fn encode_settlement(b: &mut Vec<u8>, s: &SettlementRecord) -> Result<(), Encode
     put_money(b, s.budget_after);
     put_u8(b, u8::from(s.error_signal));
     put_u64(b, s.session_seq);
+    if version >= 4 {
+        // Version 4, appended in this order.
+        put_u64(b, s.budget_version);
+    }
     Ok(())
 }
 
@@ -637,6 +666,18 @@ pub fn check_event(event: &Event, version: u16) -> Result<(), &'static str> {
             }
             if v.reason.is_empty() {
                 return Err("reason of a void is empty");
+            }
+            if version >= 4 {
+                if v.budget_version == 0
+                    && (v.budget_before != Money::ZERO
+                        || v.budget_after != Money::ZERO
+                        || v.revert_version != 0)
+                {
+                    return Err("a void that names no budget version names budget amounts");
+                }
+                if v.revert_version != 0 && v.revert_version <= v.budget_version {
+                    return Err("a void's revert_version is not after its budget_version");
+                }
             }
             Ok(())
         }
@@ -769,10 +810,10 @@ fn parse_fields(version: u16, c: &mut Cur<'_>) -> Parsed<AuditEntry> {
                 })
             })()
         }
-        4 => parse_opened(c, timestamp_ns)?,
-        5 => parse_settlement(c, timestamp_ns)?,
+        4 => parse_opened(c, timestamp_ns, version)?,
+        5 => parse_settlement(c, timestamp_ns, version)?,
         6 => parse_decision(c, timestamp_ns)?,
-        _ => parse_void(c, timestamp_ns)?,
+        _ => parse_void(c, timestamp_ns, version)?,
     };
     let prev_hash = Digest(c.arr()?);
     let signature = c.arr()?;
@@ -849,6 +890,8 @@ fn parse_verdict(c: &mut Cur<'_>, timestamp_ns: i64, version: u16) -> Parsed<Ver
         true => Some(Digest(c.arr()?)),
     };
     let session_seq = if version >= 2 { c.u64()? } else { 0 };
+    // Version 4, appended in this order.
+    let budget_version = v4_u64(c, version)?;
     Ok((|| {
         Ok(VerdictRecord {
             timestamp_ns,
@@ -871,11 +914,21 @@ fn parse_verdict(c: &mut Cur<'_>, timestamp_ns: i64, version: u16) -> Parsed<Ver
             nonce,
             config_digest,
             session_seq,
+            budget_version,
         })
     })())
 }
 
-fn parse_opened(c: &mut Cur<'_>, timestamp_ns: i64) -> Parsed<Event> {
+/// A `u64` field that version 4 appended (0 in older versions, which lack it).
+fn v4_u64(c: &mut Cur<'_>, version: u16) -> Result<u64, Stop> {
+    if version >= 4 {
+        c.u64()
+    } else {
+        Ok(0)
+    }
+}
+
+fn parse_opened(c: &mut Cur<'_>, timestamp_ns: i64, version: u16) -> Parsed<Event> {
     let session_id = c.str()?;
     let agent_id = c.str()?;
     let organization_id = c.str()?;
@@ -885,6 +938,8 @@ fn parse_opened(c: &mut Cur<'_>, timestamp_ns: i64) -> Parsed<Event> {
     let config_digest = Digest(c.arr()?);
     let config = c.text()?;
     let session_seq = c.u64()?;
+    // Version 4, appended in this order.
+    let budget_version = v4_u64(c, version)?;
     Ok((|| {
         Ok(Event::Session(SessionEvent::Opened(SessionRecord {
             timestamp_ns,
@@ -897,11 +952,12 @@ fn parse_opened(c: &mut Cur<'_>, timestamp_ns: i64) -> Parsed<Event> {
             config_digest,
             config: utf8_text(config)?,
             session_seq,
+            budget_version,
         })))
     })())
 }
 
-fn parse_settlement(c: &mut Cur<'_>, timestamp_ns: i64) -> Parsed<Event> {
+fn parse_settlement(c: &mut Cur<'_>, timestamp_ns: i64, version: u16) -> Parsed<Event> {
     let session_id = c.str()?;
     let agent_id = c.str()?;
     let organization_id = c.str()?;
@@ -917,6 +973,8 @@ fn parse_settlement(c: &mut Cur<'_>, timestamp_ns: i64) -> Parsed<Event> {
     let budget_after = Money(c.i64()?);
     let error_signal = c.u8()?;
     let session_seq = c.u64()?;
+    // Version 4, appended in this order.
+    let budget_version = v4_u64(c, version)?;
     Ok((|| {
         Ok(Event::Session(SessionEvent::Settled(SettlementRecord {
             timestamp_ns,
@@ -935,6 +993,7 @@ fn parse_settlement(c: &mut Cur<'_>, timestamp_ns: i64) -> Parsed<Event> {
             budget_after,
             error_signal: bool_value(error_signal, "bad error_signal flag")?,
             session_seq,
+            budget_version,
         })))
     })())
 }
@@ -988,11 +1047,16 @@ fn parse_decision(c: &mut Cur<'_>, timestamp_ns: i64) -> Parsed<Event> {
     })())
 }
 
-fn parse_void(c: &mut Cur<'_>, timestamp_ns: i64) -> Parsed<Event> {
+fn parse_void(c: &mut Cur<'_>, timestamp_ns: i64, version: u16) -> Parsed<Event> {
     let session_id = c.str()?;
     let session_seq = c.u64()?;
     let chain_id = c.str()?;
     let reason = c.str()?;
+    // Version 4, appended in this order.
+    let budget_version = v4_u64(c, version)?;
+    let budget_before = Money(if version >= 4 { c.i64()? } else { 0 });
+    let budget_after = Money(if version >= 4 { c.i64()? } else { 0 });
+    let revert_version = v4_u64(c, version)?;
     Ok((|| {
         Ok(Event::Void(VoidRecord {
             timestamp_ns,
@@ -1000,6 +1064,10 @@ fn parse_void(c: &mut Cur<'_>, timestamp_ns: i64) -> Parsed<Event> {
             session_seq,
             chain_id: utf8(chain_id)?,
             reason: utf8(reason)?,
+            budget_version,
+            budget_before,
+            budget_after,
+            revert_version,
         }))
     })())
 }

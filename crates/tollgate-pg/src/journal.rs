@@ -15,14 +15,17 @@ use tollgate_audit::{
     WriteError,
 };
 use tollgate_core::Digest;
-use tollgate_store::{Arbiter, Durable, Journal, SettleFuture, Settled, StoreError};
+use tollgate_store::{Arbiter, Durable, Journal, SettleFuture, Settled, StoreError, VoidBudget};
 
 use crate::conn::{check_schema, connect, lock_key, PgSettings};
 use crate::schema::{quoted, SCHEMA_VERSION};
 use crate::PgError;
 
-/// The format version of the records in a PostgreSQL chain (it has record kind 7).
-pub const CHAIN_FORMAT_VERSION: u16 = format::NEWEST_VERSION;
+/// The format version of the records of a chain registered now (version 4: record kind
+/// 7, void, and the shared budget's version in the entries that write it). A chain
+/// registered earlier keeps the version its signed header names (3): its records go on
+/// in that version.
+pub const CHAIN_FORMAT_VERSION: u16 = format::FORMAT_VERSION;
 
 /// The longest chain id, in bytes.
 pub const MAX_CHAIN_ID_BYTES: usize = 256;
@@ -45,7 +48,12 @@ pub fn check_chain_id(chain_id: &str) -> Result<(), PgError> {
 /// One submission to the writer task.
 enum Msg {
     Entry(Box<Event>, Completer<Appended>),
-    Settle(String, u64, oneshot::Sender<Result<Settled, StoreError>>),
+    Settle(
+        String,
+        u64,
+        VoidBudget,
+        oneshot::Sender<Result<Settled, StoreError>>,
+    ),
     Shutdown(Completer<()>),
 }
 
@@ -125,7 +133,8 @@ impl PgJournal {
     /// Open chain `chain_id` signed by `key`: take the chain's advisory lock on the
     /// writer's own connection (a second journal with the same chain id gets
     /// [`PgError::ChainLocked`]), register the chain (key id, public key, a signed
-    /// format-version-3 header) or check that it is registered with this key, and resume
+    /// header of [`CHAIN_FORMAT_VERSION`]) or check that it is registered with this key
+    /// (its records go on in the version its header names), and resume
     /// from its last row. The schema must be migrated ([`crate::migrate`]).
     pub async fn open(
         settings: PgSettings,
@@ -138,8 +147,8 @@ impl PgJournal {
         let lock = chain_lock(&settings.schema, chain_id);
         take_lock(&client, lock, chain_id).await?;
         check_version(&client, &settings.schema).await?;
-        register(&mut client, &settings.schema, chain_id, &key).await?;
-        let (next, last) = read_tail(&client, &settings.schema, chain_id, &key).await?;
+        let version = register(&mut client, &settings.schema, chain_id, &key).await?;
+        let (next, last) = read_tail(&client, &settings.schema, chain_id, &key, version).await?;
         let key_id = KeyId::of(key.verifying_key().as_bytes());
         let shared = Arc::new(Shared::default());
         shared.healthy.store(true, Ordering::SeqCst);
@@ -148,7 +157,7 @@ impl PgJournal {
             s: quoted(&settings.schema),
             lock,
             chain_id: chain_id.to_owned(),
-            chainer: Chainer::new(key, CHAIN_FORMAT_VERSION, next, last),
+            chainer: Chainer::new(key, version, next, last),
             client: Some(client),
             shared: shared.clone(),
             rx,
@@ -293,14 +302,19 @@ fn journal_error(message: impl Into<String>) -> StoreError {
 }
 
 impl Arbiter for PgJournal {
-    fn settle<'a>(&'a self, session_id: &'a str, session_seq: u64) -> SettleFuture<'a> {
+    fn settle<'a>(
+        &'a self,
+        session_id: &'a str,
+        session_seq: u64,
+        budget: VoidBudget,
+    ) -> SettleFuture<'a> {
         Box::pin(async move {
             if let Some(e) = self.refusal() {
                 return Err(journal_error(e.to_string()));
             }
             let (tx, rx) = oneshot::channel();
             self.tx
-                .try_send(Msg::Settle(session_id.to_owned(), session_seq, tx))
+                .try_send(Msg::Settle(session_id.to_owned(), session_seq, budget, tx))
                 .map_err(|_| journal_error("the postgres audit journal is busy or shut down"))?;
             rx.await
                 .map_err(|_| journal_error(WriteError::WriterGone.to_string()))?
@@ -359,12 +373,14 @@ fn now_ns() -> i64 {
         .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
 }
 
+/// Register the chain (or find it registered with this key): the format version its
+/// header names, which its records are written in.
 async fn register(
     client: &mut Client,
     schema: &str,
     chain_id: &str,
     key: &SigningKey,
-) -> Result<(), PgError> {
+) -> Result<u16, PgError> {
     let s = quoted(schema);
     let public = key.verifying_key().to_bytes();
     let key_id = KeyId::of(&public);
@@ -395,12 +411,13 @@ async fn register(
         .map_err(PgError::db("register chain"))?;
     let row = client
         .query_one(
-            &format!("SELECT public_key FROM {s}.chains WHERE chain_id = $1"),
+            &format!("SELECT public_key, header FROM {s}.chains WHERE chain_id = $1"),
             &[&chain_id],
         )
         .await
         .map_err(PgError::db("register chain"))?;
     let registered: Vec<u8> = row.try_get(0).map_err(PgError::db("register chain"))?;
+    let header: Vec<u8> = row.try_get(1).map_err(PgError::db("register chain"))?;
     if registered != public {
         return Err(PgError::KeyMismatch {
             chain_id: chain_id.to_owned(),
@@ -409,7 +426,12 @@ async fn register(
             given: key_id.to_string(),
         });
     }
-    Ok(())
+    // The signed header, not the table's column, says which version the records are in.
+    let header = FileHeader::decode(&header).map_err(|e| PgError::Broken {
+        chain_id: chain_id.to_owned(),
+        what: format!("its registered header: {e}"),
+    })?;
+    Ok(header.version)
 }
 
 /// The chain's head after its last row: (next index, hash of the last record). The last
@@ -419,6 +441,7 @@ async fn read_tail(
     schema: &str,
     chain_id: &str,
     key: &SigningKey,
+    version: u16,
 ) -> Result<(u64, Digest), PgError> {
     let s = quoted(schema);
     let row = client
@@ -439,7 +462,7 @@ async fn read_tail(
         chain_id: chain_id.to_owned(),
         what,
     };
-    let (parsed, used) = format::parse_record_version(CHAIN_FORMAT_VERSION, &record)
+    let (parsed, used) = format::parse_record_version(version, &record)
         .map_err(|e| broken(format!("last row {idx}: {e}")))?;
     let idx = u64::try_from(idx).map_err(|_| broken(format!("negative index {idx}")))?;
     if used != record.len() || parsed.entry.index != idx {
@@ -521,7 +544,12 @@ struct Task {
 
 enum Item {
     Entry(Box<Event>, Completer<Appended>),
-    Settle(String, u64, oneshot::Sender<Result<Settled, StoreError>>),
+    Settle(
+        String,
+        u64,
+        VoidBudget,
+        oneshot::Sender<Result<Settled, StoreError>>,
+    ),
 }
 
 impl Item {
@@ -531,14 +559,14 @@ impl Item {
                 Event::Session(e) => (e.session_id(), e.session_seq()),
                 _ => ("", 0),
             },
-            Item::Settle(s, q, _) => (s, *q),
+            Item::Settle(s, q, _, _) => (s, *q),
         }
     }
 
     fn fail(self, e: &WriteError) {
         match self {
             Item::Entry(_, c) => c.complete(Err(e.clone())),
-            Item::Settle(_, _, tx) => {
+            Item::Settle(_, _, _, tx) => {
                 let _ = tx.send(Err(journal_error(e.to_string())));
             }
         }
@@ -570,7 +598,7 @@ impl Task {
             for m in msgs {
                 match m {
                     Msg::Entry(e, c) => items.push(Item::Entry(e, c)),
-                    Msg::Settle(s, q, tx) => items.push(Item::Settle(s, q, tx)),
+                    Msg::Settle(s, q, b, tx) => items.push(Item::Settle(s, q, b, tx)),
                     Msg::Shutdown(c) => shutdown = Some(c),
                 }
             }
@@ -591,7 +619,7 @@ impl Task {
         while let Ok(m) = self.rx.try_recv() {
             match m {
                 Msg::Entry(e, c) => items.push(Item::Entry(e, c)),
-                Msg::Settle(s, q, tx) => items.push(Item::Settle(s, q, tx)),
+                Msg::Settle(s, q, b, tx) => items.push(Item::Settle(s, q, b, tx)),
                 Msg::Shutdown(c) => c.complete(Ok(())),
             }
         }
@@ -760,12 +788,16 @@ impl Task {
                     continue;
                 }
                 (Item::Entry(ev, _), None) => (**ev).clone(),
-                (Item::Settle(..), None) => Event::Void(VoidRecord {
+                (Item::Settle(_, _, b, _), None) => Event::Void(VoidRecord {
                     timestamp_ns: now_ns(),
                     session_id: sid.to_owned(),
                     session_seq: seq,
                     chain_id: self.chain_id.clone(),
                     reason: VoidRecord::UNCONFIRMED_AT_SETTLE.to_owned(),
+                    budget_version: b.budget_version,
+                    budget_before: b.budget_before,
+                    budget_after: b.budget_after,
+                    revert_version: b.revert_version,
                 }),
             };
             let ts = match &event {
@@ -884,7 +916,7 @@ impl Task {
         while let Ok(m) = self.rx.try_recv() {
             match m {
                 Msg::Entry(_, c) => c.complete(Err(e.clone())),
-                Msg::Settle(_, _, tx) => {
+                Msg::Settle(_, _, _, tx) => {
                     let _ = tx.send(Err(journal_error(e.to_string())));
                 }
                 Msg::Shutdown(c) => {
@@ -908,6 +940,7 @@ impl Task {
             &self.settings.schema,
             &self.chain_id,
             self.chainer.key(),
+            self.chainer.version(),
         )
         .await?;
         if let Some((idx, hash)) = signed_first {
@@ -947,7 +980,7 @@ fn complete(shared: &Shared, item: Item, outcome: Outcome) {
     let _ = shared;
     match (item, outcome) {
         (Item::Entry(_, c), Outcome::Entry(r)) => c.complete(r),
-        (Item::Settle(_, _, tx), Outcome::Settle(s)) => {
+        (Item::Settle(_, _, _, tx), Outcome::Settle(s)) => {
             let _ = tx.send(s.map_err(journal_error));
         }
         (item, _) => item.fail(&WriteError::Failed("internal: outcome mismatch".to_owned())),

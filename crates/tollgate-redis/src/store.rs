@@ -16,7 +16,7 @@ use tollgate_store::record::encode_budget;
 use tollgate_store::{check_id, MAX_ID_BYTES};
 use tollgate_store::{
     ops, Arbiter, Budget, BudgetKey, Change, Durable, Journal, Session, SessionStore, Settled,
-    StoreError, MAX_NOTE_BYTES,
+    StoreError, VoidBudget, MAX_NOTE_BYTES,
 };
 
 use crate::cas::{
@@ -577,9 +577,12 @@ impl Inner {
             .ok_or(StoreError::NotFound { id: id.to_owned() })?;
         let mut outcomes = Vec::with_capacity(seqs.len());
         for seq in seqs {
-            let o = tokio::time::timeout(self.opts.command_timeout, self.arbiter.settle(id, *seq))
-                .await
-                .map_err(|_| backend("settle", "the arbiter did not answer in time"))??;
+            let o = tokio::time::timeout(
+                self.opts.command_timeout,
+                self.arbiter.settle(id, *seq, VoidBudget::default()),
+            )
+            .await
+            .map_err(|_| backend("settle", "the arbiter did not answer in time"))??;
             self.counters.settled.fetch_add(1, Ordering::Relaxed);
             if o == Settled::Void {
                 self.counters.voided.fetch_add(1, Ordering::Relaxed);

@@ -6,6 +6,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use tollgate_audit::{Appended, Pending, SessionEvent, Writer};
+use tollgate_core::Money;
 
 use crate::StoreError;
 
@@ -83,6 +84,24 @@ pub enum Settled {
     Void,
 }
 
+/// What the void of a change says about the shared budget the change wrote (audit format
+/// version 4), so an auditor can account for every version of the budget from the log:
+/// the version the change's write produced and what it moved the remaining amount from
+/// and to, and the version of the write that gives those amounts back if the place is
+/// voided. All zero: the change wrote no shared budget.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct VoidBudget {
+    /// The budget version the change's write produced (0: it wrote none).
+    pub budget_version: u64,
+    /// The remaining amount before the change.
+    pub budget_before: Money,
+    /// The remaining amount after it.
+    pub budget_after: Money,
+    /// The version of the write that gives the change's amounts back (0: nothing to give
+    /// back).
+    pub revert_version: u64,
+}
+
 /// The boxed future [`Arbiter::settle`] returns.
 pub type SettleFuture<'a> = Pin<Box<dyn Future<Output = Result<Settled, StoreError>> + Send + 'a>>;
 
@@ -94,7 +113,13 @@ pub type SettleFuture<'a> = Pin<Box<dyn Future<Output = Result<Settled, StoreErr
 pub trait Arbiter: Send + Sync + std::fmt::Debug + 'static {
     /// Settle the place of `session_seq` in `session_id`'s history: if an entry holds it
     /// (or one being committed takes it: wait for it), [`Settled::Entry`]; otherwise take
-    /// it with a signed void entry and return [`Settled::Void`]. Idempotent: a settled
-    /// place stays settled.
-    fn settle<'a>(&'a self, session_id: &'a str, session_seq: u64) -> SettleFuture<'a>;
+    /// it with a signed void entry, which records `budget`, and return
+    /// [`Settled::Void`]. Idempotent: a settled place stays settled (a second call writes
+    /// nothing, whatever its `budget`).
+    fn settle<'a>(
+        &'a self,
+        session_id: &'a str,
+        session_seq: u64,
+        budget: VoidBudget,
+    ) -> SettleFuture<'a>;
 }

@@ -184,7 +184,7 @@ pub mod fuzzing {
     }
 }
 
-pub use durable::{Arbiter, Durable, Journal, SettleFuture, Settled};
+pub use durable::{Arbiter, Durable, Journal, SettleFuture, Settled, VoidBudget};
 pub use embedded::{
     dump, tap, EmbeddedStore, SnapshotStats, StoreOptions, StoreReport, Tap, TapReceiver,
 };

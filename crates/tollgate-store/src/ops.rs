@@ -41,6 +41,8 @@ pub fn open(session: &mut Session, now: UnixNanos) -> SessionRecord {
         config_digest: session.policy.digest,
         config: session.policy.json.clone(),
         session_seq: session.seq,
+        // The store that writes the shared budget sets it (`set_budget_version`).
+        budget_version: 0,
     }
 }
 
@@ -104,6 +106,8 @@ pub fn verdict(
         nonce: call.nonce.unwrap_or(0),
         config_digest: Some(session.policy.digest),
         session_seq: session.seq,
+        // The store that writes the shared budget sets it (`set_budget_version`).
+        budget_version: 0,
     }
 }
 
@@ -149,6 +153,8 @@ pub fn settle(
         budget_after: settled.after,
         error_signal,
         session_seq: session.seq,
+        // The store that writes the shared budget sets it (`set_budget_version`).
+        budget_version: 0,
     }
 }
 
@@ -302,10 +308,9 @@ pub fn session_from_record(r: &SessionRecord) -> Result<Session, FoldError> {
 /// After [`open`] on a session rebuilt by [`session_from_record`]: the regenerated record
 /// must be the logged one.
 pub fn check_opened(regenerated: &SessionRecord, logged: &SessionRecord) -> Result<(), FoldError> {
-    same(
-        &SessionEvent::Opened(regenerated.clone()),
-        &SessionEvent::Opened(logged.clone()),
-    )
+    let mut regenerated = SessionEvent::Opened(regenerated.clone());
+    regenerated.set_budget_version(logged.budget_version);
+    same(&regenerated, &SessionEvent::Opened(logged.clone()))
 }
 
 /// Replay one logged change (a verdict, settlement or human decision) onto `session`,
@@ -320,7 +325,7 @@ pub fn replay(session: &mut Session, event: &SessionEvent) -> Result<(), FoldErr
             found: event.session_seq(),
         });
     }
-    let regenerated = match event {
+    let mut regenerated = match event {
         SessionEvent::Opened(r) => {
             return Err(FoldError::Session {
                 session: r.session_id.clone(),
@@ -387,6 +392,9 @@ pub fn replay(session: &mut Session, event: &SessionEvent) -> Result<(), FoldErr
             SessionEvent::HumanDecision(r)
         }
     };
+    // The shared budget's version comes from the store that wrote the budget, not from
+    // the session's state: an input of the entry, like its time.
+    regenerated.set_budget_version(event.budget_version());
     same(&regenerated, event)
 }
 

@@ -250,7 +250,7 @@ fn truncated_below_checkpoint_names_the_last_file_by_name() {
 }
 
 #[test]
-fn a_version_1_log_is_continued_in_a_new_version_2_file() {
+fn a_version_1_log_is_continued_in_a_new_file_of_the_current_version() {
     let dir = tempfile::tempdir().unwrap();
     let v1 = raw::file(
         1,
@@ -271,11 +271,14 @@ fn a_version_1_log_is_continued_in_a_new_version_2_file() {
     assert_eq!(tollgate_audit::files::read_log_file(&files[0]).unwrap(), v1);
     let new = fs::read(&files[1]).unwrap();
     let h = FileHeader::decode(&new[..HEADER_LEN]).unwrap();
-    assert_eq!((h.version, h.file_seq, h.first_index), (2, 1, 2));
+    assert_eq!(
+        (h.version, h.file_seq, h.first_index),
+        (format::FORMAT_VERSION, 1, 2)
+    );
     let (s, entries) = verify_dir(dir.path(), &opts(&key(1))).unwrap();
     assert_eq!(s.entries, 3);
     assert_eq!(entries[2].event, ev(record(2)));
-    // Reopening the upgraded log continues the version-2 file.
+    // Reopening the upgraded log continues the new file.
     let (w, report) = Writer::open(fast(config(dir.path())), key(1)).unwrap();
     assert_eq!(report.upgraded_from, None);
     assert_eq!(report.file, files[1]);
@@ -286,7 +289,7 @@ fn a_version_1_log_is_continued_in_a_new_version_2_file() {
 fn a_version_1_file_after_a_version_2_file_is_a_downgrade() {
     let k = key(1);
     let v2 = raw::file(2, &[(1, encode(&raw::verdict(2)))]);
-    let (_, n) = format::parse_record(&v2[HEADER_LEN..]).unwrap();
+    let (_, n) = format::parse_record_version(2, &v2[HEADER_LEN..]).unwrap();
     let last = format::sha256(&v2[HEADER_LEN..HEADER_LEN + n]);
     let h1 = FileHeader::new_signed_version(1, &k, 1, 1, last, NOON).encode();
     let r = tollgate_audit::verify(&[("a", &v2), ("b", &h1)], &opts(&k));
@@ -310,12 +313,12 @@ fn a_version_1_file_after_a_version_2_file_is_a_downgrade() {
     let h2 = FileHeader::new_signed_version(2, &k, 1, 1, last, NOON).encode();
     assert!(tollgate_audit::verify(&[("a", &v1), ("b", &h2)], &opts(&k)).is_ok());
     // Unknown versions are a bad header.
-    let h4 = FileHeader::new_signed_version(4, &k, 0, 0, format::genesis_hash(), NOON).encode();
+    let h5 = FileHeader::new_signed_version(5, &k, 0, 0, format::genesis_hash(), NOON).encode();
     assert_eq!(
-        tollgate_audit::verify(&[("c", &h4)], &opts(&k))
+        tollgate_audit::verify(&[("c", &h5)], &opts(&k))
             .unwrap_err()
             .kind,
-        BreakKind::BadHeader(HeaderError::Version(4))
+        BreakKind::BadHeader(HeaderError::Version(5))
     );
 }
 

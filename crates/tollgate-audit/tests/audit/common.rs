@@ -69,6 +69,7 @@ pub fn record(i: u64) -> VerdictRecord {
         nonce: 1000 + i,
         config_digest: Some(Digest([0xab; 32])),
         session_seq: i + 1,
+        budget_version: 0,
     }
 }
 

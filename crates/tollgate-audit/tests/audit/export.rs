@@ -44,7 +44,7 @@ fn filters_select_by_session_time_and_verdict() {
 #[test]
 fn json_lines_are_json_with_every_column() {
     for e in entries() {
-        let line = export::to_json_line(&e);
+        let line = export::to_json_line(&e, None);
         let v = json::parse_str(&line).unwrap();
         let obj = v.as_object().unwrap();
         assert_eq!(obj.len(), COLUMNS.len());
@@ -60,7 +60,7 @@ fn json_lines_are_json_with_every_column() {
             .starts_with("2026-11-30T12:00:00."));
     }
     let e = &entries()[1];
-    let v = json::parse_str(&export::to_json_line(e)).unwrap();
+    let v = json::parse_str(&export::to_json_line(e, None)).unwrap();
     assert_eq!(v.get("verdict").unwrap().as_str(), Some("DENY"));
     assert_eq!(
         v.get("deny_reason").unwrap().as_str(),
@@ -78,7 +78,7 @@ fn csv_rows_quote_what_needs_quoting() {
         v.tool_name = "say \"hi\", twice".into();
         v.operator_id = Some("=cmd()".into());
     }
-    let row = export::to_csv_row(&e);
+    let row = export::to_csv_row(&e, None);
     assert!(row.contains("\"say \"\"hi\"\", twice\""), "{row}");
     assert!(row.contains("\"'=cmd()\""), "{row}");
     assert_eq!(export::csv_header().split(',').count(), COLUMNS.len());
@@ -86,7 +86,7 @@ fn csv_rows_quote_what_needs_quoting() {
     if let tollgate_audit::Event::Session(tollgate_audit::SessionEvent::Verdict(v)) = &mut e.event {
         v.budget_after = tollgate_core::Money(-500_000_000);
     }
-    assert!(export::to_csv_row(&e).contains(",-0.5,"));
+    assert!(export::to_csv_row(&e, None).contains(",-0.5,"));
 }
 
 /// The entries of the version-2 known answer: one of each kind.
@@ -132,7 +132,7 @@ fn every_kind_exports_every_field() {
     let objs: Vec<_> = all
         .iter()
         .map(|e| {
-            let v = json::parse_str(&export::to_json_line(e)).unwrap();
+            let v = json::parse_str(&export::to_json_line(e, None)).unwrap();
             assert_eq!(v.as_object().unwrap().len(), COLUMNS.len());
             v
         })
@@ -204,8 +204,8 @@ fn every_kind_exports_every_field() {
     let header = export::csv_header();
     assert_eq!(csv_fields(&header), COLUMNS);
     for (e, obj) in all.iter().zip(&objs) {
-        let row = csv_fields(&export::to_csv_row(e));
-        assert_eq!(row.len(), COLUMNS.len(), "{}", export::to_csv_row(e));
+        let row = csv_fields(&export::to_csv_row(e, None));
+        assert_eq!(row.len(), COLUMNS.len(), "{}", export::to_csv_row(e, None));
         for (col, cell) in COLUMNS.iter().zip(&row) {
             let v = obj.get(col).unwrap();
             let expected = if v.is_null() {
@@ -243,4 +243,38 @@ fn a_session_filter_selects_every_kind_of_that_session() {
         .map(|e| e.event.kind())
         .collect();
     assert_eq!(picked, [1]);
+}
+
+#[test]
+fn version_4_exports_budget_versions_and_the_chain() {
+    let p =
+        std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/known-answer-v4.log");
+    let all = verify_dir_files(&p);
+    let objs: Vec<_> = all
+        .iter()
+        .map(|e| json::parse_str(&export::to_json_line(e, Some("daemon-a"))).unwrap())
+        .collect();
+    let get = |i: usize, k: &str| objs[i].get(k).unwrap().clone();
+    let versions: Vec<Option<u64>> = (0..7).map(|i| get(i, "budget_version").as_u64()).collect();
+    // Opened, verdict, settlement write versions 1-3; a human decision, a recovery and a
+    // hand-over have none; the void names the voided write (4) and its give-back (5).
+    assert_eq!(
+        versions,
+        [Some(1), Some(2), Some(3), None, Some(4), None, None]
+    );
+    assert_eq!(get(4, "revert_version").as_u64(), Some(5));
+    assert_eq!(get(4, "budget_before_usd").as_str(), Some("7.499"));
+    assert_eq!(get(4, "budget_after_usd").as_str(), Some("7.497"));
+    assert!(get(1, "revert_version").is_null());
+    for i in 0..7 {
+        assert_eq!(get(i, "chain_id").as_str(), Some("daemon-a"));
+    }
+    // A file log names no chain.
+    let v = json::parse_str(&export::to_json_line(&all[0], None)).unwrap();
+    assert!(v.get("chain_id").unwrap().is_null());
+    let row = csv_fields(&export::to_csv_row(&all[4], Some("daemon-a")));
+    let col = |c: &str| COLUMNS.iter().position(|x| *x == c).unwrap();
+    assert_eq!(row[col("chain_id")], "daemon-a");
+    assert_eq!(row[col("budget_version")], "4");
+    assert_eq!(row[col("revert_version")], "5");
 }

@@ -85,6 +85,7 @@ fn build_v1() -> Vec<u8> {
         nonce: 7,
         config_digest: None,
         session_seq: 0,
+        budget_version: 0,
     };
     let r1 = VerdictRecord {
         timestamp_ns: T0 + 1_000_000,
@@ -133,6 +134,7 @@ fn v2_events() -> Vec<(i64, &'static str, Event)> {
         config_digest,
         config: CONFIG.into(),
         session_seq: 1,
+        budget_version: 0,
     };
     let verdict = VerdictRecord {
         timestamp_ns: T0 + 1_000_000,
@@ -153,6 +155,7 @@ fn v2_events() -> Vec<(i64, &'static str, Event)> {
         nonce: 7,
         config_digest: Some(config_digest),
         session_seq: 2,
+        budget_version: 0,
     };
     let settled = SettlementRecord {
         timestamp_ns: T0 + 2_000_000,
@@ -171,6 +174,7 @@ fn v2_events() -> Vec<(i64, &'static str, Event)> {
         budget_after: Money(7_499_000_000),
         error_signal: false,
         session_seq: 3,
+        budget_version: 0,
     };
     let decided = DecisionRecord {
         timestamp_ns: T0 + 3_000_000,
@@ -277,9 +281,27 @@ fn v3_events() -> Vec<(i64, &'static str, Event)> {
             session_seq: 3,
             chain_id: "daemon-a".into(),
             reason: VoidRecord::UNCONFIRMED_AT_SETTLE.into(),
+            budget_version: 0,
+            budget_before: Money::ZERO,
+            budget_after: Money::ZERO,
+            revert_version: 0,
         }),
     ));
     events
+}
+
+/// The hex digits of the doc's code block tagged `text <tag>`.
+fn doc_block(tag: &str) -> String {
+    let open = format!("```text {tag}");
+    doc()
+        .lines()
+        .skip_while(|l| l.trim_end() != open)
+        .skip(1)
+        .take_while(|l| !l.starts_with("```"))
+        .collect::<Vec<_>>()
+        .concat()
+        .split_whitespace()
+        .collect()
 }
 
 fn hex(bytes: &[u8]) -> String {
@@ -321,19 +343,134 @@ fn version_3_void_is_reproduced_byte_for_byte() {
         last = &stored[off..off + n];
         off += n;
     }
-    let doc_hex: String = d
-        .lines()
-        .skip_while(|l| !l.starts_with("```text void-record"))
-        .skip(1)
-        .take_while(|l| !l.starts_with("```"))
-        .collect::<Vec<_>>()
-        .concat()
-        .split_whitespace()
-        .collect();
-    assert_eq!(doc_hex, hex(last), "the doc's void record bytes differ");
+    assert_eq!(
+        doc_block("void-record"),
+        hex(last),
+        "the doc's void record bytes differ"
+    );
     // A void cannot stand in a version-2 file.
     let v2 = build_file_result(2, &events);
     assert!(v2.is_err());
+}
+
+/// Version 4: the events of the version-2 file with the shared budget's versions (the
+/// opening created the per-agent budget: version 1; the verdict wrote 2, the
+/// settlement 3; a human decision writes none), then a void of the session's next
+/// change, which had written version 4 and was given back by version 5, before the
+/// recovery and the hand-over. Whoever adds to version 4 adds their records here (or
+/// their fields to these) and rebuilds the file with `TOLLGATE_BLESS=1`.
+fn v4_events() -> Vec<(i64, &'static str, Event)> {
+    let mut events = v2_events();
+    for (i, (_, _, e)) in events.iter_mut().enumerate() {
+        if let Event::Session(s) = e {
+            s.set_budget_version(i as u64 + 1);
+        }
+    }
+    let tail = events.split_off(4);
+    events.push((
+        T0 + 4_000_000,
+        "0192f7c8-0004-7000-8000-000000000004",
+        Event::Void(VoidRecord {
+            timestamp_ns: T0 + 4_000_000,
+            session_id: "s1".into(),
+            session_seq: 5,
+            chain_id: "daemon-a".into(),
+            reason: VoidRecord::UNCONFIRMED_AT_SETTLE.into(),
+            budget_version: 4,
+            budget_before: Money(7_499_000_000),
+            budget_after: Money(7_497_000_000),
+            revert_version: 5,
+        }),
+    ));
+    for (n, (_, _, e)) in tail.into_iter().enumerate() {
+        let n = n as i64 + 5;
+        let ids = [
+            "0192f7c8-0005-7000-8000-000000000005",
+            "0192f7c8-0006-7000-8000-000000000006",
+        ];
+        events.push((T0 + n * 1_000_000, ids[n as usize - 5], e));
+    }
+    events
+}
+
+#[test]
+fn version_4_is_reproduced_byte_for_byte() {
+    let events = v4_events();
+    let stored = check_stored("known-answer-v4.log", &build_file(4, &events));
+    let mut seen = Vec::new();
+    let s = verify_visit(
+        &[("known-answer-v4.log", &stored)],
+        &opts(&key(1)),
+        &mut |e| {
+            seen.push(e.clone());
+        },
+    )
+    .unwrap();
+    assert_eq!(s.entries, 7);
+    assert_eq!(u16::from_be_bytes([stored[8], stored[9]]), 4);
+    let kinds: Vec<u8> = seen.iter().map(|e| e.event.kind()).collect();
+    assert_eq!(kinds, [4, 1, 5, 6, 7, 3, 2]);
+    for (e, (ts, id, ev)) in seen.iter().zip(&events) {
+        assert_eq!(&e.event, ev);
+        assert_eq!(e.timestamp_ns, *ts);
+        assert_eq!(e.entry_id.to_string(), *id);
+    }
+    let versions: Vec<u64> = seen
+        .iter()
+        .map(|e| match &e.event {
+            Event::Session(s) => s.budget_version(),
+            Event::Void(v) => v.budget_version,
+            _ => 0,
+        })
+        .collect();
+    assert_eq!(versions, [1, 2, 3, 0, 4, 0, 0]);
+    let digest = format::sha256(&stored).to_string();
+    assert!(
+        doc().contains(&digest),
+        "docs lack the v4 known answer's SHA-256 {digest}"
+    );
+    // The void record, byte for byte, as the doc lists it.
+    let off: usize = (0..4).fold(format::HEADER_LEN, |off, _| {
+        off + format::parse_record_version(4, &stored[off..]).unwrap().1
+    });
+    let (_, n) = format::parse_record_version(4, &stored[off..]).unwrap();
+    assert_eq!(doc_block("void-record-v4"), hex(&stored[off..off + n]));
+    // Read as an older version, the same bytes do not parse: the new fields are there.
+    let first = &stored[format::HEADER_LEN..];
+    assert!(format::parse_record_version(3, first).is_err());
+}
+
+#[test]
+fn version_4_refuses_a_void_whose_budget_fields_disagree() {
+    let void = |budget_version, before, revert_version| {
+        Event::Void(VoidRecord {
+            timestamp_ns: T0,
+            session_id: "s1".into(),
+            session_seq: 2,
+            chain_id: "daemon-a".into(),
+            reason: VoidRecord::UNCONFIRMED_AT_SETTLE.into(),
+            budget_version,
+            budget_before: Money(before),
+            budget_after: Money::ZERO,
+            revert_version,
+        })
+    };
+    let one = |e: Event| build_file_result(4, &[(T0, "0192f7c8-0000-7000-8000-000000000000", e)]);
+    assert!(one(void(3, 10, 4)).is_ok());
+    assert!(one(void(3, 10, 0)).is_ok(), "nothing to give back");
+    assert!(
+        one(void(3, 10, 3)).is_err(),
+        "revert before the voided write"
+    );
+    assert!(one(void(0, 10, 0)).is_err(), "amounts without a version");
+    assert!(one(void(0, 0, 4)).is_err(), "a revert without a version");
+    // Older versions carry none of it: written as version 3, the fields are dropped.
+    let v3 = build_file(
+        3,
+        &[(T0, "0192f7c8-0000-7000-8000-000000000000", void(3, 10, 4))],
+    );
+    let (r, _) = format::parse_record_version(3, &v3[format::HEADER_LEN..]).unwrap();
+    assert_eq!(r.entry.event, void(0, 0, 0));
 }
 
 fn build_file_result(
@@ -405,6 +542,7 @@ fn record_hashes_are_documented() {
         "known-answer.log",
         "known-answer-v1.log",
         "known-answer-v3.log",
+        "known-answer-v4.log",
     ] {
         let bytes = std::fs::read(data_path(name)).unwrap();
         let version = u16::from_be_bytes([bytes[8], bytes[9]]);

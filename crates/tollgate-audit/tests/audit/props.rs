@@ -70,6 +70,7 @@ fn arb_record() -> impl Strategy<Value = VerdictRecord> {
             nonce: c.4,
             config_digest: c.5.map(Digest),
             session_seq: c.4 | 1,
+            budget_version: c.4.rotate_left(17),
         })
 }
 
@@ -92,8 +93,9 @@ fn arb_opened() -> impl Strategy<Value = SessionRecord> {
             budget_initial: Money(b.0),
             budget_before: Money(b.1),
             config_digest: format::sha256(b.2.as_bytes()),
-            config: b.2,
             session_seq: 1,
+            budget_version: b.0.unsigned_abs(),
+            config: b.2,
         })
 }
 
@@ -143,6 +145,7 @@ fn arb_settlement() -> impl Strategy<Value = SettlementRecord> {
                 budget_after: Money(c.2),
                 error_signal: c.3,
                 session_seq: c.4,
+                budget_version: a.4.rotate_left(9),
             }
         })
 }
@@ -266,8 +269,9 @@ proptest! {
     #[test]
     fn arbitrary_bytes_never_panic_the_reader(bytes in proptest::collection::vec(any::<u8>(), 0..600)) {
         let _ = verify(&[("f", &bytes)], &VerifyOptions::default());
-        let _ = format::parse_record_version(1, &bytes);
-        let _ = format::parse_record_version(2, &bytes);
+        for version in 1..=4 {
+            let _ = format::parse_record_version(version, &bytes);
+        }
         let _ = FileHeader::decode(&bytes);
     }
 

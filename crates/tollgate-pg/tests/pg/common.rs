@@ -93,6 +93,7 @@ pub fn verdict(session: &str, seq: u64) -> SessionEvent {
         nonce: seq,
         config_digest: None,
         session_seq: seq,
+        budget_version: 0,
     })
 }
 

@@ -304,7 +304,11 @@ async fn postgres_down_refuses_everything_until_it_is_back() {
         seq += 1;
         assert!(j.submit(verdict("s", seq)).await.is_err());
     }
-    assert!(tollgate_store::Arbiter::settle(&j, "x", 1).await.is_err());
+    assert!(
+        tollgate_store::Arbiter::settle(&j, "x", 1, Default::default())
+            .await
+            .is_err()
+    );
     assert!(!j.is_healthy());
     // A journal shut down while the server is away stops anyway.
     idle.close().await.unwrap();
@@ -367,7 +371,9 @@ async fn a_commit_whose_answer_is_lost_is_found_and_not_written_twice() {
     assert_eq!(st.lost_acks, 1);
     // The change whose answer was lost holds its place: settling it finds its entry.
     assert_eq!(
-        tollgate_store::Arbiter::settle(&j, "s", 2).await.unwrap(),
+        tollgate_store::Arbiter::settle(&j, "s", 2, Default::default())
+            .await
+            .unwrap(),
         tollgate_store::Settled::Entry
     );
     j.close().await.unwrap();
@@ -375,4 +381,57 @@ async fn a_commit_whose_answer_is_lost_is_found_and_not_written_twice() {
     assert_eq!(count(&c, &s.name, "entries").await, 3);
     let reports = verify_all(&s.name).await;
     assert_eq!(reports[0].result.as_ref().unwrap().entries, 3);
+}
+
+/// Format version 4 records the shared budget's version; a chain registered in version 3
+/// (before it) goes on in version 3, as its signed header says, so its records stay
+/// readable; a new chain is version 4 and keeps the version.
+#[tokio::test]
+async fn a_version_3_chain_goes_on_in_version_3_and_a_new_one_is_version_4() {
+    use tollgate_audit::format::{self, FileHeader};
+    let s = migrated("v3chain").await;
+    let c = client().await.unwrap();
+    let old = key(3);
+    let header = FileHeader::new_signed_version(3, &old, 0, 0, format::genesis_hash(), 1).encode();
+    c.execute(
+        &format!(
+            "INSERT INTO \"{}\".chains (chain_id, key_id, public_key, format_version, header)
+             VALUES ('old', $1, $2, 3, $3)",
+            s.name
+        ),
+        &[
+            &tollgate_audit::KeyId::of(old.verifying_key().as_bytes()).to_string(),
+            &old.verifying_key().as_bytes().as_slice(),
+            &header,
+        ],
+    )
+    .await
+    .unwrap();
+    let with_version = |session: &str| {
+        let mut e = verdict(session, 1);
+        e.set_budget_version(42);
+        e
+    };
+    let j = PgJournal::open(s.settings(), old, "old").await.unwrap();
+    j.submit(with_version("a")).await.unwrap();
+    j.close().await.unwrap();
+    let k = PgJournal::open(s.settings(), key(4), "new").await.unwrap();
+    k.submit(with_version("b")).await.unwrap();
+    k.close().await.unwrap();
+    let mut seen = Vec::new();
+    let reports = tollgate_pg::verify(&c, &s.name, None, &[], &mut |chain, e| {
+        if let Event::Session(ev) = &e.event {
+            seen.push((chain.to_owned(), ev.budget_version()));
+        }
+    })
+    .await
+    .unwrap();
+    assert!(reports.iter().all(|r| r.result.is_ok()), "{reports:?}");
+    seen.sort();
+    assert_eq!(seen, [("new".to_owned(), 42), ("old".to_owned(), 0)]);
+    // Reopened, the old chain is still version 3 (its tail parses as such).
+    let j = PgJournal::open(s.settings(), key(3), "old").await.unwrap();
+    j.submit(with_version("c")).await.unwrap();
+    j.close().await.unwrap();
+    assert!(verify_all(&s.name).await.iter().all(|r| r.result.is_ok()));
 }

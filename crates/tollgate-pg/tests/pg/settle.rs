@@ -1,6 +1,7 @@
 use tollgate_audit::Event;
+use tollgate_core::Money;
 use tollgate_pg::PgJournal;
-use tollgate_store::{Arbiter, Journal, Settled};
+use tollgate_store::{Arbiter, Journal, Settled, VoidBudget};
 
 use crate::common::*;
 
@@ -10,9 +11,19 @@ async fn a_place_without_an_entry_is_voided_once() {
     let j = PgJournal::open(s.settings(), key(1), "daemon-a")
         .await
         .unwrap();
-    assert_eq!(j.settle("sess", 3).await.unwrap(), Settled::Void);
-    // Idempotent: no second void.
-    assert_eq!(j.settle("sess", 3).await.unwrap(), Settled::Void);
+    // What the voided change did to the shared budget goes into the void (format 4).
+    let budget = VoidBudget {
+        budget_version: 7,
+        budget_before: Money(5_000),
+        budget_after: Money(4_000),
+        revert_version: 9,
+    };
+    assert_eq!(j.settle("sess", 3, budget).await.unwrap(), Settled::Void);
+    // Idempotent: no second void, whatever the second call says.
+    assert_eq!(
+        j.settle("sess", 3, VoidBudget::default()).await.unwrap(),
+        Settled::Void
+    );
     // The change's own entry, arriving late, is refused.
     let e = j.submit(verdict("sess", 3)).await.unwrap_err();
     assert!(e.to_string().contains("already held by a void"), "{e}");
@@ -20,7 +31,10 @@ async fn a_place_without_an_entry_is_voided_once() {
     let k = PgJournal::open(s.settings(), key(2), "daemon-b")
         .await
         .unwrap();
-    assert_eq!(k.settle("sess", 3).await.unwrap(), Settled::Void);
+    assert_eq!(
+        k.settle("sess", 3, VoidBudget::default()).await.unwrap(),
+        Settled::Void
+    );
     j.close().await.unwrap();
     k.close().await.unwrap();
     let c = client().await.unwrap();
@@ -39,6 +53,15 @@ async fn a_place_without_an_entry_is_voided_once() {
     assert_eq!((v.session_id.as_str(), v.session_seq), ("sess", 3));
     assert_eq!(v.chain_id, "daemon-a");
     assert_eq!(v.reason, "unconfirmed_at_settle");
+    assert_eq!(
+        (
+            v.budget_version,
+            v.budget_before,
+            v.budget_after,
+            v.revert_version
+        ),
+        (7, Money(5_000), Money(4_000), 9)
+    );
     let kind: String = c
         .query_one(
             &format!(
@@ -63,8 +86,14 @@ async fn a_committed_entry_holds_its_place() {
         .await
         .unwrap();
     j.submit(verdict("sess", 1)).await.unwrap();
-    assert_eq!(j.settle("sess", 1).await.unwrap(), Settled::Entry);
-    assert_eq!(k.settle("sess", 1).await.unwrap(), Settled::Entry);
+    assert_eq!(
+        j.settle("sess", 1, VoidBudget::default()).await.unwrap(),
+        Settled::Entry
+    );
+    assert_eq!(
+        k.settle("sess", 1, VoidBudget::default()).await.unwrap(),
+        Settled::Entry
+    );
     // A second entry for the same place (from any chain) is refused.
     let e = k.submit(verdict("sess", 1)).await.unwrap_err();
     assert!(
@@ -97,7 +126,7 @@ async fn settle_racing_a_commit_leaves_exactly_one_holder() {
         let sid = format!("race-{i}");
         let d = j.submit(verdict(&sid, 1));
         let k = k.clone();
-        let settle = tokio::spawn(async move { k.settle(&sid, 1).await });
+        let settle = tokio::spawn(async move { k.settle(&sid, 1, VoidBudget::default()).await });
         pairs.push((tokio::spawn(d), settle));
     }
     let (mut entries, mut voids) = (0u64, 0u32);
@@ -163,7 +192,7 @@ async fn settle_and_commit_in_flight_together_leave_exactly_one_holder() {
     .unwrap();
     let committed = tokio::spawn(j.submit(verdict("sess", 1)));
     let k2 = k.clone();
-    let settled = tokio::spawn(async move { k2.settle("sess", 1).await });
+    let settled = tokio::spawn(async move { k2.settle("sess", 1, VoidBudget::default()).await });
     // Wait (bounded) until both writers wait on the claims lock.
     let watcher = client().await.unwrap();
     let mut both = false;

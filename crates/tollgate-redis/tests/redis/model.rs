@@ -172,7 +172,7 @@ impl World {
     fn settle(&mut self, d: usize, id: &str, view: &View, seqs: &[u64]) {
         let outcomes: Vec<(u64, Settled)> = seqs
             .iter()
-            .map(|q| (*q, self.book.settle(id, *q)))
+            .map(|q| (*q, self.book.settle(id, *q, Default::default())))
             .collect();
         let me = self.daemons[d].id.clone();
         let planned = plan_revert(

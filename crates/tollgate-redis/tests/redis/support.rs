@@ -12,7 +12,7 @@ use tollgate_core::{decide, BudgetScope, Decision, GuardConfig, Money, Params, T
 use tollgate_redis::{RedisOptions, RedisStore};
 use tollgate_store::{
     ops, Arbiter, Change, Durable, Journal, Policy, Session, SessionMeta, SessionStore,
-    SettleFuture, Settled, StoreError,
+    SettleFuture, Settled, StoreError, VoidBudget,
 };
 
 pub const REDIS: &str = "redis://127.0.0.1:6379";
@@ -29,6 +29,8 @@ pub enum Claim {
 pub struct Book {
     pub claims: Mutex<HashMap<(String, u64), Claim>>,
     pub entries: Mutex<Vec<SessionEvent>>,
+    /// What each void said about the shared budget, by place.
+    pub voids: Mutex<HashMap<(String, u64), VoidBudget>>,
 }
 
 impl Book {
@@ -44,9 +46,13 @@ impl Book {
         true
     }
 
-    pub fn settle(&self, id: &str, seq: u64) -> Settled {
+    pub fn settle(&self, id: &str, seq: u64, budget: VoidBudget) -> Settled {
         let mut claims = self.claims.lock().unwrap();
-        match *claims.entry((id.to_owned(), seq)).or_insert(Claim::Void) {
+        let key = (id.to_owned(), seq);
+        if !claims.contains_key(&key) {
+            self.voids.lock().unwrap().insert(key.clone(), budget);
+        }
+        match *claims.entry(key).or_insert(Claim::Void) {
             Claim::Entry => Settled::Entry,
             Claim::Void => Settled::Void,
         }
@@ -126,10 +132,17 @@ impl Journal for TestJournal {
 pub struct TestArbiter(pub Arc<Book>);
 
 impl Arbiter for TestArbiter {
-    fn settle<'a>(&'a self, session_id: &'a str, session_seq: u64) -> SettleFuture<'a> {
-        Box::pin(std::future::ready(Ok(self
-            .0
-            .settle(session_id, session_seq))))
+    fn settle<'a>(
+        &'a self,
+        session_id: &'a str,
+        session_seq: u64,
+        budget: VoidBudget,
+    ) -> SettleFuture<'a> {
+        Box::pin(std::future::ready(Ok(self.0.settle(
+            session_id,
+            session_seq,
+            budget,
+        ))))
     }
 }
 

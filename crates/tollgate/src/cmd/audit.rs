@@ -264,17 +264,17 @@ fn export(a: &ExportArgs) -> anyhow::Result<ExitCode> {
             .transpose()?,
     };
     let mut rows = Vec::new();
-    let mut row = |e: &tollgate_audit::AuditEntry| {
+    let mut row = |chain: Option<&str>, e: &tollgate_audit::AuditEntry| {
         if filter.matches(e) {
             rows.push(match a.format {
-                Format::Jsonl => export::to_json_line(e),
-                Format::Csv => export::to_csv_row(e),
+                Format::Jsonl => export::to_json_line(e, chain),
+                Format::Csv => export::to_csv_row(e, chain),
             });
         }
     };
     if let Some(url) = &a.pg.postgres {
         let key = a.key.as_ref().map(|k| read_public_key(k)).transpose()?;
-        let reports = pg_reports(url, &a.pg, key, &mut |_, e| row(e))?;
+        let reports = pg_reports(url, &a.pg, key, &mut |chain, e| row(Some(chain), e))?;
         if key.is_none() {
             eprintln!("tollgate: warning: no --key given; each chain's registered key was trusted");
         }
@@ -285,7 +285,7 @@ fn export(a: &ExportArgs) -> anyhow::Result<ExitCode> {
         return write_rows(a.format, rows);
     }
     let opts = options(a.key.as_ref(), a.checkpoint.as_ref(), a.allow_head_gap)?;
-    let r = tollgate_audit::verify_paths(&a.paths, &opts, &mut row);
+    let r = tollgate_audit::verify_paths(&a.paths, &opts, &mut |e| row(None, e));
     match r {
         Ok(s) => {
             if !s.key_trusted {
@@ -469,6 +469,7 @@ fn demo_write(a: &DemoWriteArgs) -> anyhow::Result<ExitCode> {
             config_digest: None,
             // Each demo session's version: s0, s1, s2 take turns.
             session_seq: i / 3 + 1,
+            budget_version: 0,
         };
         pending.push(w.submit(rec));
         if pending.len() as u64 >= a.pipeline.max(1) {

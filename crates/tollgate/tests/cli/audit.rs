@@ -228,7 +228,7 @@ fn export_jsonl_and_csv_with_filters() {
         "2026-11-30T12:00:00.005Z",
     ]);
     assert_eq!(window.len(), 4, "{window:?}");
-    assert!(window[0].starts_with("index,entry_id,time,"));
+    assert!(window[0].starts_with("index,chain_id,entry_id,time,"));
     assert!(window[1].starts_with("2,"));
     assert!(window[3].starts_with("4,"));
     let o = tollgate(&[
@@ -466,7 +466,7 @@ fn export_writes_every_kind_with_its_fields() {
     let rows: Vec<_> = csv.lines().collect();
     assert_eq!(rows.len(), 7);
     assert_eq!(rows[0], tollgate_audit::export::csv_header());
-    assert!(rows[1].starts_with("0,0192f7c8-0000-7000-8000-000000000000,"));
+    assert!(rows[1].starts_with("0,,0192f7c8-0000-7000-8000-000000000000,"));
     // The session filter takes every session event of the session.
     let o = tollgate(&[
         "audit",
@@ -531,7 +531,7 @@ fn f_verify_path(f: &Fixture, p: &Path) -> Output {
 }
 
 #[test]
-fn a_version_1_log_is_continued_in_version_2() {
+fn a_version_1_log_is_continued_in_the_current_version() {
     let f = Fixture::new();
     fs::create_dir_all(&f.log).unwrap();
     fs::copy(
@@ -560,7 +560,7 @@ fn a_version_1_log_is_continued_in_version_2() {
     ]);
     assert_eq!(code(&o), 0, "{}", text(&o));
     assert!(
-        text(&o).contains("format version 1; continuing in a new version-2 file"),
+        text(&o).contains("format version 1; continuing in a new version-4 file"),
         "{}",
         text(&o)
     );

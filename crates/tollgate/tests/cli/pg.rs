@@ -65,6 +65,7 @@ fn verdict(seq: u64) -> tollgate_audit::SessionEvent {
         nonce: seq,
         config_digest: None,
         session_seq: seq,
+        budget_version: 0,
     })
 }
 
@@ -158,6 +159,11 @@ fn migrate_then_verify_and_export_a_chain_then_name_a_break() {
     ]);
     assert_eq!(code(&o), 0, "{}", text(&o));
     assert_eq!(stdout(&o).lines().count(), 5);
+    // Every row names its chain.
+    for l in stdout(&o).lines() {
+        let v = tollgate_core::json::parse_str(l).unwrap();
+        assert_eq!(v.get("chain_id").unwrap().as_str(), Some("daemon-1"), "{l}");
+    }
     let o = tollgate(&[
         "audit",
         "export",
