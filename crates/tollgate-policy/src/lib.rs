@@ -1,7 +1,7 @@
 //! # tollgate-policy: Cedar policies over Tollgate's tool calls
 //!
 //! Rules on which tools an agent may call and with which arguments, written in
-//! [Cedar](https://www.cedarpolicy.com/) and evaluated as a pure function: [`load`] a set
+//! [Cedar](https://www.cedarpolicy.com/) and evaluated as a pure function: [`load()`] a set
 //! from its files (and an optional schema), then [`Policies::evaluate`] one call at a time.
 //!
 //! What this crate does **not** do: no I/O (the caller reads the files and passes their
@@ -87,7 +87,7 @@ pub struct Policies {
 }
 
 impl Policies {
-    /// The set's digest ([`load`] says what it covers): what the audit log records so an
+    /// The set's digest ([`load()`] says what it covers): what the audit log records so an
     /// auditor can tell which rules were in force.
     pub fn digest(&self) -> Digest {
         self.inner.digest
