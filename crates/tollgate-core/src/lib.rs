@@ -13,6 +13,7 @@
 //!   `json.dumps(sort_keys=True, separators=(",", ":"), ensure_ascii=False)`, byte for byte);
 //! - [`call`]: a proposed call, with its params classified once ([`Params`]);
 //! - [`config`], [`state`]: the policy and the session state `decide` reads;
+//! - [`labels`]: flow labels, the bounded set a session's policies attach;
 //! - [`decide()`]: the ordered rules;
 //! - [`transition`]: the pure state transitions applied after each verdict;
 //! - [`vectors`]: the published conformance vector format and its runner.
@@ -32,6 +33,7 @@ pub mod config;
 mod decide;
 pub mod digest;
 pub mod json;
+pub mod labels;
 pub mod signals;
 pub mod state;
 pub mod state_codec;

@@ -48,6 +48,8 @@ enum Command {
     /// The MCP gateway: serve an MCP host on stdio, deciding every tools/call with
     /// Tollgate before forwarding it to the upstream MCP servers.
     Mcp(cmd::mcp::Args),
+    /// Cedar policies on tools and arguments: check a policy set without starting anything.
+    Policy(cmd::policy::Args),
 }
 
 fn main() -> ExitCode {
@@ -78,6 +80,7 @@ fn main() -> ExitCode {
         Command::Bench(args) => cmd::bench::run(&args),
         Command::Certs(args) => cmd::certs::run(&args),
         Command::Mcp(args) => cmd::mcp::run(&args),
+        Command::Policy(args) => cmd::policy::run(&args),
     };
     match result {
         Ok(code) => code,

@@ -12,4 +12,5 @@ pub mod keygen;
 pub mod mcp;
 pub mod migrate;
 pub mod operator_token;
+pub mod policy;
 pub mod serve;

@@ -23,6 +23,7 @@ mod heal;
 mod mcp;
 mod operator_token;
 mod pg;
+mod policy;
 mod servers;
 
 pub fn tollgate(args: &[&str]) -> Output {

@@ -1,0 +1,134 @@
+//! `tollgate policy check`: load a Cedar policy set exactly as the daemon would, without
+//! starting anything, and print every finding.
+//!
+//! All loading and validation lives in `tollgate-policy`; this module reads the files
+//! (bounded), prints the findings (`file:line:col: error[code]: message`, then a help line)
+//! and picks the exit code: 0 when the set loads (warnings allowed), 1 when it is refused,
+//! 2 when a file cannot be read.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use tollgate_policy::{DefaultEffect, Options, Severity, Source};
+
+/// Arguments of `tollgate policy`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    #[command(subcommand)]
+    command: PolicyCommand,
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum PolicyCommand {
+    /// Parse and validate policy files; print each finding and, when the set loads, its
+    /// size and digest.
+    Check(CheckArgs),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Default {
+    /// Calls no permit matches are left to the guards.
+    Allow,
+    /// Calls no permit matches are refused.
+    Deny,
+}
+
+#[derive(Debug, clap::Args)]
+struct CheckArgs {
+    /// A Cedar schema declaring each tool's arguments (`.json` for Cedar's JSON form).
+    #[arg(long, value_name = "FILE")]
+    schema: Option<PathBuf>,
+    /// What happens to calls that no permit matches (part of the set's digest).
+    #[arg(long, value_enum, default_value_t = Default::Allow)]
+    default: Default,
+    /// Policy files (Cedar).
+    #[arg(required = true, value_name = "FILE.cedar")]
+    files: Vec<PathBuf>,
+}
+
+/// Run `tollgate policy ...`.
+pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
+    match &args.command {
+        PolicyCommand::Check(a) => check(a),
+    }
+}
+
+/// A file's text as a [`Source`] named by its path as given: at most
+/// [`tollgate_policy::load::MAX_FILE_BYTES`] + 1 bytes are read (the loader then reports
+/// the file as too large), and text that is not UTF-8 is an error.
+pub fn read_source(path: &Path) -> anyhow::Result<Source> {
+    use std::io::Read as _;
+    let limit = u64::try_from(tollgate_policy::load::MAX_FILE_BYTES).unwrap_or(u64::MAX);
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)
+        .and_then(|f| f.take(limit.saturating_add(1)).read_to_end(&mut bytes))
+        .map_err(|e| anyhow::anyhow!("cannot read `{}`: {e}", path.display()))?;
+    let text = String::from_utf8(bytes)
+        .map_err(|e| anyhow::anyhow!("`{}` is not UTF-8 text: {e}", path.display()))?;
+    Ok(Source::new(path.display().to_string(), text))
+}
+
+fn check(args: &CheckArgs) -> anyhow::Result<ExitCode> {
+    let mut unreadable = false;
+    let mut sources = Vec::new();
+    for path in &args.files {
+        match read_source(path) {
+            Ok(s) => sources.push(s),
+            Err(e) => {
+                eprintln!("tollgate: {e}");
+                unreadable = true;
+            }
+        }
+    }
+    let schema = match &args.schema {
+        None => None,
+        Some(p) => match read_source(p) {
+            Ok(s) => Some(s),
+            Err(e) => {
+                eprintln!("tollgate: {e}");
+                unreadable = true;
+                None
+            }
+        },
+    };
+    if unreadable {
+        return Ok(ExitCode::from(2));
+    }
+    let options = Options {
+        default: match args.default {
+            Default::Allow => DefaultEffect::Allow,
+            Default::Deny => DefaultEffect::Deny,
+        },
+        schema,
+    };
+    match tollgate_policy::load(&sources, &options) {
+        Ok(loaded) => {
+            for w in &loaded.warnings {
+                println!("{w}");
+            }
+            println!(
+                "ok: {} policies, {} warnings, default {}, digest {}",
+                loaded.policies.len(),
+                loaded.warnings.len(),
+                loaded.policies.default_effect().as_str(),
+                loaded.policies.digest()
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(e) => {
+            for f in &e.findings {
+                println!("{f}");
+            }
+            let errors = e
+                .findings
+                .iter()
+                .filter(|f| f.severity == Severity::Error)
+                .count();
+            println!(
+                "refused: {errors} errors, {} warnings",
+                e.findings.len() - errors
+            );
+            Ok(ExitCode::from(1))
+        }
+    }
+}
