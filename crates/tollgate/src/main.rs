@@ -1,6 +1,9 @@
 //! The `tollgate` command. A thin main: each subcommand lives in its own module under
 //! `cmd/` and returns the process exit code.
 
+// Every command prints through `out` (a closed pipe must not panic): no print macros.
+#![deny(clippy::print_stdout, clippy::print_stderr)]
+
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};

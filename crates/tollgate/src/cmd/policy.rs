@@ -75,7 +75,7 @@ fn check(args: &CheckArgs) -> anyhow::Result<ExitCode> {
         match read_source(path) {
             Ok(s) => sources.push(s),
             Err(e) => {
-                eprintln!("tollgate: {e}");
+                errln!("tollgate: {e}");
                 unreadable = true;
             }
         }
@@ -85,7 +85,7 @@ fn check(args: &CheckArgs) -> anyhow::Result<ExitCode> {
         Some(p) => match read_source(p) {
             Ok(s) => Some(s),
             Err(e) => {
-                eprintln!("tollgate: {e}");
+                errln!("tollgate: {e}");
                 unreadable = true;
                 None
             }
@@ -104,9 +104,9 @@ fn check(args: &CheckArgs) -> anyhow::Result<ExitCode> {
     match tollgate_policy::load(&sources, &options) {
         Ok(loaded) => {
             for w in &loaded.warnings {
-                println!("{w}");
+                outln!("{w}");
             }
-            println!(
+            outln!(
                 "ok: {} policies, {} warnings, default {}, digest {}",
                 loaded.policies.len(),
                 loaded.warnings.len(),
@@ -117,14 +117,14 @@ fn check(args: &CheckArgs) -> anyhow::Result<ExitCode> {
         }
         Err(e) => {
             for f in &e.findings {
-                println!("{f}");
+                outln!("{f}");
             }
             let errors = e
                 .findings
                 .iter()
                 .filter(|f| f.severity == Severity::Error)
                 .count();
-            println!(
+            outln!(
                 "refused: {errors} errors, {} warnings",
                 e.findings.len() - errors
             );
