@@ -197,6 +197,10 @@ pub const DEFAULT_NONCE_WINDOW: u32 = 1024;
 /// How many unsettled reservations a session keeps by default.
 pub const DEFAULT_MAX_RESERVATIONS: u32 = 1024;
 
+/// How many held calls a session keeps by default, each with its own transition
+/// (Tollgate's extension of SP/1.0.1 §3.6; see [`GuardConfig::max_held_calls`]).
+pub const DEFAULT_MAX_HELD_CALLS: u32 = 16;
+
 /// The policy for one guard (SP/1.0 §5.2). Every limit is off when zero, except the two
 /// bounds on remembered history (`nonce_window`, `max_reservations`), which are at least 1.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -238,6 +242,16 @@ pub struct GuardConfig {
     /// estimate (what it reserved stays spent) and forgotten; a late report for it is
     /// charged like a report for a call with no reservation.
     pub max_reservations: u32,
+    /// How many calls a session may hold for a human at once, each with its own pending
+    /// transition bound to its own nonce (at least 1; default [`DEFAULT_MAX_HELD_CALLS`]).
+    /// 1 is SP/1.0.1 §3.6 exactly: one pending transition resolves every call (a second
+    /// call is held behind the first, `hitl_transition:defer_escalate`, and a call whose
+    /// nonce is not the transition's is DENIED). Above 1, Tollgate's extension: a call
+    /// whose nonce names a held call is resolved against that call's transition by §3.6;
+    /// any other call is decided by the rules after rule 4, and a HITL verdict holds it
+    /// with a transition of its own while fewer than this many are held (else it is held
+    /// behind, recorded nowhere). The published vectors run with 1.
+    pub max_held_calls: u32,
 }
 
 impl Default for GuardConfig {
@@ -259,6 +273,7 @@ impl Default for GuardConfig {
             parent_guard_id: None,
             nonce_window: DEFAULT_NONCE_WINDOW,
             max_reservations: DEFAULT_MAX_RESERVATIONS,
+            max_held_calls: DEFAULT_MAX_HELD_CALLS,
         }
     }
 }
@@ -267,6 +282,12 @@ impl GuardConfig {
     /// Whether the budget rules are on.
     pub const fn budget_enabled(&self) -> bool {
         self.budget.is_positive()
+    }
+
+    /// Whether several held calls each keep a transition of their own (the extension of
+    /// §3.6; see [`GuardConfig::max_held_calls`]).
+    pub const fn parallel_holds(&self) -> bool {
+        self.max_held_calls > 1
     }
 
     /// Whether the time-window rule is on.
@@ -316,6 +337,11 @@ impl GuardConfig {
         );
         put("nonce_window", uint(self.nonce_window));
         put("max_reservations", uint(self.max_reservations));
+        // Written only when not SP/1.0's one transition, so a configuration of 1 (and every
+        // configuration recorded before the setting existed) keeps its text and digest.
+        if self.max_held_calls != 1 {
+            put("max_held_calls", uint(self.max_held_calls));
+        }
         Value::Object(m)
     }
 
@@ -332,12 +358,13 @@ impl GuardConfig {
 
     /// Read a configuration written by [`GuardConfig::to_json`]. Strict: the version must
     /// match, every key must be present with its exact type and range, and no other key
-    /// may appear.
+    /// may appear. The one optional key, `max_held_calls`, is 1 when absent (configurations
+    /// recorded before it existed held one call at a time).
     pub fn from_json(v: &Value) -> Result<GuardConfig, ConfigJsonError> {
         let Value::Object(m) = v else {
             return Err(ConfigJsonError::NotAnObject);
         };
-        const KEYS: [&str; 17] = [
+        const KEYS: [&str; 18] = [
             "v",
             "budget_nanos",
             "budget_scope",
@@ -355,6 +382,7 @@ impl GuardConfig {
             "parent_guard_id",
             "nonce_window",
             "max_reservations",
+            "max_held_calls",
         ];
         if let Some(k) = m.keys().find(|k| !KEYS.contains(&k.as_str())) {
             return Err(ConfigJsonError::UnknownKey(k.clone()));
@@ -430,6 +458,11 @@ impl GuardConfig {
             parent_guard_id,
             nonce_window: at_least_one("nonce_window")?,
             max_reservations: at_least_one("max_reservations")?,
+            max_held_calls: if m.contains_key("max_held_calls") {
+                at_least_one("max_held_calls")?
+            } else {
+                1
+            },
         })
     }
 }

@@ -29,7 +29,9 @@ const PROBABILISTIC_BELOW_PPM: u32 = 200_000;
 /// 2. circuit tripped → DENY `circuit_open`
 /// 3. nonce seen → DENY `policy_violation:duplicate_nonce`, or
 ///    `policy_violation:duplicate_resume_no_effect` when the pending transition is terminal
-/// 4. a pending HITL transition → resolved by §3.6, whatever it returns
+/// 4. a pending HITL transition → resolved by §3.6, whatever it returns (with
+///    `max_held_calls` above 1, only the transition of the held call the call's nonce
+///    names: see [`GuardConfig::max_held_calls`])
 /// 5. budget on and nothing left → DENY `budget_exhausted`;
 ///    5b. cost above what is left → DENY `budget_overrun` (HITL when `hitl_mode` is ON_DENY)
 /// 6. the same tool and params as the last call, run at the limit → DENY
@@ -61,13 +63,20 @@ pub fn decide(
         return Decision::of(Reason::CircuitOpen);
     }
 
+    // The transition this call answers to. SP/1.0.1: the one pending transition, whatever
+    // the call. The parallel-holds extension (`max_held_calls` above 1): the transition of
+    // the held call this call's nonce re-dispatches; a call naming none is a new call (a
+    // nonce-less call, which cannot name one, answers to the oldest, as in SP/1.0.1).
+    let transition = if config.parallel_holds() && call.nonce.is_some() {
+        state.transition_for_nonce(call.nonce)
+    } else {
+        state.pending.as_ref()
+    };
+
     // Rule 3: anti-replay.
     if let Some(nonce) = call.nonce {
         if state.seen_nonces.contains(&nonce) {
-            let terminal = state
-                .pending
-                .as_ref()
-                .is_some_and(|p| p.terminal_status.is_terminal());
+            let terminal = transition.is_some_and(|p| p.terminal_status.is_terminal());
             return Decision::of(if terminal {
                 Reason::DuplicateResumeNoEffect
             } else {
@@ -77,7 +86,7 @@ pub fn decide(
     }
 
     // Rule 4: the HITL transition contract.
-    if let Some(pending) = &state.pending {
+    if let Some(pending) = transition {
         return resolve_transition(pending, call.nonce, digest);
     }
 

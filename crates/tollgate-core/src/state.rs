@@ -211,6 +211,13 @@ pub struct PendingTransition {
     pub requested_at_ns: UnixNanos,
 }
 
+/// Whether a call with nonce `n` re-dispatches `p`'s held call: its original (any
+/// decision but a modify) or a modify's successor.
+fn binds_nonce(p: &PendingTransition, n: u64) -> bool {
+    p.original_nonce == Some(n)
+        || (p.decision == HumanDecision::Modify && p.successor_nonce == Some(n))
+}
+
 /// A cost reserved by an ALLOW and not yet settled by a post-exec report.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Reservation {
@@ -365,8 +372,14 @@ pub struct SessionState {
     pub last_params_hash: Option<Digest>,
     /// Whether the last call's post-exec report carried an error signal.
     pub last_error_signal: bool,
-    /// A HITL transition awaiting resolution.
+    /// A HITL transition awaiting resolution: the session's oldest held call (SP/1.0's
+    /// `pending_transition`).
     pub pending: Option<PendingTransition>,
+    /// Tollgate's extension of SP/1.0.1 §3.6 (parallel held calls, on when
+    /// [`GuardConfig::max_held_calls`](crate::GuardConfig) is above 1): the session's other
+    /// held calls, each with its own transition, oldest first. Empty whenever `pending` is
+    /// `None`; `pending` and these together are at most `max_held_calls` transitions.
+    pub more_pending: Vec<PendingTransition>,
     /// When the session started (for `timeout_seconds`).
     pub started_at_ns: UnixNanos,
     /// The last call or heartbeat.
@@ -382,6 +395,84 @@ impl SessionState {
             started_at_ns: now,
             last_activity_ns: now,
             ..SessionState::default()
+        }
+    }
+
+    /// Every held call's transition, oldest first (`pending`, then `more_pending`).
+    pub fn transitions(&self) -> impl Iterator<Item = &PendingTransition> {
+        self.pending.iter().chain(self.more_pending.iter())
+    }
+
+    /// How many transitions the session holds.
+    pub fn transition_count(&self) -> usize {
+        usize::from(self.pending.is_some()) + self.more_pending.len()
+    }
+
+    /// The transition of held call `call_number`.
+    pub fn transition_of_call(&self, call_number: u64) -> Option<&PendingTransition> {
+        self.transitions().find(|p| p.call_number == call_number)
+    }
+
+    /// The transition of held call `call_number`, to change it.
+    pub fn transition_of_call_mut(&mut self, call_number: u64) -> Option<&mut PendingTransition> {
+        self.pending
+            .iter_mut()
+            .chain(self.more_pending.iter_mut())
+            .find(|p| p.call_number == call_number)
+    }
+
+    /// The transition a call with `nonce` re-dispatches: the one held with that nonce, or
+    /// the one a MODIFY gave that nonce to its successor. `None` for a call without a
+    /// nonce (the extension binds held calls by nonce).
+    pub fn transition_for_nonce(&self, nonce: Option<u64>) -> Option<&PendingTransition> {
+        let n = nonce?;
+        self.transitions().find(|p| binds_nonce(p, n))
+    }
+
+    /// Remove the transition a call with `nonce` re-dispatches (see
+    /// [`SessionState::transition_for_nonce`]), keeping the oldest remaining one in
+    /// `pending`. Returns it.
+    pub fn take_transition_for_nonce(&mut self, nonce: Option<u64>) -> Option<PendingTransition> {
+        let n = nonce?;
+        if self.pending.as_ref().is_some_and(|p| binds_nonce(p, n)) {
+            let taken = self.pending.take();
+            if !self.more_pending.is_empty() {
+                self.pending = Some(self.more_pending.remove(0));
+            }
+            return taken;
+        }
+        let i = self.more_pending.iter().position(|p| binds_nonce(p, n))?;
+        Some(self.more_pending.remove(i))
+    }
+
+    /// Add a held call's transition as the newest.
+    pub fn push_transition(&mut self, p: PendingTransition) {
+        if self.pending.is_none() {
+            self.pending = Some(p);
+        } else {
+            self.more_pending.push(p);
+        }
+    }
+
+    /// Remove the oldest transition whose held call can never run (rejected or expired),
+    /// keeping the oldest remaining one in `pending`. True if one was removed.
+    pub fn drop_oldest_refused(&mut self) -> bool {
+        let refused = |p: &PendingTransition| {
+            matches!(p.decision, HumanDecision::Reject | HumanDecision::Expire)
+        };
+        if self.pending.as_ref().is_some_and(refused) {
+            self.pending = None;
+            if !self.more_pending.is_empty() {
+                self.pending = Some(self.more_pending.remove(0));
+            }
+            return true;
+        }
+        match self.more_pending.iter().position(refused) {
+            Some(i) => {
+                self.more_pending.remove(i);
+                true
+            }
+            None => false,
         }
     }
 

@@ -169,6 +169,15 @@ pub fn to_value(state: &SessionState) -> Value {
         "pending",
         state.pending.as_ref().map_or(Value::Null, pending_value),
     );
+    // The parallel-holds extension's further held calls; absent when there are none, so a
+    // state holding at most one call encodes as before the extension existed.
+    if !state.more_pending.is_empty() {
+        put(
+            &mut m,
+            "more_pending",
+            Value::Array(state.more_pending.iter().map(pending_value).collect()),
+        );
+    }
     put(&mut m, "started_at_ns", int(state.started_at_ns));
     put(&mut m, "last_activity_ns", int(state.last_activity_ns));
     Value::Object(m)
@@ -281,6 +290,19 @@ pub fn from_value(v: &Value) -> Result<SessionState, StateCodecError> {
         Value::Null => None,
         p => Some(parse_pending(p)?),
     };
+    let more_pending = match o.map.get("more_pending") {
+        None => Vec::new(),
+        Some(Value::Array(items)) if pending.is_some() && !items.is_empty() => items
+            .iter()
+            .map(parse_pending)
+            .collect::<Result<Vec<_>, _>>()?,
+        Some(_) => {
+            return Err(StateCodecError::Invalid {
+                field: "more_pending",
+                expected: "a non-empty array of transitions, beside a pending one",
+            })
+        }
+    };
     let started_at_ns = get_i64(o.take("started_at_ns")?, "started_at_ns")?;
     let last_activity_ns = get_i64(o.take("last_activity_ns")?, "last_activity_ns")?;
 
@@ -302,6 +324,7 @@ pub fn from_value(v: &Value) -> Result<SessionState, StateCodecError> {
         last_params_hash,
         last_error_signal,
         pending,
+        more_pending,
         started_at_ns,
         last_activity_ns,
     })
@@ -653,6 +676,7 @@ const STATE_KEYS: &[&str] = &[
     "last_params_hash",
     "last_error_signal",
     "pending",
+    "more_pending",
     "started_at_ns",
     "last_activity_ns",
 ];
@@ -757,7 +781,10 @@ mod tests {
             last_params_hash in proptest::option::of(digest()),
             last_error_signal in any::<bool>(),
             pending in proptest::option::of(pending()),
+            more in proptest::collection::vec(pending(), 0..3),
         ) -> SessionState {
+            // Further held calls only beside a first one (the codec's invariant).
+            let more_pending = if pending.is_some() { more } else { Vec::new() };
             let [budget_initial, budget_remaining, budget_spent] = budget;
             let [window_start_ns, circuit_tripped_at_ns, started_at_ns, last_activity_ns] = times;
             SessionState {
@@ -781,6 +808,7 @@ mod tests {
                 last_params_hash,
                 last_error_signal,
                 pending,
+                more_pending,
                 started_at_ns,
                 last_activity_ns,
             }

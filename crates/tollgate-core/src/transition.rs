@@ -44,17 +44,35 @@ pub fn apply_decision(
         }
         Verdict::Hitl => {
             state.status = SessionStatus::Paused;
-            if state.pending.is_none() {
-                state.pending = Some(PendingTransition {
-                    original_nonce: call.nonce,
-                    original_args_digest: call.params.canonical_digest().ok(),
-                    tool_name: Some(call.tool_name.to_owned()),
-                    requested_at_ns: now,
-                    call_number,
-                    held_reason: Some(decision.reason),
-                    estimated_cost: call.estimated_cost,
-                    ..PendingTransition::default()
-                });
+            let held = PendingTransition {
+                original_nonce: call.nonce,
+                original_args_digest: call.params.canonical_digest().ok(),
+                tool_name: Some(call.tool_name.to_owned()),
+                requested_at_ns: now,
+                call_number,
+                held_reason: Some(decision.reason),
+                estimated_cost: call.estimated_cost,
+                ..PendingTransition::default()
+            };
+            if !config.parallel_holds() {
+                // SP/1.0.1: one transition; a call held while it is pending is held behind.
+                if state.pending.is_none() {
+                    state.pending = Some(held);
+                }
+            } else if call.nonce.is_some() && state.transition_for_nonce(call.nonce).is_none() {
+                // The extension: a new held call gets its own transition, room permitting.
+                // Room is made by forgetting the oldest refused (rejected, expired) call,
+                // whose re-dispatch is then a new call; calls still awaiting a human or
+                // released and not yet run are never forgotten, and beyond them a call is
+                // held behind (recorded nowhere; its agent dispatches it again later).
+                let cap = capacity(config.max_held_calls);
+                while state.transition_count() >= cap && state.drop_oldest_refused() {}
+                if state.transition_count() < cap {
+                    state.push_transition(held);
+                }
+            } else if state.pending.is_none() {
+                // A nonce-less call cannot be named by its re-dispatch: like SP/1.0.1.
+                state.pending = Some(held);
             }
         }
     }
@@ -74,8 +92,15 @@ fn apply_allow(
         Reason::TransitionApprove | Reason::TransitionModifySuccessor
     ) {
         // Single use: the release is spent the moment it is granted.
-        state.pending = None;
-        state.status = SessionStatus::Active;
+        if config.parallel_holds() && call.nonce.is_some() {
+            state.take_transition_for_nonce(call.nonce);
+        } else {
+            state.pending = None;
+            state.more_pending.clear();
+        }
+        if state.pending.is_none() {
+            state.status = SessionStatus::Active;
+        }
     }
     state.total_calls = state.total_calls.saturating_add(1);
     if let Some(n) = call.nonce {
@@ -235,6 +260,12 @@ pub enum HumanDecisionRefused {
     /// The session has no pending transition.
     #[error("the session has no pending HITL transition")]
     NothingPending,
+    /// The named call is not held (never held, already released, or forgotten).
+    #[error("call {0} is not held")]
+    NotHeld(u64),
+    /// Several calls await a decision and none was named.
+    #[error("{0} held calls await a decision: name the call to decide")]
+    WhichCall(usize),
     /// The pending transition already has a final decision (approve, reject, modify).
     #[error("the pending transition was already decided (`{0}`)")]
     AlreadyDecided(String),
@@ -246,13 +277,46 @@ pub enum HumanDecisionRefused {
     NotADecision(String),
 }
 
-/// The pending transition, if nobody has decided it for good yet (awaiting, deferred or
-/// escalated).
-fn undecided(state: &mut SessionState) -> Result<&mut PendingTransition, HumanDecisionRefused> {
-    let pending = state
-        .pending
-        .as_mut()
-        .ok_or(HumanDecisionRefused::NothingPending)?;
+/// Whether nobody has decided `p` for good yet (awaiting, deferred or escalated).
+pub fn is_undecided(p: &PendingTransition) -> bool {
+    matches!(
+        p.decision,
+        HumanDecision::Awaiting | HumanDecision::Defer | HumanDecision::Escalate
+    )
+}
+
+/// The transition of held call `call_number`, or with `None` the session's one undecided
+/// transition (refused when several are), if nobody has decided it for good yet (awaiting,
+/// deferred or escalated).
+fn undecided(
+    state: &mut SessionState,
+    call_number: Option<u64>,
+) -> Result<&mut PendingTransition, HumanDecisionRefused> {
+    let pending = match call_number {
+        Some(n) => state
+            .transition_of_call_mut(n)
+            .ok_or(HumanDecisionRefused::NotHeld(n))?,
+        None => {
+            let open = state.transitions().filter(|p| is_undecided(p)).count();
+            if open > 1 {
+                return Err(HumanDecisionRefused::WhichCall(open));
+            }
+            let only = state.transitions().position(is_undecided);
+            match only {
+                Some(i) => state
+                    .pending
+                    .iter_mut()
+                    .chain(state.more_pending.iter_mut())
+                    .nth(i)
+                    .ok_or(HumanDecisionRefused::NothingPending)?,
+                // Nothing undecided: the oldest, so a final decision is named as such.
+                None => state
+                    .pending
+                    .as_mut()
+                    .ok_or(HumanDecisionRefused::NothingPending)?,
+            }
+        }
+    };
     if !matches!(
         pending.decision,
         HumanDecision::Awaiting | HumanDecision::Defer | HumanDecision::Escalate
@@ -273,15 +337,17 @@ pub struct Successor {
     pub args_digest: Digest,
 }
 
-/// Record a human's decision on the session's pending transition. Awaiting, deferred and
+/// Record a human's decision on held call `call_number`'s transition (with `None`: on the
+/// session's one undecided transition, refused when several are). Awaiting, deferred and
 /// escalated transitions can be decided; a final decision cannot be changed.
 pub fn record_human_decision(
     state: &mut SessionState,
+    call_number: Option<u64>,
     decision: HumanDecision,
     successor: Option<Successor>,
     now: UnixNanos,
 ) -> Result<(), HumanDecisionRefused> {
-    let pending = undecided(state)?;
+    let pending = undecided(state, call_number)?;
     match &decision {
         HumanDecision::Approve | HumanDecision::Defer | HumanDecision::Escalate => {
             pending.terminal_status = TransitionStatus::Pending;
@@ -304,15 +370,16 @@ pub fn record_human_decision(
     Ok(())
 }
 
-/// Expire the session's held call: nobody decided it (awaiting, deferred or escalated) in
+/// Expire held call `call_number` (with `None`: the session's one undecided call): nobody decided it (awaiting, deferred or escalated) in
 /// time. The transition becomes a rejection whose terminal status is `expired`: the held
 /// call, if dispatched again, is DENIED `hitl_transition:reject`. A transition a human
 /// already approved, rejected or modified is not expired.
 pub fn expire_pending(
     state: &mut SessionState,
+    call_number: Option<u64>,
     now: UnixNanos,
 ) -> Result<(), HumanDecisionRefused> {
-    let pending = undecided(state)?;
+    let pending = undecided(state, call_number)?;
     pending.decision = HumanDecision::Expire;
     pending.terminal_status = TransitionStatus::Expired;
     state.last_activity_ns = now;

@@ -489,6 +489,7 @@ const CONFIG_KEYS: &[&str] = &[
     "hitl_budget_threshold",
     "settlement",
     "parent_guard_id",
+    "max_held_calls",
 ];
 const STATE_KEYS: &[&str] = &[
     "status",
@@ -507,6 +508,7 @@ const STATE_KEYS: &[&str] = &[
     "last_tool_params_hash",
     "last_error_signal",
     "pending_transition",
+    "held_transitions",
     "started_at_ns",
     "last_activity_ns",
 ];
@@ -591,6 +593,9 @@ fn read_config(c: &Obj<'_>) -> Result<GuardConfig, VectorError> {
         parent_guard_id: c.string("parent_guard_id")?,
         nonce_window: crate::config::DEFAULT_NONCE_WINDOW,
         max_reservations: crate::config::DEFAULT_MAX_RESERVATIONS,
+        // The published vectors are SP/1.0.1 exactly: one pending transition. A vector may
+        // opt into the parallel-holds extension with `max_held_calls` (Tollgate's own).
+        max_held_calls: c.u32("max_held_calls")?.max(1),
     })
 }
 
@@ -626,7 +631,28 @@ fn read_state(s: &Obj<'_>, config: &GuardConfig) -> Result<SessionState, VectorE
             PENDING_KEYS,
         )?)?),
     };
+    // Tollgate's extension (parallel holds): the session's further held calls.
+    let mut more_pending = Vec::new();
+    if let Some(v) = s.get("held_transitions") {
+        let Some(items) = v.as_array() else {
+            return err("state.held_transitions", "expected an array");
+        };
+        if pending.is_none() && !items.is_empty() {
+            return err(
+                "state.held_transitions",
+                "needs a pending_transition (the oldest held call)",
+            );
+        }
+        for p in items {
+            more_pending.push(read_pending(&Obj::new(
+                "state.held_transitions[]",
+                p,
+                PENDING_KEYS,
+            )?)?);
+        }
+    }
     Ok(SessionState {
+        more_pending,
         status,
         budget_initial: initial,
         budget_remaining: remaining,

@@ -161,10 +161,12 @@ fn budget_overrun_goes_to_a_human_with_on_deny() {
     assert!(!s.circuit_tripped);
 }
 
+/// SP/1.0.1 exactly: one pending transition (these flows are the specification's).
 fn hitl_always() -> GuardConfig {
     GuardConfig {
         budget: usd(10.0),
         hitl_mode: HitlMode::Always,
+        max_held_calls: 1,
         ..GuardConfig::default()
     }
 }
@@ -183,7 +185,7 @@ fn hitl_approve_releases_exactly_one_call() {
         (d.verdict, d.reason),
         (Verdict::Hitl, Reason::TransitionDeferEscalate)
     );
-    record_human_decision(&mut s, HumanDecision::Approve, None, 12).unwrap();
+    record_human_decision(&mut s, None, HumanDecision::Approve, None, 12).unwrap();
     // Different arguments under the same approval: refused.
     let evil = params(r#"{"amount":100000,"to":"acct_attacker"}"#);
     let d = decide(&config, &s, &call("wire", &evil, 7, usd(1.0)), 13, 1.0);
@@ -229,10 +231,10 @@ fn hitl_modify_releases_only_the_successor() {
         args_digest: Params::json(&edited).canonical_digest().unwrap(),
     };
     assert_eq!(
-        record_human_decision(&mut s, HumanDecision::Modify, None, 1),
+        record_human_decision(&mut s, None, HumanDecision::Modify, None, 1),
         Err(HumanDecisionRefused::ModifyWithoutSuccessor)
     );
-    record_human_decision(&mut s, HumanDecision::Modify, Some(successor), 1).unwrap();
+    record_human_decision(&mut s, None, HumanDecision::Modify, Some(successor), 1).unwrap();
     let d = decide(
         &config,
         &s,
@@ -269,15 +271,15 @@ fn hitl_reject_denies_and_decisions_are_final() {
     let mut s = SessionState::new(config.budget, 0);
     let p = params("{}");
     step(&config, &mut s, &call("rm", &p, 1, Money::ZERO), 1, 0);
-    record_human_decision(&mut s, HumanDecision::Defer, None, 1).unwrap();
+    record_human_decision(&mut s, None, HumanDecision::Defer, None, 1).unwrap();
     let d = decide(&config, &s, &call("rm", &p, 1, Money::ZERO), 2, 1.0);
     assert_eq!(
         (d.verdict, d.reason),
         (Verdict::Hitl, Reason::TransitionDeferEscalate)
     );
-    record_human_decision(&mut s, HumanDecision::Reject, None, 2).unwrap();
+    record_human_decision(&mut s, None, HumanDecision::Reject, None, 2).unwrap();
     assert!(matches!(
-        record_human_decision(&mut s, HumanDecision::Approve, None, 3),
+        record_human_decision(&mut s, None, HumanDecision::Approve, None, 3),
         Err(HumanDecisionRefused::AlreadyDecided(_))
     ));
     let d = step(&config, &mut s, &call("rm", &p, 1, Money::ZERO), 2, 3);
@@ -289,6 +291,7 @@ fn hitl_reject_denies_and_decisions_are_final() {
     assert_eq!(
         record_human_decision(
             &mut SessionState::default(),
+            None,
             HumanDecision::Approve,
             None,
             0
@@ -718,7 +721,7 @@ fn a_released_successor_cannot_be_replayed() {
         nonce: 23,
         args_digest: Params::json(&edited).canonical_digest().unwrap(),
     };
-    record_human_decision(&mut s, HumanDecision::Modify, Some(successor), 1).unwrap();
+    record_human_decision(&mut s, None, HumanDecision::Modify, Some(successor), 1).unwrap();
     let d = step(
         &config,
         &mut s,

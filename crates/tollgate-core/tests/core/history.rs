@@ -228,8 +228,8 @@ fn an_undecided_held_call_expires_into_a_rejection() {
     let p = params(r#"{"to":"x"}"#);
     let held = call("pay", &p, 5, Money::ZERO);
     assert_eq!(step(&config, &mut s, &held, 1, 0).verdict, Verdict::Hitl);
-    record_human_decision(&mut s, HumanDecision::Defer, None, 1).unwrap();
-    expire_pending(&mut s, 2).unwrap();
+    record_human_decision(&mut s, None, HumanDecision::Defer, None, 1).unwrap();
+    expire_pending(&mut s, None, 2).unwrap();
     let t = s.pending.clone().unwrap();
     assert_eq!(
         (t.decision, t.terminal_status),
@@ -240,8 +240,8 @@ fn an_undecided_held_call_expires_into_a_rejection() {
         decide(&config, &s, &held, 3, 1.0).reason,
         Reason::TransitionReject
     );
-    assert!(record_human_decision(&mut s, HumanDecision::Approve, None, 4).is_err());
-    assert!(expire_pending(&mut s, 4).is_err());
+    assert!(record_human_decision(&mut s, None, HumanDecision::Approve, None, 4).is_err());
+    assert!(expire_pending(&mut s, None, 4).is_err());
     // `expire` is not a word SP/1.0 knows: a vector or a human saying it is unknown.
     assert!(matches!(
         HumanDecision::parse("expire"),
@@ -259,8 +259,8 @@ fn a_decided_held_call_does_not_expire() {
     let mut s = SessionState::new(Money::ZERO, 0);
     let p = params("{}");
     step(&config, &mut s, &call("pay", &p, 5, Money::ZERO), 1, 0);
-    record_human_decision(&mut s, HumanDecision::Approve, None, 1).unwrap();
-    assert!(expire_pending(&mut s, 2).is_err());
+    record_human_decision(&mut s, None, HumanDecision::Approve, None, 1).unwrap();
+    assert!(expire_pending(&mut s, None, 2).is_err());
     let mut empty = SessionState::new(Money::ZERO, 0);
-    assert!(expire_pending(&mut empty, 2).is_err());
+    assert!(expire_pending(&mut empty, None, 2).is_err());
 }

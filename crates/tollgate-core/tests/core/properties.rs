@@ -147,6 +147,9 @@ fn config() -> impl Strategy<Value = GuardConfig> {
                     hitl_mode: mode,
                     hitl_budget_threshold: Ratio::from_ppm(thr),
                     settlement: settle,
+                    // The SP/1.0.1 properties are stated for one pending transition; the
+                    // parallel-holds extension has its own (`parallel.rs`).
+                    max_held_calls: 1,
                     ..GuardConfig::default()
                 }
             },
@@ -569,7 +572,7 @@ fn run(cfg: &GuardConfig, ops: &[Op]) -> Trace {
                     args_digest: pool_digest(*successor),
                 };
                 let _ =
-                    record_human_decision(&mut st, HumanDecision::parse(decision), Some(s), now);
+                    record_human_decision(&mut st, None, HumanDecision::parse(decision), Some(s), now);
             }
             Op::Tick(dt) => now += dt,
         }

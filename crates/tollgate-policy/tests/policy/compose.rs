@@ -183,7 +183,7 @@ fn the_approved_redispatch_of_a_held_call_is_allowed_but_a_forbid_still_wins() {
         (held.verdict, held.reason()),
         (Verdict::Hitl, "policy:big-pay".to_owned())
     );
-    record_human_decision(&mut r.state, HumanDecision::Approve, None, NOW).unwrap();
+    record_human_decision(&mut r.state, None, HumanDecision::Approve, None, NOW).unwrap();
     let released = r.call("pay", args, 7, 2);
     assert_eq!(
         (released.verdict, released.reason()),
@@ -193,7 +193,7 @@ fn the_approved_redispatch_of_a_held_call_is_allowed_but_a_forbid_still_wins() {
     // Held again, approved, and meanwhile a forbid covers the call (a reload): refused.
     let held = r.call("pay", args, 8, 3);
     assert_eq!(held.verdict, Verdict::Hitl);
-    record_human_decision(&mut r.state, HumanDecision::Approve, None, NOW).unwrap();
+    record_human_decision(&mut r.state, None, HumanDecision::Approve, None, NOW).unwrap();
     let stricter = enforced(
         &format!(
             "{RULES}\n@id(\"emergency\") forbid(principal, action == Action::\"pay\", resource);"
