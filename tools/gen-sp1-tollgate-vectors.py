@@ -220,3 +220,115 @@ write("opaque-context.json",
       "its own value is a marker string; lists and objects under it are walked for nested "
       "context keys, and a bare string inside a list is no binding.",
       opaque)
+
+# ---------------------------------------------------------------------------------------
+# Tollgate's extension of §3.6: several held calls, each its own transition
+# (`config.max_held_calls` above 1; `state.held_transitions` are the held calls after the
+# oldest, which is `pending_transition`). Not SP/1.0.1: the specification has one.
+# ---------------------------------------------------------------------------------------
+
+PAY = [{"amount": 10 + i, "to": f"acct_{i}"} for i in range(4)]
+EDIT = {"amount": 1, "to": "acct_3"}
+P_NONCE = [7300 + i for i in range(4)]
+P_SUCC = 7399
+
+
+def held(i, decision="", status="pending", successor=False):
+    p = {"decision": decision, "original_nonce": P_NONCE[i],
+         "original_args_digest": sha256(PAY[i]), "terminal_status": status}
+    if successor:
+        p["successor_nonce"] = P_SUCC
+        p["successor_args_digest"] = sha256(EDIT)
+    return p
+
+
+HELD = [held(0), held(1, "approve"), held(2, "reject", "rejected"),
+        held(3, "modify", "superseded", successor=True)]
+
+
+def parallel_vector(name, params, nonce, verdict, reason, note, max_held=16, mode="always",
+                    seen=(), transitions=HELD):
+    v = {
+        "name": name,
+        "config": {"budget_usd": 10.0, "max_repeat_calls": 5, "hitl_mode": mode,
+                   "max_held_calls": max_held},
+        "state": {
+            "circuit_tripped": False,
+            "seen_nonces": list(seen),
+            "budget_initial_usd": 10.0,
+            "budget_remaining_usd": 10.0,
+            "status": "paused",
+            "pending_transition": transitions[0],
+            "held_transitions": transitions[1:],
+        },
+        "call": {"tool_name": "pay", "params": params},
+        "canonical_hash": sha256(params),
+        "expected_verdict": verdict,
+        "expected_reason": reason,
+        "conformance_note": note,
+    }
+    if nonce is not None:
+        v["call"]["nonce"] = nonce
+    v["vector_hash"] = sha256(v)
+    return v
+
+
+parallel = [
+    parallel_vector("held_second_approved_released", PAY[1], P_NONCE[1],
+                    "ALLOW", "hitl_transition:approve",
+                    "The call names the second held call, approved: released, although the "
+                    "oldest still awaits a human."),
+    parallel_vector("held_oldest_awaiting_still_held", PAY[0], P_NONCE[0],
+                    "HITL", "hitl_transition:defer_escalate",
+                    "The oldest held call, asked again before anyone decided: still held."),
+    parallel_vector("held_new_call_is_decided_by_the_rules", {"amount": 5, "to": "acct_9"}, 7390,
+                    "HITL", "hitl_all_calls",
+                    "A nonce naming no held call is a new call: rules 5 to 10 decide it (here "
+                    "hitl_mode always), instead of a nonce mismatch against the oldest."),
+    parallel_vector("held_new_call_allowed_beside_held_ones", {"amount": 5, "to": "acct_9"},
+                    7390, "ALLOW", "within_thresholds",
+                    "With hitl_mode never, a new call runs while other calls wait for a human.",
+                    mode="never"),
+    parallel_vector("held_rejected_denied", PAY[2], P_NONCE[2],
+                    "DENY", "hitl_transition:reject",
+                    "A rejected held call dispatched again: §3.6 step 3 against its own "
+                    "transition."),
+    parallel_vector("held_modified_successor_released", EDIT, P_SUCC,
+                    "ALLOW", "hitl_transition:modify_successor",
+                    "The successor a human gave the fourth held call: released."),
+    parallel_vector("held_modified_original_superseded", PAY[3], P_NONCE[3],
+                    "DENY", "hitl_transition:superseded_original",
+                    "The original of the modified held call: superseded."),
+    parallel_vector("held_approved_nonce_other_args", PAY[0], P_NONCE[1],
+                    "DENY", "hitl_transition:digest_mismatch",
+                    "The approved call's nonce with another held call's arguments."),
+    parallel_vector("held_nonceless_call_answers_to_the_oldest", PAY[1], None,
+                    "HITL", "hitl_transition:defer_escalate",
+                    "A call without a nonce cannot name a held call: it answers to the oldest "
+                    "transition, as in SP/1.0.1."),
+    parallel_vector("held_consumed_release_replayed", PAY[1], P_NONCE[1],
+                    "DENY", "policy_violation:duplicate_resume_no_effect",
+                    "A seen nonce naming a held call whose transition is terminal: rule 3 "
+                    "reports a resume with no effect (that transition's status, not the "
+                    "oldest's).",
+                    seen=[P_NONCE[1]],
+                    transitions=[held(0), held(1, "approve", "consumed")]),
+    parallel_vector("one_transition_second_approved_not_read", PAY[1], P_NONCE[1],
+                    "HITL", "hitl_transition:defer_escalate",
+                    "max_held_calls 1 is SP/1.0.1 exactly: only the oldest transition is read, "
+                    "and it awaits a human.", max_held=1),
+    parallel_vector("one_transition_new_call_nonce_mismatch", {"amount": 5, "to": "acct_9"}, 7390,
+                    "HITL", "hitl_transition:defer_escalate",
+                    "max_held_calls 1: a new call while the oldest awaits a human is held "
+                    "behind it.", max_held=1),
+    parallel_vector("one_transition_replay_reports_the_oldest", PAY[1], P_NONCE[1],
+                    "DENY", "policy_violation:duplicate_nonce",
+                    "max_held_calls 1: rule 3 reads the oldest transition, which is not "
+                    "terminal.", max_held=1, seen=[P_NONCE[1]],
+                    transitions=[held(0), held(1, "approve", "consumed")]),
+]
+write("parallel-holds.json",
+      "Tollgate's own vectors for its extension of SP/1.0.1 §3.6 (config max_held_calls above "
+      "1): several held calls, each its own transition bound to its nonce; "
+      "state.held_transitions are the held calls after the oldest (pending_transition).",
+      parallel)

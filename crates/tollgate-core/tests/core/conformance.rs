@@ -26,6 +26,11 @@ const OWN: &[(&str, &[u8], usize)] = &[
         include_bytes!("../../../../tests/data/sp1-tollgate/opaque-context.json"),
         25,
     ),
+    (
+        "parallel-holds.json",
+        include_bytes!("../../../../tests/data/sp1-tollgate/parallel-holds.json"),
+        13,
+    ),
 ];
 
 #[test]

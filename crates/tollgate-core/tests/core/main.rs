@@ -13,6 +13,7 @@ mod conformance;
 mod flows;
 mod history;
 mod opaque;
+mod parallel;
 mod properties;
 mod robustness;
 mod support;

@@ -571,8 +571,13 @@ fn run(cfg: &GuardConfig, ops: &[Op]) -> Trace {
                     nonce: *nonce,
                     args_digest: pool_digest(*successor),
                 };
-                let _ =
-                    record_human_decision(&mut st, None, HumanDecision::parse(decision), Some(s), now);
+                let _ = record_human_decision(
+                    &mut st,
+                    None,
+                    HumanDecision::parse(decision),
+                    Some(s),
+                    now,
+                );
             }
             Op::Tick(dt) => now += dt,
         }
