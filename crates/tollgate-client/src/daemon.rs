@@ -244,6 +244,29 @@ impl DaemonClient {
         Ok(client)
     }
 
+    /// A second connection for this client's session, for a request that may take long
+    /// (an `await_decision` long poll): the daemon answers one request at a time per
+    /// socket connection, so a long poll on the shared connection would hold up every
+    /// other call of every thread sharing this client. Over gRPC each request is its own
+    /// rpc already, and the client itself is returned (`None`).
+    pub(crate) async fn side_connection(&self) -> Result<Option<DaemonClient>, ClientError> {
+        if self.grpc.is_some() {
+            return Ok(None);
+        }
+        let (w, key, waiters) = Self::open_socket(&self.config).await?;
+        Ok(Some(DaemonClient {
+            key,
+            writer: Mutex::new(Some(w)),
+            waiters,
+            session_id: self.session_id.clone(),
+            next_call: AtomicU64::new(0),
+            registration: sp1::RegisterResponse::default(),
+            last_remaining: std::sync::atomic::AtomicI64::new(0),
+            config: self.config.clone(),
+            grpc: None,
+        }))
+    }
+
     /// Connect to the socket and start the reader that routes replies to their waiters.
     async fn open_socket(
         config: &ClientConfig,

@@ -248,20 +248,44 @@ impl Guard {
         }
     }
 
-    /// Record `operator`'s decision on the pending transition.
+    /// Record `operator`'s decision on the session's one undecided held call (refused when
+    /// several are held: name one with [`Guard::decide_human_call`]).
     pub fn decide_human(
         &self,
         decision: HumanDecision,
         successor: Option<Successor>,
         operator: &str,
     ) -> Result<(), HumanDecisionRefused> {
-        let pending = {
+        self.decide_human_call(None, decision, successor, operator, "")
+            .map(|_| ())
+    }
+
+    /// Record `operator`'s decision, with their `note` (audited), on held call
+    /// `call_number` (the call number its HITL verdict carried; `None`: the session's one
+    /// undecided held call). Returns the decided call's number.
+    pub fn decide_human_call(
+        &self,
+        call_number: Option<u64>,
+        decision: HumanDecision,
+        successor: Option<Successor>,
+        operator: &str,
+        note: &str,
+    ) -> Result<u64, HumanDecisionRefused> {
+        let (held, pending) = {
             let mut s = self.lock();
-            let record = ops::human_decision(&mut s, decision, successor, operator, "", now_ns())?;
-            self.submit(record.into())
+            let record = ops::human_decision(
+                &mut s,
+                call_number,
+                decision,
+                successor,
+                operator,
+                note,
+                now_ns(),
+            )?;
+            (record.call_number, self.submit(record.into()))
         };
         Self::audited(pending);
-        Ok(())
+        Ok(held)
     }
 
     /// Expire the held call nobody decided in time (the runtime's timeout, not a person's
@@ -269,9 +293,15 @@ impl Guard {
     /// operator is `tollgate`, as the daemon records its own expiries. The held call, if
     /// dispatched again, is DENIED `hitl_transition:reject`.
     pub fn expire_pending(&self) -> Result<(), HumanDecisionRefused> {
+        self.expire_call(None)
+    }
+
+    /// Expire held call `call_number` (`None`: the session's one undecided held call), as
+    /// [`Guard::expire_pending`] does.
+    pub fn expire_call(&self, call_number: Option<u64>) -> Result<(), HumanDecisionRefused> {
         let pending = {
             let mut s = self.lock();
-            let record = ops::expire(&mut s, now_ns())?;
+            let record = ops::expire(&mut s, call_number, now_ns())?;
             self.submit(record.into())
         };
         Self::audited(pending);

@@ -74,6 +74,40 @@ impl Released {
     }
 }
 
+/// The first wait before a held-behind call is dispatched again, and the longest.
+const HELD_BEHIND_FIRST_RETRY: Duration = Duration::from_millis(50);
+const HELD_BEHIND_MAX_RETRY: Duration = Duration::from_secs(1);
+
+/// A DENY of held call `held` for `reason`, after the human's `decision` (if any).
+fn denied(held: u64, reason: &str, decision: &str) -> Released {
+    Released {
+        verdict: ClientVerdict {
+            verdict: Verdict::Deny,
+            reason: reason.to_owned(),
+            call_number: held,
+            response: None,
+            error: None,
+        },
+        params: None,
+        decision: decision.to_owned(),
+    }
+}
+
+/// A DENY of held call `held` because the daemon could not be asked.
+fn denied_with(held: u64, e: ClientError) -> Released {
+    Released {
+        verdict: ClientVerdict {
+            verdict: Verdict::Deny,
+            reason: e.reason(),
+            call_number: held,
+            response: None,
+            error: Some(e),
+        },
+        params: None,
+        decision: String::new(),
+    }
+}
+
 impl DaemonClient {
     /// Show operators the params of held call `call_number` (canonical JSON, at most 64
     /// KiB; the daemon accepts them only if they hash to the held call's digest).
@@ -115,10 +149,14 @@ impl DaemonClient {
         timeout: Duration,
     ) -> Result<sp1::AwaitDecisionResponse, ClientError> {
         let deadline = Instant::now() + timeout;
+        // The long poll goes over a connection of its own, so that it holds up no other
+        // call of the threads and tasks sharing this client.
+        let side = self.side_connection().await?;
+        let link = side.as_ref().unwrap_or(self);
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             let poll = u32::try_from(left.as_millis()).unwrap_or(u32::MAX);
-            let reply = self
+            let reply = link
                 .request_within(
                     Payload::AwaitDecision(sp1::AwaitDecisionRequest {
                         session_id: self.session_id().to_owned(),
@@ -150,6 +188,12 @@ impl DaemonClient {
     /// their decision, and re-dispatch what they released: the same call with its nonce
     /// (approve), or the successor with the edited params and the nonce the daemon gave it
     /// (modify). Never errors: anything but a released call is a DENY.
+    ///
+    /// Safe to call from many tasks at once on one client: each call has its own nonce and
+    /// waits for its own held call. A call the daemon answers HITL but holds nothing for
+    /// (`await_decision` outcome `none`: held behind other held calls) is dispatched again,
+    /// with its nonce, after a short backoff (50 ms, doubling to 1 s), until it is held
+    /// with a transition of its own, decided, or `wait.timeout` passes.
     pub async fn pre_exec_or_wait(
         &self,
         tool: &str,
@@ -158,60 +202,76 @@ impl DaemonClient {
         wait: HumanWait,
     ) -> Released {
         let req = self.prepare(tool, params, estimated_cost_usd);
-        let nonce = req.nonce;
-        let first = self.pre_exec_request(req.clone()).await;
-        if first.verdict != Verdict::Hitl {
-            let allowed = first.allowed();
-            return Released {
-                verdict: first,
-                params: allowed.then(|| params.clone()),
-                decision: String::new(),
-            };
-        }
-        let held = first.call_number;
+        let deadline = Instant::now() + wait.timeout;
         let share = match wait.share_params {
             ShareParams::All => true,
             ShareParams::Never => false,
             ShareParams::When(f) => f(tool, params),
         };
-        if share {
-            // Not fatal: operators then see the digest alone.
-            let _ = self.send_held_params(held, params).await;
-        }
-        let denied = |reason: &str, decision: &str| Released {
-            verdict: ClientVerdict {
-                verdict: Verdict::Deny,
-                reason: reason.to_owned(),
-                call_number: held,
-                response: None,
-                error: None,
-            },
-            params: None,
-            decision: decision.to_owned(),
-        };
-        let decided = match self.await_decision(held, wait.timeout).await {
-            Ok(d) => d,
-            Err(e) => {
+        // How long to wait before dispatching a held-behind call again.
+        let mut backoff = HELD_BEHIND_FIRST_RETRY;
+        let mut dispatch = req.clone();
+        loop {
+            let v = self.pre_exec_request(dispatch).await;
+            if v.verdict != Verdict::Hitl {
+                let allowed = v.allowed();
                 return Released {
-                    verdict: ClientVerdict {
-                        verdict: Verdict::Deny,
-                        reason: e.reason(),
-                        call_number: held,
-                        response: None,
-                        error: Some(e),
-                    },
-                    params: None,
+                    verdict: v,
+                    params: allowed.then(|| params.clone()),
                     decision: String::new(),
-                }
+                };
             }
-        };
+            let held = v.call_number;
+            if share {
+                // Not fatal: operators then see the digest alone (and a call held behind
+                // another is not held yet, so its params are refused until it is).
+                let _ = self.send_held_params(held, params).await;
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            let decided = match self.await_decision(held, left).await {
+                Ok(d) => d,
+                Err(e) => return denied_with(held, e),
+            };
+            if decided.outcome == "none" {
+                // Nothing is held for this call: it was held behind other held calls
+                // (the session holds as many as it may, or one under SP/1.0.1's single
+                // transition), so nobody can decide it yet. Dispatch it again, the same
+                // call with its nonce, once the others had time to move; the daemon
+                // decides it afresh (held with a transition of its own once there is
+                // room). Never past the deadline.
+                if Instant::now() + backoff >= deadline {
+                    return denied(held, "fail_closed:hitl_timeout", "");
+                }
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(HELD_BEHIND_MAX_RETRY);
+                dispatch = sp1::PreExecRequest {
+                    call_number: self.next_call_number(),
+                    ..req.clone()
+                };
+                continue;
+            }
+            return self
+                .release(tool, params, &req, estimated_cost_usd, held, decided)
+                .await;
+        }
+    }
+
+    /// Act on a human's decision on held call `held` (dispatched as `req`).
+    async fn release(
+        &self,
+        tool: &str,
+        params: &Value,
+        req: &sp1::PreExecRequest,
+        estimated_cost_usd: f64,
+        held: u64,
+        decided: sp1::AwaitDecisionResponse,
+    ) -> Released {
         match decided.outcome.as_str() {
             "approve" => {
                 // The same call, its nonce and params, under a new call number.
                 let again = sp1::PreExecRequest {
                     call_number: self.next_call_number(),
-                    nonce,
-                    ..req
+                    ..req.clone()
                 };
                 let v = self.pre_exec_request(again).await;
                 let allowed = v.allowed();
@@ -223,16 +283,16 @@ impl DaemonClient {
             }
             "modify" => {
                 let Some(t) = decided.transition.as_ref() else {
-                    return denied("fail_closed:malformed_reply", "modify");
+                    return denied(held, "fail_closed:malformed_reply", "modify");
                 };
                 let Ok(successor) = json::parse_str(&decided.successor_params_json) else {
                     // Modified by digest only (no params given): nothing this client can run.
-                    return denied("fail_closed:successor_params_unknown", "modify");
+                    return denied(held, "fail_closed:successor_params_unknown", "modify");
                 };
                 if json::canonical_hash(&successor).map(|d| d.0.to_vec()).ok()
                     != Some(t.successor_args_digest.clone())
                 {
-                    return denied("fail_closed:malformed_reply", "modify");
+                    return denied(held, "fail_closed:malformed_reply", "modify");
                 }
                 let again = self.prepare(tool, &successor, estimated_cost_usd);
                 let again = sp1::PreExecRequest {
@@ -247,10 +307,10 @@ impl DaemonClient {
                     decision: "modify".into(),
                 }
             }
-            "reject" => denied("hitl_transition:reject", "reject"),
-            "expire" => denied("hitl_transition:reject", "expire"),
-            "pending" => denied("fail_closed:hitl_timeout", ""),
-            _ => denied("fail_closed:malformed_reply", ""),
+            "reject" => denied(held, "hitl_transition:reject", "reject"),
+            "expire" => denied(held, "hitl_transition:reject", "expire"),
+            "pending" => denied(held, "fail_closed:hitl_timeout", ""),
+            _ => denied(held, "fail_closed:malformed_reply", ""),
         }
     }
 }

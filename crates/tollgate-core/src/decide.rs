@@ -67,11 +67,7 @@ pub fn decide(
     // the call. The parallel-holds extension (`max_held_calls` above 1): the transition of
     // the held call this call's nonce re-dispatches; a call naming none is a new call (a
     // nonce-less call, which cannot name one, answers to the oldest, as in SP/1.0.1).
-    let transition = if config.parallel_holds() && call.nonce.is_some() {
-        state.transition_for_nonce(call.nonce)
-    } else {
-        state.pending.as_ref()
-    };
+    let transition = state.answering_transition(config.parallel_holds(), call.nonce);
 
     // Rule 3: anti-replay.
     if let Some(nonce) = call.nonce {

@@ -429,6 +429,21 @@ impl SessionState {
         self.transitions().find(|p| binds_nonce(p, n))
     }
 
+    /// The transition a call with `nonce` answers to (rule 4): with `parallel_holds`
+    /// ([`GuardConfig::parallel_holds`](crate::GuardConfig::parallel_holds)) and a nonce, the
+    /// held call it re-dispatches, if any; otherwise (SP/1.0.1) the one pending transition.
+    pub fn answering_transition(
+        &self,
+        parallel_holds: bool,
+        nonce: Option<u64>,
+    ) -> Option<&PendingTransition> {
+        if parallel_holds && nonce.is_some() {
+            self.transition_for_nonce(nonce)
+        } else {
+            self.pending.as_ref()
+        }
+    }
+
     /// Remove the transition a call with `nonce` re-dispatches (see
     /// [`SessionState::transition_for_nonce`]), keeping the oldest remaining one in
     /// `pending`. Returns it.

@@ -339,15 +339,17 @@ pub struct Successor {
 
 /// Record a human's decision on held call `call_number`'s transition (with `None`: on the
 /// session's one undecided transition, refused when several are). Awaiting, deferred and
-/// escalated transitions can be decided; a final decision cannot be changed.
+/// escalated transitions can be decided; a final decision cannot be changed. Returns the
+/// decided call's number.
 pub fn record_human_decision(
     state: &mut SessionState,
     call_number: Option<u64>,
     decision: HumanDecision,
     successor: Option<Successor>,
     now: UnixNanos,
-) -> Result<(), HumanDecisionRefused> {
+) -> Result<u64, HumanDecisionRefused> {
     let pending = undecided(state, call_number)?;
+    let decided = pending.call_number;
     match &decision {
         HumanDecision::Approve | HumanDecision::Defer | HumanDecision::Escalate => {
             pending.terminal_status = TransitionStatus::Pending;
@@ -367,7 +369,7 @@ pub fn record_human_decision(
     }
     pending.decision = decision;
     state.last_activity_ns = now;
-    Ok(())
+    Ok(decided)
 }
 
 /// Expire held call `call_number` (with `None`: the session's one undecided call): nobody decided it (awaiting, deferred or escalated) in
@@ -378,10 +380,11 @@ pub fn expire_pending(
     state: &mut SessionState,
     call_number: Option<u64>,
     now: UnixNanos,
-) -> Result<(), HumanDecisionRefused> {
+) -> Result<u64, HumanDecisionRefused> {
     let pending = undecided(state, call_number)?;
     pending.decision = HumanDecision::Expire;
     pending.terminal_status = TransitionStatus::Expired;
+    let expired = pending.call_number;
     state.last_activity_ns = now;
-    Ok(())
+    Ok(expired)
 }

@@ -204,6 +204,7 @@ pub struct GuardTable {
     settlement: Option<String>,
     nonce_window: Option<u32>,
     max_reservations: Option<u32>,
+    max_held_calls: Option<u32>,
 }
 
 /// An organization the daemon serves.
@@ -1311,6 +1312,7 @@ pub fn guard(t: &GuardTable, base: &GuardConfig, key: &str) -> Result<GuardConfi
         t.max_reservations,
         g.max_reservations,
     )?;
+    g.max_held_calls = positive(&k("max_held_calls"), t.max_held_calls, g.max_held_calls)?;
     Ok(g)
 }
 

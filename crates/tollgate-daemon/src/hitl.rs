@@ -10,11 +10,12 @@
 //! restart a held call shows its digest, and says its params are not known, until its agent
 //! sends them again.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use tollgate_core::json::{self, Limits};
-use tollgate_core::{Digest, HumanDecision, Successor};
+use tollgate_core::transition::is_undecided;
+use tollgate_core::{Digest, HumanDecision, PendingTransition, SessionState, Successor};
 use tollgate_proto::sp1::{self, ErrorCode};
 use tollgate_store::{ops, Change, Session, SessionStore};
 
@@ -24,6 +25,10 @@ use crate::convert;
 /// by several daemons (a decision made through another daemon sends this one no event).
 const SHARED_STATE_POLL: Duration = Duration::from_millis(200);
 use crate::service::{lock, not_found, refuse, Caller, Refusal, Service, SessionInfo};
+
+/// The most held calls one session's shared note is read for (a bound on what another
+/// daemon's note can make this one keep; a session holds at most its `max_held_calls`).
+const MAX_NOTE_CALLS: usize = 1024;
 
 /// The largest params a held call may show, and a modify may carry, in bytes.
 pub const MAX_PARAMS_BYTES: usize = 64 * 1024;
@@ -42,21 +47,29 @@ pub(crate) struct HeldParams {
     pub successor_json: Option<String>,
 }
 
-/// The daemon's record of call `call_number` held in `session_id`: the one it has, or a
-/// fresh one replacing a record of an earlier held call.
+/// What the daemon knows of each session's held calls, by session and held call number.
+pub(crate) type HeldMap = HashMap<String, BTreeMap<u64, HeldParams>>;
+
+/// The daemon's record of call `call_number` held in `session_id` (a fresh one if it has
+/// none). Records of calls the session no longer holds (`state`) are forgotten here, so
+/// the map stays as large as what is held.
 fn held_call<'a>(
-    held: &'a mut HashMap<String, HeldParams>,
+    held: &'a mut HeldMap,
     session_id: &str,
     call_number: u64,
+    state: &SessionState,
 ) -> &'a mut HeldParams {
-    let h = held.entry(session_id.to_owned()).or_default();
-    if h.call_number != call_number {
-        *h = HeldParams {
-            call_number,
-            ..Default::default()
-        };
-    }
-    h
+    let calls = held.entry(session_id.to_owned()).or_default();
+    calls.retain(|n, _| *n == call_number || state.transition_of_call(*n).is_some());
+    calls.entry(call_number).or_insert_with(|| HeldParams {
+        call_number,
+        ..Default::default()
+    })
+}
+
+/// The held call `p` of session `session_id` as this daemon knows it.
+fn known<'a>(held: &'a HeldMap, session_id: &str, p: &PendingTransition) -> Option<&'a HeldParams> {
+    held.get(session_id)?.get(&p.call_number)
 }
 
 /// What happened to a held call, for consoles and waiting agents.
@@ -155,7 +168,9 @@ impl<S: SessionStore> Service<S> {
     /// note, for the other daemons sharing the store. Best effort: a failure is logged, and
     /// the other daemons then show the digest alone.
     async fn publish_held(&self, session_id: &str) {
-        let held = lock(&self.held).get(session_id).cloned();
+        let held: Option<Vec<HeldParams>> = lock(&self.held)
+            .get(session_id)
+            .map(|calls| calls.values().cloned().collect());
         let Some(held) = held else { return };
         let Ok(bytes) = serde_json::to_vec(&held) else {
             return;
@@ -171,53 +186,82 @@ impl<S: SessionStore> Service<S> {
         let Ok(Some(bytes)) = self.store.note(session_id).await else {
             return;
         };
-        let Ok(theirs) = serde_json::from_slice::<HeldParams>(&bytes) else {
+        // The held calls, or (a daemon from before several held calls) one.
+        let Ok(theirs) = serde_json::from_slice::<Vec<HeldParams>>(&bytes)
+            .or_else(|_| serde_json::from_slice::<HeldParams>(&bytes).map(|one| vec![one]))
+        else {
             tracing::warn!(%session_id, "a shared note that does not decode is ignored");
             return;
         };
         let mut held = lock(&self.held);
-        let mine = held.entry(session_id.to_owned()).or_default();
-        if theirs.call_number > mine.call_number {
-            // A later held call than this daemon has seen.
-            *mine = theirs;
-        } else if theirs.call_number == mine.call_number {
+        let calls = held.entry(session_id.to_owned()).or_default();
+        for t in theirs.into_iter().take(MAX_NOTE_CALLS) {
+            let mine = calls.entry(t.call_number).or_insert_with(|| HeldParams {
+                call_number: t.call_number,
+                ..Default::default()
+            });
             if mine.params_json.is_none() {
-                mine.params_json = theirs.params_json;
+                mine.params_json = t.params_json;
             }
             if mine.successor_json.is_none() {
-                mine.successor_json = theirs.successor_json;
+                mine.successor_json = t.successor_json;
             }
         }
     }
 
     /// Before a modify is applied: keep its successor's params with the held call's, here
-    /// and in the shared note. The held call is the session's pending one; a modify that
-    /// then fails leaves a successor nobody reads (only a `modify` outcome shows one).
-    async fn keep_successor(&self, session_id: &str, json: &str) -> Result<(), Refusal> {
-        let Some(call_number) = self
+    /// and in the shared note. The held call is `call_number`, or the session's one
+    /// undecided call; a modify that then fails leaves a successor nobody reads (only a
+    /// `modify` outcome shows one).
+    async fn keep_successor(
+        &self,
+        session_id: &str,
+        call_number: Option<u64>,
+        json: &str,
+    ) -> Result<(), Refusal> {
+        let Some(s) = self
             .store
             .get(session_id)
             .await
             .map_err(|e| refuse(ErrorCode::DaemonUnavailable, e.to_string()))?
-            .and_then(|s| s.state.pending.map(|p| p.call_number))
         else {
             return Ok(());
         };
+        let Some(call_number) = call_number.or_else(|| {
+            let mut open = s.state.transitions().filter(|p| is_undecided(p));
+            match (open.next(), open.next()) {
+                (Some(p), None) => Some(p.call_number),
+                _ => None,
+            }
+        }) else {
+            return Ok(());
+        };
+        if s.state.transition_of_call(call_number).is_none() {
+            return Ok(());
+        }
         self.refresh_held(session_id).await;
-        held_call(&mut lock(&self.held), session_id, call_number).successor_json =
+        held_call(&mut lock(&self.held), session_id, call_number, &s.state).successor_json =
             Some(json.to_owned());
         self.publish_held(session_id).await;
         Ok(())
     }
 
-    /// A session's held call as operators see it.
-    fn pending_view(&self, s: &Session) -> Option<sp1::HitlPending> {
-        let p = s.state.pending.as_ref()?;
-        let held = lock(&self.held)
-            .get(&s.meta.session_id)
-            .filter(|h| h.call_number == p.call_number)
-            .and_then(|h| h.params_json.clone());
-        Some(sp1::HitlPending {
+    /// A session's held calls that wait for a human (awaiting, deferred, escalated), as
+    /// operators see them. A decided call (approve, reject, modify, expire) is not shown: it
+    /// waits for its agent, not for a human, and cannot be decided again.
+    fn pending_views(&self, s: &Session) -> Vec<sp1::HitlPending> {
+        s.state
+            .transitions()
+            .filter(|p| is_undecided(p))
+            .map(|p| self.pending_view(s, p))
+            .collect()
+    }
+
+    /// Held call `p` of session `s` as operators see it.
+    fn pending_view(&self, s: &Session, p: &PendingTransition) -> sp1::HitlPending {
+        let held =
+            known(&lock(&self.held), &s.meta.session_id, p).and_then(|h| h.params_json.clone());
+        sp1::HitlPending {
             session_id: s.meta.session_id.clone(),
             agent_id: s.meta.agent_id.clone(),
             organization_id: s.meta.organization_id.clone(),
@@ -228,19 +272,33 @@ impl<S: SessionStore> Service<S> {
             params_known: held.is_some(),
             params_json: held.unwrap_or_default(),
             budget_remaining_nanos: s.state.budget_remaining.0,
-        })
+        }
     }
 
-    /// Tell consoles a session's held call, as it now stands.
-    pub(crate) async fn announce_held(&self, info: &SessionInfo, session_id: &str) {
+    /// Tell consoles a session's held call `call_number`, as it now stands (if it still
+    /// waits for a human).
+    pub(crate) async fn announce_held(
+        &self,
+        info: &SessionInfo,
+        session_id: &str,
+        call_number: u64,
+    ) {
         let Ok(Some(s)) = self.store.get(session_id).await else {
             return;
         };
         self.refresh_held(session_id).await;
-        if let Some(view) = self.pending_view(&s) {
-            let _ = self.events.send(HitlEvent::Held(Box::new(view)));
-        } else {
-            tracing::debug!(org = %info.organization_id, %session_id, "nothing held to announce");
+        match s
+            .state
+            .transition_of_call(call_number)
+            .filter(|p| is_undecided(p))
+        {
+            Some(p) => {
+                let view = self.pending_view(&s, p);
+                let _ = self.events.send(HitlEvent::Held(Box::new(view)));
+            }
+            None => {
+                tracing::debug!(org = %info.organization_id, %session_id, call_number, "nothing held to announce");
+            }
         }
     }
 
@@ -268,7 +326,7 @@ impl<S: SessionStore> Service<S> {
         Ok(sp1::HitlListResponse {
             pending: sessions
                 .iter()
-                .filter_map(|s| self.pending_view(s))
+                .flat_map(|s| self.pending_views(s))
                 .collect(),
         })
     }
@@ -331,11 +389,12 @@ impl<S: SessionStore> Service<S> {
         if r.note.len() > 1024 {
             return Err(refuse(ErrorCode::InvalidRequest, "note over 1024 bytes"));
         }
+        let named = (r.call_number != 0).then_some(r.call_number);
         if let Some(json) = &successor_json {
             // The successor's params reach the shared note before the decision reaches
             // the shared state, so an agent waiting on another daemon never reads a
             // modify without them.
-            self.keep_successor(&r.session_id, json).await?;
+            self.keep_successor(&r.session_id, named, json).await?;
         }
         let operator = operator_id.clone();
         let note = r.note.clone();
@@ -344,7 +403,15 @@ impl<S: SessionStore> Service<S> {
         let (outcome, durable) = self
             .store
             .apply(&r.session_id, move |s: &mut Session| {
-                match ops::human_decision(s, decision.clone(), successor, &operator, &note, now) {
+                match ops::human_decision(
+                    s,
+                    named,
+                    decision.clone(),
+                    successor,
+                    &operator,
+                    &note,
+                    now,
+                ) {
                     Ok(record) => {
                         // A modify's params are kept before the session's lock is released,
                         // so whoever reads the decision can read them too.
@@ -355,11 +422,15 @@ impl<S: SessionStore> Service<S> {
                                 &mut lock(held_map),
                                 &s.meta.session_id,
                                 record.call_number,
+                                &s.state,
                             )
                             .successor_json = Some(json);
                         }
                         Change::Commit(
-                            Ok((s.state.pending.clone(), record.call_number)),
+                            Ok((
+                                s.state.transition_of_call(record.call_number).cloned(),
+                                record.call_number,
+                            )),
                             record.into(),
                         )
                     }
@@ -376,7 +447,7 @@ impl<S: SessionStore> Service<S> {
             .ok_or_else(|| refuse(ErrorCode::DaemonUnavailable, "decision not journaled"))?;
         tracing::info!(session = %r.session_id, operator = %operator_id, decision = %word, "human decision recorded");
         if matches!(word.as_str(), "defer" | "escalate") {
-            self.announce_held(&info, &r.session_id).await;
+            self.announce_held(&info, &r.session_id, call_number).await;
         } else {
             let _ = self.events.send(HitlEvent::Resolved {
                 organization_id: info.organization_id.clone(),
@@ -411,12 +482,7 @@ impl<S: SessionStore> Service<S> {
             .await
             .map_err(|e| refuse(ErrorCode::DaemonUnavailable, e.to_string()))?
             .ok_or_else(|| not_found(&r.session_id))?;
-        let Some(p) = s
-            .state
-            .pending
-            .as_ref()
-            .filter(|p| p.call_number == r.call_number)
-        else {
+        let Some(p) = s.state.transition_of_call(r.call_number) else {
             return Err(refuse(
                 ErrorCode::InvalidRequest,
                 format!("call {} of `{}` is not held", r.call_number, r.session_id),
@@ -428,10 +494,16 @@ impl<S: SessionStore> Service<S> {
                 "params do not hash to the held call's args digest",
             ));
         }
-        held_call(&mut lock(&self.held), &r.session_id, r.call_number).params_json =
-            Some(canonical);
+        held_call(
+            &mut lock(&self.held),
+            &r.session_id,
+            r.call_number,
+            &s.state,
+        )
+        .params_json = Some(canonical);
         self.publish_held(&r.session_id).await;
-        self.announce_held(&info, &r.session_id).await;
+        self.announce_held(&info, &r.session_id, r.call_number)
+            .await;
         Ok(sp1::HeldParamsAck {
             session_id: r.session_id,
             call_number: r.call_number,
@@ -444,7 +516,7 @@ impl<S: SessionStore> Service<S> {
         let respond = |outcome: &str, pending: Option<&tollgate_core::PendingTransition>| {
             let successor = lock(&self.held)
                 .get(&s.meta.session_id)
-                .filter(|h| h.call_number == call_number)
+                .and_then(|calls| calls.get(&call_number))
                 .and_then(|h| h.successor_json.clone());
             sp1::AwaitDecisionResponse {
                 session_id: s.meta.session_id.clone(),
@@ -459,12 +531,7 @@ impl<S: SessionStore> Service<S> {
                 },
             }
         };
-        let Some(p) = s
-            .state
-            .pending
-            .as_ref()
-            .filter(|p| p.call_number == call_number)
-        else {
+        let Some(p) = s.state.transition_of_call(call_number) else {
             return Some(respond("none", None));
         };
         match p.decision {
@@ -534,7 +601,7 @@ impl<S: SessionStore> Service<S> {
             })
             .await;
             if !matches!(woke, Ok(true)) {
-                let p = s.state.pending.as_ref();
+                let p = s.state.transition_of_call(r.call_number);
                 return Ok(sp1::AwaitDecisionResponse {
                     session_id: r.session_id,
                     call_number: r.call_number,
@@ -561,21 +628,30 @@ impl<S: SessionStore> Service<S> {
         };
         let timeout = self.hitl_timeout_ns();
         let mut expired = 0;
-        for s in sessions {
-            let Some(p) = s.state.pending.as_ref() else {
-                continue;
-            };
-            if self.expires_at(p.requested_at_ns, &p.decision) == 0
-                || now.saturating_sub(p.requested_at_ns) < timeout
-            {
-                continue;
-            }
+        let overdue: Vec<(Session, u64)> = sessions
+            .into_iter()
+            .flat_map(|s| {
+                let calls: Vec<u64> = s
+                    .state
+                    .transitions()
+                    .filter(|p| {
+                        self.expires_at(p.requested_at_ns, &p.decision) != 0
+                            && now.saturating_sub(p.requested_at_ns) >= timeout
+                    })
+                    .map(|p| p.call_number)
+                    .collect();
+                calls.into_iter().map(move |n| (s.clone(), n))
+            })
+            .collect();
+        for (s, held) in overdue {
             let id = s.meta.session_id.clone();
             let applied = self
                 .store
-                .apply(&id, move |s: &mut Session| match ops::expire(s, now) {
-                    Ok(record) => Change::Commit(Some(record.call_number), record.into()),
-                    Err(_) => Change::Keep(None),
+                .apply(&id, move |s: &mut Session| {
+                    match ops::expire(s, Some(held), now) {
+                        Ok(record) => Change::Commit(Some(record.call_number), record.into()),
+                        Err(_) => Change::Keep(None),
+                    }
                 })
                 .await;
             let Ok((Some(call_number), durable)) = applied else {

@@ -148,7 +148,7 @@ pub struct Service<S> {
     register_limits: Mutex<RateLimiter<Peer>>,
     /// Held calls' params and modify successors' params (in memory: a restart forgets them,
     /// and the console then shows the digest alone).
-    pub(crate) held: Mutex<HashMap<String, crate::hitl::HeldParams>>,
+    pub(crate) held: Mutex<crate::hitl::HeldMap>,
     /// HITL events for operators' consoles and waiting agents.
     pub(crate) events: tokio::sync::broadcast::Sender<crate::hitl::HitlEvent>,
 }
@@ -476,11 +476,18 @@ impl<S: SessionStore> Service<S> {
                 }
                 let repeat = s.state.repeat_count_for(call.tool_name, digest);
                 let d = decide(&s.policy.config, &s.state, &call, now, rng);
+                // The held call a release spends (its own number, for consoles and the
+                // daemon's record of its params).
+                let released = s
+                    .state
+                    .answering_transition(s.policy.config.parallel_holds(), call.nonce)
+                    .map_or(call_number, |p| p.call_number);
                 let record = ops::verdict(s, &call, &d, call_number, now);
                 let decided = Decided {
                     decision: d,
                     after: record.budget_after,
                     repeat,
+                    released,
                 };
                 Change::Commit(Ok(decided), record.into())
             })
@@ -515,16 +522,25 @@ impl<S: SessionStore> Service<S> {
         let d = decided.decision;
         crate::metrics::verdict(d.verdict, d.reason);
         if d.verdict == tollgate_core::Verdict::Hitl {
-            self.announce_held(&info, &r.session_id).await;
+            self.announce_held(&info, &r.session_id, r.call_number)
+                .await;
         } else if matches!(
             d.reason,
             Reason::TransitionApprove | Reason::TransitionModifySuccessor
         ) {
-            lock(&self.held).remove(&r.session_id);
+            {
+                let mut held = lock(&self.held);
+                if let Some(calls) = held.get_mut(&r.session_id) {
+                    calls.remove(&decided.released);
+                    if calls.is_empty() {
+                        held.remove(&r.session_id);
+                    }
+                }
+            }
             let _ = self.events.send(crate::hitl::HitlEvent::Resolved {
                 organization_id: info.organization_id.clone(),
                 session_id: r.session_id.clone(),
-                call_number: r.call_number,
+                call_number: decided.released,
                 outcome: "released".into(),
                 operator_id: String::new(),
             });
@@ -659,6 +675,8 @@ struct Decided {
     decision: Decision,
     after: Money,
     repeat: u32,
+    /// The held call a release spent (else the call's own number).
+    released: u64,
 }
 
 pub(crate) fn not_found(id: &str) -> Refusal {

@@ -71,8 +71,7 @@ pub fn verdict(
     let operator_id = if releases {
         session
             .state
-            .pending
-            .as_ref()
+            .answering_transition(session.policy.config.parallel_holds(), call.nonce)
             .and_then(|p| p.operator_id.clone())
     } else {
         None
@@ -163,16 +162,18 @@ pub const EXPIRY_OPERATOR: &str = "tollgate";
 /// The note an expiry is recorded with.
 pub const EXPIRY_NOTE: &str = "nobody decided within the HITL timeout";
 
-/// Expire the session's held call, undecided after the runtime's HITL timeout
+/// Expire held call `call_number` (`None`: the session's one undecided call), undecided after the runtime's HITL timeout
 /// ([`tollgate_core::expire_pending`]): recorded as a human-decision entry whose decision is
 /// `expire` and whose operator is [`EXPIRY_OPERATOR`].
 pub fn expire(
     session: &mut Session,
+    call_number: Option<u64>,
     now: UnixNanos,
 ) -> Result<DecisionRecord, HumanDecisionRefused> {
-    tollgate_core::expire_pending(&mut session.state, now)?;
+    let call_number = tollgate_core::expire_pending(&mut session.state, call_number, now)?;
     Ok(decision_record(
         session,
+        call_number,
         HumanDecision::Expire,
         None,
         EXPIRY_OPERATOR,
@@ -181,9 +182,10 @@ pub fn expire(
     ))
 }
 
-/// The record of a decision just applied to the session's pending transition.
+/// The record of a decision just applied to held call `held`'s transition.
 fn decision_record(
     session: &mut Session,
+    held: u64,
     decision: HumanDecision,
     successor: Option<Successor>,
     operator_id: &str,
@@ -191,7 +193,7 @@ fn decision_record(
     now: UnixNanos,
 ) -> DecisionRecord {
     let (call_number, tool_name, original_nonce, original_args_digest) =
-        match session.state.pending.as_ref() {
+        match session.state.transition_of_call(held) {
             Some(p) => (
                 p.call_number,
                 p.tool_name.clone().unwrap_or_default(),
@@ -220,21 +222,30 @@ fn decision_record(
     }
 }
 
-/// Record `operator_id`'s `decision` on the session's held call, with their `note`.
+/// Record `operator_id`'s `decision` on held call `call_number` (`None`: the session's one
+/// undecided call, refused when several are), with their `note`.
 pub fn human_decision(
     session: &mut Session,
+    call_number: Option<u64>,
     decision: HumanDecision,
     successor: Option<Successor>,
     operator_id: &str,
     note: &str,
     now: UnixNanos,
 ) -> Result<DecisionRecord, HumanDecisionRefused> {
-    record_human_decision(&mut session.state, decision.clone(), successor, now)?;
-    if let Some(p) = session.state.pending.as_mut() {
+    let held = record_human_decision(
+        &mut session.state,
+        call_number,
+        decision.clone(),
+        successor,
+        now,
+    )?;
+    if let Some(p) = session.state.transition_of_call_mut(held) {
         p.operator_id = Some(operator_id.to_owned());
     }
     Ok(decision_record(
         session,
+        held,
         decision,
         successor,
         operator_id,
@@ -371,11 +382,14 @@ pub fn replay(session: &mut Session, event: &SessionEvent) -> Result<(), FoldErr
             let successor = d
                 .successor
                 .map(|(nonce, args_digest)| Successor { nonce, args_digest });
+            // The record names the held call it decided.
+            let held = Some(d.call_number);
             let r = if d.decision == HumanDecision::Expire {
-                expire(session, d.timestamp_ns)
+                expire(session, held, d.timestamp_ns)
             } else {
                 human_decision(
                     session,
+                    held,
                     d.decision.clone(),
                     successor,
                     &d.operator_id,

@@ -181,6 +181,19 @@ async fn a_modify_with_edited_arguments_runs_exactly_those() {
     );
 }
 
+/// The nonce of the session's first held call, from the audit log's HITL verdict.
+async fn held_nonce(d: &crate::Running, session: &str) -> u64 {
+    session_events(&d.dir)
+        .into_iter()
+        .find_map(|e| match e {
+            SessionEvent::Verdict(v) if v.session_id == session && v.verdict == Verdict::Hitl => {
+                Some(v.nonce)
+            }
+            _ => None,
+        })
+        .unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_call_nobody_decides_expires_and_is_refused() {
     let dir = tempfile::tempdir().unwrap();
@@ -193,9 +206,16 @@ async fn a_call_nobody_decides_expires_and_is_refused() {
     assert_eq!(r.decision, "expire");
     assert!(!r.allowed());
     assert_eq!(r.verdict.reason, "hitl_transition:reject");
-    // The held call, dispatched again, is refused.
-    let again = agent.pre_exec("pay", &p, 0.0).await;
-    assert_eq!(again.verdict, Verdict::Deny);
+    // The held call, dispatched again (its nonce), is refused.
+    let again = sp1::PreExecRequest {
+        nonce: held_nonce(&d, agent.session_id()).await,
+        ..agent.prepare("pay", &p, 0.0)
+    };
+    let again = agent.pre_exec_request(again).await;
+    assert_eq!(
+        (again.verdict, again.reason.as_str()),
+        (Verdict::Deny, "hitl_transition:reject")
+    );
     // And a client that waits less than the daemon's timeout is told to wait on.
     let agent2 = connect(&d.socket, "reviewed").await;
     let v = agent2.pre_exec("pay", &p, 0.0).await;
@@ -251,4 +271,190 @@ async fn params_over_64_kib_are_neither_shown_nor_run() {
     assert!(!session_events(dir.path())
         .iter()
         .any(|e| matches!(e, SessionEvent::HumanDecision(_))));
+}
+
+/// A random permutation of 0..n (the order humans decide in).
+fn shuffled(n: usize) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..n).collect();
+    for i in (1..n).rev() {
+        let mut b = [0u8; 8];
+        getrandom::fill(&mut b).unwrap();
+        let j = usize::try_from(u64::from_le_bytes(b) % (i as u64 + 1)).unwrap();
+        order.swap(i, j);
+    }
+    order
+}
+
+/// Issue 16 §1: nine calls held at once on one client shared by nine tasks, each decided
+/// on its own (named by its call number) in a random order: approved calls run once with
+/// their own params, modified ones with the edited params, rejected ones never, and
+/// nothing trips the session's circuit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nine_parallel_held_calls_on_one_client_each_get_their_own_decision() {
+    const N: usize = 9;
+    let dir = tempfile::tempdir().unwrap();
+    let d = start(config(dir.path())).await;
+    let agent = std::sync::Arc::new(connect(&d.socket, "reviewed").await);
+    let op = crate::operator(&d.socket).await;
+    let session = agent.session_id().to_owned();
+    let mut tasks = Vec::new();
+    for i in 0..N {
+        let agent = agent.clone();
+        tasks.push(tokio::spawn(async move {
+            let p = json::parse_str(&format!(r#"{{"i":{i},"to":"acct_{i}"}}"#)).unwrap();
+            (i, agent.pre_exec_or_wait("pay", &p, 0.01, wait(60)).await)
+        }));
+    }
+    // Every call held, each with its own transition and its params shown.
+    let mut held = Vec::new();
+    for _ in 0..1000 {
+        held = op
+            .hitl_list()
+            .await
+            .unwrap()
+            .into_iter()
+            .filter(|p| p.session_id == session && p.params_known)
+            .collect();
+        if held.len() == N {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(held.len(), N, "{held:#?}");
+    // Several held: a decision that names no call is refused, not guessed.
+    let e = op
+        .hitl_decide(sp1::HitlDecideRequest {
+            session_id: session.clone(),
+            decision: "approve".into(),
+            operator_id: "alice".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("name the call"), "{e}");
+    let order = shuffled(N);
+    for &k in &order {
+        let h = &held[k];
+        let t = h.transition.clone().unwrap();
+        let i: usize = json::parse_str(&h.params_json)
+            .unwrap()
+            .get("i")
+            .and_then(|v| v.as_u64())
+            .unwrap()
+            .try_into()
+            .unwrap();
+        let (decision, successor) = match i % 3 {
+            0 => ("approve", String::new()),
+            1 => (
+                "modify",
+                format!(r#"{{"i":{i},"to":"acct_{i}","edited":true}}"#),
+            ),
+            _ => ("reject", String::new()),
+        };
+        let r = op
+            .hitl_decide(sp1::HitlDecideRequest {
+                session_id: session.clone(),
+                call_number: t.call_number,
+                decision: decision.into(),
+                operator_id: "alice".into(),
+                note: format!("call {i}"),
+                successor_params_json: successor,
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        assert_eq!(r.transition.unwrap().call_number, t.call_number);
+    }
+    for task in tasks {
+        let (i, r) = task.await.unwrap();
+        match i % 3 {
+            0 => {
+                assert!(r.allowed(), "{i}: {r:?}");
+                assert_eq!(r.verdict.reason, "hitl_transition:approve");
+                assert_eq!(
+                    r.params.unwrap().get("i").and_then(|v| v.as_u64()),
+                    Some(i as u64)
+                );
+            }
+            1 => {
+                assert!(r.allowed(), "{i}: {r:?}");
+                assert_eq!(r.verdict.reason, "hitl_transition:modify_successor");
+                let p = r.params.unwrap();
+                assert_eq!(p.get("edited"), Some(&json::Value::Bool(true)), "{i}");
+                assert_eq!(p.get("i").and_then(|v| v.as_u64()), Some(i as u64));
+            }
+            _ => {
+                assert!(!r.allowed(), "{i}: {r:?}");
+                assert_eq!(r.decision, "reject");
+            }
+        }
+    }
+    let s = agent.session_state().await.unwrap();
+    assert!(!s.circuit_tripped, "{s:?}");
+    // Nothing waits for a human any more (rejected calls are not listed as waiting).
+    assert!(op
+        .hitl_list()
+        .await
+        .unwrap()
+        .iter()
+        .all(|p| p.session_id != session));
+    d.stop().await;
+    // The log: nine holds, nine decisions with their notes, six releases.
+    let events = session_events(dir.path());
+    let releases = events
+        .iter()
+        .filter(|e| matches!(e, SessionEvent::Verdict(v) if v.verdict == Verdict::Allow))
+        .count();
+    assert_eq!(releases, 6);
+    let notes: Vec<String> = events
+        .iter()
+        .filter_map(|e| match e {
+            SessionEvent::HumanDecision(h) => Some(h.note.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(notes.len(), N);
+    assert!((0..N).all(|i| notes.contains(&format!("call {i}"))));
+}
+
+/// Issue 16 §1: a task waits in `pre_exec_or_wait` while, right after the operator
+/// approves, another task on the same client makes another call (under SP/1.0.1's one
+/// transition that call answered to the approved transition: a nonce mismatch, DENY): the circuit never trips
+/// (the other call is a call of its own, not a mismatched re-dispatch of the held one).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_check_beside_a_waiting_call_never_trips_the_circuit() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = start(config(dir.path())).await;
+    let op = crate::operator(&d.socket).await;
+    for trial in 0..5 {
+        let agent = std::sync::Arc::new(connect(&d.socket, "reviewed").await);
+        let session = agent.session_id().to_owned();
+        let waiting = {
+            let agent = agent.clone();
+            tokio::spawn(async move {
+                let p = json::parse_str(r#"{"to":"acct_1"}"#).unwrap();
+                agent.pre_exec_or_wait("pay", &p, 0.01, wait(30)).await
+            })
+        };
+        let held = listed_when(&op, &session, |p| p.params_known).await;
+        let q = json::parse_str(r#"{"q":1}"#).unwrap();
+        op.hitl_decide(sp1::HitlDecideRequest {
+            session_id: session.clone(),
+            call_number: held.transition.unwrap().call_number,
+            decision: "approve".into(),
+            operator_id: "alice".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+        // At once, before (or while) the waiting task re-dispatches its approved call.
+        let other = agent.pre_exec("lookup", &q, 0.0).await;
+        // The other call is held on its own (hitl_mode always), not refused.
+        assert_eq!(other.verdict, Verdict::Hitl, "trial {trial}: {other:?}");
+        let r = waiting.await.unwrap();
+        assert!(r.allowed(), "trial {trial}: {r:?}");
+        let s = agent.session_state().await.unwrap();
+        assert!(!s.circuit_tripped, "trial {trial}: {s:?}");
+    }
+    d.stop().await;
 }

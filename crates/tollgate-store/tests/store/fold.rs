@@ -135,6 +135,7 @@ fn run(store: &MemoryStore, ops_list: &[Op]) {
                         &format!("s{session}"),
                         move |s| match ops::human_decision(
                             s,
+                            None,
                             decision.clone(),
                             successor,
                             "op",
@@ -149,7 +150,7 @@ fn run(store: &MemoryStore, ops_list: &[Op]) {
             }
             Op::Expire { session } => {
                 let _ = block_on(store.apply(&format!("s{session}"), move |s| {
-                    match ops::expire(s, now) {
+                    match ops::expire(s, None, now) {
                         Ok(r) => Change::Commit((), r.into()),
                         Err(_) => Change::Keep(()),
                     }

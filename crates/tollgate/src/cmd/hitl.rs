@@ -29,7 +29,8 @@ pub struct Conn {
 /// `tollgate hitl`.
 #[derive(Debug, clap::Subcommand)]
 pub enum Args {
-    /// List sessions waiting for a human decision.
+    /// List the held calls waiting for a human decision (one line each, with its call
+    /// number: `tollgate hitl decide SESSION --call N`).
     List {
         #[command(flatten)]
         conn: Conn,
@@ -46,6 +47,14 @@ pub enum Args {
         /// Who decides (recorded in the audit log).
         #[arg(long)]
         operator: String,
+        /// The held call to decide, by its call number (`tollgate hitl list` shows it).
+        /// Without it, the session's one held call; refused when several are held.
+        #[arg(long = "call")]
+        call: Option<u64>,
+        /// The human's words, at most 1024 bytes (recorded in the signed audit entry and
+        /// written by `tollgate audit export`).
+        #[arg(long, default_value = "")]
+        note: String,
         /// For modify: the successor call's nonce.
         #[arg(long)]
         successor_nonce: Option<u64>,
@@ -101,8 +110,9 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
                 for p in pending {
                     let t = p.transition.unwrap_or_default();
                     outln!(
-                        "{}\tagent={}\ttool={}\tnonce={}\tdigest={}\tdecision={}\tstatus={}",
+                        "{}\tcall={}\tagent={}\ttool={}\tnonce={}\tdigest={}\tdecision={}\tstatus={}",
                         p.session_id,
+                        t.call_number,
                         p.agent_id,
                         t.tool_name,
                         t.original_nonce,
@@ -122,10 +132,15 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
                 session,
                 decision,
                 operator,
+                call,
+                note,
                 successor_nonce,
                 successor_params,
                 successor_digest,
             } => {
+                if note.len() > 1024 {
+                    anyhow::bail!("--note is over 1024 bytes");
+                }
                 let successor_params_json = match successor_params {
                     Some(p) => std::fs::read_to_string(p)?,
                     None => String::new(),
@@ -142,12 +157,14 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
                         operator_id: operator.clone(),
                         successor_nonce: successor_nonce.unwrap_or(0),
                         successor_args_digest: digest,
-                        note: String::new(),
+                        note: note.clone(),
                         successor_params_json,
+                        call_number: call.unwrap_or(0),
                     })
                     .await?;
+                let decided = r.transition.as_ref().map_or(0, |t| t.call_number);
                 outln!(
-                    "{session}: {decision} recorded by {operator} (audit entry {})",
+                    "{session} call {decided}: {decision} recorded by {operator} (audit entry {})",
                     r.audit_entry_id
                 );
                 if let Some(t) = r.transition.as_ref().filter(|_| decision == "modify") {
