@@ -117,7 +117,7 @@ async fn a_human_decision_names_the_held_calls_own_number() {
         nonce,
         ..Default::default()
     };
-    // Call 1 is held; calls 2 and 3 wait on it.
+    // Calls 1, 2 and 3 are held, each on its own.
     assert_eq!(
         agent.pre_exec_request(req(1, 50)).await.verdict,
         Verdict::Hitl
@@ -140,6 +140,7 @@ async fn a_human_decision_names_the_held_calls_own_number() {
     operator
         .hitl_decide(sp1::HitlDecideRequest {
             session_id: agent.session_id().to_owned(),
+            call_number: 1,
             decision: "approve".into(),
             operator_id: "alice".into(),
             ..Default::default()
