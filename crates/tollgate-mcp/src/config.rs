@@ -616,9 +616,9 @@ mod tests {
         // refused with the new form named.
         assert!(err(&format!("{ONE}[tools.t]\ncost_usd = 1.0")).contains("[tools.UPSTREAM.\"t\"]"));
         assert!(err(&format!("{ONE}[tools.b.t]\ncost_usd = 1.0")).contains("no configured"));
-        assert!(err(&format!(
+        assert!(err(
             "[[upstream]]\nname = \"a\"\ncommand = \"srv\"\nhide = [\"t\"]\n[tools.a.t]\ncost_usd = 1.0"
-        ))
+        )
         .contains("hidden"));
         assert!(err(&format!("{ONE}[gateway]\ntool_separator = \".\"")).contains("tool_separator"));
         assert!(err(&format!("{ONE}[gateway]\nlisten = \"0.0.0.0:1\"")).contains("loopback"));

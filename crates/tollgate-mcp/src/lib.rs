@@ -191,7 +191,7 @@ where
 /// for the upstreams that could be listed (the others' keys cannot be checked yet).
 pub fn unmatched_settings(core: &Core, catalog: &gateway::Catalog) -> Vec<(String, String)> {
     let mut out = Vec::new();
-    for ((upstream, own), _) in &core.config().tools {
+    for (upstream, own) in core.config().tools.keys() {
         let Some(i) = core
             .upstreams()
             .iter()
