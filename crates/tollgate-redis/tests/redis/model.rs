@@ -435,6 +435,7 @@ impl World {
                 };
                 self.change(d, &sid(s), &mut |x| match ops::human_decision(
                     x,
+                    None,
                     decision.clone(),
                     None,
                     "op",
@@ -460,7 +461,7 @@ impl World {
                 }
             }
             Op::Expire { d, s } => {
-                self.change(d, &sid(s), &mut |x| match ops::expire(x, NOW) {
+                self.change(d, &sid(s), &mut |x| match ops::expire(x, None, NOW) {
                     Ok(r) => Change::Commit((), r.into()),
                     Err(_) => Change::Keep(()),
                 });

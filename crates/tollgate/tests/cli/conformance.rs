@@ -32,6 +32,7 @@ mod vectors {
         [
             "tests/data/sp1-tollgate/transition-modify-terminal.json",
             "tests/data/sp1-tollgate/opaque-context.json",
+            "tests/data/sp1-tollgate/parallel-holds.json",
         ]
         .iter()
         .map(|p| repo(p).display().to_string())
@@ -48,11 +49,12 @@ mod vectors {
         let text = stdout(&out);
         assert_eq!(out.status.code(), Some(0), "{text}");
         let lines: Vec<&str> = text.lines().collect();
-        assert_eq!(lines.len(), 29 + 48 + 1, "{text}");
-        assert!(lines[..77].iter().all(|l| l.starts_with("PASS ")), "{text}");
+        assert_eq!(lines.len(), 29 + 48 + 13 + 1, "{text}");
+        assert!(lines[..90].iter().all(|l| l.starts_with("PASS ")), "{text}");
         assert!(lines.contains(&"PASS modify_consumed_successor_released"));
         assert!(lines.contains(&"PASS opaque_ctx_list_number_and_marker"));
-        assert_eq!(lines[77], "77 passed, 0 failed");
+        assert!(lines.contains(&"PASS held_second_approved_released"));
+        assert_eq!(lines[90], "90 passed, 0 failed");
     }
 
     /// A user's file: one vector that passes, one whose expectation is wrong.
