@@ -740,9 +740,8 @@ impl DaemonConfig {
                 if let Some(rules) = rules {
                     c.grpc_clients.insert(o.id.clone(), rules);
                 }
-                if o.id.is_empty() || o.id.len() > 128 {
-                    return Err(bad(format!("{key}.id"), "must be 1 to 128 characters"));
-                }
+                tollgate_core::check_id(&o.id)
+                    .map_err(|e| bad(format!("{key}.id"), e.to_string()))?;
                 if orgs.iter().any(|x: &Organization| x.id == o.id) {
                     return Err(bad(
                         format!("{key}.id"),
@@ -774,6 +773,9 @@ impl DaemonConfig {
         c.grpc = grpc_settings(file.grpc, &c.grpc_clients, base)?;
         c.default_guard = guard(&file.guard.default, &default_guard(), "guard.default")?;
         for (agent, table) in &file.guard.agents {
+            // A guard for an id no agent can register under would silently never apply.
+            tollgate_core::check_id(agent)
+                .map_err(|e| bad(format!("guard.agents.{agent:?}"), format!("agent id {e}")))?;
             let g = guard(table, &c.default_guard, &format!("guard.agents.{agent}"))?;
             c.agent_guards.insert(agent.clone(), g);
         }

@@ -14,6 +14,7 @@ mod flows;
 mod grpc;
 mod hitl;
 mod hostile;
+mod identity;
 mod lifecycle;
 mod settlement;
 
