@@ -1220,26 +1220,36 @@ fn read_secret(
     file: Option<PathBuf>,
     base: &Path,
 ) -> Result<Option<Vec<u8>>, ConfigError> {
-    let secret = match (inline, file) {
-        (Some(_), Some(_)) => {
-            return Err(bad(
-                key,
-                format!("give `{name}` or `{name}_file`, not both"),
-            ))
+    match (inline, file) {
+        (Some(_), Some(_)) => Err(bad(
+            key,
+            format!("give `{name}` or `{name}_file`, not both"),
+        )),
+        (Some(s), None) if s.len() < 16 => {
+            Err(bad(format!("{key}.{name}"), "must be at least 16 bytes"))
         }
-        (Some(s), None) => Some(s.into_bytes()),
+        (Some(s), None) => Ok(Some(s.into_bytes())),
         (None, Some(f)) => {
             let path = base.join(f);
-            let text = std::fs::read_to_string(&path)
-                .map_err(|source| ConfigError::Read { path, source })?;
-            Some(text.trim().as_bytes().to_vec())
+            let text = std::fs::read_to_string(&path).map_err(|source| ConfigError::Read {
+                path: path.clone(),
+                source,
+            })?;
+            let secret = text.trim().as_bytes().to_vec();
+            if secret.len() < 16 {
+                return Err(bad(
+                    format!("{key}.{name}_file"),
+                    format!(
+                        "`{}` holds {} bytes (after trimming whitespace); a secret must be at least 16 bytes",
+                        path.display(),
+                        secret.len()
+                    ),
+                ));
+            }
+            Ok(Some(secret))
         }
-        (None, None) => None,
-    };
-    if secret.as_ref().is_some_and(|s| s.len() < 16) {
-        return Err(bad(format!("{key}.{name}"), "must be at least 16 bytes"));
+        (None, None) => Ok(None),
     }
-    Ok(secret)
 }
 
 fn positive<T: PartialOrd + Default + Copy>(
