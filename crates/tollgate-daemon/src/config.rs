@@ -88,6 +88,9 @@ struct LimitsSection {
     registrations_per_second_per_peer: Option<u32>,
     max_sessions: Option<usize>,
     max_connections: Option<usize>,
+    max_unauthenticated_connections: Option<usize>,
+    auth_timeout_ms: Option<u64>,
+    max_bad_frames: Option<u32>,
     idle_timeout_secs: Option<u64>,
     frame_timeout_ms: Option<u64>,
     heartbeat_interval_secs: Option<u64>,
@@ -230,9 +233,22 @@ pub struct Limits {
     pub registrations_per_second_per_peer: u32,
     /// Live sessions at most.
     pub max_sessions: usize,
-    /// Open connections at most.
+    /// Open connections at most, per binding (the socket's, gRPC's): the descriptors it
+    /// may hold. Of them, [`Limits::connection_split`] keeps a part for connections that
+    /// have not authenticated yet and the rest for those that have.
     pub max_connections: usize,
-    /// A connection with no complete frame for this long is closed.
+    /// Connections that have not authenticated yet, at most (and at most half of
+    /// `max_connections`): when full, the oldest of them is closed to make room, so a flood
+    /// of unauthenticated peers can neither take an authenticated agent's slot nor keep a
+    /// new one from signing in.
+    pub max_unauthenticated_connections: usize,
+    /// A connection must authenticate (its first sealed frame on the socket, the TLS
+    /// handshake with a mapped certificate on gRPC) within this of being accepted.
+    pub auth_timeout: Duration,
+    /// Frames that fail to decode or authenticate before a connection is closed.
+    pub max_bad_frames: u32,
+    /// A connection with no authenticated frame for this long is closed (frames that fail
+    /// to authenticate do not count as activity).
     pub idle_timeout: Duration,
     /// A frame whose header has arrived must complete within this.
     pub frame_timeout: Duration,
@@ -248,6 +264,20 @@ pub struct Limits {
     pub await_decision_max: Duration,
 }
 
+impl Limits {
+    /// How `max_connections` is shared: `(authenticated, unauthenticated)`. The
+    /// unauthenticated part is `max_unauthenticated_connections` but at most half (at
+    /// least 1); the authenticated part is the rest (at least 1).
+    pub fn connection_split(&self) -> (usize, usize) {
+        let pending = self
+            .max_unauthenticated_connections
+            .min(self.max_connections / 2)
+            .max(1);
+        let authenticated = self.max_connections.saturating_sub(pending).max(1);
+        (authenticated, pending)
+    }
+}
+
 impl Default for Limits {
     fn default() -> Self {
         Limits {
@@ -255,6 +285,9 @@ impl Default for Limits {
             registrations_per_second_per_peer: 10,
             max_sessions: 100_000,
             max_connections: 1024,
+            max_unauthenticated_connections: 64,
+            auth_timeout: Duration::from_secs(5),
+            max_bad_frames: 3,
             idle_timeout: Duration::from_secs(300),
             frame_timeout: Duration::from_secs(5),
             heartbeat_interval: Duration::from_secs(30),
@@ -606,6 +639,17 @@ impl DaemonConfig {
                 l.max_connections,
                 d.max_connections,
             )?,
+            max_unauthenticated_connections: positive(
+                "limits.max_unauthenticated_connections",
+                l.max_unauthenticated_connections,
+                d.max_unauthenticated_connections,
+            )?,
+            auth_timeout: Duration::from_millis(positive(
+                "limits.auth_timeout_ms",
+                l.auth_timeout_ms,
+                u64::try_from(d.auth_timeout.as_millis()).unwrap_or(u64::MAX),
+            )?),
+            max_bad_frames: positive("limits.max_bad_frames", l.max_bad_frames, d.max_bad_frames)?,
             idle_timeout: l
                 .idle_timeout_secs
                 .map_or(d.idle_timeout, Duration::from_secs),
