@@ -157,6 +157,10 @@ struct ControlSection {
     listen: Option<String>,
     cert: Option<PathBuf>,
     key: Option<PathBuf>,
+    #[serde(default)]
+    allowed_hosts: Vec<String>,
+    #[serde(default)]
+    allowed_origins: Vec<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -484,6 +488,26 @@ pub struct ControlSettings {
     pub listen: std::net::SocketAddr,
     /// TLS, required when `listen` is not a loopback address.
     pub tls: Option<TlsFiles>,
+    /// Host names (lowercase, no port) requests may name in `Host` besides loopback ones
+    /// and IP addresses (`control.allowed_hosts`): the names operators reach the console
+    /// by. Any other name is refused (DNS rebinding).
+    pub allowed_hosts: Vec<String>,
+    /// Browser origins (`scheme://host[:port]`, lowercase) that may open the WebSocket
+    /// besides the console's own (`control.allowed_origins`).
+    pub allowed_origins: Vec<String>,
+}
+
+impl ControlSettings {
+    /// On `listen`, without TLS, accepting only loopback names and the console's own
+    /// origin.
+    pub fn plain(listen: std::net::SocketAddr) -> ControlSettings {
+        ControlSettings {
+            listen,
+            tls: None,
+            allowed_hosts: Vec::new(),
+            allowed_origins: Vec::new(),
+        }
+    }
 }
 
 /// A PEM certificate chain and its private key.
@@ -1082,7 +1106,43 @@ fn control(s: ControlSection, base: &Path) -> Result<ControlSettings, ConfigErro
             ),
         ));
     }
-    Ok(ControlSettings { listen, tls })
+    let mut allowed_hosts = Vec::new();
+    for h in s.allowed_hosts {
+        let name = h.trim_end_matches('.').to_ascii_lowercase();
+        let ok = !name.is_empty()
+            && name.len() <= 253
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.');
+        if !ok {
+            return Err(bad(
+                "control.allowed_hosts",
+                format!("`{h}` is not a host name (letters, digits, '-' and '.'; no port)"),
+            ));
+        }
+        allowed_hosts.push(name);
+    }
+    let mut allowed_origins = Vec::new();
+    for o in s.allowed_origins {
+        let lower = o.to_ascii_lowercase();
+        let ok = lower
+            .strip_prefix("https://")
+            .or_else(|| lower.strip_prefix("http://"))
+            .is_some_and(|rest| !rest.is_empty() && !rest.contains(['/', '?', '#', ' ', '*']));
+        if !ok {
+            return Err(bad(
+                "control.allowed_origins",
+                format!("`{o}` is not an origin: scheme://host[:port], e.g. https://console.example:8700"),
+            ));
+        }
+        allowed_origins.push(lower);
+    }
+    Ok(ControlSettings {
+        listen,
+        tls,
+        allowed_hosts,
+        allowed_origins,
+    })
 }
 
 fn operators(

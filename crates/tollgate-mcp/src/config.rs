@@ -155,6 +155,10 @@ pub struct Config {
     pub mode: Mode,
     /// Also serve Streamable HTTP at `http://ADDR/mcp` (loopback only).
     pub listen: Option<SocketAddr>,
+    /// Browser origins the HTTP endpoint accepts besides loopback ones
+    /// (`gateway.allowed_origins`, e.g. `https://app.example:443`); a request with any other
+    /// `Origin` gets HTTP 403.
+    pub allowed_origins: Vec<String>,
     /// What a DENY looks like to the host.
     pub on_deny: OnDeny,
     /// Library mode: ask the host's user through MCP elicitation when a call is held.
@@ -192,6 +196,8 @@ struct File {
 struct GatewaySection {
     mode: Option<String>,
     listen: Option<String>,
+    #[serde(default)]
+    allowed_origins: Vec<String>,
     on_deny: Option<String>,
     elicitation: Option<bool>,
     hitl_timeout_secs: Option<u64>,
@@ -410,6 +416,19 @@ impl Config {
                 Some(addr)
             }
         };
+        for o in &g.allowed_origins {
+            let ok = o.split_once("://").is_some_and(|(scheme, rest)| {
+                matches!(scheme, "http" | "https")
+                    && !rest.is_empty()
+                    && !rest.contains(['/', '?', '#', ' '])
+            });
+            if !ok {
+                return Err(bad(
+                    "gateway.allowed_origins",
+                    format!("`{o}` is not an origin like https://app.example:443 (scheme, host, optional port or :*)"),
+                ));
+            }
+        }
         let on_deny = match g.on_deny.as_deref().unwrap_or("result") {
             "result" => OnDeny::Result,
             "error" => OnDeny::Error,
@@ -498,6 +517,7 @@ impl Config {
         Ok(Config {
             mode,
             listen,
+            allowed_origins: g.allowed_origins.clone(),
             on_deny,
             elicitation: g.elicitation.unwrap_or(true),
             hitl_timeout: secs("gateway.hitl_timeout_secs", g.hitl_timeout_secs, 300)?,

@@ -19,6 +19,8 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{watch, Notify, OwnedSemaphorePermit, Semaphore};
+
+use super::pending::{Pending, PendingSlot};
 use tokio::task::JoinSet;
 use tollgate_proto::auth::{self, AuthError, Unverified};
 use tollgate_proto::frame::{self, FrameError, HEADER_LEN};
@@ -38,60 +40,6 @@ pub enum Reply {
     Nothing,
 }
 
-/// The connections that have not authenticated yet, oldest first, each with the signal
-/// that closes it. At most `cap`: admitting one more closes the oldest, so a flood of
-/// silent or garbage connections cannot keep a new peer from signing in (its first frame
-/// arrives right after it connects; a flood must open `cap` connections in that moment to
-/// push it out), and cannot hold any of the authenticated connections' slots.
-struct Pending {
-    cap: usize,
-    inner: std::sync::Mutex<(u64, std::collections::BTreeMap<u64, Arc<Notify>>)>,
-}
-
-/// A connection's place in [`Pending`], given up when it authenticates or closes.
-struct PendingSlot {
-    pending: Arc<Pending>,
-    id: u64,
-    evicted: Arc<Notify>,
-}
-
-impl Pending {
-    fn admit(self: &Arc<Self>) -> PendingSlot {
-        let mut inner = self
-            .inner
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        while inner.1.len() >= self.cap {
-            let Some((_, oldest)) = inner.1.pop_first() else {
-                break;
-            };
-            // Stored as a permit if the connection is not waiting right now.
-            oldest.notify_one();
-            crate::metrics::refusal(ErrorCode::DaemonUnavailable);
-        }
-        let id = inner.0;
-        inner.0 += 1;
-        let evicted = Arc::new(Notify::new());
-        inner.1.insert(id, evicted.clone());
-        PendingSlot {
-            pending: self.clone(),
-            id,
-            evicted,
-        }
-    }
-}
-
-impl Drop for PendingSlot {
-    fn drop(&mut self) {
-        let mut inner = self
-            .pending
-            .inner
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        inner.1.remove(&self.id);
-    }
-}
-
 /// Serve `listener` until `shutdown` resolves; then stop accepting, let every connection
 /// finish the request it is handling, and return.
 pub async fn serve<S: SessionStore>(
@@ -103,10 +51,7 @@ pub async fn serve<S: SessionStore>(
     let (stop_tx, stop_rx) = watch::channel(false);
     let (authenticated, unauthenticated) = limits.connection_split();
     let permits = Arc::new(Semaphore::new(authenticated));
-    let pending = Arc::new(Pending {
-        cap: unauthenticated,
-        inner: std::sync::Mutex::new((0, std::collections::BTreeMap::new())),
-    });
+    let pending = Pending::new(unauthenticated);
     let mut tasks = JoinSet::new();
     tokio::pin!(shutdown);
     loop {
@@ -121,7 +66,7 @@ pub async fn serve<S: SessionStore>(
                         continue;
                     }
                 };
-                let slot = pending.admit();
+                let slot = pending.admit("socket");
                 let service = service.clone();
                 let stop = stop_rx.clone();
                 let limits = limits.clone();
@@ -184,7 +129,7 @@ async fn connection<S: SessionStore>(
     let mut bad = 0u32;
     loop {
         let evicted = match &standing {
-            Standing::Pending(p) => Some(p.evicted.clone()),
+            Standing::Pending(p) => Some(p.evicted()),
             Standing::Authenticated(_) => None,
         };
         let body = match next_frame(&mut stream, limits, &mut stop, deadline, evicted).await {

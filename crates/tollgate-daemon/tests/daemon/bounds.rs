@@ -194,3 +194,230 @@ async fn socket_garbage_does_not_keep_an_authenticated_connection_alive() {
     assert!(hung_up, "garbage kept an authenticated connection open");
     d.stop().await;
 }
+
+// --- §5: the control plane ---
+
+use std::net::SocketAddr;
+
+use serde_json::json;
+use tokio::io::AsyncReadExt;
+use tokio::net::TcpStream;
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use tokio_tungstenite::tungstenite::http::HeaderValue;
+
+use crate::control::{control_config, next, send, ws, Ws, ALICE};
+
+/// A WebSocket upgrade with these extra headers: the socket, or the HTTP status refusing it.
+async fn ws_with(addr: SocketAddr, headers: &[(&'static str, String)]) -> Result<Ws, u16> {
+    let mut req = format!("ws://{addr}/v1/control")
+        .into_client_request()
+        .unwrap();
+    for (k, v) in headers {
+        req.headers_mut()
+            .insert(*k, HeaderValue::from_str(v).unwrap());
+    }
+    match tokio_tungstenite::connect_async(req).await {
+        Ok((ws, _)) => Ok(ws),
+        Err(tokio_tungstenite::tungstenite::Error::Http(r)) => Err(r.status().as_u16()),
+        Err(e) => panic!("{e}"),
+    }
+}
+
+fn bearer(token: &str) -> (&'static str, String) {
+    ("authorization", format!("Bearer {token}"))
+}
+
+/// A raw HTTP/1.1 GET; the status code of the answer (0 if the daemon closed instead).
+async fn get_status(addr: SocketAddr, path: &str, host: &str, extra: &str) -> u16 {
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    let req = format!("GET {path} HTTP/1.1\r\nHost: {host}\r\n{extra}Connection: close\r\n\r\n");
+    if s.write_all(req.as_bytes()).await.is_err() {
+        return 0;
+    }
+    let mut buf = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut buf)).await;
+    let text = String::from_utf8_lossy(&buf);
+    text.strip_prefix("HTTP/1.1 ")
+        .and_then(|r| r.get(..3))
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0)
+}
+
+/// §5: more upgraded WebSockets that never sign in than the daemon has consoles, and more
+/// idle TCP connections than it has HTTP connections. Before: the operator's upgrade got
+/// HTTP 503 (or was dropped at accept). Now the unsigned ones are bounded apart from
+/// signed-in consoles, the newest pushing the oldest out, and the operator signs in both
+/// ways.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn control_unsigned_connections_cannot_keep_the_operator_out() {
+    use tollgate_daemon::transport::control::{MAX_CONSOLES, MAX_HTTP_CONNECTIONS};
+    let dir = tempfile::tempdir().unwrap();
+    let d = start(control_config(dir.path())).await;
+    let addr = d.control.unwrap();
+    let mut unsigned = Vec::new();
+    for _ in 0..MAX_CONSOLES + 16 {
+        match ws(addr, None).await {
+            Ok(w) => unsigned.push(w),
+            Err(status) => {
+                panic!("an upgrade was refused with {status} while unsigned ones filled the daemon")
+            }
+        }
+    }
+    let mut idle = Vec::new();
+    for _ in 0..MAX_HTTP_CONNECTIONS + 16 {
+        idle.push(TcpStream::connect(addr).await.unwrap());
+    }
+    let mut w = ws(addr, Some(ALICE))
+        .await
+        .expect("the operator's upgrade was refused");
+    assert!(next(&mut w).await.unwrap()["welcome"].is_object());
+    let mut w = ws(addr, None)
+        .await
+        .expect("the operator's upgrade was refused");
+    send(&mut w, json!({"requestId": "a", "auth": {"token": ALICE}})).await;
+    let welcome = next(&mut w).await.unwrap();
+    assert_eq!(welcome["welcome"]["operatorId"], "alice", "{welcome}");
+    d.stop().await;
+}
+
+/// §5: a page on another site (`Origin: https://evil.example`) opening the WebSocket with
+/// wrong tokens, by header and by first frame. Before: the upgrades were accepted, the
+/// wrong tokens counted against 127.0.0.1, and the real operator got 429. Now every such
+/// upgrade is refused with 403 before a token is looked at, and the operator signs in,
+/// also from the console's own origin.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn control_foreign_origins_are_refused_and_cannot_lock_the_operator_out() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = start(control_config(dir.path())).await;
+    let addr = d.control.unwrap();
+    let evil = ("origin", "https://evil.example".to_owned());
+    for _ in 0..12 {
+        assert_eq!(
+            ws_with(addr, &[evil.clone(), bearer("guess")]).await.err(),
+            Some(403)
+        );
+        match ws_with(addr, std::slice::from_ref(&evil)).await {
+            Err(status) => assert_eq!(status, 403),
+            Ok(mut w) => {
+                send(&mut w, json!({"auth": {"token": "guess"}})).await;
+                let _ = next(&mut w).await;
+                panic!("a foreign origin's WebSocket was opened");
+            }
+        }
+    }
+    // `null` (a sandboxed page) and a look-alike are foreign too.
+    for origin in ["null", &format!("http://{addr}.evil.example")] {
+        assert_eq!(
+            ws_with(addr, &[("origin", origin.to_owned()), bearer(ALICE)])
+                .await
+                .err(),
+            Some(403),
+            "{origin}"
+        );
+    }
+    let mut w = ws_with(addr, &[bearer(ALICE)])
+        .await
+        .expect("the operator was locked out");
+    assert!(next(&mut w).await.unwrap()["welcome"].is_object());
+    let own = ("origin", format!("http://{addr}"));
+    let mut w = ws_with(addr, &[own])
+        .await
+        .expect("the console's own origin was refused");
+    send(&mut w, json!({"requestId": "a", "auth": {"token": ALICE}})).await;
+    assert!(next(&mut w).await.unwrap()["welcome"].is_object());
+    d.stop().await;
+}
+
+/// §5: behind an ssh tunnel (or from any local process) every peer is 127.0.0.1, so wrong
+/// tokens from "the operator's address" can spend its failed sign-ins. Before: the right
+/// token was then refused (429) too. Now a token of the form `tollgate operator-token`
+/// makes (256 random bits) is still looked at and signs in; a weak hand-made token stays
+/// limited (failed_sign_ins_are_rate_limited_per_address_even_for_a_right_token).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn control_a_flood_of_wrong_tokens_cannot_lock_out_a_generated_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let strong = tollgate_daemon::operators::new_token().unwrap();
+    let mut c = control_config(dir.path());
+    c.operators.push(tollgate_daemon::config::Operator {
+        id: "dave".into(),
+        token_sha256: tollgate_daemon::operators::token_sha256(&strong),
+        organizations: vec![crate::ORG.into()],
+        expires_at_ns: None,
+    });
+    let d = start(c).await;
+    let addr = d.control.unwrap();
+    for _ in 0..tollgate_daemon::operators::AUTH_FAILURE_BURST + 5 {
+        let _ = ws(addr, Some("guess")).await;
+    }
+    // A wrong token of the strong form is refused, and so is the weak right one.
+    let wrong = format!("tgo_{}", "0".repeat(64));
+    assert_eq!(ws(addr, Some(&wrong)).await.err(), Some(401));
+    assert_eq!(ws(addr, Some(ALICE)).await.err(), Some(429));
+    let mut w = ws(addr, Some(&strong))
+        .await
+        .expect("a generated token was locked out");
+    assert_eq!(next(&mut w).await.unwrap()["welcome"]["operatorId"], "dave");
+    let mut w = ws(addr, None).await.unwrap();
+    send(&mut w, json!({"requestId": "a", "auth": {"token": strong}})).await;
+    assert_eq!(next(&mut w).await.unwrap()["welcome"]["operatorId"], "dave");
+    d.stop().await;
+}
+
+/// §5: DNS rebinding: a name the attacker controls, pointed at 127.0.0.1, reaches the
+/// console and /metrics with that name in `Host`. Before: 200. Now 403 for any name but
+/// `localhost` and configured ones (IP addresses cannot be rebound and are served).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn control_a_rebound_host_name_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = control_config(dir.path());
+    c.control.as_mut().unwrap().allowed_hosts = vec!["console.example".into()];
+    let d = start(c).await;
+    let addr = d.control.unwrap();
+    let port = addr.port();
+    for path in ["/", "/metrics", "/v1/control"] {
+        for host in [
+            format!("evil.example:{port}"),
+            "evil.example".into(),
+            "localhost.evil.example".into(),
+        ] {
+            assert_eq!(
+                get_status(addr, path, &host, "").await,
+                403,
+                "{path} {host}"
+            );
+        }
+    }
+    for host in [
+        format!("127.0.0.1:{port}"),
+        format!("localhost:{port}"),
+        "LocalHost".into(),
+        format!("console.example:{port}"),
+        format!("[::1]:{port}"),
+    ] {
+        assert_eq!(get_status(addr, "/", &host, "").await, 200, "{host}");
+    }
+    d.stop().await;
+}
+
+/// §5: request headers are at most 64 KiB (docs/protocol.md §9.1). Before: a 70,000-byte
+/// header was answered 200. Now 431 (or the connection is closed unanswered).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn control_headers_over_64_kib_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = start(control_config(dir.path())).await;
+    let addr = d.control.unwrap();
+    let host = addr.to_string();
+    let pad = format!("X-Pad: {}\r\n", "a".repeat(70_000));
+    let status = get_status(addr, "/", &host, &pad).await;
+    assert!(matches!(status, 431 | 0), "{status}");
+    // Many headers adding up to more.
+    let many: String = (0..40)
+        .map(|i| format!("X-Pad-{i}: {}\r\n", "b".repeat(1800)))
+        .collect();
+    let status = get_status(addr, "/metrics", &host, &many).await;
+    assert!(matches!(status, 431 | 0), "{status}");
+    // Just under the limit is served.
+    let under = format!("X-Pad: {}\r\n", "c".repeat(60_000));
+    assert_eq!(get_status(addr, "/", &host, &under).await, 200);
+    d.stop().await;
+}
