@@ -50,13 +50,15 @@ fn the_pure_and_storage_layers_have_no_runtime_network_or_protobuf() {
     // The board gate: pure too.
     assert_only("tollgate-board", &["tollgate-core", "thiserror", "regex"]);
     // Storage and audit: files, but no async runtime, no sockets, no protobuf. The store
-    // reads and writes through the audit log (its write-ahead log), never the reverse.
+    // reads and writes through the audit log (its write-ahead log), never the reverse;
+    // rustix (its `process` feature only) tells it whose files it opens.
     assert_only(
         "tollgate-store",
         &[
             "tollgate-core",
             "tollgate-audit",
             "redb",
+            "rustix",
             "tracing",
             "thiserror",
         ],
