@@ -289,7 +289,7 @@ impl Default for Limits {
             registrations_per_second_per_peer: 10,
             max_sessions: 100_000,
             max_connections: 1024,
-            max_unauthenticated_connections: 64,
+            max_unauthenticated_connections: 256,
             auth_timeout: Duration::from_secs(5),
             max_bad_frames: 3,
             idle_timeout: Duration::from_secs(300),
