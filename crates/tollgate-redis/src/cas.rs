@@ -10,9 +10,9 @@ use std::collections::BTreeMap;
 
 use tollgate_audit::SessionEvent;
 use tollgate_core::json::{self, Limits, Number, Value};
-use tollgate_core::{Money, SessionStatus};
+use tollgate_core::{Money, SessionStatus, UnixNanos};
 use tollgate_store::record::{decode_budget, decode_session, encode_budget, encode_session};
-use tollgate_store::{Budget, Session, Settled, StoreError};
+use tollgate_store::{ops, Budget, Session, Settled, StoreError};
 
 /// A Redis hash as the script returns it: field name to value.
 pub type Fields = BTreeMap<String, Vec<u8>>;
@@ -22,6 +22,41 @@ pub const MAX_FIELDS: usize = 1024;
 
 /// The field prefix of an unconfirmed marker (`u:<seq>`).
 pub const MARKER_FIELD: &str = "u:";
+
+/// The field prefix of a hold in the budget hash (`h:<session_id>\x1f<seq>`): a refund
+/// whose entry is not yet known to be committed, by its amount (nano-dollars).
+pub const HOLD_FIELD: &str = "h:";
+
+/// The holds of a shared budget: field name to amount.
+pub type Holds = BTreeMap<String, i64>;
+
+/// The budget-hash field of the hold of change `seq` of session `id`.
+pub fn hold_field(id: &str, seq: u64) -> String {
+    format!("{HOLD_FIELD}{id}\x1f{seq}")
+}
+
+/// The holds in a budget hash (fields `h:…`), bounded like the hash.
+pub fn holds_from_fields(f: &Fields) -> Result<Holds, StoreError> {
+    let mut out = Holds::new();
+    for (k, v) in f.range(HOLD_FIELD.to_owned()..) {
+        if !k.starts_with(HOLD_FIELD) {
+            break;
+        }
+        let amount = std::str::from_utf8(v)
+            .ok()
+            .filter(|t| t.len() <= 20)
+            .and_then(|t| t.parse::<i64>().ok())
+            .filter(|a| *a > 0)
+            .ok_or_else(|| bad("a hold is not a positive integer"))?;
+        out.insert(k.clone(), amount);
+    }
+    Ok(out)
+}
+
+/// The sum of `holds` (saturating).
+pub fn held(holds: &Holds) -> i64 {
+    holds.values().fold(0i64, |a, b| a.saturating_add(*b))
+}
 
 /// One call of the CAS script (see [`crate::script`] for the contract).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -47,18 +82,37 @@ pub struct CasRequest {
     pub drop: Vec<u64>,
     /// Expire the session hash after this many milliseconds (an ended session); 0: keep.
     pub ttl_ms: u64,
+    /// A hold to put on the shared budget with this write (a refund): (field, amount).
+    pub hold: Option<(String, i64)>,
+    /// Holds to take off the shared budget (their changes are confirmed or settled).
+    pub drop_holds: Vec<String>,
+    /// A session's opening on a shared budget: `expect_bv` is not used; `budget_blob`
+    /// starts the budget if it does not exist yet; the answer is [`CasReply::Joined`].
+    pub join: bool,
 }
 
 /// What the script answered.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CasReply {
-    /// Written: the session hash's new `v`, and the budget hash's `v` (unchanged if the
-    /// budget was not written; 0 without a budget).
+    /// Written: the session hash's new `v`, and the budget hash's new `v` if the call
+    /// wrote the budget (0 if it did not: a version the call did not write is not
+    /// answered, so it can never be paired with amounts from another read).
     Done {
         /// New session version.
         sv: u64,
-        /// Budget version after the call.
+        /// Budget version the call wrote (0: none).
         bv: u64,
+    },
+    /// A join ([`CasRequest::join`]) wrote the session: its new `v`, whether the call
+    /// started the budget, and the budget hash as the call read it (version and amounts
+    /// of one instant: the one the session was opened at).
+    Joined {
+        /// New session version.
+        sv: u64,
+        /// The call created the budget hash (from the request's `budget_blob`).
+        created: bool,
+        /// The budget hash after the call (empty without a budget key).
+        budget: Fields,
     },
     /// A version differed: nothing was written; the current hashes (empty if absent).
     Conflict {
@@ -165,6 +219,9 @@ pub struct View {
     pub markers: BTreeMap<u64, Marker>,
     /// The shared budget hash's `v` and amounts (`None` for a per-session budget).
     pub budget: Option<(u64, Budget)>,
+    /// The shared budget's holds as of that version, or more (holds are only put with a
+    /// write of the budget, which changes its version; taking one off does not).
+    pub holds: Holds,
 }
 
 fn parse_u64(bytes: &[u8]) -> Result<u64, StoreError> {
@@ -218,18 +275,19 @@ pub fn view_from_fields(
             markers.insert(seq, m);
         }
     }
-    let budget = if s.meta.shared_budget_key().is_some() {
+    let (budget, holds) = if s.meta.shared_budget_key().is_some() {
         let b = budget_from_fields(budget)?.ok_or_else(|| bad("shared budget is missing"))?;
         b.1.load_into(&mut s.state);
-        Some(b)
+        (Some(b), holds_from_fields(budget)?)
     } else {
-        None
+        (None, Holds::new())
     };
     Ok(Some(View {
         sv,
         session: s,
         markers,
         budget,
+        holds,
     }))
 }
 
@@ -306,16 +364,18 @@ pub struct Planned {
 }
 
 /// Plan the write of a committed change: `s` is the session after the closure ran on a
-/// copy of `view.session`, `event` the record it returned. Checks what the embedded
-/// engine checks (one change, through `ops`, to this session). `confirmed_upto`: own
-/// markers up to it have committed entries and are dropped.
+/// copy of `view.session`, `event` the record it returned (given the budget version the
+/// write will produce, if it writes the shared budget: the view's version + 1, which the
+/// script checks). Checks what the embedded engine checks (one change, through `ops`, to
+/// this session). `confirmed_upto`: own markers up to it have committed entries and are
+/// dropped.
 #[allow(clippy::too_many_arguments)]
 pub fn plan_commit(
     view: &View,
     session_key: &str,
     budget_key: Option<&str>,
     s: Session,
-    event: &SessionEvent,
+    event: &mut SessionEvent,
     me: &str,
     now_ms: i64,
     confirmed_upto: u64,
@@ -347,6 +407,10 @@ pub fn plan_commit(
         ),
         _ => (None, 0, 0),
     };
+    event.set_budget_version(match (&budget_blob, view.budget) {
+        (Some(_), Some((bv, _))) => bv.saturating_add(1),
+        _ => 0,
+    });
     let marker = Marker {
         seq: s.seq,
         daemon: me.to_owned(),
@@ -361,6 +425,14 @@ pub fn plan_commit(
     } else {
         0
     };
+    // A refund is held until its entry is confirmed: nobody spends it before (a void
+    // takes it back, and must find it there).
+    let hold = (dr > 0).then(|| (hold_field(id, s.seq), dr));
+    let drop_holds = if view.budget.is_some() {
+        drop.iter().map(|q| hold_field(id, *q)).collect()
+    } else {
+        Vec::new()
+    };
     Ok(Planned {
         request: CasRequest {
             session_key: session_key.to_owned(),
@@ -373,6 +445,9 @@ pub fn plan_commit(
             marker: Some((s.seq, marker.encode())),
             drop,
             ttl_ms: ttl,
+            hold,
+            drop_holds,
+            join: false,
         },
         session: s,
         marker: Some(marker),
@@ -460,10 +535,113 @@ pub fn plan_revert(
             marker: None,
             drop: outcomes.iter().map(|(seq, _)| *seq).collect(),
             ttl_ms: ttl,
+            hold: None,
+            drop_holds: if view.budget.is_some() {
+                outcomes
+                    .iter()
+                    .map(|(seq, _)| hold_field(&view.session.meta.session_id, *seq))
+                    .collect()
+            } else {
+                Vec::new()
+            },
+            join: false,
         },
         session: s,
         marker: None,
     })
+}
+
+/// Whether the change from `view.session` to `s` spends money that is held (refunds not
+/// yet confirmed): it lowers the shared budget's remaining amount below the sum of the
+/// holds. Such a change is not written; the store waits for the holds to go (their
+/// entries confirmed, or their changes settled) and decides again.
+pub fn dips_into_holds(view: &View, s: &Session) -> bool {
+    if view.budget.is_none() || view.holds.is_empty() {
+        return false;
+    }
+    let old = Budget::of(&view.session.state);
+    let new = Budget::of(&s.state);
+    new.remaining < old.remaining && new.remaining.0 < held(&view.holds)
+}
+
+/// Plan the opening of `session` (at version 0, its own starting budget in its state):
+/// one script call, with no read before it. For a shared budget it is a join
+/// ([`CasRequest::join`]): the budget is started from the session's own amounts if it
+/// does not exist, and otherwise left alone; either way the session is then opened on the
+/// amounts the script answers ([`after_join`]), never on amounts read before.
+/// Returns the write and the opening's record for a session with its own budget (a
+/// join's record is made by [`after_join`]).
+pub fn plan_open(
+    session: &Session,
+    session_key: &str,
+    budget_key: Option<&str>,
+    me: &str,
+    now_ms: i64,
+    now: UnixNanos,
+) -> (Planned, SessionEvent) {
+    let mut s = session.clone();
+    let record = ops::open(&mut s, now);
+    let marker = Marker {
+        seq: s.seq,
+        daemon: me.to_owned(),
+        at_ms: now_ms,
+        prev: Vec::new(),
+        delta_remaining: 0,
+        delta_spent: 0,
+    };
+    let shared = budget_key.is_some() && session.meta.shared_budget_key().is_some();
+    let request = CasRequest {
+        session_key: session_key.to_owned(),
+        budget_key: budget_key.map(str::to_owned),
+        expect_sv: 0,
+        expect_bv: 0,
+        session_blob: encode_session(&s),
+        budget_blob: shared.then(|| encode_budget(&Budget::of(&s.state))),
+        daemon: me.to_owned(),
+        marker: Some((s.seq, marker.encode())),
+        drop: Vec::new(),
+        ttl_ms: 0,
+        hold: None,
+        drop_holds: Vec::new(),
+        join: shared,
+    };
+    (
+        Planned {
+            request,
+            session: s,
+            marker: Some(marker),
+        },
+        record.into(),
+    )
+}
+
+/// The view and the opening's record after a join was written (`Joined`): `session` is
+/// the session before its opening (as given to [`plan_open`]), opened again at `now` on
+/// the budget hash the script read, so the cached (version, amounts) pair and the
+/// record's `budget_before` are those of one read, taken when the session was written.
+/// The record's `budget_version` is 1 if this opening started the budget (it wrote
+/// version 1), else 0 (a join writes no budget).
+pub fn after_join(
+    planned: Planned,
+    session: &Session,
+    now: UnixNanos,
+    sv: u64,
+    created: bool,
+    budget: &Fields,
+) -> Result<(View, SessionEvent), StoreError> {
+    let (bv, b) = budget_from_fields(budget)?.ok_or_else(|| bad("a joined budget is missing"))?;
+    let mut s = session.clone();
+    b.load_into(&mut s.state);
+    let mut record = ops::open(&mut s, now);
+    record.budget_version = u64::from(created);
+    let view = View {
+        sv,
+        budget: Some((bv, b)),
+        holds: holds_from_fields(budget)?,
+        markers: planned.marker.map(|m| (m.seq, m)).into_iter().collect(),
+        session: s,
+    };
+    Ok((view, record.into()))
 }
 
 /// The view after `planned` was written (`Done { sv, bv }`).
@@ -481,11 +659,19 @@ pub fn after_done(view: &View, planned: Planned, sv: u64, bv: u64) -> View {
         (Some(_), Some(_)) => Some((bv, Budget::of(&planned.session.state))),
         (b, _) => b,
     };
+    let mut holds = view.holds.clone();
+    for h in &planned.request.drop_holds {
+        holds.remove(h);
+    }
+    if let Some((h, amount)) = &planned.request.hold {
+        holds.insert(h.clone(), *amount);
+    }
     View {
         sv,
         session: planned.session,
         markers,
         budget,
+        holds,
     }
 }
 

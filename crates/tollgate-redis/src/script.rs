@@ -6,19 +6,33 @@
 //! KEYS[1]  session hash  P:{G}:s:<id>
 //! KEYS[2]  budget hash   P:{G}:b            (only for a shared budget)
 //! ARGV[1]  expected session v (0: absent)
-//! ARGV[2]  expected budget v  (0: absent)    checked only if ARGV[4] is not empty
+//! ARGV[2]  expected budget v  (0: absent)    checked only if ARGV[4] is not empty;
+//!          or `join`: open a session on the shared budget as it is (see below)
 //! ARGV[3]  new session record
 //! ARGV[4]  new budget record or ""           ("" leaves the budget alone)
 //! ARGV[5]  daemon id                         (field d)
 //! ARGV[6]  marker field "u:<seq>" or ""      ARGV[7] its value
 //! ARGV[8]  ttl ms (0: PERSIST the session hash; >0: PEXPIRE)
 //! ARGV[9]  n, then ARGV[10..9+n]: marker fields to HDEL
+//! then     hold field "h:<id>\x1f<seq>" or "", its amount  (HSET on the budget)
+//! then     m, then m hold fields to HDEL from the budget
 //! ```
 //!
 //! Versions match: `HSET session v=v+1 b d`, push the marker, drop the listed markers,
-//! set the expiry, write the budget (`v=v+1 b`) if given; reply `{1, new sv, bv}`.
+//! set the expiry, write the budget (`v=v+1 b`) if given, put the hold and take the listed
+//! holds off the budget hash (holds never change its `v`); reply `{1, new sv, new bv}`
+//! (`new bv` 0 if the budget was not written: a version the script did not write comes
+//! with no amounts, so the reply never offers one to pair with amounts read elsewhere).
 //! A version differs: write nothing; reply `{0, HGETALL session, HGETALL budget}`.
 //! A hash without `v` counts as version 0.
+//!
+//! `join` (a session's opening on a shared budget): the session version must match (0:
+//! the session must not exist) and the session is written as above; the budget hash is
+//! created from ARGV[4] (`v=1`) if it does not exist, and left alone if it does; reply
+//! `{2, new sv, created (0/1), HGETALL budget}`: the budget's version and amounts as one
+//! read, at the instant the session was written, from which the daemon opens the session
+//! (its opening entry's `budget_before`) and caches the budget. No version of the budget
+//! is expected, so a join never conflicts with spending and needs no read before it.
 
 use std::collections::HashMap;
 
@@ -27,10 +41,11 @@ use crate::cas::{marker_field, CasReply, CasRequest, Fields};
 /// The CAS script.
 pub const CAS_LUA: &str = r"
 local two = #KEYS > 1
+local join = ARGV[2] == 'join'
 local sv = tonumber(redis.call('HGET', KEYS[1], 'v') or '0')
 local bv = 0
 if two then bv = tonumber(redis.call('HGET', KEYS[2], 'v') or '0') end
-local writes_budget = two and ARGV[4] ~= ''
+local writes_budget = two and ARGV[4] ~= '' and not join
 if sv ~= tonumber(ARGV[1]) or (writes_budget and bv ~= tonumber(ARGV[2])) then
   local b = {}
   if two then b = redis.call('HGETALL', KEYS[2]) end
@@ -42,11 +57,28 @@ local n = tonumber(ARGV[9])
 for i = 1, n do redis.call('HDEL', KEYS[1], ARGV[9 + i]) end
 local ttl = tonumber(ARGV[8])
 if ttl > 0 then redis.call('PEXPIRE', KEYS[1], ttl) else redis.call('PERSIST', KEYS[1]) end
+if two then
+  local h = 10 + n
+  if ARGV[h] ~= '' then redis.call('HSET', KEYS[2], ARGV[h], ARGV[h + 1]) end
+  local m = tonumber(ARGV[h + 2])
+  for i = 1, m do redis.call('HDEL', KEYS[2], ARGV[h + 2 + i]) end
+end
+if join then
+  local created = 0
+  if two and bv == 0 and ARGV[4] ~= '' then
+    redis.call('HSET', KEYS[2], 'v', 1, 'b', ARGV[4])
+    created = 1
+  end
+  local b = {}
+  if two then b = redis.call('HGETALL', KEYS[2]) end
+  return {2, sv + 1, created, b}
+end
 if writes_budget then
   bv = bv + 1
   redis.call('HSET', KEYS[2], 'v', bv, 'b', ARGV[4])
+  return {1, sv + 1, bv}
 end
-return {1, sv + 1, bv}
+return {1, sv + 1, 0}
 ";
 
 /// The script's keys and arguments for `req`, in order.
@@ -57,7 +89,11 @@ pub fn keys_and_args(req: &CasRequest) -> (Vec<String>, Vec<Vec<u8>>) {
     }
     let mut args: Vec<Vec<u8>> = vec![
         req.expect_sv.to_string().into_bytes(),
-        req.expect_bv.to_string().into_bytes(),
+        if req.join {
+            b"join".to_vec()
+        } else {
+            req.expect_bv.to_string().into_bytes()
+        },
         req.session_blob.clone(),
         req.budget_blob.clone().unwrap_or_default(),
         req.daemon.clone().into_bytes(),
@@ -76,6 +112,20 @@ pub fn keys_and_args(req: &CasRequest) -> (Vec<String>, Vec<Vec<u8>>) {
     args.push(req.drop.len().to_string().into_bytes());
     for seq in &req.drop {
         args.push(marker_field(*seq).into_bytes());
+    }
+    match &req.hold {
+        Some((field, amount)) => {
+            args.push(field.clone().into_bytes());
+            args.push(amount.to_string().into_bytes());
+        }
+        None => {
+            args.push(Vec::new());
+            args.push(Vec::new());
+        }
+    }
+    args.push(req.drop_holds.len().to_string().into_bytes());
+    for h in &req.drop_holds {
+        args.push(h.clone().into_bytes());
     }
     (keys, args)
 }
@@ -117,8 +167,8 @@ impl Fake {
     /// The CAS script.
     pub fn cas(&mut self, req: &CasRequest) -> CasReply {
         let sv = self.version(&req.session_key);
-        let mut bv = req.budget_key.as_deref().map_or(0, |k| self.version(k));
-        let writes_budget = req.budget_key.is_some() && req.budget_blob.is_some();
+        let bv = req.budget_key.as_deref().map_or(0, |k| self.version(k));
+        let writes_budget = req.budget_key.is_some() && req.budget_blob.is_some() && !req.join;
         if sv != req.expect_sv || (writes_budget && bv != req.expect_bv) {
             return CasReply::Conflict {
                 session: self.hgetall(&req.session_key),
@@ -144,12 +194,44 @@ impl Fake {
         } else {
             self.ttl.remove(&req.session_key);
         }
-        if let (Some(k), Some(b)) = (&req.budget_key, &req.budget_blob) {
-            bv += 1;
-            let h = self.hashes.entry(k.clone()).or_default();
-            h.insert("v".into(), bv.to_string().into_bytes());
-            h.insert("b".into(), b.clone());
+        if let Some(k) = &req.budget_key {
+            if let Some((field, amount)) = &req.hold {
+                self.hashes
+                    .entry(k.clone())
+                    .or_default()
+                    .insert(field.clone(), amount.to_string().into_bytes());
+            }
+            for h in &req.drop_holds {
+                self.hdel(k, h);
+            }
         }
-        CasReply::Done { sv: sv + 1, bv }
+        if req.join {
+            let mut created = false;
+            if let (Some(k), Some(b), 0) = (&req.budget_key, &req.budget_blob, bv) {
+                let h = self.hashes.entry(k.clone()).or_default();
+                h.insert("v".into(), b"1".to_vec());
+                h.insert("b".into(), b.clone());
+                created = true;
+            }
+            return CasReply::Joined {
+                sv: sv + 1,
+                created,
+                budget: req
+                    .budget_key
+                    .as_deref()
+                    .map(|k| self.hgetall(k))
+                    .unwrap_or_default(),
+            };
+        }
+        if let (true, Some(k), Some(b)) = (writes_budget, &req.budget_key, &req.budget_blob) {
+            let h = self.hashes.entry(k.clone()).or_default();
+            h.insert("v".into(), (bv + 1).to_string().into_bytes());
+            h.insert("b".into(), b.clone());
+            return CasReply::Done {
+                sv: sv + 1,
+                bv: bv + 1,
+            };
+        }
+        CasReply::Done { sv: sv + 1, bv: 0 }
     }
 }

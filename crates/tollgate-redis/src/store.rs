@@ -12,17 +12,16 @@ use tokio::sync::{mpsc, Mutex as AsyncMutex, OwnedMutexGuard};
 use tokio::task::JoinHandle;
 use tollgate_audit::{Appended, SessionEvent, WriteError};
 use tollgate_core::{SessionState, UnixNanos};
-use tollgate_store::record::encode_budget;
 use tollgate_store::{check_id, MAX_ID_BYTES};
 use tollgate_store::{
-    ops, Arbiter, Budget, BudgetKey, Change, Durable, Journal, Session, SessionStore, Settled,
+    Arbiter, Budget, BudgetKey, Change, Durable, Journal, Session, SessionStore, Settled,
     StoreError, VoidBudget, MAX_NOTE_BYTES,
 };
 
 use crate::cas::{
-    after_done, budget_from_fields, check_markers, marker_field, plan_commit, plan_revert,
-    view_from_fields, Bounds, CasReply, CasRequest, Fields, Marker, MarkerAction, Planned, View,
-    MAX_FIELDS,
+    after_done, after_join, budget_from_fields, check_markers, dips_into_holds, hold_field,
+    marker_field, plan_commit, plan_open, plan_revert, view_from_fields, Bounds, CasReply,
+    CasRequest, Fields, Holds, MarkerAction, Planned, View, MAX_FIELDS,
 };
 use crate::keys::Keys;
 use crate::script::{keys_and_args, CAS_LUA};
@@ -191,7 +190,8 @@ struct Slot {
     view: Option<View>,
 }
 
-type BudgetCache = Option<(u64, Budget)>;
+/// A daemon's copy of a shared budget from its own last write: version, amounts, holds.
+type BudgetCache = Option<(u64, Budget, Holds)>;
 
 enum Confirm {
     /// A marker whose entry committed: HDEL it and ZREM its index member.
@@ -199,6 +199,8 @@ enum Confirm {
         session_key: String,
         field: String,
         member: String,
+        /// The budget hash and the change's hold on it (a refund), if any.
+        hold: Option<(String, String)>,
     },
     /// Just the index member (the marker is gone).
     Index { member: String },
@@ -343,6 +345,15 @@ fn cas_reply(v: Value, max_value: usize) -> Result<CasReply, StoreError> {
             session: fields_of(s, max_value)?,
             budget: fields_of(b, max_value)?,
         }),
+        (Some(Value::Int(2)), Some(sv), Some(Value::Int(created)), Some(b))
+            if it.next().is_none() =>
+        {
+            Ok(CasReply::Joined {
+                sv: u64_of(&sv)?,
+                created: created == 1,
+                budget: fields_of(b, max_value)?,
+            })
+        }
         _ => Err(corrupt("script reply has an unknown shape")),
     }
 }
@@ -606,7 +617,7 @@ impl Inner {
                 let wrote_budget = planned.request.budget_blob.is_some();
                 let v = after_done(&view, planned, sv, bv);
                 if let (Some(cache), Some(b), true) = (budget, v.budget, wrote_budget) {
-                    *cache = Some(b);
+                    *cache = Some((b.0, b.1, v.holds.clone()));
                 }
                 slot.view = Some(v);
                 for seq in seqs {
@@ -619,6 +630,10 @@ impl Inner {
             Ok(CasReply::Conflict { session, budget }) => {
                 self.set_view(slot, id, &session, &budget)
             }
+            Ok(CasReply::Joined { .. }) => {
+                slot.view = None;
+                Err(corrupt("a join answer to a settlement"))
+            }
             Err(e) => {
                 slot.view = None;
                 Err(e)
@@ -628,7 +643,14 @@ impl Inner {
 
     /// Wrap the journal's completion: once the entry is durable, the change is
     /// confirmed (its marker dropped by the confirmer or the next CAS).
-    fn watch(self: &Arc<Self>, d: Durable, id: String, group: String, seq: u64) -> Durable {
+    fn watch(
+        self: &Arc<Self>,
+        d: Durable,
+        id: String,
+        group: String,
+        seq: u64,
+        held: bool,
+    ) -> Durable {
         let (completer, pending) = tollgate_audit::pending_pair::<Appended>();
         let inner = Arc::clone(self);
         tokio::spawn(async move {
@@ -654,6 +676,7 @@ impl Inner {
                         session_key: inner.keys.session(&group, &id),
                         field: marker_field(seq),
                         member: Keys::member(&group, &id, seq),
+                        hold: held.then(|| (inner.keys.budget(&group), hold_field(&id, seq))),
                     });
                 }
                 Err(e) => completer.complete(Err(WriteError::Failed(e.to_string()))),
@@ -665,6 +688,7 @@ impl Inner {
     /// The critical section of a committed change: CAS, and on success the cache update
     /// and the journal submission, in a task of its own so that a caller that gives up
     /// (drops the future) cannot cut it between the write and the journal.
+    #[allow(clippy::too_many_arguments)]
     async fn write_commit(
         self: &Arc<Self>,
         mut slot: OwnedMutexGuard<Slot>,
@@ -673,6 +697,7 @@ impl Inner {
         pre: Vec<redis::Cmd>,
         planned: Planned,
         event: SessionEvent,
+        open: Option<(Session, UnixNanos)>,
     ) -> Result<
         (
             Written,
@@ -684,7 +709,15 @@ impl Inner {
         let inner = Arc::clone(self);
         let task = tokio::spawn(async move {
             let r = inner
-                .write_commit_inner(&mut slot, budget.as_deref_mut(), &id, &pre, planned, event)
+                .write_commit_inner(
+                    &mut slot,
+                    budget.as_deref_mut(),
+                    &id,
+                    &pre,
+                    planned,
+                    event,
+                    open,
+                )
                 .await;
             (r, slot, budget)
         });
@@ -694,6 +727,10 @@ impl Inner {
         r.map(|w| (w, slot, budget))
     }
 
+    /// `open`: the session before its opening and the opening's time, for a join
+    /// ([`CasRequest::join`]): the session is opened again on the budget the script read,
+    /// and that opening's record is the one journaled.
+    #[allow(clippy::too_many_arguments)]
     async fn write_commit_inner(
         self: &Arc<Self>,
         slot: &mut Slot,
@@ -701,37 +738,65 @@ impl Inner {
         id: &str,
         pre: &[redis::Cmd],
         planned: Planned,
-        event: SessionEvent,
+        mut event: SessionEvent,
+        open: Option<(Session, UnixNanos)>,
     ) -> Result<Written, StoreError> {
         let group = slot.group.clone().ok_or_else(|| corrupt("no group"))?;
         let seq = event.session_seq();
-        match self.cas(pre, &planned.request, "apply").await {
+        let held = planned.request.hold.is_some();
+        let reply = self.cas(pre, &planned.request, "apply").await;
+        let reply = match reply {
+            Ok(CasReply::Joined {
+                sv,
+                created,
+                budget: fields,
+            }) => {
+                let Some((session, now)) = open else {
+                    slot.view = None;
+                    return Err(corrupt("a join answer to a change"));
+                };
+                match after_join(planned, &session, now, sv, created, &fields) {
+                    Ok((v, record)) => {
+                        event = record;
+                        Ok((v, created))
+                    }
+                    Err(e) => {
+                        slot.view = None;
+                        return Err(e);
+                    }
+                }
+            }
             Ok(CasReply::Done { sv, bv }) => {
                 let wrote_budget = planned.request.budget_blob.is_some();
-                let state = Box::new(planned.session.state.clone());
-                let base = slot.view.clone();
-                let v = match base {
-                    Some(base) => after_done(&base, planned, sv, bv),
-                    // create: no view before
-                    None => View {
-                        sv,
-                        budget: planned
-                            .session
-                            .meta
-                            .shared_budget_key()
-                            .map(|_| (bv, Budget::of(&planned.session.state))),
-                        markers: planned
-                            .marker
-                            .clone()
-                            .map(|m| (m.seq, m))
-                            .into_iter()
-                            .collect(),
-                        session: planned.session,
-                    },
-                };
+                match slot.view.clone() {
+                    Some(base) => Ok((after_done(&base, planned.clone(), sv, bv), wrote_budget)),
+                    // create of a session with its own budget: no view before
+                    None => Ok((
+                        View {
+                            sv,
+                            budget: None,
+                            markers: planned
+                                .marker
+                                .clone()
+                                .map(|m| (m.seq, m))
+                                .into_iter()
+                                .collect(),
+                            session: planned.session.clone(),
+                            holds: Holds::new(),
+                        },
+                        wrote_budget,
+                    )),
+                }
+            }
+            Ok(CasReply::Conflict { session, budget: b }) => Err(Ok((session, b))),
+            Err(e) => Err(Err(e)),
+        };
+        match reply {
+            Ok((v, wrote_budget)) => {
+                let state = Box::new(v.session.state.clone());
                 if let (Some(cache), Some(b)) = (budget, v.budget) {
-                    if wrote_budget || cache.is_none_or(|c| c.0 < b.0) {
-                        *cache = Some(b);
+                    if wrote_budget || cache.as_ref().is_none_or(|c| c.0 < b.0) {
+                        *cache = Some((b.0, b.1, v.holds.clone()));
                     }
                 }
                 slot.view = Some(v);
@@ -741,11 +806,11 @@ impl Inner {
                     .insert(seq);
                 let d = self.journal.submit(event);
                 Ok(Written::Done(
-                    self.watch(d, id.to_owned(), group, seq),
+                    self.watch(d, id.to_owned(), group, seq, held),
                     state,
                 ))
             }
-            Ok(CasReply::Conflict { session, budget: b }) => {
+            Err(Ok((session, b))) => {
                 if slot.view.is_none() {
                     // create: the caller reads the conflict itself
                     slot.view = view_from_fields(&session, &b, self.bounds(), now_ns())
@@ -756,7 +821,7 @@ impl Inner {
                 self.set_view(slot, id, &session, &b)?;
                 Ok(Written::Conflict)
             }
-            Err(e) => {
+            Err(Err(e)) => {
                 // The write may or may not have happened: read afresh next time.
                 slot.view = None;
                 Err(e)
@@ -897,95 +962,48 @@ impl RedisStore {
             return Err(StoreError::Exists { id });
         }
         slot.group = Some(group.clone());
-        let mut bguard = match &bkey {
+        let bguard = match &bkey {
             Some(k) => Some(inner.budget_lock(k).lock_owned().await),
             None => None,
         };
-        let mut known: Option<Option<(u64, Budget)>> = None;
-        for _ in 0..inner.opts.max_retries.max(1) {
-            let existing = match (&bkey, known) {
-                (None, _) => None,
-                (Some(_), Some(k)) => k,
-                (Some(k), None) => {
-                    let mut p = redis::pipe();
-                    p.cmd("HGETALL").arg(k);
-                    let mut r = inner.send_store(&p, 1, "create").await?;
-                    budget_from_fields(&fields_of(
-                        r.pop().unwrap_or(Value::Nil),
-                        inner.max_value(),
-                    )?)?
-                }
-            };
-            let mut s = session.clone();
-            if let Some((_, b)) = existing {
-                // Join: the shared record's amounts win over the new session's own.
-                b.load_into(&mut s.state);
-            }
-            let record = ops::open(&mut s, now);
-            let seq = s.seq;
-            let at = now_ms();
-            let marker = Marker {
-                seq,
-                daemon: inner.opts.daemon_id.clone(),
-                at_ms: at,
-                prev: Vec::new(),
-                delta_remaining: 0,
-                delta_spent: 0,
-            };
-            let request = CasRequest {
-                session_key: skey.clone(),
-                budget_key: bkey.clone(),
-                expect_sv: 0,
-                expect_bv: existing.map_or(0, |b| b.0),
-                session_blob: tollgate_store::record::encode_session(&s),
-                budget_blob: (shared && existing.is_none())
-                    .then(|| encode_budget(&Budget::of(&s.state))),
-                daemon: inner.opts.daemon_id.clone(),
-                marker: Some((seq, marker.encode())),
-                drop: Vec::new(),
-                ttl_ms: 0,
-            };
-            let mut pre = Vec::new();
-            let mut c = redis::cmd("SET");
-            c.arg(inner.keys.loc(&id)).arg(&group).arg("NX");
-            pre.push(c);
-            let mut c = redis::cmd("SADD");
-            c.arg(inner.keys.idx()).arg(&id);
-            pre.push(c);
-            let mut c = redis::cmd("ZADD");
-            c.arg(inner.keys.unconfirmed())
-                .arg(at)
-                .arg(Keys::member(&group, &id, seq));
-            pre.push(c);
-            let planned = Planned {
-                request,
-                session: s,
-                marker: Some(marker),
-            };
-            let (w, s2, b2) = inner
-                .write_commit(slot, bguard, id.clone(), pre, planned, record.into())
-                .await?;
-            slot = s2;
-            bguard = b2;
-            match w {
-                Written::Done(d, state) => return Ok((*state, d)),
-                Written::Conflict => {
-                    if slot.view.is_some() {
-                        // Someone else's session of that id (or an unreadable one).
-                        return Err(StoreError::Exists { id });
-                    }
-                    // The shared budget was started by someone else: join it.
-                    let mut p = redis::pipe();
-                    p.cmd("HGETALL").arg(inner.keys.budget(&group));
-                    let mut r = inner.send_store(&p, 1, "create").await?;
-                    known = Some(budget_from_fields(&fields_of(
-                        r.pop().unwrap_or(Value::Nil),
-                        inner.max_value(),
-                    )?)?);
-                }
+        // One script call, no read before it: a session of a shared budget is written
+        // together with an atomic read of the budget (starting it if it does not exist),
+        // and opened on the amounts of exactly that read (docs/redis.md, "create").
+        let (planned, record) = plan_open(
+            &session,
+            &skey,
+            bkey.as_deref(),
+            &inner.opts.daemon_id,
+            now_ms(),
+            now,
+        );
+        let seq = planned.session.seq;
+        let at = planned.marker.as_ref().map_or(0, |m| m.at_ms);
+        let mut pre = Vec::new();
+        let mut c = redis::cmd("SET");
+        c.arg(inner.keys.loc(&id)).arg(&group).arg("NX");
+        pre.push(c);
+        let mut c = redis::cmd("SADD");
+        c.arg(inner.keys.idx()).arg(&id);
+        pre.push(c);
+        let mut c = redis::cmd("ZADD");
+        c.arg(inner.keys.unconfirmed())
+            .arg(at)
+            .arg(Keys::member(&group, &id, seq));
+        pre.push(c);
+        let open = shared.then_some((session, now));
+        let (w, slot, _) = inner
+            .write_commit(slot, bguard, id.clone(), pre, planned, record, open)
+            .await?;
+        match w {
+            Written::Done(d, state) => Ok((*state, d)),
+            Written::Conflict => {
+                // The session hash exists: someone else's session of that id (or an
+                // unreadable one).
+                drop(slot);
+                Err(StoreError::Exists { id })
             }
         }
-        Err(backend("create", "contention: too many conflicting writes"))
     }
 
     async fn apply_impl<R: Send + 'static>(
@@ -1028,9 +1046,10 @@ impl RedisStore {
                 .as_mut()
                 .ok_or_else(|| StoreError::NotFound { id: id.to_owned() })?;
             // A fresher copy of the shared budget from this daemon's own last write.
-            if let (Some(Some((cbv, cb))), Some((bv, _))) = (bguard.as_deref(), view.budget) {
+            if let (Some(Some((cbv, cb, ch))), Some((bv, _))) = (bguard.as_deref(), view.budget) {
                 if *cbv > bv {
                     view.budget = Some((*cbv, *cb));
+                    view.holds = ch.clone();
                     cb.load_into(&mut view.session.state);
                 }
             }
@@ -1114,13 +1133,36 @@ impl RedisStore {
                         Change::Keep(r) | Change::Commit(r, _) => (r, Durable::ready()),
                     });
                 }
-                Change::Commit(r, event) => {
+                Change::Commit(r, mut event) => {
+                    if dips_into_holds(view, &s) {
+                        // It would spend a refund whose entry is not yet confirmed (a
+                        // void would take it back): wait for the holds to go, re-read,
+                        // decide again.
+                        if started.elapsed() + backoff > inner.opts.command_timeout {
+                            return Err(backend(
+                                "apply",
+                                "budget busy: refunds to it are not yet in the audit trail",
+                            ));
+                        }
+                        let held = bguard.is_some();
+                        bguard = None;
+                        tokio::time::sleep(backoff).await;
+                        if held {
+                            if let Some(k) = &bkey {
+                                bguard = Some(inner.budget_lock(k).lock_owned().await);
+                            }
+                        }
+                        backoff = (backoff * 2).min(Duration::from_millis(200));
+                        attempts -= 1;
+                        inner.load(&mut slot, id).await?;
+                        continue;
+                    }
                     let planned = plan_commit(
                         view,
                         &skey,
                         bkey.as_deref(),
                         s,
-                        &event,
+                        &mut event,
                         &inner.opts.daemon_id,
                         now_ms(),
                         inner.confirmed_upto(id),
@@ -1142,7 +1184,7 @@ impl RedisStore {
                         pre.push(c);
                     }
                     let (w, s2, b2) = inner
-                        .write_commit(slot, bguard, id.to_owned(), pre, planned, event)
+                        .write_commit(slot, bguard, id.to_owned(), pre, planned, event, None)
                         .await?;
                     slot = s2;
                     bguard = b2;
@@ -1230,8 +1272,14 @@ async fn confirmer(inner: Arc<Inner>, mut rx: mpsc::UnboundedReceiver<Confirm>) 
                     session_key,
                     field,
                     member,
+                    hold,
                 } => {
                     p.cmd("HDEL").arg(session_key).arg(field).ignore();
+                    if let Some((budget_key, h)) = hold {
+                        // The refund's entry is committed: it may be spent now.
+                        p.cmd("HDEL").arg(budget_key).arg(h).ignore();
+                        n += 1;
+                    }
                     p.cmd("ZREM")
                         .arg(inner.keys.unconfirmed())
                         .arg(member)

@@ -2,14 +2,16 @@
 //! budget: no overspend, no nonce allowed twice, one round trip per cached decision.
 
 use std::collections::HashSet;
+use std::sync::atomic::Ordering::SeqCst;
 use std::sync::Arc;
+use std::time::Duration;
 
 use tollgate_core::{Money, Verdict};
-use tollgate_store::{BudgetKey, SessionStore};
+use tollgate_store::{BudgetKey, SessionStore, StoreError};
 
 use crate::support::{
-    cleanup, create, options, org_session, pre_exec, prefix, store, wait_confirmed, Book,
-    TestJournal,
+    cleanup, create, options, org_session, pre_exec, pre_exec_remaining, prefix, store,
+    wait_confirmed, Book, DelayProxy, TestJournal,
 };
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -135,5 +137,70 @@ async fn a_cached_decision_costs_one_round_trip() {
     durable.await.unwrap();
     assert_eq!(d.verdict, Verdict::Allow);
     assert_eq!(a.stats().round_trips - before, 2);
+    cleanup(&p).await;
+}
+
+/// Issue 15 §1, as reproduced: daemon A reaches Redis through a proxy that delays its
+/// bytes by 0.5 s, daemon B goes direct. B allows 1.00 of 10.00; A starts opening a
+/// session of the same organization; while A's opening is on its way, B allows 2.00;
+/// then A allows 3.00 and B asks for 6.00. A must answer 4.00 left, B's 6.00 must be
+/// denied, and nothing is allowed past the budget (before the fix, A joined with the
+/// version of one read and the amounts of another, answered 6.00 left, and B's 6.00 was
+/// allowed: 12.00 of 10.00).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_joining_while_another_daemon_spends_never_overspends() {
+    let _scripts = crate::support::SCRIPTS.read().await;
+    const USD: i64 = 1_000_000_000;
+    let p = prefix("join-race");
+    let book = Arc::new(Book::default());
+    let proxy = DelayProxy::start(Duration::from_millis(500)).await;
+    let mut oa = options(&p);
+    oa.url = proxy.url.clone();
+    let a = Arc::new(store(oa, TestJournal::new(book.clone())).await);
+    let b = store(options(&p), TestJournal::new(book.clone())).await;
+    create(&b, org_session("b1", "org-j", 10 * USD)).await;
+    let (d, durable) = pre_exec(&b, "b1", 1, USD).await.unwrap();
+    durable.await.unwrap();
+    assert_eq!(d.verdict, Verdict::Allow);
+
+    // A opens a1 (its own 10.00 is ignored: it joins the organization's budget).
+    let (up, down) = (proxy.up.load(SeqCst), proxy.down.load(SeqCst));
+    let a2 = a.clone();
+    let opening = tokio::spawn(async move {
+        let (_, d) = a2
+            .create(org_session("a1", "org-j", 10 * USD), 1_000)
+            .await?;
+        d.await.map_err(|e| StoreError::Failed {
+            message: e.to_string(),
+        })
+    });
+    // A's first command of the opening has reached Redis and been answered.
+    proxy.wait(|u, d| u > up && d > down).await;
+    // B spends meanwhile (direct: well within A's 0.5 s).
+    let (d, durable) = pre_exec(&b, "b1", 2, 2 * USD).await.unwrap();
+    durable.await.unwrap();
+    assert_eq!(d.verdict, Verdict::Allow);
+    opening.await.unwrap().unwrap();
+
+    let ((d, left), durable) = a.apply("a1", pre_exec_remaining(3, 3 * USD)).await.unwrap();
+    durable.await.unwrap();
+    assert_eq!(d.verdict, Verdict::Allow);
+    assert_eq!(left, Money(4 * USD), "A's budget_remaining after its 3.00");
+    let (d, durable) = pre_exec(&b, "b1", 4, 6 * USD).await.unwrap();
+    durable.await.unwrap();
+    let allowed: i64 = book.allows().iter().map(|x| x.2).sum();
+    assert!(
+        allowed <= 10 * USD,
+        "allowed {allowed} of a budget of {}",
+        10 * USD
+    );
+    assert_ne!(d.verdict, Verdict::Allow, "B's 6.00 with 4.00 left");
+    let budget = b
+        .budget(&BudgetKey::Organization("org-j".into()))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(budget.remaining, Money(10 * USD - allowed));
+    assert_eq!(budget.remaining, Money(4 * USD));
     cleanup(&p).await;
 }

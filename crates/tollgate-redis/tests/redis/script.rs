@@ -19,6 +19,9 @@ fn req(p: &str, budget: bool) -> CasRequest {
         marker: None,
         drop: Vec::new(),
         ttl_ms: 0,
+        hold: None,
+        drop_holds: Vec::new(),
+        join: false,
     }
 }
 
@@ -46,15 +49,22 @@ async fn real(c: &mut redis::aio::MultiplexedConnection, r: &CasRequest) -> CasR
     let v: Value = cmd.query_async(c).await.unwrap();
     let Value::Array(items) = v else { panic!() };
     let mut it = items.into_iter();
-    match (it.next(), it.next(), it.next()) {
-        (Some(Value::Int(1)), Some(Value::Int(sv)), Some(Value::Int(bv))) => CasReply::Done {
+    match (it.next(), it.next(), it.next(), it.next()) {
+        (Some(Value::Int(1)), Some(Value::Int(sv)), Some(Value::Int(bv)), None) => CasReply::Done {
             sv: sv as u64,
             bv: bv as u64,
         },
-        (Some(Value::Int(0)), Some(s), Some(b)) => CasReply::Conflict {
+        (Some(Value::Int(0)), Some(s), Some(b), None) => CasReply::Conflict {
             session: fields(s),
             budget: fields(b),
         },
+        (Some(Value::Int(2)), Some(Value::Int(sv)), Some(Value::Int(created)), Some(b)) => {
+            CasReply::Joined {
+                sv: sv as u64,
+                created: created == 1,
+                budget: fields(b),
+            }
+        }
         other => panic!("unexpected reply {other:?}"),
     }
 }
@@ -100,15 +110,50 @@ async fn script_and_fake_agree_on_a_table_of_cases() {
     r4.ttl_ms = 0;
     r4.drop = Vec::new();
     cases.push(("persist again", r4.clone()));
+    let mut h = r4.clone();
+    h.expect_sv = 5;
+    h.expect_bv = 3;
+    h.budget_blob = Some(b"b4".to_vec());
+    h.hold = Some(("h:x\x1f6".into(), 250));
+    cases.push(("a refund: the budget written and held", h.clone()));
+    let mut h2 = h.clone();
+    h2.expect_sv = 6;
+    h2.budget_blob = None;
+    h2.hold = None;
+    h2.drop_holds = vec!["h:x\x1f6".into(), "h:x\x1f9".into()];
+    cases.push((
+        "holds taken off, the budget's version unchanged",
+        h2.clone(),
+    ));
+    let mut h3 = h2.clone();
+    h3.expect_sv = 1;
+    h3.hold = Some(("h:x\x1f7".into(), 1));
+    cases.push(("conflict: no hold put", h3));
     let mut r5 = r4.clone();
     r5.expect_sv = 1;
     cases.push(("stale session version: conflict with budget", r5));
+    // Joins: a session opened on the budget as it is (started if absent), whatever
+    // version it is at; the answer carries the budget as the script read it.
+    let mut j = req(&p, true);
+    j.session_key = format!("{p}:{{g}}:s:y");
+    j.join = true;
+    j.expect_bv = 99;
+    j.budget_blob = Some(b"b-start".to_vec());
+    j.marker = Some((1, b"m1".to_vec()));
+    cases.push(("join an existing budget: left alone, read", j.clone()));
+    cases.push(("join again: the session exists, conflict", j.clone()));
+    let mut j2 = j.clone();
+    j2.session_key = format!("{p}:{{h}}:s:z");
+    j2.budget_key = Some(format!("{p}:{{h}}:b"));
+    cases.push(("join an absent budget: started at version 1", j2));
 
     for (name, r) in &cases {
         let got = real(&mut c, r).await;
         let want = fake.cas(r);
         assert_eq!(got, want, "case `{name}`");
-        for key in [r.session_key.clone(), format!("{p}:{{g}}:b")] {
+        let mut keys = vec![r.session_key.clone(), format!("{p}:{{g}}:b")];
+        keys.extend(r.budget_key.clone());
+        for key in keys {
             let v: Value = redis::cmd("HGETALL")
                 .arg(&key)
                 .query_async(&mut c)
@@ -128,6 +173,6 @@ async fn script_and_fake_agree_on_a_table_of_cases() {
         );
     }
     // The table exercised both answers.
-    assert!(cases.len() >= 8);
+    assert!(cases.len() >= 14);
     cleanup(&p).await;
 }

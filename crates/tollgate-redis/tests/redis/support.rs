@@ -275,3 +275,115 @@ pub async fn markers(session_key: &str) -> Vec<String> {
 /// it to write, so that no other test of this binary loads the script again first or
 /// counts the flush's round trips.
 pub static SCRIPTS: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
+
+/// A loopback TCP proxy to the real Redis that delays every byte its client sends by
+/// `delay` (in order), and counts what it forwarded each way, so a test can tell when the
+/// client's command reached Redis and when Redis's answer reached the client.
+pub struct DelayProxy {
+    pub url: String,
+    /// Chunks forwarded client → Redis, and Redis → client.
+    pub up: Arc<std::sync::atomic::AtomicU64>,
+    pub down: Arc<std::sync::atomic::AtomicU64>,
+    notify: Arc<tokio::sync::Notify>,
+    accept: tokio::task::JoinHandle<()>,
+}
+
+impl DelayProxy {
+    pub async fn start(delay: Duration) -> DelayProxy {
+        use std::sync::atomic::AtomicU64;
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let up = Arc::new(AtomicU64::new(0));
+        let down = Arc::new(AtomicU64::new(0));
+        let notify = Arc::new(tokio::sync::Notify::new());
+        let (u, dn, nt) = (up.clone(), down.clone(), notify.clone());
+        let accept = tokio::spawn(async move {
+            while let Ok((inbound, _)) = listener.accept().await {
+                let Ok(out) = tokio::net::TcpStream::connect("127.0.0.1:6379").await else {
+                    continue;
+                };
+                let (mut ir, mut iw) = inbound.into_split();
+                let (mut or, mut ow) = out.into_split();
+                let (u, dn, nt, nt2) = (u.clone(), dn.clone(), nt.clone(), nt.clone());
+                // client → Redis: each chunk leaves `delay` after it arrived, in order.
+                let (tx, mut rx) =
+                    tokio::sync::mpsc::unbounded_channel::<(tokio::time::Instant, Vec<u8>)>();
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 64 * 1024];
+                    while let Ok(n) = ir.read(&mut buf).await {
+                        if n == 0
+                            || tx
+                                .send((tokio::time::Instant::now(), buf[..n].to_vec()))
+                                .is_err()
+                        {
+                            break;
+                        }
+                    }
+                });
+                tokio::spawn(async move {
+                    while let Some((at, bytes)) = rx.recv().await {
+                        tokio::time::sleep_until(at + delay).await;
+                        if ow.write_all(&bytes).await.is_err() {
+                            break;
+                        }
+                        u.fetch_add(1, Ordering::SeqCst);
+                        nt.notify_waiters();
+                    }
+                });
+                // Redis → client: at once.
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 64 * 1024];
+                    while let Ok(n) = or.read(&mut buf).await {
+                        if n == 0 || iw.write_all(&buf[..n]).await.is_err() {
+                            break;
+                        }
+                        dn.fetch_add(1, Ordering::SeqCst);
+                        nt2.notify_waiters();
+                    }
+                });
+            }
+        });
+        DelayProxy {
+            url: format!("redis://{addr}"),
+            up,
+            down,
+            notify,
+            accept,
+        }
+    }
+
+    /// Wait until `cond(up, down)` holds.
+    pub async fn wait(&self, cond: impl Fn(u64, u64) -> bool) {
+        loop {
+            let n = self.notify.notified();
+            if cond(
+                self.up.load(Ordering::SeqCst),
+                self.down.load(Ordering::SeqCst),
+            ) {
+                return;
+            }
+            let _ = tokio::time::timeout(Duration::from_millis(50), n).await;
+        }
+    }
+}
+
+impl Drop for DelayProxy {
+    fn drop(&mut self) {
+        self.accept.abort();
+    }
+}
+
+/// The daemon's pre_exec closure that also returns the budget remaining after the
+/// decision (what the daemon answers as `budget_remaining`).
+pub fn pre_exec_remaining(
+    nonce: u64,
+    cost: i64,
+) -> impl FnMut(&mut Session) -> Change<(Decision, Money)> + Send {
+    let mut inner = pre_exec_closure(nonce, cost);
+    move |s: &mut Session| match inner(s) {
+        Change::Commit(d, e) => Change::Commit((d, s.state.budget_remaining), e),
+        Change::Keep(d) => Change::Keep((d, s.state.budget_remaining)),
+        Change::Touch(d) => Change::Touch((d, s.state.budget_remaining)),
+    }
+}

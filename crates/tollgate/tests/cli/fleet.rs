@@ -1,7 +1,9 @@
 //! A fleet of `tollgate serve` processes sharing session state in a real Redis and writing
 //! their signed chains to a real PostgreSQL, under load and faults. 200 agents of one
 //! organization spend one `per_organization` budget through three daemons, with costs
-//! that would total several times the budget. After each run, from the chains in
+//! that would total several times the budget, registering new sessions (which join the
+//! budget while the others spend it) and resuming theirs on other daemons throughout the
+//! load. After each run (only exactness is checked, never speed or progress), from the chains in
 //! PostgreSQL (verified with the public keys alone) and the budget in Redis (as the
 //! daemons report it):
 //! - nothing was overspent: Redis's remaining budget is the budget minus exactly what the
@@ -63,6 +65,20 @@ struct Fleet {
 
 impl Fleet {
     fn start(root: &Path, redis_url: &str, pg_url: &str) -> Fleet {
+        let urls = vec![redis_url.to_owned(); DAEMONS];
+        Fleet::start_with(root, redis_url, &urls, pg_url, 2.0, 1)
+    }
+
+    /// One daemon per entry of `urls` (each daemon's Redis URL: the same server, maybe
+    /// through a proxy); `redis_url` is the server itself (for the cleanup).
+    fn start_with(
+        root: &Path,
+        redis_url: &str,
+        urls: &[String],
+        pg_url: &str,
+        budget_usd: f64,
+        sweep_secs: u64,
+    ) -> Fleet {
         let prefix = unique("tgfleet");
         let schema = unique("fleet");
         let mut f = Fleet {
@@ -73,7 +89,7 @@ impl Fleet {
             redis_url: redis_url.to_owned(),
             prefix: prefix.clone(),
         };
-        for i in 0..DAEMONS {
+        for (i, url) in urls.iter().enumerate() {
             let dir = root.join(format!("d{i}"));
             std::fs::create_dir_all(&dir).unwrap();
             let config = format!(
@@ -84,12 +100,12 @@ pre_exec_per_second_per_session = 100000
 
 [state]
 backend = "redis"
-url = "{redis_url}"
+url = "{url}"
 key_prefix = "{prefix}"
 durability = "none"
 command_timeout_ms = 2000
 grace_secs = 1
-sweep_interval_secs = 1
+sweep_interval_secs = {sweep_secs}
 
 [audit]
 sink = "postgres"
@@ -97,7 +113,7 @@ url = "{pg_url}"
 schema = "{schema}"
 
 [guard.default]
-budget_usd = 2.0
+budget_usd = {budget_usd:?}
 budget_scope = "per_organization"
 settlement = "actual"
 max_repeat_calls = 0
@@ -215,9 +231,14 @@ struct Seen {
     failed: u64,
     /// Calls resent after no answer.
     resent: u64,
+    /// Sessions registered during the load, and sessions resumed on another daemon.
+    registered: u64,
+    resumed: u64,
+    /// Registrations and resumptions refused (a dead daemon, an outage): retried.
+    refused_joins: u64,
 }
 
-/// One agent: its session and where it goes.
+/// One agent: its current session and where it goes.
 struct Agent {
     org: &'static str,
     index: usize,
@@ -232,6 +253,17 @@ fn live(fleet_alive: &[Arc<AtomicBool>], from: usize) -> usize {
         .unwrap_or(from)
 }
 
+/// How the agents behave.
+#[derive(Clone, Copy, Default)]
+struct Behaviour {
+    /// Every few calls an agent leaves its session: it registers a new one (joining the
+    /// organization's budget while the others spend it) or resumes its session through
+    /// the next daemon, in turn.
+    churn: bool,
+    /// Stop the run once an agent is told the budget has less left than any call costs.
+    until_spent: bool,
+}
+
 /// Every agent fires calls until `stop`: each call a fresh nonce and a cost of 1-4 mills;
 /// an ALLOW is settled at its estimate. A call with no answer is resent with the same
 /// nonce and call number (after resuming the session, through another daemon if its own
@@ -243,13 +275,14 @@ async fn load(
     stop: Arc<AtomicBool>,
     seen: Arc<Mutex<Seen>>,
     salt: u64,
+    how: Behaviour,
 ) {
     let mut tasks = Vec::new();
     for a in agents.iter() {
         let configs: Vec<ClientConfig> = (0..DAEMONS)
             .map(|d| fleet.client_config(d, a.org, a.index))
             .collect();
-        let (session, index, mut daemon) = (a.session.clone(), a.index, a.daemon);
+        let (mut session, index, mut daemon) = (a.session.clone(), a.index, a.daemon);
         let (stop, seen) = (stop.clone(), seen.clone());
         let alive: Vec<Arc<AtomicBool>> = alive.to_vec();
         tasks.push(tokio::spawn(async move {
@@ -257,23 +290,43 @@ async fn load(
             let mut n = 0u64;
             let mut next_call = 0u64;
             let mut pending: Option<(u64, f64)> = None;
+            // Calls on the current session before the agent leaves it, and how it comes
+            // back next (a new session, or a resume through the next daemon).
+            let mut left_on_session = 2 + (index as u64 % 5);
+            let mut fresh_next = false;
             while !stop.load(Ordering::Relaxed) {
                 let c = match &client {
                     Some(c) => c,
                     None => {
                         daemon = live(&alive, daemon);
-                        let resumed =
-                            match DaemonClient::resume(configs[daemon].clone(), &session).await {
-                                Ok(c) => c.session_state().await.map(|st| (c, st)),
-                                Err(e) => Err(e),
-                            };
-                        match resumed {
+                        // An unanswered call is resent in its own session.
+                        let fresh = fresh_next && pending.is_none();
+                        let joined = if fresh {
+                            DaemonClient::connect(configs[daemon].clone()).await
+                        } else {
+                            DaemonClient::resume(configs[daemon].clone(), &session).await
+                        };
+                        let joined = match joined {
+                            Ok(c) => c.session_state().await.map(|st| (c, st)),
+                            Err(e) => Err(e),
+                        };
+                        match joined {
                             Ok((c, st)) => {
+                                let mut s = seen.lock().unwrap();
+                                if fresh {
+                                    s.registered += 1;
+                                    session = c.session_id().to_owned();
+                                } else {
+                                    s.resumed += 1;
+                                }
+                                drop(s);
+                                fresh_next = false;
                                 // The call numbers go on from the session's last.
                                 next_call = st.last_call_number + 1;
                                 client.insert(c)
                             }
                             Err(_) => {
+                                seen.lock().unwrap().refused_joins += 1;
                                 daemon = (daemon + 1) % DAEMONS;
                                 tokio::time::sleep(Duration::from_millis(20)).await;
                                 continue;
@@ -304,7 +357,7 @@ async fn load(
                         ..Default::default()
                     })
                     .await;
-                if v.response.is_none() {
+                let Some(response) = &v.response else {
                     // Refused or unanswered: it may or may not have been decided. Resume
                     // (the session's last call number says which) and resend it with the
                     // same nonce: decided again if it was not, a replay if it was.
@@ -313,6 +366,9 @@ async fn load(
                     client = None;
                     tokio::time::sleep(Duration::from_millis(20)).await;
                     continue;
+                };
+                if how.until_spent && response.budget_remaining_nanos < 1_000_000 {
+                    stop.store(true, Ordering::Relaxed);
                 }
                 pending = None;
                 next_call += 1;
@@ -324,12 +380,23 @@ async fn load(
                         .insert((session.clone(), nonce));
                     let _ = c.post_exec(call_number, cost, true, "").await;
                 }
+                if how.churn {
+                    left_on_session -= 1;
+                    if left_on_session == 0 {
+                        left_on_session = 2 + ((index as u64 + n) % 5);
+                        client = None;
+                        fresh_next = n.is_multiple_of(2);
+                        daemon = (daemon + 1) % DAEMONS;
+                    }
+                }
             }
-            daemon
+            (daemon, session)
         }));
     }
     for (a, t) in agents.iter_mut().zip(tasks) {
-        a.daemon = t.await.unwrap();
+        let (daemon, session) = t.await.unwrap();
+        a.daemon = daemon;
+        a.session = session;
     }
 }
 
@@ -337,33 +404,124 @@ async fn load(
 #[derive(Debug, Default)]
 struct Chains {
     chains: usize,
-    /// Σ (budget_before − budget_after) over verdicts and settlements: what was taken.
+    /// Σ (budget_before − budget_after) over the organization's verdicts and
+    /// settlements: what was taken from its budget.
     taken: i64,
+    /// Σ of the estimates the organization's ALLOW verdicts reserved.
+    allowed_nanos: i64,
     allows: HashSet<(String, u64)>,
     voids: u64,
     entries: u64,
+    /// Sessions of the organization opened.
+    opened: u64,
+    /// The budget versions the entries name (audit format 4).
+    versions: std::collections::BTreeMap<u64, Named>,
+    /// Two names for one version.
+    dup_version: Option<u64>,
 }
 
-/// `sessions`: the sessions whose budget is counted (one organization's).
-async fn read_chains(url: &str, schema: &str, sessions: &HashSet<String>) -> Chains {
+/// What names a budget version in the chains.
+#[derive(Debug, Clone, Copy)]
+enum Named {
+    /// A change's write (an entry's, or a voided change's): remaining before, after.
+    Write(i64, i64),
+    /// A void's give-back, of this amount.
+    GiveBack(i64),
+}
+
+impl Chains {
+    /// Fold the budget from the chains alone, by its versions (docs/audit-format.md,
+    /// "Folding a shared budget"): every version from 1 is named exactly once (by an
+    /// entry, a voided write, or a void's give-back), each write's `budget_before` is what
+    /// the version before left; the result is the budget's remaining amount.
+    fn fold(&self) -> i64 {
+        assert_eq!(self.dup_version, None, "two names for one budget version");
+        let top = self.versions.keys().next_back().copied().unwrap_or(0);
+        assert_eq!(
+            self.versions.len() as u64,
+            top,
+            "a budget version is named by no entry"
+        );
+        let mut r = BUDGET_NANOS;
+        for (v, n) in &self.versions {
+            match *n {
+                Named::Write(before, after) => {
+                    assert_eq!(
+                        before, r,
+                        "version {v} was not computed from the one before"
+                    );
+                    r = after;
+                }
+                Named::GiveBack(amount) => r += amount,
+            }
+        }
+        r
+    }
+}
+
+/// The entries of organization `org`'s budget.
+async fn read_chains(url: &str, schema: &str, org: &str) -> Chains {
     let settings = tollgate_pg::PgSettings::new(url).with_schema(schema);
     let client = tollgate_pg::connect(&settings).await.unwrap();
     let mut out = Chains::default();
     let mut dup = None;
+    let mut dup_version = None;
+    let mut ours = HashSet::new();
+    let mut voids = Vec::new();
     let reports = tollgate_pg::verify(&client, schema, None, &[], &mut |_, e| {
         out.entries += 1;
-        match &e.event {
-            Event::Session(SessionEvent::Verdict(v)) if sessions.contains(&v.session_id) => {
-                out.taken += v.budget_before.0 - v.budget_after.0;
-
-                if v.verdict == Verdict::Allow
-                    && !out.allows.insert((v.session_id.clone(), v.nonce))
+        if let Event::Session(ev) = &e.event {
+            let named = match ev {
+                SessionEvent::Verdict(v) => Some((
+                    v.organization_id.as_str(),
+                    v.budget_before.0,
+                    v.budget_after.0,
+                )),
+                SessionEvent::Settled(st) => Some((
+                    st.organization_id.as_str(),
+                    st.budget_before.0,
+                    st.budget_after.0,
+                )),
+                SessionEvent::Opened(o) => Some((
+                    o.organization_id.as_str(),
+                    o.budget_before.0,
+                    o.budget_before.0,
+                )),
+                SessionEvent::HumanDecision(_) => None,
+            };
+            if let Some((o, before, after)) = named {
+                if o == org {
+                    ours.insert(ev.session_id().to_owned());
+                }
+                if o == org
+                    && ev.budget_version() != 0
+                    && out
+                        .versions
+                        .insert(ev.budget_version(), Named::Write(before, after))
+                        .is_some()
                 {
-                    dup = Some((v.session_id.clone(), v.nonce));
+                    dup_version = Some(ev.budget_version());
                 }
             }
-            Event::Session(SessionEvent::Settled(st)) if sessions.contains(&st.session_id) => {
+        }
+        if let Event::Void(v) = &e.event {
+            voids.push(v.clone());
+        }
+        match &e.event {
+            Event::Session(SessionEvent::Verdict(v)) if v.organization_id == org => {
+                out.taken += v.budget_before.0 - v.budget_after.0;
+                if v.verdict == Verdict::Allow {
+                    out.allowed_nanos += v.budget_before.0 - v.budget_after.0;
+                    if !out.allows.insert((v.session_id.clone(), v.nonce)) {
+                        dup = Some((v.session_id.clone(), v.nonce));
+                    }
+                }
+            }
+            Event::Session(SessionEvent::Settled(st)) if st.organization_id == org => {
                 out.taken += st.budget_before.0 - st.budget_after.0;
+            }
+            Event::Session(SessionEvent::Opened(o)) if o.organization_id == org => {
+                out.opened += 1;
             }
             Event::Void(_) => out.voids += 1,
             _ => {}
@@ -372,6 +530,25 @@ async fn read_chains(url: &str, schema: &str, sessions: &HashSet<String>) -> Cha
     .await
     .unwrap();
     assert_eq!(dup, None, "a nonce was ALLOWed twice in a session");
+    assert_eq!(
+        dup_version, None,
+        "two entries name one budget version: a lost update"
+    );
+    // A void names the voided write's version and its give-back's.
+    for v in voids.iter().filter(|v| ours.contains(&v.session_id)) {
+        if v.budget_version != 0 {
+            let w = Named::Write(v.budget_before.0, v.budget_after.0);
+            if out.versions.insert(v.budget_version, w).is_some() {
+                out.dup_version = Some(v.budget_version);
+            }
+        }
+        if v.revert_version != 0 {
+            let g = Named::GiveBack(v.budget_before.0 - v.budget_after.0);
+            if out.versions.insert(v.revert_version, g).is_some() {
+                out.dup_version = Some(v.revert_version);
+            }
+        }
+    }
     for r in &reports {
         assert!(
             r.result.is_ok(),
@@ -396,16 +573,22 @@ async fn remaining(fleet: &Fleet, alive: &[Arc<AtomicBool>], agent: &Agent) -> i
     c.session_state().await.unwrap().budget_remaining_nanos
 }
 
-/// The checks every run ends with. Waits (bounded) for a dead daemon's half-done changes
-/// to be settled by the others' sweepers.
+/// The checks every run ends with: exactness, never speed. Waits (bounded) for a dead
+/// daemon's half-done changes to be settled by the others' sweepers.
 async fn check(fleet: &Fleet, alive: &[Arc<AtomicBool>], agents: &[Agent], seen: &Seen) -> Chains {
     let deadline = Instant::now() + Duration::from_secs(30);
+    let org = agents[0].org;
     loop {
-        let sessions = agents.iter().map(|a| a.session.clone()).collect();
-        let chains = read_chains(&fleet.pg_url, &fleet.schema, &sessions).await;
+        let chains = read_chains(&fleet.pg_url, &fleet.schema, org).await;
         let left = remaining(fleet, alive, &agents[0]).await;
         assert!(left >= 0, "overspent: {left}");
         assert!(chains.taken <= BUDGET_NANOS, "chains took {}", chains.taken);
+        // Settled at their estimates: what the ALLOWs reserved is what was taken.
+        assert!(
+            chains.allowed_nanos <= BUDGET_NANOS,
+            "the chains ALLOWed {} of {BUDGET_NANOS}",
+            chains.allowed_nanos
+        );
         if BUDGET_NANOS - left == chains.taken {
             let missing: Vec<_> = seen.allowed.difference(&chains.allows).take(5).collect();
             assert!(
@@ -448,7 +631,10 @@ async fn register(fleet: &Fleet, org: &'static str, agents: usize) -> Vec<Agent>
     v
 }
 
-/// Run the load for `secs`, with `fault` run on its own thread meanwhile.
+/// Run the load for at most `secs` (less if `how.until_spent` and the budget runs out),
+/// with `fault` run on its own thread meanwhile (given what the agents saw so far and
+/// the stop flag).
+#[allow(clippy::too_many_arguments)]
 fn run(
     rt: &tokio::runtime::Runtime,
     fleet: &Fleet,
@@ -456,19 +642,26 @@ fn run(
     alive: &[Arc<AtomicBool>],
     secs: u64,
     salt: u64,
-    fault: impl FnOnce() + Send + 'static,
+    how: Behaviour,
+    fault: impl FnOnce(Arc<Mutex<Seen>>, Arc<AtomicBool>) + Send + 'static,
 ) -> Seen {
     let stop = Arc::new(AtomicBool::new(false));
     let seen = Arc::new(Mutex::new(Seen::default()));
-    let fault = std::thread::spawn(fault);
+    let fault = {
+        let (seen, stop) = (seen.clone(), stop.clone());
+        std::thread::spawn(move || fault(seen, stop))
+    };
     let stopper = {
         let stop = stop.clone();
         std::thread::spawn(move || {
-            std::thread::sleep(Duration::from_secs(secs));
+            let end = Instant::now() + Duration::from_secs(secs);
+            while Instant::now() < end && !stop.load(Ordering::Relaxed) {
+                std::thread::sleep(Duration::from_millis(50));
+            }
             stop.store(true, Ordering::Relaxed);
         })
     };
-    rt.block_on(load(fleet, agents, alive, stop, seen.clone(), salt));
+    rt.block_on(load(fleet, agents, alive, stop, seen.clone(), salt, how));
     stopper.join().unwrap();
     fault.join().unwrap();
     Arc::try_unwrap(seen).ok().unwrap().into_inner().unwrap()
@@ -480,28 +673,42 @@ fn all_alive() -> Vec<Arc<AtomicBool>> {
         .collect()
 }
 
+/// Issue 15 §1: 200 agents of one organization, registering new sessions and resuming
+/// theirs on other daemons throughout the load, spend one budget through three daemons
+/// until it is gone (asking several times over what it holds). Only exactness is
+/// checked, never speed: the chains ALLOW no more than the budget, Redis's remaining
+/// budget is the budget minus exactly what the chains took, no nonce is ALLOWed twice,
+/// every ALLOW an agent saw is in a chain. Then the same with a daemon killed (SIGKILL)
+/// once a quarter of the budget is spent, its agents resuming through the others.
 #[test]
 fn three_daemons_share_one_budget_without_overspending_then_one_is_killed() {
     let tmp = tempfile::tempdir().unwrap();
     let mut fleet = Fleet::start(tmp.path(), SHARED_REDIS, SHARED_PG);
     let rt = rt();
     let alive = all_alive();
+    let how = Behaviour {
+        churn: true,
+        until_spent: true,
+    };
 
-    // 1. No overspend, no double ALLOW: 200 agents of `acme` through three daemons.
+    // 1. No overspend, no double ALLOW.
     let mut agents = rt.block_on(register(&fleet, "acme", AGENTS));
-    let seen = run(&rt, &fleet, &mut agents, &alive, 4, 1, || {});
+    let seen = run(&rt, &fleet, &mut agents, &alive, 120, 1, how, |_, _| {});
     assert!(
-        seen.allowed.len() > 100,
-        "too few ALLOWs to say anything: {}",
-        seen.allowed.len()
+        seen.registered > 0 && seen.resumed > 0,
+        "the agents churned"
     );
     let chains = rt.block_on(check(&fleet, &alive, &agents, &seen));
     assert_eq!(chains.chains, DAEMONS);
     assert_eq!(chains.voids, 0, "nothing crashed, nothing is voided");
+    // An auditor folds the budget from the chains alone, by its versions.
+    let left = rt.block_on(remaining(&fleet, &alive, &agents[0]));
+    assert_eq!(chains.fold(), left, "the chains' fold against Redis");
     assert!(
-        chains.taken > BUDGET_NANOS * 9 / 10,
-        "the load should spend most of the budget: {}",
-        chains.taken
+        chains.opened >= AGENTS as u64 + seen.registered,
+        "every session an agent registered is in a chain: {} of {}",
+        chains.opened,
+        AGENTS as u64 + seen.registered
     );
 
     // 2. kill -9 one daemon mid-load (a fresh budget: organization `beta`); its agents
@@ -509,13 +716,26 @@ fn three_daemons_share_one_budget_without_overspending_then_one_is_killed() {
     let mut agents = rt.block_on(register(&fleet, "beta", AGENTS));
     let pid = fleet.daemons[0].as_ref().unwrap().child.id();
     let dead = alive[0].clone();
-    let seen2 = run(&rt, &fleet, &mut agents, &alive, 5, 2, move || {
-        std::thread::sleep(Duration::from_millis(1500));
-        dead.store(false, Ordering::Relaxed);
-        let _ = std::process::Command::new("kill")
-            .args(["-KILL", &pid.to_string()])
-            .status();
-    });
+    // A quarter of the budget at the cheapest cost: spent before the kill.
+    let quarter = (BUDGET_NANOS / 4 / 4_000_000) as usize;
+    let seen2 = run(
+        &rt,
+        &fleet,
+        &mut agents,
+        &alive,
+        120,
+        2,
+        how,
+        move |seen, stop| {
+            while seen.lock().unwrap().allowed.len() < quarter && !stop.load(Ordering::Relaxed) {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            dead.store(false, Ordering::Relaxed);
+            let _ = std::process::Command::new("kill")
+                .args(["-KILL", &pid.to_string()])
+                .status();
+        },
+    );
     fleet.kill_9(0);
     assert!(seen2.resent > 0, "some calls were in flight at the kill");
     let before = chains;
@@ -544,20 +764,38 @@ fn a_redis_restart_mid_load_refuses_then_resumes_with_state_intact() {
     let alive = all_alive();
     let mut agents = rt.block_on(register(&fleet, "acme", 60));
     let fault = redis.clone();
-    let seen = run(&rt, &fleet, &mut agents, &alive, 7, 3, move || {
-        std::thread::sleep(Duration::from_millis(1500));
-        // kill -9 the server: what it acknowledged is in its AOF (fsync always). Down for
-        // longer than the daemons' command deadline (2 s), so calls in the outage fail
-        // rather than wait it out.
-        fault.lock().unwrap().kill();
-        std::thread::sleep(Duration::from_millis(3000));
-        fault.lock().unwrap().restart();
-    });
+    let seen = run(
+        &rt,
+        &fleet,
+        &mut agents,
+        &alive,
+        7,
+        3,
+        Behaviour::default(),
+        move |_, _| {
+            std::thread::sleep(Duration::from_millis(1500));
+            // kill -9 the server: what it acknowledged is in its AOF (fsync always). Down for
+            // longer than the daemons' command deadline (2 s), so calls in the outage fail
+            // rather than wait it out.
+            fault.lock().unwrap().kill();
+            std::thread::sleep(Duration::from_millis(3000));
+            fault.lock().unwrap().restart();
+        },
+    );
     assert!(seen.failed > 0, "calls during the outage are refused");
     let chains = rt.block_on(check(&fleet, &alive, &agents, &seen));
     assert!(!chains.allows.is_empty());
     // And it serves again, without a restart.
-    let seen = run(&rt, &fleet, &mut agents, &alive, 1, 4, || {});
+    let seen = run(
+        &rt,
+        &fleet,
+        &mut agents,
+        &alive,
+        1,
+        4,
+        Behaviour::default(),
+        |_, _| {},
+    );
     assert!(seen.answered > 0, "service resumed");
     rt.block_on(check(&fleet, &alive, &agents, &seen));
     fleet.stop_all();
@@ -574,12 +812,21 @@ fn a_postgres_stop_mid_load_refuses_verdicts_and_loses_no_acknowledged_entry() {
     let alive = all_alive();
     let mut agents = rt.block_on(register(&fleet, "acme", 60));
     let fault = pg.clone();
-    let seen = run(&rt, &fleet, &mut agents, &alive, 5, 5, move || {
-        std::thread::sleep(Duration::from_millis(1500));
-        fault.lock().unwrap().stop();
-        std::thread::sleep(Duration::from_millis(1000));
-        fault.lock().unwrap().restart();
-    });
+    let seen = run(
+        &rt,
+        &fleet,
+        &mut agents,
+        &alive,
+        5,
+        5,
+        Behaviour::default(),
+        move |_, _| {
+            std::thread::sleep(Duration::from_millis(1500));
+            fault.lock().unwrap().stop();
+            std::thread::sleep(Duration::from_millis(1000));
+            fault.lock().unwrap().restart();
+        },
+    );
     assert!(
         seen.failed > 0,
         "verdicts are refused while PostgreSQL is down"
@@ -588,7 +835,16 @@ fn a_postgres_stop_mid_load_refuses_verdicts_and_loses_no_acknowledged_entry() {
     // chains took (changes made while the journal was down were voided and reverted).
     let chains = rt.block_on(check(&fleet, &alive, &agents, &seen));
     assert!(!chains.allows.is_empty());
-    let seen = run(&rt, &fleet, &mut agents, &alive, 1, 6, || {});
+    let seen = run(
+        &rt,
+        &fleet,
+        &mut agents,
+        &alive,
+        1,
+        6,
+        Behaviour::default(),
+        |_, _| {},
+    );
     assert!(seen.answered > 0, "service resumed");
     rt.block_on(check(&fleet, &alive, &agents, &seen));
     fleet.stop_all();
@@ -801,4 +1057,150 @@ fn bench_loads_a_fleet_and_leaves_nothing_behind() {
         .query(&mut c)
         .unwrap();
     assert!(keys.is_empty(), "{keys:?}");
+}
+
+/// A loopback TCP proxy to a Redis that delays every byte its client sends by `delay` (in
+/// order), and counts the chunks it forwarded each way.
+struct DelayProxy {
+    url: String,
+    up: Arc<AtomicU64>,
+    down: Arc<AtomicU64>,
+}
+
+impl DelayProxy {
+    async fn start(target: &'static str, delay: Duration) -> DelayProxy {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (up, down) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+        let (u, dn) = (up.clone(), down.clone());
+        tokio::spawn(async move {
+            while let Ok((inbound, _)) = listener.accept().await {
+                let Ok(out) = tokio::net::TcpStream::connect(target).await else {
+                    continue;
+                };
+                let (mut ir, mut iw) = inbound.into_split();
+                let (mut or, mut ow) = out.into_split();
+                let (u, dn) = (u.clone(), dn.clone());
+                let (tx, mut rx) =
+                    tokio::sync::mpsc::unbounded_channel::<(tokio::time::Instant, Vec<u8>)>();
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 64 * 1024];
+                    while let Ok(n) = ir.read(&mut buf).await {
+                        if n == 0
+                            || tx
+                                .send((tokio::time::Instant::now(), buf[..n].to_vec()))
+                                .is_err()
+                        {
+                            break;
+                        }
+                    }
+                });
+                tokio::spawn(async move {
+                    while let Some((at, bytes)) = rx.recv().await {
+                        tokio::time::sleep_until(at + delay).await;
+                        if ow.write_all(&bytes).await.is_err() {
+                            break;
+                        }
+                        u.fetch_add(1, Ordering::SeqCst);
+                    }
+                });
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 64 * 1024];
+                    while let Ok(n) = or.read(&mut buf).await {
+                        if n == 0 || iw.write_all(&buf[..n]).await.is_err() {
+                            break;
+                        }
+                        dn.fetch_add(1, Ordering::SeqCst);
+                    }
+                });
+            }
+        });
+        DelayProxy {
+            url: format!("redis://{addr}/0"),
+            up,
+            down,
+        }
+    }
+}
+
+/// Issue 15 §1 as it was reproduced, with real daemons: daemon A reaches Redis through a
+/// proxy that delays A's bytes by 0.5 s, daemon B goes direct; a `per_organization`
+/// budget of 10 USD. B ALLOWs 1.00; an agent registers on A; while A's registration is on
+/// its way (its first command has reached Redis and been answered), B ALLOWs 2.00; A's
+/// registration completes; A ALLOWs 3.00 and must report 4.00 left; B's 6.00 must not be
+/// ALLOWed; the chains ALLOW no more than 10.00 and Redis holds what they left. (Before
+/// the fix: A reported 6.00 and B's 6.00 was ALLOWed, 12.00 of 10.00.)
+#[test]
+fn a_registration_racing_a_spend_on_another_daemon_never_overspends() {
+    const USD: i64 = 1_000_000_000;
+    let tmp = tempfile::tempdir().unwrap();
+    let rt = rt();
+    let proxy = rt.block_on(DelayProxy::start(
+        "127.0.0.1:6379",
+        Duration::from_millis(500),
+    ));
+    let urls = vec![proxy.url.clone(), SHARED_REDIS.to_owned()];
+    // No sweeps: A's only Redis traffic is what its agents cause.
+    let fleet = Fleet::start_with(tmp.path(), SHARED_REDIS, &urls, SHARED_PG, 10.0, 3600);
+    async fn call(
+        c: &DaemonClient,
+        session: String,
+        n: u64,
+        usd: f64,
+    ) -> tollgate_client::ClientVerdict {
+        c.pre_exec_request(sp1::PreExecRequest {
+            session_id: session,
+            call_number: n,
+            tool_name: "pay".into(),
+            tool_params_hash: vec![n as u8; 32],
+            estimated_cost_usd: usd,
+            nonce: n,
+            ..Default::default()
+        })
+        .await
+    }
+    rt.block_on(async {
+        let b = DaemonClient::connect(fleet.client_config(1, "acme", 1))
+            .await
+            .unwrap();
+        let bs = b.session_id().to_owned();
+        let v = call(&b, bs.clone(), 1, 1.0).await;
+        assert_eq!(v.verdict, Verdict::Allow, "{v:?}");
+
+        let (up, down) = (
+            proxy.up.load(Ordering::SeqCst),
+            proxy.down.load(Ordering::SeqCst),
+        );
+        let config_a = fleet.client_config(0, "acme", 0);
+        let registering = tokio::spawn(DaemonClient::connect(config_a));
+        // A's first command of the registration has reached Redis and been answered.
+        while proxy.up.load(Ordering::SeqCst) == up || proxy.down.load(Ordering::SeqCst) == down {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        let v = call(&b, bs.clone(), 2, 2.0).await;
+        assert_eq!(v.verdict, Verdict::Allow, "{v:?}");
+        let a = registering.await.unwrap().unwrap();
+        let v = call(&a, a.session_id().to_owned(), 1, 3.0).await;
+        assert_eq!(v.verdict, Verdict::Allow, "{v:?}");
+        assert_eq!(
+            v.response.as_ref().unwrap().budget_remaining_nanos,
+            4 * USD,
+            "A's budget_remaining after its 3.00"
+        );
+        let v = call(&b, bs.clone(), 3, 6.0).await;
+        assert_ne!(v.verdict, Verdict::Allow, "B's 6.00 with 4.00 left: {v:?}");
+
+        let chains = read_chains(&fleet.pg_url, &fleet.schema, "acme").await;
+        assert!(
+            chains.allowed_nanos <= 10 * USD,
+            "the chains ALLOWed {} of {}",
+            chains.allowed_nanos,
+            10 * USD
+        );
+        assert_eq!(chains.allowed_nanos, 6 * USD);
+        let left = b.session_state().await.unwrap().budget_remaining_nanos;
+        assert_eq!(left, 10 * USD - chains.taken);
+        assert_eq!(left, 4 * USD);
+    });
 }
