@@ -8,6 +8,7 @@
     missing_debug_implementations
 )]
 
+mod bounds;
 mod console;
 mod control;
 mod flows;
