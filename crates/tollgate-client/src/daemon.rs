@@ -168,6 +168,13 @@ pub struct DaemonClient {
     waiters: Waiters,
     session_id: String,
     next_call: AtomicU64,
+    /// Keeps pre_exec requests in call-number order from this client to the daemon (which
+    /// refuses a call number not above every earlier one): the highest number dispatched.
+    dispatch: Mutex<u64>,
+    /// Call numbers this client gave out (`prepare`, `next_call_number`) and has not sent
+    /// yet. Only such a number is renumbered when a higher one went first (a deliberate
+    /// resend of a number already sent is left as it is). Bounded: the oldest are forgotten.
+    issued: std::sync::Mutex<std::collections::BTreeSet<u64>>,
     registration: sp1::RegisterResponse,
     /// The last remaining budget the daemon reported, in nano-dollars (for heartbeats).
     last_remaining: std::sync::atomic::AtomicI64,
@@ -188,6 +195,9 @@ fn lock_waiters(
 ) -> std::sync::MutexGuard<'_, HashMap<String, oneshot::Sender<Result<Envelope, ClientError>>>> {
     w.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
+
+/// How many given-out, unsent call numbers a client remembers.
+const MAX_ISSUED: usize = 4096;
 
 impl DaemonClient {
     /// Connect and register a new session.
@@ -232,6 +242,8 @@ impl DaemonClient {
             waiters,
             session_id: String::new(),
             next_call: AtomicU64::new(1),
+            dispatch: Mutex::new(0),
+            issued: std::sync::Mutex::default(),
             registration: sp1::RegisterResponse::default(),
             last_remaining: std::sync::atomic::AtomicI64::new(0),
             config,
@@ -260,6 +272,8 @@ impl DaemonClient {
             waiters,
             session_id: self.session_id.clone(),
             next_call: AtomicU64::new(0),
+            dispatch: Mutex::new(0),
+            issued: std::sync::Mutex::default(),
             registration: sp1::RegisterResponse::default(),
             last_remaining: std::sync::atomic::AtomicI64::new(0),
             config: self.config.clone(),
@@ -456,6 +470,16 @@ impl DaemonClient {
         let Some((message_id, rx)) = self.send(payload, true).await? else {
             return Err(ClientError::Malformed("no reply channel".into()));
         };
+        self.wait_reply(message_id, rx, timeout).await
+    }
+
+    /// Wait at most `timeout` for the reply to message `message_id`.
+    async fn wait_reply(
+        &self,
+        message_id: String,
+        rx: oneshot::Receiver<Result<Envelope, ClientError>>,
+        timeout: Duration,
+    ) -> Result<Payload, ClientError> {
         let env = match tokio::time::timeout(timeout, rx).await {
             Err(_) => {
                 // Forget the waiter: a daemon that never answers must not grow the map.
@@ -495,7 +519,7 @@ impl DaemonClient {
         params: &Value,
         estimated_cost_usd: f64,
     ) -> sp1::PreExecRequest {
-        let call_number = self.next_call.fetch_add(1, Ordering::SeqCst);
+        let call_number = self.next_call_number();
         let classified = Params::json(params);
         let (hash, noncanonical) = match classified.canonical_digest() {
             Ok(d) => (d, false),
@@ -517,10 +541,45 @@ impl DaemonClient {
 
     /// Send a prepared request (nonce, call number and hash chosen by the caller), for
     /// re-dispatching a call a human approved with its original nonce.
-    pub async fn pre_exec_request(&self, req: sp1::PreExecRequest) -> ClientVerdict {
-        let call_number = req.call_number;
+    ///
+    /// Safe from many tasks at once: requests reach the daemon in call-number order. A
+    /// number this client gave out (`prepare`) that another task's higher number overtook
+    /// before it was sent is replaced by a fresh one (the verdict's `call_number` says
+    /// which); a number sent before (a resend after a daemon crash) is sent as it is.
+    pub async fn pre_exec_request(&self, mut req: sp1::PreExecRequest) -> ClientVerdict {
+        let reply = {
+            let mut last = self.dispatch.lock().await;
+            self.place(&mut last, &mut req);
+            if self.grpc.is_some() {
+                // Each rpc is its own stream: keep the order by waiting for the answer.
+                let call_number = req.call_number;
+                (
+                    call_number,
+                    self.request(Payload::PreExec(req.clone())).await,
+                )
+            } else {
+                // One connection: what is written in order is decided in order. Write
+                // under the lock, wait for the answer without it.
+                let call_number = req.call_number;
+                match self.send(Payload::PreExec(req.clone()), true).await {
+                    Ok(Some((id, rx))) => {
+                        drop(last);
+                        (
+                            call_number,
+                            self.wait_reply(id, rx, self.config.timeout).await,
+                        )
+                    }
+                    Ok(None) => (
+                        call_number,
+                        Err(ClientError::Malformed("no reply channel".into())),
+                    ),
+                    Err(e) => (call_number, Err(e)),
+                }
+            }
+        };
+        let (call_number, reply) = reply;
         let session_id = req.session_id.clone();
-        match self.request(Payload::PreExec(req)).await {
+        match reply {
             Ok(Payload::PreExecResponse(r)) => {
                 let verdict = match sp1::Verdict::try_from(r.verdict) {
                     Ok(sp1::Verdict::Allow) => tollgate_core::Verdict::Allow,
@@ -554,7 +613,32 @@ impl DaemonClient {
 
     /// The next call number this client will use.
     pub fn next_call_number(&self) -> u64 {
-        self.next_call.fetch_add(1, Ordering::SeqCst)
+        let n = self.next_call.fetch_add(1, Ordering::SeqCst);
+        let mut issued = self
+            .issued
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        issued.insert(n);
+        while issued.len() > MAX_ISSUED {
+            issued.pop_first();
+        }
+        n
+    }
+
+    /// Give `req` its place in this client's call order, holding `last` (the dispatch
+    /// lock): a number this client gave out and never sent, overtaken by a higher one sent
+    /// by another task, is replaced by a fresh one (the daemon would refuse it, deciding
+    /// nothing); any other number is kept.
+    fn place(&self, last: &mut u64, req: &mut sp1::PreExecRequest) {
+        let unsent = self
+            .issued
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(&req.call_number);
+        if unsent && req.call_number <= *last {
+            req.call_number = self.next_call.fetch_add(1, Ordering::SeqCst);
+        }
+        *last = (*last).max(req.call_number);
     }
 
     /// Report a call's outcome (fire-and-forget).

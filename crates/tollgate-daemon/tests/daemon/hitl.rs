@@ -460,3 +460,29 @@ async fn a_check_beside_a_waiting_call_never_trips_the_circuit() {
     }
     d.stop().await;
 }
+
+/// Issue 16 §1, one client shared by tasks: calls numbered in one order reach the daemon in
+/// another (task A prepares, task B prepares and sends first). The overtaken call is not
+/// refused (`call_number ... is not greater`): the client renumbers a number it gave out
+/// and never sent, so both calls are decided. A resend of a number already sent is kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_sent_out_of_their_numbering_order_are_all_decided() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = start(config(dir.path())).await;
+    let agent = connect(&d.socket, "research-bot").await;
+    let p = json::parse_str(r#"{"q":"a"}"#).unwrap();
+    let q = json::parse_str(r#"{"q":"b"}"#).unwrap();
+    let first = agent.prepare("search", &p, 0.0);
+    let second = agent.prepare("search", &q, 0.0);
+    assert!(first.call_number < second.call_number);
+    let b = agent.pre_exec_request(second.clone()).await;
+    assert_eq!(b.verdict, Verdict::Allow, "{b:?}");
+    let a = agent.pre_exec_request(first.clone()).await;
+    assert_eq!(a.verdict, Verdict::Allow, "{a:?}");
+    assert!(a.call_number > b.call_number, "renumbered: {a:?}");
+    // A number already sent is sent as it is: the daemon refuses it, deciding nothing.
+    let again = agent.pre_exec_request(second).await;
+    assert_eq!(again.reason, "fail_closed:invalid_request", "{again:?}");
+    assert!(!agent.session_state().await.unwrap().circuit_tripped);
+    d.stop().await;
+}
