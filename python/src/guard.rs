@@ -308,7 +308,19 @@ impl PyGuard {
             }
         };
         let recorded = {
-            let go = || self.inner.decide_human(word.clone(), successor, operator);
+            // The held call by its own number: a session may hold several at once, each
+            // decided on its own (docs/protocol.md, "Several held calls").
+            let go = || {
+                self.inner
+                    .decide_human_call(
+                        Some(held.call_number),
+                        word.clone(),
+                        successor,
+                        operator,
+                        "",
+                    )
+                    .map(|_| ())
+            };
             if self.audited {
                 py.detach(go)
             } else {
