@@ -137,7 +137,7 @@ pub enum UpstreamTransport {
     },
 }
 
-/// One `[tools."NAME"]` entry (NAME as the host sees the tool).
+/// One `[tools.UPSTREAM."TOOL"]` entry (TOOL as the upstream names it).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct ToolSettings {
     /// The estimate every call of this tool is checked with, in dollars (default 0).
@@ -155,6 +155,10 @@ pub struct Config {
     pub mode: Mode,
     /// Also serve Streamable HTTP at `http://ADDR/mcp` (loopback only).
     pub listen: Option<SocketAddr>,
+    /// Browser origins the HTTP endpoint accepts besides loopback ones
+    /// (`gateway.allowed_origins`, e.g. `https://app.example:443`); a request with any other
+    /// `Origin` gets HTTP 403.
+    pub allowed_origins: Vec<String>,
     /// What a DENY looks like to the host.
     pub on_deny: OnDeny,
     /// Library mode: ask the host's user through MCP elicitation when a call is held.
@@ -167,10 +171,14 @@ pub struct Config {
     pub max_message_bytes: usize,
     /// Starting an upstream (process start and MCP initialization) may take this long.
     pub connect_timeout: Duration,
+    /// What joins an upstream's name and its tool's in the names the host sees when there
+    /// are several upstreams (default `__`; see [`crate::names`]).
+    pub tool_separator: String,
     /// The upstreams, in file order.
     pub upstreams: Vec<UpstreamConfig>,
-    /// The per-tool cost table and timeouts.
-    pub tools: BTreeMap<String, ToolSettings>,
+    /// The per-tool cost table and timeouts, keyed by (upstream name, the upstream's own
+    /// tool name): adding an upstream cannot change what an entry matches.
+    pub tools: BTreeMap<(String, String), ToolSettings>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -184,7 +192,7 @@ struct File {
     #[serde(default)]
     upstream: Vec<UpstreamSection>,
     #[serde(default)]
-    tools: BTreeMap<String, ToolSection>,
+    tools: BTreeMap<String, toml::Table>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -192,6 +200,8 @@ struct File {
 struct GatewaySection {
     mode: Option<String>,
     listen: Option<String>,
+    #[serde(default)]
+    allowed_origins: Vec<String>,
     on_deny: Option<String>,
     elicitation: Option<bool>,
     hitl_timeout_secs: Option<u64>,
@@ -199,6 +209,7 @@ struct GatewaySection {
     max_message_bytes: Option<usize>,
     tool_timeout_secs: Option<u64>,
     connect_timeout_secs: Option<u64>,
+    tool_separator: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -273,16 +284,28 @@ fn secs(key: &str, v: Option<u64>, default: u64) -> Result<Duration, ConfigError
     }
 }
 
+/// An id (agent, organization, session), checked with the daemon's one rule
+/// (`tollgate_core::check_id`).
 fn word(key: &str, v: Option<&str>, default: &str) -> Result<String, ConfigError> {
     let w = v.unwrap_or(default);
-    if w.is_empty() || w.len() > 128 {
-        return Err(bad(key, "must be 1 to 128 bytes"));
+    tollgate_core::check_id(w).map_err(|e| bad(key, e.to_string()))?;
+    Ok(w.to_owned())
+}
+
+/// An operator id, as the daemon reads one: 1 to 128 bytes, no control character.
+fn operator_word(key: &str, v: Option<&str>, default: &str) -> Result<String, ConfigError> {
+    let w = v.unwrap_or(default);
+    if w.is_empty() || w.len() > 128 || w.chars().any(char::is_control) {
+        return Err(bad(
+            key,
+            "must be 1 to 128 bytes, without control characters",
+        ));
     }
     Ok(w.to_owned())
 }
 
-/// An upstream name: 1-64 ASCII letters, digits, `_` or `-` (no `.`: it separates the
-/// namespace from the tool).
+/// An upstream name: 1-64 ASCII letters, digits, `_` or `-` (the characters of a name a
+/// host accepts).
 pub fn valid_upstream_name(n: &str) -> bool {
     !n.is_empty()
         && n.len() <= 64
@@ -410,6 +433,19 @@ impl Config {
                 Some(addr)
             }
         };
+        for o in &g.allowed_origins {
+            let ok = o.split_once("://").is_some_and(|(scheme, rest)| {
+                matches!(scheme, "http" | "https")
+                    && !rest.is_empty()
+                    && !rest.contains(['/', '?', '#', ' '])
+            });
+            if !ok {
+                return Err(bad(
+                    "gateway.allowed_origins",
+                    format!("`{o}` is not an origin like https://app.example:443 (scheme, host, optional port or :*)"),
+                ));
+            }
+        }
         let on_deny = match g.on_deny.as_deref().unwrap_or("result") {
             "result" => OnDeny::Result,
             "error" => OnDeny::Error,
@@ -477,45 +513,92 @@ impl Config {
         if upstreams.is_empty() {
             return Err(bad("upstream", "at least one [[upstream]] is required"));
         }
+        let tool_separator = g.tool_separator.clone().unwrap_or_else(|| "__".into());
+        if tool_separator.is_empty()
+            || tool_separator.len() > 4
+            || !crate::names::host_safe(&tool_separator)
+        {
+            return Err(bad(
+                "gateway.tool_separator",
+                "must be 1 to 4 of A-Z a-z 0-9 _ - (hosts refuse other characters in tool names)",
+            ));
+        }
         let mut tools = BTreeMap::new();
-        for (name, t) in &file.tools {
-            let k = |f: &str| format!("tools.\"{name}\".{f}");
-            tools.insert(
-                name.clone(),
-                ToolSettings {
-                    cost_usd: cost(&k("cost_usd"), t.cost_usd.unwrap_or(0.0))?,
-                    actual_cost_usd: t
-                        .actual_cost_usd
-                        .map(|v| cost(&k("actual_cost_usd"), v))
-                        .transpose()?,
-                    timeout: t
-                        .timeout_secs
-                        .map(|s| secs(&k("timeout_secs"), Some(s), 60))
-                        .transpose()?,
-                },
-            );
+        for (upstream, table) in &file.tools {
+            let Some(u) = upstreams.iter().find(|u| u.name == *upstream) else {
+                let settings = ["cost_usd", "actual_cost_usd", "timeout_secs"];
+                let message = if table.keys().any(|k| settings.contains(&k.as_str())) {
+                    format!(
+                        "per-tool settings are keyed by upstream and the upstream's own tool \
+                         name: write [tools.UPSTREAM.\"{upstream}\"] (or \
+                         [tools.UPSTREAM.\"TOOL\"] for a namespaced name)"
+                    )
+                } else {
+                    format!("`{upstream}` is no configured [[upstream]] name")
+                };
+                return Err(bad(format!("tools.{upstream}"), message));
+            };
+            for (name, value) in table {
+                let k = |f: &str| format!("tools.{upstream}.\"{name}\".{f}");
+                let t: ToolSection = value.clone().try_into().map_err(|e: toml::de::Error| {
+                    bad(
+                        format!("tools.{upstream}.\"{name}\""),
+                        e.message().to_owned(),
+                    )
+                })?;
+                if u.hide.iter().any(|h| h == name) {
+                    return Err(bad(
+                        format!("tools.{upstream}.\"{name}\""),
+                        "names a hidden tool (hide = [...]): it is never called",
+                    ));
+                }
+                tools.insert(
+                    (upstream.clone(), name.clone()),
+                    ToolSettings {
+                        cost_usd: cost(&k("cost_usd"), t.cost_usd.unwrap_or(0.0))?,
+                        actual_cost_usd: t
+                            .actual_cost_usd
+                            .map(|v| cost(&k("actual_cost_usd"), v))
+                            .transpose()?,
+                        timeout: t
+                            .timeout_secs
+                            .map(|s| secs(&k("timeout_secs"), Some(s), 60))
+                            .transpose()?,
+                    },
+                );
+            }
         }
         Ok(Config {
             mode,
             listen,
+            allowed_origins: g.allowed_origins.clone(),
             on_deny,
             elicitation: g.elicitation.unwrap_or(true),
             hitl_timeout: secs("gateway.hitl_timeout_secs", g.hitl_timeout_secs, 300)?,
-            operator_id: word("gateway.operator_id", g.operator_id.as_deref(), "mcp-host")?,
+            operator_id: operator_word(
+                "gateway.operator_id",
+                g.operator_id.as_deref(),
+                "mcp-host",
+            )?,
             max_message_bytes,
             connect_timeout: secs("gateway.connect_timeout_secs", g.connect_timeout_secs, 10)?,
+            tool_separator,
             upstreams,
             tools,
         })
     }
 
-    /// The settings of `tool` (as the host names it), or the defaults (cost 0).
-    pub fn tool(&self, tool: &str) -> ToolSettings {
-        self.tools.get(tool).copied().unwrap_or(ToolSettings {
-            cost_usd: 0.0,
-            actual_cost_usd: None,
-            timeout: None,
-        })
+    /// The settings of upstream `upstream`'s tool `own` (its own name), or the defaults
+    /// (cost 0).
+    pub fn tool(&self, upstream: &str, own: &str) -> ToolSettings {
+        self.tools
+            .get(&(upstream.to_owned(), own.to_owned()))
+            .copied()
+            .unwrap_or(ToolSettings {
+                cost_usd: 0.0,
+                actual_cost_usd: None,
+                timeout: None,
+            })
     }
 }
 
@@ -546,7 +629,8 @@ mod tests {
         };
         assert_eq!(l.guard, default_guard());
         assert_eq!(c.on_deny, OnDeny::Result);
-        assert_eq!(c.tool("anything").cost_usd, 0.0);
+        assert_eq!(c.tool("a", "anything").cost_usd, 0.0);
+        assert_eq!(c.tool_separator, "__");
         assert_eq!(c.max_message_bytes, DEFAULT_MAX_MESSAGE_BYTES);
     }
 
@@ -560,7 +644,19 @@ mod tests {
             "{ONE}[[upstream]]\nname = \"a\"\nurl = \"http://x\""
         ))
         .contains("used twice"));
-        assert!(err(&format!("{ONE}[tools.t]\ncost_usd = -1.0")).contains("tools.\"t\".cost_usd"));
+        assert!(
+            err(&format!("{ONE}[tools.a.t]\ncost_usd = -1.0")).contains("tools.a.\"t\".cost_usd")
+        );
+        assert!(err(&format!("{ONE}[tools.a.t]\ncost_us = 1.0")).contains("cost_us"));
+        // The old, flat form matches by a name that changes when an upstream is added:
+        // refused with the new form named.
+        assert!(err(&format!("{ONE}[tools.t]\ncost_usd = 1.0")).contains("[tools.UPSTREAM.\"t\"]"));
+        assert!(err(&format!("{ONE}[tools.b.t]\ncost_usd = 1.0")).contains("no configured"));
+        assert!(err(
+            "[[upstream]]\nname = \"a\"\ncommand = \"srv\"\nhide = [\"t\"]\n[tools.a.t]\ncost_usd = 1.0"
+        )
+        .contains("hidden"));
+        assert!(err(&format!("{ONE}[gateway]\ntool_separator = \".\"")).contains("tool_separator"));
         assert!(err(&format!("{ONE}[gateway]\nlisten = \"0.0.0.0:1\"")).contains("loopback"));
         assert!(err(&format!("{ONE}[gateway]\nmodee = 1")).contains("modee"));
         assert!(err(&format!("{ONE}[guard]\nbudget_usdd = 1")).contains("budget_usdd"));
@@ -569,6 +665,25 @@ mod tests {
         ))
         .contains("daemon's configuration holds the guard"));
         assert!(err(&format!("{ONE}[library]\naudit_dir = \"x\"")).contains("audit_key"));
+        // Ids follow the daemon's one rule (issue 15 §3): no trailing space, no control
+        // character, no non-ASCII space.
+        for bad in ["research-bot ", "a\\u0001b", "bot\\u00a0", "bot\\u3000", ""] {
+            assert!(
+                err(&format!("{ONE}[library]\nagent_id = \"{bad}\"")).contains("library.agent_id"),
+                "{bad:?}"
+            );
+            assert!(
+                err(&format!(
+                    "{ONE}[gateway]\nmode = \"daemon\"\n[daemon]\nagent_id = \"{bad}\""
+                ))
+                .contains("daemon.agent_id"),
+                "{bad:?}"
+            );
+        }
+        assert!(err(&format!(
+            "{ONE}[gateway]\nmode = \"daemon\"\n[daemon]\norganization = \"a b\""
+        ))
+        .contains("daemon.organization"));
     }
 
     #[test]

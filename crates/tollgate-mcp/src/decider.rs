@@ -77,6 +77,17 @@ pub enum Decider {
     Daemon(Box<Daemon>),
 }
 
+fn read_key(key_path: &std::path::Path) -> Result<tollgate_audit::SigningKey, DeciderError> {
+    let text = std::fs::read_to_string(key_path).map_err(|source| DeciderError::Read {
+        path: key_path.to_owned(),
+        source,
+    })?;
+    tollgate_audit::keys::parse_secret_key(&text).map_err(|e| DeciderError::Key {
+        path: key_path.to_owned(),
+        message: e.to_string(),
+    })
+}
+
 /// Library mode: one guard.
 #[derive(Debug)]
 pub struct Library {
@@ -129,22 +140,21 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> 
 }
 
 impl Library {
+    /// Check what [`Library::open`] would read (the signing key), writing nothing: no
+    /// audit log is opened (`tollgate mcp --check`).
+    pub fn check_settings(settings: &LibrarySettings) -> Result<(), DeciderError> {
+        match &settings.audit_key {
+            Some(path) => read_key(path).map(|_| ()),
+            None => Ok(()),
+        }
+    }
+
     /// A guard for `settings`, with its local audit log when configured.
     pub fn open(settings: &LibrarySettings) -> Result<Library, DeciderError> {
         let guard = Guard::new(settings.guard.clone());
         let guard = match (&settings.audit_dir, &settings.audit_key) {
             (Some(dir), Some(key_path)) => {
-                let text =
-                    std::fs::read_to_string(key_path).map_err(|source| DeciderError::Read {
-                        path: key_path.clone(),
-                        source,
-                    })?;
-                let key = tollgate_audit::keys::parse_secret_key(&text).map_err(|e| {
-                    DeciderError::Key {
-                        path: key_path.clone(),
-                        message: e.to_string(),
-                    }
-                })?;
+                let key = read_key(key_path)?;
                 let (writer, _) =
                     tollgate_audit::Writer::open(tollgate_audit::WriterConfig::new(dir), key)
                         .map_err(|e| DeciderError::Audit(e.to_string()))?;

@@ -20,6 +20,7 @@ use tollgate_core::Money;
 
 use crate::config::{Config, Mode, OnDeny, ToolSettings};
 use crate::decider::{Checked, Daemon, Decider, DeciderError, Library, Ticket};
+use crate::names::{self, Names};
 use crate::texts::{self, Denial};
 use crate::upstream::{Hosts, Upstream};
 use crate::values::{self, Reported};
@@ -41,6 +42,8 @@ pub struct Core {
     hosts: Arc<Hosts>,
     /// Each upstream's tools as last listed (`None`: list again).
     tools: tokio::sync::Mutex<Vec<Option<Vec<Tool>>>>,
+    /// The tools and the names the host sees, while no upstream's list changed.
+    catalog: tokio::sync::Mutex<Option<Arc<Catalog>>>,
     /// Which upstream listed a resource URI last.
     resources: std::sync::Mutex<HashMap<String, usize>>,
     /// Library mode: one held call at a time (the session holds at most one).
@@ -53,6 +56,17 @@ impl std::fmt::Debug for Core {
             .field("upstreams", &self.upstreams)
             .finish_non_exhaustive()
     }
+}
+
+/// Every upstream's tools as last listed (an error for one that could not be) and the
+/// names the host sees for them.
+#[derive(Debug)]
+pub struct Catalog {
+    /// Per upstream, in configuration order: its tools (hidden ones removed), or why they
+    /// could not be listed.
+    pub lists: Vec<Result<Vec<Tool>, String>>,
+    /// The names the host sees.
+    pub names: Names,
 }
 
 /// The MCP server the host talks to (cheap to clone: one per host connection).
@@ -110,6 +124,7 @@ impl Core {
             upstreams,
             hosts,
             tools,
+            catalog: tokio::sync::Mutex::new(None),
             resources: std::sync::Mutex::new(HashMap::new()),
             hitl: tokio::sync::Mutex::new(()),
         })
@@ -134,32 +149,49 @@ impl Core {
         self.upstreams.len() > 1
     }
 
-    /// The name the host sees for upstream `i`'s `tool` (or prompt).
-    pub fn public_name(&self, i: usize, tool: &str) -> String {
-        match self.upstreams.get(i) {
-            Some(u) if self.namespaced() => format!("{}.{tool}", u.config.name),
-            _ => tool.to_owned(),
-        }
-    }
-
-    /// The upstream and its own name for a public `name`.
-    fn route(&self, name: &str) -> Option<(usize, String)> {
-        if !self.namespaced() {
-            return Some((0, name.to_owned()));
-        }
-        let (prefix, rest) = name.split_once('.')?;
-        let i = self
+    /// The names the host sees for each upstream's own `names` (tools or prompts), in
+    /// configuration order ([`crate::names`]).
+    pub fn assign_names(&self, names: &[Vec<String>]) -> Names {
+        let input: Vec<(&str, Vec<String>)> = self
             .upstreams
             .iter()
-            .position(|u| u.config.name == prefix)?;
-        Some((i, rest.to_owned()))
+            .zip(names)
+            .map(|(u, n)| (u.config.name.as_str(), n.clone()))
+            .collect();
+        names::assign(&input, self.namespaced(), &self.config.tool_separator)
+    }
+
+    /// Every upstream's tools and the names the host sees for them, listed anew after an
+    /// upstream said its tools changed or when one could not be listed last time.
+    pub async fn catalog(&self) -> Arc<Catalog> {
+        let changed = self.hosts.take_tools_changed();
+        let mut cached = self.catalog.lock().await;
+        if changed {
+            self.tools.lock().await.iter_mut().for_each(|t| *t = None);
+        } else if let Some(c) = cached.as_ref() {
+            if c.lists.iter().all(Result::is_ok) {
+                return c.clone();
+            }
+        }
+        let mut lists = Vec::with_capacity(self.upstreams.len());
+        for i in 0..self.upstreams.len() {
+            lists.push(self.upstream_tools(i).await);
+        }
+        let own: Vec<Vec<String>> = lists
+            .iter()
+            .map(|l| match l {
+                Ok(tools) => tools.iter().map(|t| t.name.to_string()).collect(),
+                Err(_) => Vec::new(),
+            })
+            .collect();
+        let names = self.assign_names(&own);
+        let c = Arc::new(Catalog { lists, names });
+        *cached = Some(c.clone());
+        c
     }
 
     /// Upstream `i`'s tools (hidden ones removed), listed anew when not cached.
     pub async fn upstream_tools(&self, i: usize) -> Result<Vec<Tool>, String> {
-        if self.hosts.take_tools_changed() {
-            self.tools.lock().await.iter_mut().for_each(|t| *t = None);
-        }
         if let Some(Some(t)) = self.tools.lock().await.get(i) {
             return Ok(t.clone());
         }
@@ -182,12 +214,14 @@ impl Core {
     /// Every upstream's tools, as the host sees them. An upstream that cannot be reached
     /// is left out (and logged); the others are listed.
     pub async fn list_tools(&self) -> Vec<Tool> {
+        let catalog = self.catalog().await;
         let mut out = Vec::new();
-        for i in 0..self.upstreams.len() {
-            match self.upstream_tools(i).await {
-                Ok(tools) => out.extend(tools.into_iter().map(|mut t| {
-                    t.name = self.public_name(i, &t.name).into();
-                    t
+        for (i, list) in catalog.lists.iter().enumerate() {
+            match list {
+                Ok(tools) => out.extend(tools.iter().filter_map(|t| {
+                    let mut t = t.clone();
+                    t.name = catalog.names.public(i, &t.name)?.to_owned().into();
+                    Some(t)
                 })),
                 Err(e) => tracing::warn!(
                     "upstream `{}`: cannot list tools: {e}",
@@ -226,20 +260,33 @@ impl Core {
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ErrorData> {
         let name = request.name.to_string();
-        let unknown = || ErrorData::invalid_params(format!("unknown tool `{name}`"), None);
-        let (i, own_name) = self.route(&name).ok_or_else(unknown)?;
-        let offered = match self.upstream_tools(i).await {
-            Ok(tools) => tools.iter().any(|t| t.name == own_name),
-            Err(e) => {
-                return Ok(error_result(format!(
-                    "the server offering `{name}` is unavailable ({e}); the tool was not run"
-                )))
+        let catalog = self.catalog().await;
+        let Some((i, own_name)) = catalog.names.route(&name) else {
+            // Perhaps a tool of an upstream that cannot be listed now.
+            let down: Vec<String> = catalog
+                .lists
+                .iter()
+                .zip(&self.upstreams)
+                .filter_map(|(l, u)| {
+                    l.as_ref()
+                        .err()
+                        .map(|e| format!("upstream `{}` is unavailable ({e})", u.config.name))
+                })
+                .collect();
+            if down.is_empty() {
+                return Err(ErrorData::invalid_params(
+                    format!("unknown tool `{name}`"),
+                    None,
+                ));
             }
+            return Ok(error_result(format!(
+                "no server that is up offers `{name}`, and {}; the tool was not run",
+                down.join("; ")
+            )));
         };
-        if !offered {
-            return Err(unknown());
-        }
-        let settings = self.config.tool(&name);
+        let own_name = own_name.to_owned();
+        let upstream_name = self.upstreams.get(i).map_or("", |u| u.config.name.as_str());
+        let settings = self.config.tool(upstream_name, &own_name);
         let params = values::params(request.arguments.as_ref(), self.config.max_message_bytes);
         match self
             .decide(&name, params, settings.cost_usd, &context)
@@ -424,20 +471,33 @@ impl Core {
         ListResourcesResult::with_all_items(out)
     }
 
-    async fn all_prompts(&self) -> Vec<Prompt> {
-        let mut out = Vec::new();
-        for (i, u) in self.upstreams.iter().enumerate() {
-            let Ok(peer) = u.peer().await else { continue };
-            if let Ok(Ok(list)) =
-                tokio::time::timeout(u.config.timeout, peer.list_all_prompts()).await
-            {
-                out.extend(list.into_iter().map(|mut p| {
-                    p.name = self.public_name(i, &p.name);
-                    p
-                }));
-            }
+    /// Every upstream's prompts, named as tools are ([`crate::names`]), and the table.
+    async fn all_prompts(&self) -> (Vec<Prompt>, Names) {
+        let mut lists = Vec::new();
+        for u in &self.upstreams {
+            let list = match u.peer().await {
+                Ok(peer) => tokio::time::timeout(u.config.timeout, peer.list_all_prompts())
+                    .await
+                    .ok()
+                    .and_then(Result::ok)
+                    .unwrap_or_default(),
+                Err(_) => Vec::new(),
+            };
+            lists.push(list);
         }
-        out
+        let own: Vec<Vec<String>> = lists
+            .iter()
+            .map(|l| l.iter().map(|p| p.name.clone()).collect())
+            .collect();
+        let names = self.assign_names(&own);
+        let mut out = Vec::new();
+        for (i, list) in lists.into_iter().enumerate() {
+            out.extend(list.into_iter().filter_map(|mut p| {
+                p.name = names.public(i, &p.name)?.to_owned();
+                Some(p)
+            }));
+        }
+        (out, names)
     }
 }
 
@@ -479,6 +539,17 @@ impl ServerHandler for Gateway {
         context: RequestContext<RoleServer>,
     ) -> Result<InitializeResult, ErrorData> {
         context.peer.set_peer_info(request.clone());
+        // What this host can do for held calls, in the host's MCP log (docs/mcp.md §11).
+        let form = context
+            .peer
+            .supported_elicitation_modes()
+            .contains(&ElicitationMode::Form);
+        tracing::info!(
+            "host {} {}: elicitation (form) {}",
+            request.client_info.name,
+            request.client_info.version,
+            if form { "yes" } else { "no" }
+        );
         self.0.hosts.add(context.peer.clone());
         self.negotiate_initialize(&request)
     }
@@ -567,7 +638,7 @@ impl ServerHandler for Gateway {
         _context: RequestContext<RoleServer>,
     ) -> Result<ListPromptsResult, ErrorData> {
         Ok(ListPromptsResult::with_all_items(
-            self.0.all_prompts().await,
+            self.0.all_prompts().await.0,
         ))
     }
 
@@ -576,9 +647,11 @@ impl ServerHandler for Gateway {
         mut request: GetPromptRequestParams,
         _context: RequestContext<RoleServer>,
     ) -> Result<GetPromptResponse, ErrorData> {
-        let (i, own) = self.0.route(&request.name).ok_or_else(|| {
+        let (_, names) = self.0.all_prompts().await;
+        let (i, own) = names.route(&request.name).ok_or_else(|| {
             ErrorData::invalid_params(format!("unknown prompt `{}`", request.name), None)
         })?;
+        let own = own.to_owned();
         let u = self
             .0
             .upstreams

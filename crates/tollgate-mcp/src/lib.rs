@@ -2,7 +2,8 @@
 //!
 //! `tollgate mcp` sits between an MCP host (a desktop assistant, a coding agent, an IDE)
 //! and the MCP servers it uses. The host sees one server whose tools are the upstreams'
-//! (namespaced `upstream.tool` when there are several, minus hidden ones); every
+//! (named `UPSTREAM__TOOL` when there are several, always as hosts accept them: see
+//! [`names`]; minus hidden ones); every
 //! `tools/call` is first a Tollgate `pre_exec`, in process ([`tollgate_client::Guard`],
 //! with an optional local signed audit log) or through `tollgate serve`
 //! ([`tollgate_client::DaemonClient`], one session for the gateway's life). Only an ALLOW
@@ -38,6 +39,7 @@ pub mod decider;
 pub mod gateway;
 pub mod http;
 pub mod lines;
+pub mod names;
 pub mod texts;
 pub mod upstream;
 pub mod values;
@@ -136,6 +138,14 @@ where
     let listen = config.listen;
     let max = config.max_message_bytes;
     let core = Arc::new(Core::new(config)?);
+    if !core.config().tools.is_empty() {
+        // Per-tool settings are checked against what the upstreams offer before the host
+        // is served: a cost that silently matches nothing is a budget that does not apply.
+        let catalog = core.catalog().await;
+        if let Some((key, message)) = unmatched_settings(&core, &catalog).into_iter().next() {
+            return Err(GatewayError::Config(ConfigError::Invalid { key, message }));
+        }
+    }
     let ct = tokio_util::sync::CancellationToken::new();
     if let Some(addr) = listen {
         let bound = http::serve(core.clone(), addr, ct.clone())
@@ -151,6 +161,12 @@ where
                 .await
                 .map(|_| ())
                 .map_err(|e| GatewayError::Host(e.to_string())),
+            // A host that hangs up before `initialize` (a host probing the command, or one
+            // that gave up) is a host that hung up: exit 0, as after a session.
+            Err(
+                rmcp::service::ServerInitializeError::ConnectionClosed(_)
+                | rmcp::service::ServerInitializeError::ExpectedInitializeRequest(None),
+            ) => Ok(()),
             Err(e) => Err(GatewayError::Host(e.to_string())),
         }
     };
@@ -171,8 +187,45 @@ where
     result
 }
 
+/// The `[tools.UPSTREAM."TOOL"]` keys that name no tool their upstream offers, with why,
+/// for the upstreams that could be listed (the others' keys cannot be checked yet).
+pub fn unmatched_settings(core: &Core, catalog: &gateway::Catalog) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for (upstream, own) in core.config().tools.keys() {
+        let Some(i) = core
+            .upstreams()
+            .iter()
+            .position(|u| u.config.name == *upstream)
+        else {
+            continue;
+        };
+        let Some(Ok(tools)) = catalog.lists.get(i) else {
+            continue;
+        };
+        if !tools.iter().any(|t| t.name == own.as_str()) {
+            let mut offered: Vec<&str> = tools.iter().map(|t| t.name.as_ref()).collect();
+            offered.truncate(20);
+            out.push((
+                format!("tools.{upstream}.\"{own}\""),
+                format!(
+                    "upstream `{upstream}` offers no tool `{own}` (it offers: {}); key settings \
+                     by the upstream's own tool name",
+                    if offered.is_empty() {
+                        "none".to_owned()
+                    } else {
+                        offered.join(", ")
+                    }
+                ),
+            ));
+        }
+    }
+    out
+}
+
 /// `tollgate mcp --check`: check the configuration, start every upstream and list what it
-/// offers, one line each, into `out`. True when every upstream answered.
+/// offers, one line each, into `out`: each tool's own name, the name the host sees, and
+/// its settings. True when every upstream answered and every per-tool setting matches an
+/// offered tool. Writes nothing anywhere: no audit log is opened, no daemon is asked.
 pub async fn check(config: &Config, out: &mut String) -> bool {
     use std::fmt::Write;
     let mut ok = true;
@@ -195,39 +248,58 @@ pub async fn check(config: &Config, out: &mut String) -> bool {
             d.agent_id
         ),
     };
-    let core = match Core::new(config.clone()) {
+    // The same gateway, minus what writes: a library guard without its audit log (the key
+    // is still read and checked); in daemon mode the secret file is read, nothing sent.
+    let mut quiet = config.clone();
+    if let config::Mode::Library(l) = &mut quiet.mode {
+        if let Err(e) = decider::Library::check_settings(l) {
+            let _ = writeln!(out, "error: {e}");
+            return false;
+        }
+        l.audit_dir = None;
+        l.audit_key = None;
+    }
+    let core = match Core::new(quiet) {
         Ok(c) => c,
         Err(e) => {
             let _ = writeln!(out, "error: {e}");
             return false;
         }
     };
-    let mut offered = std::collections::BTreeSet::new();
+    let catalog = core.catalog().await;
     for (i, u) in core.upstreams().iter().enumerate() {
-        match core.upstream_tools(i).await {
-            Ok(tools) => {
+        match catalog.lists.get(i) {
+            Some(Ok(tools)) => {
                 let _ = writeln!(out, "upstream {}: {} tools", u.config.name, tools.len());
                 for t in tools {
-                    let name = core.public_name(i, &t.name);
-                    let s = config.tool(&name);
-                    let _ = writeln!(out, "  {name}\tcost ${}", s.cost_usd);
-                    offered.insert(name);
+                    let public = catalog.names.public(i, &t.name).unwrap_or("?");
+                    let s = config.tool(&u.config.name, &t.name);
+                    let renamed = if public == t.name.as_ref() {
+                        String::new()
+                    } else {
+                        format!("\t(its own name: {})", t.name)
+                    };
+                    let _ = writeln!(out, "  {public}\tcost ${}{renamed}", s.cost_usd);
                 }
                 for h in &u.config.hide {
-                    let _ = writeln!(out, "  {} (hidden)", core.public_name(i, h));
+                    let _ = writeln!(out, "  {h} (hidden)");
                 }
             }
-            Err(e) => {
+            Some(Err(e)) => {
                 ok = false;
-                let _ = writeln!(out, "upstream {}: error: {e}", u.config.name);
+                let _ = writeln!(
+                    out,
+                    "upstream {}: error: {e} (its [tools.{}.*] settings are not checked)",
+                    u.config.name, u.config.name
+                );
             }
+            None => {}
         }
         u.reset().await;
     }
-    for name in config.tools.keys() {
-        if !offered.contains(name) {
-            let _ = writeln!(out, "warning: [tools.\"{name}\"] names no offered tool");
-        }
+    for (key, message) in unmatched_settings(&core, &catalog) {
+        ok = false;
+        let _ = writeln!(out, "error: [{key}]: {message}");
     }
     ok
 }

@@ -17,7 +17,9 @@ use rmcp::model::{
     ResourceUpdatedNotificationParam,
 };
 use rmcp::service::{NotificationContext, Peer, RunningService};
-use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+use rmcp::transport::streamable_http_client::{
+    StreamableHttpClientTransportConfig, StreamableHttpError,
+};
 use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::{ClientHandler, RoleClient, RoleServer, ServiceExt};
 
@@ -285,12 +287,58 @@ impl Upstream {
                 cfg.max_json_response_size = self.max_message_bytes;
                 cfg.max_sse_event_size = self.max_message_bytes;
                 let transport = StreamableHttpClientTransport::with_client(client, cfg);
-                let service = handler.serve(transport).await.map_err(init)?;
+                let service = handler
+                    .serve(transport)
+                    .await
+                    .map_err(|e| UpstreamError::Initialize(explain_http(url, &e)))?;
                 Ok(Conn {
                     service,
                     _child: None,
                 })
             }
         }
+    }
+}
+
+/// Why an HTTP upstream could not be initialized, in words a person reads ("connection
+/// refused to 127.0.0.1:1"), not the transport's type names.
+fn explain_http(url: &str, e: &rmcp::service::ClientInitializeError) -> String {
+    use std::error::Error;
+    let rmcp::service::ClientInitializeError::TransportError { error, .. } = e else {
+        return e.to_string();
+    };
+    let authority = url
+        .split_once("://")
+        .map_or(url, |(_, rest)| rest)
+        .split(['/', '?', '#'])
+        .next()
+        .unwrap_or(url);
+    // The innermost cause, and whether any layer says what kind of failure it was.
+    let mut innermost: &(dyn Error + 'static) = error.error.as_ref();
+    let mut io_kind = None;
+    let mut reqwest_kind = None;
+    let mut next: Option<&(dyn Error + 'static)> = Some(error.error.as_ref());
+    while let Some(cause) = next {
+        if let Some(io) = cause.downcast_ref::<std::io::Error>() {
+            io_kind = Some(io.kind());
+        }
+        if let Some(r) = cause.downcast_ref::<reqwest::Error>() {
+            reqwest_kind = Some((r.is_connect(), r.is_timeout(), r.status()));
+        }
+        innermost = cause;
+        // rmcp's HTTP error does not name the client's error as its source: step in.
+        next = match cause.downcast_ref::<StreamableHttpError<reqwest::Error>>() {
+            Some(StreamableHttpError::Client(r)) => Some(r as &(dyn Error + 'static)),
+            _ => cause.source(),
+        };
+    }
+    match (io_kind, reqwest_kind) {
+        (Some(std::io::ErrorKind::ConnectionRefused), _) => {
+            format!("connection refused to {authority}")
+        }
+        (_, Some((_, true, _))) => format!("timed out reaching {authority}"),
+        (_, Some((true, _, _))) => format!("cannot connect to {authority}: {innermost}"),
+        (_, Some((_, _, Some(status)))) => format!("{authority} answered HTTP {status}"),
+        _ => format!("{authority}: {innermost}"),
     }
 }

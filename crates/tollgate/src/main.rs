@@ -58,16 +58,21 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     // Logs go to standard error; RUST_LOG (default `info` for serve, `warn` otherwise).
-    let default = if matches!(cli.command, Command::Serve(_)) {
-        "info"
-    } else {
-        "warn"
+    let default = match cli.command {
+        Command::Serve(_) => "info",
+        // rmcp's transport worker logs its own failures with Rust type names; the gateway
+        // reports each upstream failure itself, in words (docs/mcp.md §7).
+        Command::Mcp(_) => "warn,rmcp::transport::worker=off",
+        _ => "warn",
     };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    // Colour only for a person at a terminal: a host's log file or a pipe gets plain text.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(ansi)
         .init();
     let result = match cli.command {
         Command::Conformance(args) => cmd::conformance::run(&args),

@@ -4,7 +4,8 @@
 //! - `tollgate-mcp-testkit upstream`: a real MCP server (rmcp's server side) on stdio,
 //!   whose tools misbehave on request (`crash`, `hang`, `garbage`, `big`, `fail`). Each
 //!   invocation appends the tool's name to the file `$TESTKIT_LOG`, if set, so a test can
-//!   count what actually ran.
+//!   count what actually ran. `$TESTKIT_EXTRA_TOOLS` (names separated by `|`) adds tools
+//!   that answer like `echo`, for names hosts would refuse.
 //! - `tollgate-mcp-testkit upstream-http`: the same server over Streamable HTTP on
 //!   127.0.0.1 (a free port); prints `http://ADDR/mcp` on its first line.
 //! - `tollgate-mcp-testkit gateway CONFIG [--check]`: exactly what `tollgate mcp --config
@@ -45,6 +46,17 @@ fn log_invocation(tool: &str) {
     }
 }
 
+fn extra_tools() -> Vec<String> {
+    std::env::var("TESTKIT_EXTRA_TOOLS")
+        .map(|v| {
+            v.split('|')
+                .filter(|n| !n.is_empty())
+                .map(str::to_owned)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 fn text(t: impl Into<String>) -> CallToolResult {
     CallToolResult::success(vec![ContentBlock::text(t)])
 }
@@ -67,45 +79,58 @@ impl ServerHandler for Upstream {
         _: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, ErrorData> {
         let s = serde_json::json!({});
-        Ok(ListToolsResult::with_all_items(vec![
+        let extra = extra_tools().into_iter().map(|n| {
             Tool::new(
-                "echo",
+                n,
                 "Returns its arguments as JSON text",
-                schema(serde_json::json!({"text": {"type": "string"}})),
-            ),
-            Tool::new(
-                "add",
-                "Adds a and b",
-                schema(serde_json::json!({"a": {"type": "number"}, "b": {"type": "number"}})),
-            ),
-            Tool::new(
-                "costly",
-                "Reports its actual cost in _meta (arguments: cost)",
-                schema(serde_json::json!({"cost": {}})),
-            ),
-            Tool::new("fail", "Always fails (isError)", schema(s.clone())),
-            Tool::new(
-                "crash",
-                "Exits the server process mid-call",
-                schema(s.clone()),
-            ),
-            Tool::new("hang", "Never answers", schema(s.clone())),
-            Tool::new(
-                "garbage",
-                "Writes a line that is not JSON to stdout",
-                schema(s.clone()),
-            ),
-            Tool::new(
-                "big",
-                "Returns a text of `bytes` bytes",
-                schema(serde_json::json!({"bytes": {"type": "integer"}})),
-            ),
-            Tool::new(
-                "delete_everything",
-                "A tool the gateway's config hides",
-                schema(s),
-            ),
-        ]))
+                schema(serde_json::json!({})),
+            )
+        });
+        Ok(ListToolsResult::with_all_items(
+            extra
+                .chain([
+                    Tool::new(
+                        "echo",
+                        "Returns its arguments as JSON text",
+                        schema(serde_json::json!({"text": {"type": "string"}})),
+                    ),
+                    Tool::new(
+                        "add",
+                        "Adds a and b",
+                        schema(
+                            serde_json::json!({"a": {"type": "number"}, "b": {"type": "number"}}),
+                        ),
+                    ),
+                    Tool::new(
+                        "costly",
+                        "Reports its actual cost in _meta (arguments: cost)",
+                        schema(serde_json::json!({"cost": {}})),
+                    ),
+                    Tool::new("fail", "Always fails (isError)", schema(s.clone())),
+                    Tool::new(
+                        "crash",
+                        "Exits the server process mid-call",
+                        schema(s.clone()),
+                    ),
+                    Tool::new("hang", "Never answers", schema(s.clone())),
+                    Tool::new(
+                        "garbage",
+                        "Writes a line that is not JSON to stdout",
+                        schema(s.clone()),
+                    ),
+                    Tool::new(
+                        "big",
+                        "Returns a text of `bytes` bytes",
+                        schema(serde_json::json!({"bytes": {"type": "integer"}})),
+                    ),
+                    Tool::new(
+                        "delete_everything",
+                        "A tool the gateway's config hides",
+                        schema(s),
+                    ),
+                ])
+                .collect(),
+        ))
     }
 
     async fn call_tool(
@@ -117,6 +142,9 @@ impl ServerHandler for Upstream {
         let args = request.arguments.clone().unwrap_or_default();
         let result = match &*request.name {
             "echo" => text(serde_json::Value::Object(args).to_string()),
+            extra if extra_tools().iter().any(|n| n == extra) => {
+                text(serde_json::Value::Object(args).to_string())
+            }
             "add" => {
                 let n = |k: &str| {
                     args.get(k)

@@ -62,8 +62,8 @@ async fn a_budget_overrun_is_denied_and_costs_settle() {
     // Budget $0.10; `echo` estimated at $0.04 (settled at its estimate), `costly` reports
     // its actual cost, which settles conservatively: max(estimate, actual).
     let kit = Kit::new(
-        "[guard]\nbudget_usd = 0.10\n[tools.echo]\ncost_usd = 0.04\n\
-         [tools.costly]\ncost_usd = 0.01\n",
+        "[guard]\nbudget_usd = 0.10\n[tools.kit.echo]\ncost_usd = 0.04\n\
+         [tools.kit.costly]\ncost_usd = 0.01\n",
     );
     let s = start(&kit.config(), Host::default()).await;
     assert!(!denied(&s.ok("echo", json!({"text": "1"})).await)); // 0.06 left
@@ -139,17 +139,20 @@ async fn two_upstreams_are_namespaced() {
     let tools = s.client.list_all_tools().await.unwrap();
     let names: Vec<&str> = tools.iter().map(|t| &*t.name).collect();
     assert!(
-        names.contains(&"github.echo") && names.contains(&"files.echo"),
+        names.contains(&"github__echo") && names.contains(&"files__echo"),
         "{names:?}"
     );
-    assert_eq!(text(&s.ok("files.add", json!({"a": 2, "b": 3})).await), "5");
+    assert_eq!(
+        text(&s.ok("files__add", json!({"a": 2, "b": 3})).await),
+        "5"
+    );
     assert!(
         s.call("echo", json!({})).await.is_err(),
         "bare names are unknown"
     );
     assert_eq!(
         s.client.list_all_prompts().await.unwrap()[1].name,
-        "files.greet"
+        "files__greet"
     );
     s.close().await;
 }
@@ -158,7 +161,7 @@ async fn two_upstreams_are_namespaced() {
 async fn the_local_audit_log_verifies_and_holds_every_decision() {
     let kit = Kit::new(
         "[library]\naudit_dir = \"audit\"\naudit_key = \"audit.key\"\nsession_id = \"mcp-1\"\n\
-         [tools.costly]\ncost_usd = 0.01\n",
+         [tools.kit.costly]\ncost_usd = 0.01\n",
     );
     kit.make_audit_key();
     let s = start(&kit.config(), Host::default()).await;

@@ -15,7 +15,7 @@ fn kit(timeout_secs: u32) -> Kit {
         "[gateway]\nhitl_timeout_secs = {timeout_secs}\noperator_id = \"desk-user\"\n\
          [guard]\nhitl_mode = \"always\"\n\
          [library]\naudit_dir = \"audit\"\naudit_key = \"audit.key\"\n\
-         [tools.add]\ncost_usd = 0.02\n"
+         [tools.kit.add]\ncost_usd = 0.02\n"
     ));
     kit.make_audit_key();
     kit

@@ -15,6 +15,7 @@ mod daemon;
 mod flows;
 mod hitl;
 mod http;
+mod names;
 mod robustness;
 
 use std::path::{Path, PathBuf};

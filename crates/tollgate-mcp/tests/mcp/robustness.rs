@@ -28,7 +28,7 @@ async fn an_upstream_killed_mid_call_is_an_error_result_and_the_next_call_works(
 
 #[tokio::test]
 async fn an_upstream_that_hangs_is_cut_off_at_the_tool_timeout() {
-    let kit = Kit::new("[tools.hang]\ntimeout_secs = 1\n");
+    let kit = Kit::new("[tools.kit.hang]\ntimeout_secs = 1\n");
     let s = start(&kit.config(), Host::default()).await;
     let r = tokio::time::timeout(Duration::from_secs(20), s.ok("hang", json!({})))
         .await
