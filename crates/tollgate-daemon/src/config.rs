@@ -808,9 +808,8 @@ impl DaemonConfig {
                 if let Some(rules) = rules {
                     c.grpc_clients.insert(o.id.clone(), rules);
                 }
-                if o.id.is_empty() || o.id.len() > 128 {
-                    return Err(bad(format!("{key}.id"), "must be 1 to 128 characters"));
-                }
+                tollgate_core::check_id(&o.id)
+                    .map_err(|e| bad(format!("{key}.id"), e.to_string()))?;
                 if orgs.iter().any(|x: &Organization| x.id == o.id) {
                     return Err(bad(
                         format!("{key}.id"),
@@ -842,6 +841,9 @@ impl DaemonConfig {
         c.grpc = grpc_settings(file.grpc, &c.grpc_clients, base)?;
         c.default_guard = guard(&file.guard.default, &default_guard(), "guard.default")?;
         for (agent, table) in &file.guard.agents {
+            // A guard for an id no agent can register under would silently never apply.
+            tollgate_core::check_id(agent)
+                .map_err(|e| bad(format!("guard.agents.{agent:?}"), format!("agent id {e}")))?;
             let g = guard(table, &c.default_guard, &format!("guard.agents.{agent}"))?;
             c.agent_guards.insert(agent.clone(), g);
         }
@@ -1322,26 +1324,36 @@ fn read_secret(
     file: Option<PathBuf>,
     base: &Path,
 ) -> Result<Option<Vec<u8>>, ConfigError> {
-    let secret = match (inline, file) {
-        (Some(_), Some(_)) => {
-            return Err(bad(
-                key,
-                format!("give `{name}` or `{name}_file`, not both"),
-            ))
+    match (inline, file) {
+        (Some(_), Some(_)) => Err(bad(
+            key,
+            format!("give `{name}` or `{name}_file`, not both"),
+        )),
+        (Some(s), None) if s.len() < 16 => {
+            Err(bad(format!("{key}.{name}"), "must be at least 16 bytes"))
         }
-        (Some(s), None) => Some(s.into_bytes()),
+        (Some(s), None) => Ok(Some(s.into_bytes())),
         (None, Some(f)) => {
             let path = base.join(f);
-            let text = std::fs::read_to_string(&path)
-                .map_err(|source| ConfigError::Read { path, source })?;
-            Some(text.trim().as_bytes().to_vec())
+            let text = std::fs::read_to_string(&path).map_err(|source| ConfigError::Read {
+                path: path.clone(),
+                source,
+            })?;
+            let secret = text.trim().as_bytes().to_vec();
+            if secret.len() < 16 {
+                return Err(bad(
+                    format!("{key}.{name}_file"),
+                    format!(
+                        "`{}` holds {} bytes (after trimming whitespace); a secret must be at least 16 bytes",
+                        path.display(),
+                        secret.len()
+                    ),
+                ));
+            }
+            Ok(Some(secret))
         }
-        (None, None) => None,
-    };
-    if secret.as_ref().is_some_and(|s| s.len() < 16) {
-        return Err(bad(format!("{key}.{name}"), "must be at least 16 bytes"));
+        (None, None) => Ok(None),
     }
-    Ok(secret)
 }
 
 fn positive<T: PartialOrd + Default + Copy>(

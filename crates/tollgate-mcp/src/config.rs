@@ -284,10 +284,22 @@ fn secs(key: &str, v: Option<u64>, default: u64) -> Result<Duration, ConfigError
     }
 }
 
+/// An id (agent, organization, session), checked with the daemon's one rule
+/// (`tollgate_core::check_id`).
 fn word(key: &str, v: Option<&str>, default: &str) -> Result<String, ConfigError> {
     let w = v.unwrap_or(default);
-    if w.is_empty() || w.len() > 128 {
-        return Err(bad(key, "must be 1 to 128 bytes"));
+    tollgate_core::check_id(w).map_err(|e| bad(key, e.to_string()))?;
+    Ok(w.to_owned())
+}
+
+/// An operator id, as the daemon reads one: 1 to 128 bytes, no control character.
+fn operator_word(key: &str, v: Option<&str>, default: &str) -> Result<String, ConfigError> {
+    let w = v.unwrap_or(default);
+    if w.is_empty() || w.len() > 128 || w.chars().any(char::is_control) {
+        return Err(bad(
+            key,
+            "must be 1 to 128 bytes, without control characters",
+        ));
     }
     Ok(w.to_owned())
 }
@@ -563,7 +575,11 @@ impl Config {
             on_deny,
             elicitation: g.elicitation.unwrap_or(true),
             hitl_timeout: secs("gateway.hitl_timeout_secs", g.hitl_timeout_secs, 300)?,
-            operator_id: word("gateway.operator_id", g.operator_id.as_deref(), "mcp-host")?,
+            operator_id: operator_word(
+                "gateway.operator_id",
+                g.operator_id.as_deref(),
+                "mcp-host",
+            )?,
             max_message_bytes,
             connect_timeout: secs("gateway.connect_timeout_secs", g.connect_timeout_secs, 10)?,
             tool_separator,
@@ -649,6 +665,25 @@ mod tests {
         ))
         .contains("daemon's configuration holds the guard"));
         assert!(err(&format!("{ONE}[library]\naudit_dir = \"x\"")).contains("audit_key"));
+        // Ids follow the daemon's one rule (issue 15 §3): no trailing space, no control
+        // character, no non-ASCII space.
+        for bad in ["research-bot ", "a\\u0001b", "bot\\u00a0", "bot\\u3000", ""] {
+            assert!(
+                err(&format!("{ONE}[library]\nagent_id = \"{bad}\"")).contains("library.agent_id"),
+                "{bad:?}"
+            );
+            assert!(
+                err(&format!(
+                    "{ONE}[gateway]\nmode = \"daemon\"\n[daemon]\nagent_id = \"{bad}\""
+                ))
+                .contains("daemon.agent_id"),
+                "{bad:?}"
+            );
+        }
+        assert!(err(&format!(
+            "{ONE}[gateway]\nmode = \"daemon\"\n[daemon]\norganization = \"a b\""
+        ))
+        .contains("daemon.organization"));
     }
 
     #[test]

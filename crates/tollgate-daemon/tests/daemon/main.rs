@@ -15,6 +15,7 @@ mod flows;
 mod grpc;
 mod hitl;
 mod hostile;
+mod identity;
 mod lifecycle;
 mod settlement;
 
