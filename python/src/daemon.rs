@@ -326,6 +326,13 @@ impl PyClient {
         heartbeat_interval: f64,
         session_id: Option<String>,
     ) -> PyResult<Self> {
+        crate::check_id("agent_id", agent_id)?;
+        if let Some(org) = &organization {
+            crate::check_id("organization", org)?;
+        }
+        if let Some(id) = &session_id {
+            crate::check_id("session_id", id)?;
+        }
         let transport = Transport::read(TransportArgs {
             socket,
             secret,

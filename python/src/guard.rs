@@ -143,6 +143,13 @@ impl PyGuard {
         agent_id: &str,
         organization_id: &str,
     ) -> PyResult<Self> {
+        for (what, id) in [
+            ("session_id", session_id),
+            ("agent_id", agent_id),
+            ("organization_id", organization_id),
+        ] {
+            crate::check_id(what, id)?;
+        }
         let budget = Money::from_usd_non_negative(budget_usd).map_err(|_| {
             PyValueError::new_err(format!(
                 "budget_usd: `{budget_usd}` is not a finite, non-negative amount"

@@ -45,6 +45,12 @@ create_exception!(
      reason (`fail_closed:daemon_unreachable`, `fail_closed:timeout`, ...), `args[1]` the detail."
 );
 
+/// An id argument (agent, organization, session), checked with the one rule the daemon
+/// uses (`tollgate_core::check_id`): `ValueError` naming the argument.
+pub(crate) fn check_id(what: &str, id: &str) -> PyResult<()> {
+    tollgate_core::check_id(id).map_err(|e| PyValueError::new_err(format!("{what} {e}")))
+}
+
 fn value_of(obj: &Bound<'_, PyAny>) -> PyResult<json::Value> {
     convert::to_value(obj).map_err(|e| PyValueError::new_err(format!("not canonical JSON: {e}")))
 }

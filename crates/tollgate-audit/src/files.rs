@@ -49,6 +49,69 @@ pub fn create_dir_with_mode(path: &Path, mode: u32) -> std::io::Result<bool> {
     Ok(created)
 }
 
+/// Create the file `path` holding `bytes`, atomically: it appears whole or not at all,
+/// never empty or cut short (a full disk, a file-size limit, a crash or a kill in the
+/// middle leave no `path`, only a temporary file beside it that the next call removes).
+/// Its mode is exactly `mode`, whatever the process's umask.
+///
+/// The bytes go to a temporary file in the same directory (created exclusively, with
+/// `mode`), which is written and fsynced, then linked to `path`, which must not exist
+/// (`AlreadyExists` otherwise: two starters cannot replace each other's file), and the
+/// directory is fsynced so the new name is durable too.
+pub fn create_atomically(path: &Path, bytes: &[u8], mode: u32) -> std::io::Result<()> {
+    write_atomically(path, bytes, mode, false)
+}
+
+/// Like [`create_atomically`], but `path` may exist: it is replaced in one rename, so a
+/// reader sees the old file or the new one, never a mix or an empty file.
+pub fn replace_atomically(path: &Path, bytes: &[u8], mode: u32) -> std::io::Result<()> {
+    write_atomically(path, bytes, mode, true)
+}
+
+fn write_atomically(path: &Path, bytes: &[u8], mode: u32, replace: bool) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let name = path
+        .file_name()
+        .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidInput, "no file name"))?
+        .to_string_lossy()
+        .into_owned();
+    let prefix = format!(".{name}.tmp-");
+    // Leftovers of attempts that died before their link (full disk, SIGXFSZ, SIGKILL).
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for e in entries.flatten() {
+            if e.file_name().to_string_lossy().starts_with(&prefix) {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
+    }
+    let tmp = dir.join(format!("{prefix}{}", std::process::id()));
+    let result = (|| {
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(mode)
+            .open(&tmp)?;
+        // The mode given at creation is filtered by the umask; set it exactly.
+        f.set_permissions(std::fs::Permissions::from_mode(mode))?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        drop(f);
+        if replace {
+            std::fs::rename(&tmp, path)?;
+        } else {
+            std::fs::hard_link(&tmp, path)?;
+        }
+        std::fs::File::open(dir)?.sync_all()
+    })();
+    let _ = std::fs::remove_file(&tmp);
+    result
+}
+
 /// A log file found in a directory.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LogFile {

@@ -32,6 +32,7 @@ pub mod call;
 pub mod config;
 mod decide;
 pub mod digest;
+pub mod id;
 pub mod json;
 pub mod labels;
 pub mod signals;
@@ -48,6 +49,7 @@ pub use config::{
 };
 pub use decide::{decide, draw_from_bytes};
 pub use digest::Digest;
+pub use id::{check_id, IdError, MAX_ID_BYTES};
 pub use state::{
     HumanDecision, NonceWindow, PendingTransition, SessionState, SessionStatus, TransitionStatus,
     UnixNanos,

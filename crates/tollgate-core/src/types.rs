@@ -297,12 +297,14 @@ impl Money {
     }
 
     /// Like [`Money::from_usd`], but refuses negative amounts (costs, budgets).
+    ///
+    /// The sign is checked on the amount as given, before it is rounded to nano-dollars:
+    /// `-4e-10` is refused, not rounded to zero (negative zero is zero).
     pub fn from_usd_non_negative(usd: f64) -> Result<Money, MoneyError> {
-        let m = Money::from_usd(usd)?;
-        if m.0 < 0 {
+        if usd < 0.0 {
             return Err(MoneyError::Negative(usd));
         }
-        Ok(m)
+        Money::from_usd(usd)
     }
 
     /// The amount in dollars, for display and the wire.
@@ -344,9 +346,16 @@ pub enum ReportedCost {
 }
 
 impl ReportedCost {
-    /// Classify a reported dollar amount. Rounding to the nano-dollar happens as in
-    /// [`Money::from_usd`], so a negative amount that rounds to zero (−1e-12) reads as zero.
+    /// Classify a reported dollar amount. The sign is checked before rounding: any
+    /// negative amount, however small (−4e-10, which rounds to zero nano-dollars), is
+    /// [`ReportedCost::Unreadable`]; negative zero is zero. Rounding to the nano-dollar
+    /// then happens as in [`Money::from_usd`].
     pub fn from_usd(usd: f64) -> ReportedCost {
+        // The sign first, on the amount as reported: a negative cost too small to round
+        // to a nano-dollar (`-4e-10`) is still negative, never a zero cost.
+        if usd < 0.0 {
+            return ReportedCost::Unreadable;
+        }
         match Money::from_usd(usd) {
             Ok(m) if m.0 >= 0 => ReportedCost::Exact(m),
             Ok(_) | Err(MoneyError::NonFinite(_) | MoneyError::Negative(_)) => {
@@ -428,6 +437,13 @@ mod tests {
         assert!(Money::from_usd(1e12).is_err());
         assert!(Money::from_usd_non_negative(-0.01).is_err());
         assert_eq!(Money::from_usd_non_negative(-0.0).unwrap(), Money::ZERO);
+        // The sign before the rounding: -4e-10 rounds to 0 nano-dollars but is negative.
+        for tiny in [-4e-10, -1e-12, -f64::MIN_POSITIVE] {
+            assert_eq!(
+                Money::from_usd_non_negative(tiny),
+                Err(MoneyError::Negative(tiny))
+            );
+        }
     }
 
     #[test]

@@ -88,6 +88,9 @@ struct LimitsSection {
     registrations_per_second_per_peer: Option<u32>,
     max_sessions: Option<usize>,
     max_connections: Option<usize>,
+    max_unauthenticated_connections: Option<usize>,
+    auth_timeout_ms: Option<u64>,
+    max_bad_frames: Option<u32>,
     idle_timeout_secs: Option<u64>,
     frame_timeout_ms: Option<u64>,
     heartbeat_interval_secs: Option<u64>,
@@ -154,6 +157,10 @@ struct ControlSection {
     listen: Option<String>,
     cert: Option<PathBuf>,
     key: Option<PathBuf>,
+    #[serde(default)]
+    allowed_hosts: Vec<String>,
+    #[serde(default)]
+    allowed_origins: Vec<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -230,9 +237,22 @@ pub struct Limits {
     pub registrations_per_second_per_peer: u32,
     /// Live sessions at most.
     pub max_sessions: usize,
-    /// Open connections at most.
+    /// Open connections at most, per binding (the socket's, gRPC's): the descriptors it
+    /// may hold. Of them, [`Limits::connection_split`] keeps a part for connections that
+    /// have not authenticated yet and the rest for those that have.
     pub max_connections: usize,
-    /// A connection with no complete frame for this long is closed.
+    /// Connections that have not authenticated yet, at most (and at most half of
+    /// `max_connections`): when full, the oldest of them is closed to make room, so a flood
+    /// of unauthenticated peers can neither take an authenticated agent's slot nor keep a
+    /// new one from signing in.
+    pub max_unauthenticated_connections: usize,
+    /// A connection must authenticate (its first sealed frame on the socket, the TLS
+    /// handshake with a mapped certificate on gRPC) within this of being accepted.
+    pub auth_timeout: Duration,
+    /// Frames that fail to decode or authenticate before a connection is closed.
+    pub max_bad_frames: u32,
+    /// A connection with no authenticated frame for this long is closed (frames that fail
+    /// to authenticate do not count as activity).
     pub idle_timeout: Duration,
     /// A frame whose header has arrived must complete within this.
     pub frame_timeout: Duration,
@@ -248,6 +268,20 @@ pub struct Limits {
     pub await_decision_max: Duration,
 }
 
+impl Limits {
+    /// How `max_connections` is shared: `(authenticated, unauthenticated)`. The
+    /// unauthenticated part is `max_unauthenticated_connections` but at most half (at
+    /// least 1); the authenticated part is the rest (at least 1).
+    pub fn connection_split(&self) -> (usize, usize) {
+        let pending = self
+            .max_unauthenticated_connections
+            .min(self.max_connections / 2)
+            .max(1);
+        let authenticated = self.max_connections.saturating_sub(pending).max(1);
+        (authenticated, pending)
+    }
+}
+
 impl Default for Limits {
     fn default() -> Self {
         Limits {
@@ -255,6 +289,9 @@ impl Default for Limits {
             registrations_per_second_per_peer: 10,
             max_sessions: 100_000,
             max_connections: 1024,
+            max_unauthenticated_connections: 256,
+            auth_timeout: Duration::from_secs(5),
+            max_bad_frames: 3,
             idle_timeout: Duration::from_secs(300),
             frame_timeout: Duration::from_secs(5),
             heartbeat_interval: Duration::from_secs(30),
@@ -451,6 +488,26 @@ pub struct ControlSettings {
     pub listen: std::net::SocketAddr,
     /// TLS, required when `listen` is not a loopback address.
     pub tls: Option<TlsFiles>,
+    /// Host names (lowercase, no port) requests may name in `Host` besides loopback ones
+    /// and IP addresses (`control.allowed_hosts`): the names operators reach the console
+    /// by. Any other name is refused (DNS rebinding).
+    pub allowed_hosts: Vec<String>,
+    /// Browser origins (`scheme://host[:port]`, lowercase) that may open the WebSocket
+    /// besides the console's own (`control.allowed_origins`).
+    pub allowed_origins: Vec<String>,
+}
+
+impl ControlSettings {
+    /// On `listen`, without TLS, accepting only loopback names and the console's own
+    /// origin.
+    pub fn plain(listen: std::net::SocketAddr) -> ControlSettings {
+        ControlSettings {
+            listen,
+            tls: None,
+            allowed_hosts: Vec::new(),
+            allowed_origins: Vec::new(),
+        }
+    }
 }
 
 /// A PEM certificate chain and its private key.
@@ -606,6 +663,17 @@ impl DaemonConfig {
                 l.max_connections,
                 d.max_connections,
             )?,
+            max_unauthenticated_connections: positive(
+                "limits.max_unauthenticated_connections",
+                l.max_unauthenticated_connections,
+                d.max_unauthenticated_connections,
+            )?,
+            auth_timeout: Duration::from_millis(positive(
+                "limits.auth_timeout_ms",
+                l.auth_timeout_ms,
+                u64::try_from(d.auth_timeout.as_millis()).unwrap_or(u64::MAX),
+            )?),
+            max_bad_frames: positive("limits.max_bad_frames", l.max_bad_frames, d.max_bad_frames)?,
             idle_timeout: l
                 .idle_timeout_secs
                 .map_or(d.idle_timeout, Duration::from_secs),
@@ -740,9 +808,8 @@ impl DaemonConfig {
                 if let Some(rules) = rules {
                     c.grpc_clients.insert(o.id.clone(), rules);
                 }
-                if o.id.is_empty() || o.id.len() > 128 {
-                    return Err(bad(format!("{key}.id"), "must be 1 to 128 characters"));
-                }
+                tollgate_core::check_id(&o.id)
+                    .map_err(|e| bad(format!("{key}.id"), e.to_string()))?;
                 if orgs.iter().any(|x: &Organization| x.id == o.id) {
                     return Err(bad(
                         format!("{key}.id"),
@@ -774,6 +841,9 @@ impl DaemonConfig {
         c.grpc = grpc_settings(file.grpc, &c.grpc_clients, base)?;
         c.default_guard = guard(&file.guard.default, &default_guard(), "guard.default")?;
         for (agent, table) in &file.guard.agents {
+            // A guard for an id no agent can register under would silently never apply.
+            tollgate_core::check_id(agent)
+                .map_err(|e| bad(format!("guard.agents.{agent:?}"), format!("agent id {e}")))?;
             let g = guard(table, &c.default_guard, &format!("guard.agents.{agent}"))?;
             c.agent_guards.insert(agent.clone(), g);
         }
@@ -1038,7 +1108,43 @@ fn control(s: ControlSection, base: &Path) -> Result<ControlSettings, ConfigErro
             ),
         ));
     }
-    Ok(ControlSettings { listen, tls })
+    let mut allowed_hosts = Vec::new();
+    for h in s.allowed_hosts {
+        let name = h.trim_end_matches('.').to_ascii_lowercase();
+        let ok = !name.is_empty()
+            && name.len() <= 253
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.');
+        if !ok {
+            return Err(bad(
+                "control.allowed_hosts",
+                format!("`{h}` is not a host name (letters, digits, '-' and '.'; no port)"),
+            ));
+        }
+        allowed_hosts.push(name);
+    }
+    let mut allowed_origins = Vec::new();
+    for o in s.allowed_origins {
+        let lower = o.to_ascii_lowercase();
+        let ok = lower
+            .strip_prefix("https://")
+            .or_else(|| lower.strip_prefix("http://"))
+            .is_some_and(|rest| !rest.is_empty() && !rest.contains(['/', '?', '#', ' ', '*']));
+        if !ok {
+            return Err(bad(
+                "control.allowed_origins",
+                format!("`{o}` is not an origin: scheme://host[:port], e.g. https://console.example:8700"),
+            ));
+        }
+        allowed_origins.push(lower);
+    }
+    Ok(ControlSettings {
+        listen,
+        tls,
+        allowed_hosts,
+        allowed_origins,
+    })
 }
 
 fn operators(
@@ -1218,26 +1324,36 @@ fn read_secret(
     file: Option<PathBuf>,
     base: &Path,
 ) -> Result<Option<Vec<u8>>, ConfigError> {
-    let secret = match (inline, file) {
-        (Some(_), Some(_)) => {
-            return Err(bad(
-                key,
-                format!("give `{name}` or `{name}_file`, not both"),
-            ))
+    match (inline, file) {
+        (Some(_), Some(_)) => Err(bad(
+            key,
+            format!("give `{name}` or `{name}_file`, not both"),
+        )),
+        (Some(s), None) if s.len() < 16 => {
+            Err(bad(format!("{key}.{name}"), "must be at least 16 bytes"))
         }
-        (Some(s), None) => Some(s.into_bytes()),
+        (Some(s), None) => Ok(Some(s.into_bytes())),
         (None, Some(f)) => {
             let path = base.join(f);
-            let text = std::fs::read_to_string(&path)
-                .map_err(|source| ConfigError::Read { path, source })?;
-            Some(text.trim().as_bytes().to_vec())
+            let text = std::fs::read_to_string(&path).map_err(|source| ConfigError::Read {
+                path: path.clone(),
+                source,
+            })?;
+            let secret = text.trim().as_bytes().to_vec();
+            if secret.len() < 16 {
+                return Err(bad(
+                    format!("{key}.{name}_file"),
+                    format!(
+                        "`{}` holds {} bytes (after trimming whitespace); a secret must be at least 16 bytes",
+                        path.display(),
+                        secret.len()
+                    ),
+                ));
+            }
+            Ok(Some(secret))
         }
-        (None, None) => None,
-    };
-    if secret.as_ref().is_some_and(|s| s.len() < 16) {
-        return Err(bad(format!("{key}.{name}"), "must be at least 16 bytes"));
+        (None, None) => Ok(None),
     }
-    Ok(secret)
 }
 
 fn positive<T: PartialOrd + Default + Copy>(

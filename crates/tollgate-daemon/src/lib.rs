@@ -35,8 +35,7 @@ pub mod service;
 pub mod transport;
 
 use std::collections::HashMap;
-use std::io::Write;
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -66,6 +65,14 @@ pub enum DaemonError {
     /// The system has no randomness to offer.
     #[error("no system randomness: {0}")]
     Randomness(String),
+    /// A secret file holds fewer than [`MIN_SECRET_BYTES`] bytes (after trimming).
+    #[error("the secret in `{path}` is {len} bytes; at least 16 are required (a cut or empty file is never used: remove it to have a new one generated, or write a longer secret)")]
+    ShortSecret {
+        /// The file.
+        path: PathBuf,
+        /// Its length after trimming.
+        len: usize,
+    },
     /// An organization without a configured secret whose id cannot name a file.
     #[error("organization `{0}` has no secret, and its id cannot name a secret file")]
     OrganizationId(String),
@@ -173,7 +180,11 @@ pub fn org_secret(data_dir: &Path, name: &str) -> Result<Vec<u8>, DaemonError> {
         .map_err(io("setting the mode of", &dir))?;
     let path = dir.join(format!("{name}.secret"));
     match std::fs::read_to_string(&path) {
-        Ok(text) => Ok(text.trim().as_bytes().to_vec()),
+        Ok(text) => {
+            let secret = text.trim().as_bytes().to_vec();
+            check_secret_len(&path, &secret)?;
+            Ok(secret)
+        }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             let mut b = [0u8; 32];
             getrandom::fill(&mut b).map_err(|e| DaemonError::Randomness(e.to_string()))?;
@@ -183,6 +194,22 @@ pub fn org_secret(data_dir: &Path, name: &str) -> Result<Vec<u8>, DaemonError> {
         }
         Err(e) => Err(io("reading", &path)(e)),
     }
+}
+
+/// The shortest secret accepted, in bytes (configured or generated, inline or in a file).
+pub const MIN_SECRET_BYTES: usize = 16;
+
+/// A secret read from `path` must be at least [`MIN_SECRET_BYTES`] long: a short or empty
+/// one (a file cut by a full disk, say) would make every message key guessable, so the
+/// daemon refuses to start and names the file.
+fn check_secret_len(path: &Path, secret: &[u8]) -> Result<(), DaemonError> {
+    if secret.len() < MIN_SECRET_BYTES {
+        return Err(DaemonError::ShortSecret {
+            path: path.to_owned(),
+            len: secret.len(),
+        });
+    }
+    Ok(())
 }
 
 fn org_name_ok(org: &str) -> bool {
@@ -558,16 +585,11 @@ async fn run_core<S: SessionStore>(
     Ok(())
 }
 
+/// Create a generated secret or key file: atomically (whole or absent, never empty: a
+/// temporary file, fsync, link, fsync of the directory) and with exactly `mode`.
 fn write_new(path: &Path, text: &str, mode: u32) -> Result<(), DaemonError> {
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(mode)
-        .open(path)
-        .map_err(io("creating", path))?;
-    f.write_all(text.as_bytes())
-        .and_then(|()| f.sync_all())
-        .map_err(io("writing", path))
+    tollgate_audit::files::create_atomically(path, text.as_bytes(), mode)
+        .map_err(io("creating", path))
 }
 
 /// Read the audit signing key, or create it (mode 0600) and its public key (mode 0644,

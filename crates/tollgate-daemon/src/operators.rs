@@ -34,6 +34,15 @@ pub fn new_token() -> Result<String, getrandom::Error> {
     Ok(format!("{TOKEN_PREFIX}{}", hex(&b)))
 }
 
+/// Whether `token` has the form [`new_token`] makes: [`TOKEN_PREFIX`] and 64 lowercase hex
+/// digits (256 bits). Such a token is looked at even when its address has spent its
+/// failed sign-ins: no one guesses 256 random bits.
+pub fn is_strong_token(token: &str) -> bool {
+    token.strip_prefix(TOKEN_PREFIX).is_some_and(|hex| {
+        hex.len() == 64 && hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+    })
+}
+
 /// Lowercase hex.
 pub fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()

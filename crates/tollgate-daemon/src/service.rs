@@ -292,9 +292,7 @@ impl<S: SessionStore> Service<S> {
         if let Some(info) = lock(&self.sessions).get(id) {
             return Ok(info.clone());
         }
-        if id.is_empty() || id.len() > 128 {
-            return Err(not_found(id));
-        }
+        valid_id("session_id", id)?;
         let session = self
             .store
             .get(id)
@@ -324,6 +322,13 @@ impl<S: SessionStore> Service<S> {
             });
         }
         let negotiated = negotiate(envelope_version, &r.supported_versions)?;
+        valid_id("agent_id", &r.agent_id)?;
+        if !r.organization_id.is_empty() {
+            valid_id("organization_id", &r.organization_id)?;
+        }
+        if !r.session_id.is_empty() {
+            valid_id("session_id", &r.session_id)?;
+        }
         let org = match (r.organization_id.is_empty(), caller) {
             (false, _) => r.organization_id.clone(),
             (true, Caller::Agent { organization }) => organization.clone(),
@@ -333,12 +338,6 @@ impl<S: SessionStore> Service<S> {
             return Err(refuse(
                 ErrorCode::AuthenticationFailed,
                 "message authentication failed",
-            ));
-        }
-        if r.agent_id.is_empty() || r.agent_id.len() > 128 {
-            return Err(refuse(
-                ErrorCode::InvalidRequest,
-                "agent_id must be 1 to 128 bytes",
             ));
         }
         let store_err =
@@ -693,6 +692,13 @@ pub(crate) fn live_status(s: &SessionState) -> SessionStatus {
 
 /// The core's view of a wire request. Inputs the core cannot trust are mapped to
 /// `Params::unreadable()`, which `decide` denies as malformed input.
+/// An id field of a request, checked with the one rule (`tollgate_core::check_id`):
+/// `INVALID_REQUEST` naming the field, before anything is looked up, decided or stored.
+pub(crate) fn valid_id(field: &str, id: &str) -> Result<(), Refusal> {
+    tollgate_core::check_id(id)
+        .map_err(|e| refuse(ErrorCode::InvalidRequest, format!("{field} {e}")))
+}
+
 fn to_call(r: &sp1::PreExecRequest) -> ToolCall<'_> {
     let cost = Money::from_usd_non_negative(r.estimated_cost_usd);
     let params = match (Digest::from_slice(&r.tool_params_hash), &cost) {

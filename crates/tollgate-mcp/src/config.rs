@@ -155,6 +155,10 @@ pub struct Config {
     pub mode: Mode,
     /// Also serve Streamable HTTP at `http://ADDR/mcp` (loopback only).
     pub listen: Option<SocketAddr>,
+    /// Browser origins the HTTP endpoint accepts besides loopback ones
+    /// (`gateway.allowed_origins`, e.g. `https://app.example:443`); a request with any other
+    /// `Origin` gets HTTP 403.
+    pub allowed_origins: Vec<String>,
     /// What a DENY looks like to the host.
     pub on_deny: OnDeny,
     /// Library mode: ask the host's user through MCP elicitation when a call is held.
@@ -196,6 +200,8 @@ struct File {
 struct GatewaySection {
     mode: Option<String>,
     listen: Option<String>,
+    #[serde(default)]
+    allowed_origins: Vec<String>,
     on_deny: Option<String>,
     elicitation: Option<bool>,
     hitl_timeout_secs: Option<u64>,
@@ -278,10 +284,22 @@ fn secs(key: &str, v: Option<u64>, default: u64) -> Result<Duration, ConfigError
     }
 }
 
+/// An id (agent, organization, session), checked with the daemon's one rule
+/// (`tollgate_core::check_id`).
 fn word(key: &str, v: Option<&str>, default: &str) -> Result<String, ConfigError> {
     let w = v.unwrap_or(default);
-    if w.is_empty() || w.len() > 128 {
-        return Err(bad(key, "must be 1 to 128 bytes"));
+    tollgate_core::check_id(w).map_err(|e| bad(key, e.to_string()))?;
+    Ok(w.to_owned())
+}
+
+/// An operator id, as the daemon reads one: 1 to 128 bytes, no control character.
+fn operator_word(key: &str, v: Option<&str>, default: &str) -> Result<String, ConfigError> {
+    let w = v.unwrap_or(default);
+    if w.is_empty() || w.len() > 128 || w.chars().any(char::is_control) {
+        return Err(bad(
+            key,
+            "must be 1 to 128 bytes, without control characters",
+        ));
     }
     Ok(w.to_owned())
 }
@@ -415,6 +433,19 @@ impl Config {
                 Some(addr)
             }
         };
+        for o in &g.allowed_origins {
+            let ok = o.split_once("://").is_some_and(|(scheme, rest)| {
+                matches!(scheme, "http" | "https")
+                    && !rest.is_empty()
+                    && !rest.contains(['/', '?', '#', ' '])
+            });
+            if !ok {
+                return Err(bad(
+                    "gateway.allowed_origins",
+                    format!("`{o}` is not an origin like https://app.example:443 (scheme, host, optional port or :*)"),
+                ));
+            }
+        }
         let on_deny = match g.on_deny.as_deref().unwrap_or("result") {
             "result" => OnDeny::Result,
             "error" => OnDeny::Error,
@@ -540,10 +571,15 @@ impl Config {
         Ok(Config {
             mode,
             listen,
+            allowed_origins: g.allowed_origins.clone(),
             on_deny,
             elicitation: g.elicitation.unwrap_or(true),
             hitl_timeout: secs("gateway.hitl_timeout_secs", g.hitl_timeout_secs, 300)?,
-            operator_id: word("gateway.operator_id", g.operator_id.as_deref(), "mcp-host")?,
+            operator_id: operator_word(
+                "gateway.operator_id",
+                g.operator_id.as_deref(),
+                "mcp-host",
+            )?,
             max_message_bytes,
             connect_timeout: secs("gateway.connect_timeout_secs", g.connect_timeout_secs, 10)?,
             tool_separator,
@@ -629,6 +665,25 @@ mod tests {
         ))
         .contains("daemon's configuration holds the guard"));
         assert!(err(&format!("{ONE}[library]\naudit_dir = \"x\"")).contains("audit_key"));
+        // Ids follow the daemon's one rule (issue 15 §3): no trailing space, no control
+        // character, no non-ASCII space.
+        for bad in ["research-bot ", "a\\u0001b", "bot\\u00a0", "bot\\u3000", ""] {
+            assert!(
+                err(&format!("{ONE}[library]\nagent_id = \"{bad}\"")).contains("library.agent_id"),
+                "{bad:?}"
+            );
+            assert!(
+                err(&format!(
+                    "{ONE}[gateway]\nmode = \"daemon\"\n[daemon]\nagent_id = \"{bad}\""
+                ))
+                .contains("daemon.agent_id"),
+                "{bad:?}"
+            );
+        }
+        assert!(err(&format!(
+            "{ONE}[gateway]\nmode = \"daemon\"\n[daemon]\norganization = \"a b\""
+        ))
+        .contains("daemon.organization"));
     }
 
     #[test]

@@ -85,8 +85,18 @@ fn reported_costs_are_classified() {
     assert_eq!(ReportedCost::from_usd(0.25), Exact(usd(0.25)));
     assert_eq!(ReportedCost::from_usd(0.0), Exact(Money::ZERO));
     assert_eq!(ReportedCost::from_usd(-0.0), Exact(Money::ZERO));
-    assert_eq!(ReportedCost::from_usd(-1e-12), Exact(Money::ZERO));
-    for bad in [f64::NAN, f64::INFINITY, f64::NEG_INFINITY, -0.01, -1e300] {
+    // The sign is read before rounding (issue 15 §4): a negative amount too small to
+    // round to a nano-dollar is still negative, never a free call.
+    for bad in [
+        f64::NAN,
+        f64::INFINITY,
+        f64::NEG_INFINITY,
+        -0.01,
+        -1e300,
+        -4e-10,
+        -1e-12,
+        -f64::MIN_POSITIVE,
+    ] {
         assert_eq!(ReportedCost::from_usd(bad), Unreadable, "{bad}");
     }
     for big in [9.3e9, 1e300, f64::MAX] {

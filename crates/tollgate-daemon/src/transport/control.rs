@@ -14,14 +14,22 @@
 //! the service core (`hitl_list`, `hitl_decide`, `operator_sessions`). It keeps one thing
 //! of its own: the recent decisions it has seen (in memory, for the console's history).
 //!
-//! Bounds on a peer: [`MAX_HTTP_CONNECTIONS`] connections and [`MAX_CONSOLES`] WebSockets
-//! at once (beyond: closed, or HTTP 503); request headers within [`HEADER_TIMEOUT`]; a TLS
-//! handshake within [`HEADER_TIMEOUT`]; a sign-in frame within [`AUTH_TIMEOUT`]; text
+//! Bounds on a peer: [`MAX_HTTP_CONNECTIONS`] HTTP connections at once (one more pushes the
+//! oldest out); [`MAX_CONSOLES`] signed-in WebSockets (beyond: HTTP 503, or a
+//! `DAEMON_UNAVAILABLE` event and close 1013) and, apart from them,
+//! [`MAX_PENDING_CONSOLES`] upgraded WebSockets not signed in yet (one more pushes the
+//! oldest out), each with [`AUTH_TIMEOUT`] to sign in; request headers within
+//! [`HEADER_TIMEOUT`] and at most [`MAX_HEADER_BYTES`] (beyond: 431); a TLS handshake
+//! within [`HEADER_TIMEOUT`]; a `Host` that is an IP address, `localhost` or a configured
+//! name (beyond: 403, against DNS rebinding); a WebSocket `Origin`, when sent, the
+//! console's own or a configured one (beyond: 403, before any sign-in is tried); text
 //! frames of at most [`MAX_FRAME_BYTES`] read (larger ones get an `Error` event and the
 //! connection stays usable, up to [`HARD_MAX_MESSAGE_BYTES`], past which the WebSocket
 //! layer closes it with 1009); [`MAX_BAD_FRAMES`] unreadable frames per connection, then
 //! it is closed with 1008; failed sign-ins per address as [`crate::operators::AuthLimiter`]
-//! allows.
+//! allows, except that a token of the form `tollgate operator-token` makes (256 random
+//! bits, which no one guesses) is always looked at, so a flood of wrong tokens from the
+//! operator's own address (an ssh tunnel, a local process) cannot lock the operator out.
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
@@ -50,6 +58,7 @@ use tollgate_proto::control::{
 use tollgate_proto::sp1::{self, ErrorCode};
 use tollgate_store::SessionStore;
 
+use super::pending::{Pending, PendingSlot};
 use crate::config::{ControlSettings, Operator, TlsFiles, DEFAULT_ORG};
 use crate::hitl::HitlEvent;
 use crate::metrics;
@@ -66,12 +75,16 @@ pub const HARD_MAX_MESSAGE_BYTES: usize = 1024 * 1024;
 /// Unreadable frames (malformed, oversized, binary, unknown) tolerated per connection.
 pub const MAX_BAD_FRAMES: u32 = 16;
 /// How long a WebSocket without an `Authorization` header has to send its sign-in frame.
-pub const AUTH_TIMEOUT: Duration = Duration::from_secs(10);
+pub const AUTH_TIMEOUT: Duration = Duration::from_secs(5);
+/// Upgraded WebSockets that have not signed in yet, at most (apart from [`MAX_CONSOLES`]).
+pub const MAX_PENDING_CONSOLES: usize = 16;
+/// The most bytes of request line and headers read (docs/protocol.md §9.1).
+pub const MAX_HEADER_BYTES: usize = 64 * 1024;
 /// How long a peer has to complete its TLS handshake and each request's headers.
 pub const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 /// Concurrent HTTP connections at most.
 pub const MAX_HTTP_CONNECTIONS: usize = 256;
-/// Concurrent WebSocket connections at most.
+/// Concurrent signed-in WebSocket connections at most.
 pub const MAX_CONSOLES: usize = 64;
 /// How often the daemon pings a console (and re-checks its token's expiry).
 pub const PING_INTERVAL: Duration = Duration::from_secs(20);
@@ -113,6 +126,60 @@ pub struct Bound {
     listener: TcpListener,
     tls: Option<tokio_rustls::TlsAcceptor>,
     addr: SocketAddr,
+    names: Arc<Names>,
+}
+
+/// Which `Host` and `Origin` headers are accepted.
+#[derive(Debug, Default)]
+struct Names {
+    tls: bool,
+    hosts: Vec<String>,
+    origins: Vec<String>,
+}
+
+impl Names {
+    /// Whether a `Host` header names this server: an IP address (no DNS name to rebind),
+    /// `localhost` or a name under it, or a configured name; with any port.
+    fn host_allowed(&self, host: &str) -> bool {
+        let host = host.trim();
+        let name = if let Some(rest) = host.strip_prefix('[') {
+            return match rest.split_once(']') {
+                Some((ip, tail)) => {
+                    ip.parse::<std::net::Ipv6Addr>().is_ok()
+                        && (tail.is_empty() || tail.strip_prefix(':').is_some_and(is_port))
+                }
+                None => false,
+            };
+        } else {
+            match host.rsplit_once(':') {
+                Some((name, port)) if is_port(port) => name,
+                Some(_) => return false,
+                None => host,
+            }
+        };
+        let name = name.strip_suffix('.').unwrap_or(name).to_ascii_lowercase();
+        name.parse::<std::net::Ipv4Addr>().is_ok()
+            || name == "localhost"
+            || name.ends_with(".localhost")
+            || self.hosts.contains(&name)
+    }
+
+    /// Whether a browser page from `origin` may open the WebSocket: the console's own
+    /// (the scheme this server speaks and the `Host` it was reached by), or a configured
+    /// one. `null` (sandboxed pages, files) is no one's.
+    fn origin_allowed(&self, origin: &str, host: &str) -> bool {
+        let origin = origin.trim().to_ascii_lowercase();
+        let own = format!(
+            "{}://{}",
+            if self.tls { "https" } else { "http" },
+            host.trim().to_ascii_lowercase()
+        );
+        origin == own || self.origins.contains(&origin)
+    }
+}
+
+fn is_port(p: &str) -> bool {
+    !p.is_empty() && p.len() <= 5 && p.bytes().all(|b| b.is_ascii_digit())
 }
 
 impl std::fmt::Debug for Bound {
@@ -153,10 +220,16 @@ pub async fn bind(settings: &ControlSettings) -> Result<Bound, ControlError> {
         addr: settings.listen,
         source,
     })?;
+    let names = Arc::new(Names {
+        tls: tls.is_some(),
+        hosts: settings.allowed_hosts.clone(),
+        origins: settings.allowed_origins.clone(),
+    });
     Ok(Bound {
         listener,
         tls,
         addr,
+        names,
     })
 }
 
@@ -198,6 +271,9 @@ struct Shared<S> {
     limiter: Mutex<AuthLimiter>,
     recent: Mutex<VecDeque<Resolved>>,
     consoles: Arc<Semaphore>,
+    /// Upgraded WebSockets that have not signed in yet.
+    pending_consoles: Arc<Pending>,
+    names: Arc<Names>,
     stop: watch::Receiver<bool>,
     /// Dropped by each console when it ends; the server waits for all before returning.
     alive: mpsc::Sender<()>,
@@ -216,7 +292,12 @@ pub async fn serve<S: SessionStore>(
     operators: Operators,
     mut stop: watch::Receiver<bool>,
 ) {
-    let Bound { listener, tls, .. } = bound;
+    let Bound {
+        listener,
+        tls,
+        names,
+        ..
+    } = bound;
     let (alive, mut all_gone) = mpsc::channel::<()>(1);
     let shared = Arc::new(Shared {
         service: service.clone(),
@@ -224,6 +305,8 @@ pub async fn serve<S: SessionStore>(
         limiter: Mutex::new(AuthLimiter::new()),
         recent: Mutex::new(VecDeque::with_capacity(RECENT_KEPT)),
         consoles: Arc::new(Semaphore::new(MAX_CONSOLES)),
+        pending_consoles: Pending::new(MAX_PENDING_CONSOLES),
+        names: names.clone(),
         stop: stop.clone(),
         alive,
         csp: content_security_policy(CONSOLE_HTML),
@@ -235,7 +318,9 @@ pub async fn serve<S: SessionStore>(
         .route("/v1/control", get(control_socket::<S>))
         .fallback(|| async { (StatusCode::NOT_FOUND, "not found\n") })
         .with_state(shared.clone());
-    let permits = Arc::new(Semaphore::new(MAX_HTTP_CONNECTIONS));
+    // Every HTTP connection until it upgrades: a flood of idle ones pushes only its own
+    // oldest out, never keeps a new one from being served.
+    let connections = Pending::new(MAX_HTTP_CONNECTIONS);
     let mut tasks = JoinSet::new();
     loop {
         tokio::select! {
@@ -249,23 +334,28 @@ pub async fn serve<S: SessionStore>(
                         continue;
                     }
                 };
-                let Ok(permit) = permits.clone().try_acquire_owned() else {
-                    tracing::warn!("control plane: connection from {addr} refused: {MAX_HTTP_CONNECTIONS} open");
-                    continue;
-                };
+                let slot = connections.admit("control plane");
                 let router = router.clone();
                 let tls = tls.clone();
                 let stop = stop.clone();
+                let names = names.clone();
                 tasks.spawn(async move {
-                    match tls {
-                        None => http(tcp, addr, router, stop).await,
-                        Some(acceptor) => {
-                            if let Ok(Ok(s)) = tokio::time::timeout(HEADER_TIMEOUT, acceptor.accept(tcp)).await {
-                                http(s, addr, router, stop).await;
+                    let evicted = slot.evicted();
+                    let serve = async {
+                        match tls {
+                            None => http(tcp, addr, router, names, stop).await,
+                            Some(acceptor) => {
+                                if let Ok(Ok(s)) = tokio::time::timeout(HEADER_TIMEOUT, acceptor.accept(tcp)).await {
+                                    http(s, addr, router, names, stop).await;
+                                }
                             }
                         }
+                    };
+                    tokio::select! {
+                        () = serve => {}
+                        () = evicted.notified() => {}
                     }
-                    drop(permit);
+                    drop(slot);
                 });
             }
             Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
@@ -291,14 +381,25 @@ pub async fn serve<S: SessionStore>(
 }
 
 /// One HTTP/1.1 connection (upgrades included) until it ends or the daemon stops.
-async fn http<I>(io: I, addr: SocketAddr, router: Router, mut stop: watch::Receiver<bool>)
-where
+async fn http<I>(
+    io: I,
+    addr: SocketAddr,
+    router: Router,
+    names: Arc<Names>,
+    mut stop: watch::Receiver<bool>,
+) where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let svc = hyper::service::service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
+        let refused = screen(&req, &names);
         req.extensions_mut().insert(PeerAddr(addr));
         let mut router = router.clone();
-        async move { tower_service::Service::call(&mut router, req).await }
+        async move {
+            match refused {
+                Some(r) => Ok(r),
+                None => tower_service::Service::call(&mut router, req).await,
+            }
+        }
     });
     let conn = hyper::server::conn::http1::Builder::new()
         .timer(TokioTimer::new())
@@ -313,6 +414,46 @@ where
             conn.as_mut().graceful_shutdown();
             let _ = tokio::time::timeout(Duration::from_secs(5), conn).await;
         }
+    }
+}
+
+/// What every request is checked for before it is routed: its head within
+/// [`MAX_HEADER_BYTES`] (431), and a `Host` naming this server (403: a page on a name that
+/// was rebound to this address must not read the console or `/metrics`).
+fn screen<B>(req: &hyper::Request<B>, names: &Names) -> Option<Response> {
+    let head = req.uri().to_string().len().saturating_add(
+        req.headers()
+            .iter()
+            .map(|(k, v)| k.as_str().len() + v.len() + 4)
+            .sum::<usize>(),
+    );
+    if head > MAX_HEADER_BYTES {
+        return Some(
+            (
+                StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+                format!("request headers over {MAX_HEADER_BYTES} bytes\n"),
+            )
+                .into_response(),
+        );
+    }
+    let host = req
+        .headers()
+        .get(header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .or_else(|| req.uri().authority().map(|a| a.as_str()));
+    match host {
+        Some(h) if names.host_allowed(h) => None,
+        Some(h) => {
+            tracing::warn!(host = %h.escape_debug(), "control plane: request for a host that is not this server refused");
+            Some(
+                (
+                    StatusCode::FORBIDDEN,
+                    "this Host is not served here (control.allowed_hosts)\n",
+                )
+                    .into_response(),
+            )
+        }
+        None => Some((StatusCode::BAD_REQUEST, "no Host header\n").into_response()),
     }
 }
 
@@ -415,7 +556,17 @@ fn sign_in<'a, S>(
 ) -> Result<&'a Operator, Refusal> {
     let ip = peer.ip();
     let mut limiter = lock(&shared.limiter);
-    if let Err(wait) = limiter.check(&ip, Instant::now()) {
+    // A spent budget refuses tokens without looking at them, except tokens of the form
+    // `tollgate operator-token` makes: 256 random bits are not guessed, however many tries
+    // the limiter allows, so looking at one costs nothing, and a flood of wrong tokens
+    // from the operator's own address cannot lock the operator out.
+    if let Err(wait) = limiter.check(&ip, Instant::now()).or_else(|w| {
+        if operators::is_strong_token(token) {
+            Ok(())
+        } else {
+            Err(w)
+        }
+    }) {
         return Err(Refusal {
             code: ErrorCode::RateLimited,
             message: "too many failed sign-ins from this address".into(),
@@ -443,14 +594,26 @@ async fn control_socket<S: SessionStore>(
         Ok(u) => u,
         Err(rejection) => return rejection.into_response(),
     };
-    let Ok(permit) = shared.consoles.clone().try_acquire_owned() else {
-        metrics::refusal(ErrorCode::DaemonUnavailable);
-        return (
-            StatusCode::SERVICE_UNAVAILABLE,
-            "too many consoles connected\n",
-        )
-            .into_response();
-    };
+    // A browser always says which page opens a WebSocket: refuse other sites' pages before
+    // any token is looked at (so they cannot spend the operator's sign-in budget either).
+    if let Some(origin) = headers.get(header::ORIGIN) {
+        let host = headers
+            .get(header::HOST)
+            .and_then(|h| h.to_str().ok())
+            .unwrap_or("");
+        if !origin
+            .to_str()
+            .is_ok_and(|o| shared.names.origin_allowed(o, host))
+        {
+            tracing::warn!(%peer, origin = ?origin, "control plane: WebSocket from a foreign origin refused");
+            metrics::refusal(ErrorCode::AuthenticationFailed);
+            return (
+                StatusCode::FORBIDDEN,
+                "this Origin may not open the control WebSocket (control.allowed_origins)\n",
+            )
+                .into_response();
+        }
+    }
     let signed_in = match headers.get(header::AUTHORIZATION) {
         None => None,
         Some(value) => {
@@ -472,15 +635,36 @@ async fn control_socket<S: SessionStore>(
             }
         }
     };
+    // Signed in: one of the consoles' places. Not yet: one of the places of those still to
+    // sign in, apart, pushing the oldest out when full.
+    let standing = match signed_in {
+        Some(op) => {
+            let Ok(permit) = shared.consoles.clone().try_acquire_owned() else {
+                metrics::refusal(ErrorCode::DaemonUnavailable);
+                return (
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "too many consoles connected\n",
+                )
+                    .into_response();
+            };
+            Standing::SignedIn(op, permit)
+        }
+        None => Standing::Pending(shared.pending_consoles.admit("control plane WebSocket")),
+    };
     upgrade
         .max_message_size(HARD_MAX_MESSAGE_BYTES)
         .max_frame_size(HARD_MAX_MESSAGE_BYTES)
         .on_upgrade(move |ws| async move {
             let _open = metrics::connection_opened("control");
             let _alive = shared.alive.clone();
-            Console::run(ws, shared.clone(), peer, signed_in).await;
-            drop(permit);
+            Console::run(ws, shared.clone(), peer, standing).await;
         })
+}
+
+/// A WebSocket's place: signed in (by header), or waiting for its sign-in frame.
+enum Standing {
+    SignedIn(Operator, tokio::sync::OwnedSemaphorePermit),
+    Pending(PendingSlot),
 }
 
 /// An upgrade request refused before the WebSocket opens.
@@ -550,21 +734,18 @@ struct Console<S> {
 }
 
 impl<S: SessionStore> Console<S> {
-    async fn run(
-        mut ws: WebSocket,
-        shared: Arc<Shared<S>>,
-        peer: SocketAddr,
-        signed_in: Option<Operator>,
-    ) {
-        let (operator, request_id) = match signed_in {
-            Some(op) => (op, String::new()),
-            None => match first_frame_sign_in(&mut ws, &shared, peer).await {
-                Ok(x) => x,
-                Err(end) => {
-                    close(&mut ws, end).await;
-                    return;
+    async fn run(mut ws: WebSocket, shared: Arc<Shared<S>>, peer: SocketAddr, standing: Standing) {
+        let (operator, request_id, _permit) = match standing {
+            Standing::SignedIn(op, permit) => (op, String::new(), permit),
+            Standing::Pending(slot) => {
+                match first_frame_sign_in(&mut ws, &shared, peer, &slot).await {
+                    Ok(x) => x,
+                    Err(end) => {
+                        close(&mut ws, end).await;
+                        return;
+                    }
                 }
-            },
+            }
         };
         tracing::info!(operator = %operator.id, %peer, "control plane: console signed in");
         let mut console = Console {
@@ -905,9 +1086,25 @@ async fn first_frame_sign_in<S: SessionStore>(
     ws: &mut WebSocket,
     shared: &Shared<S>,
     peer: SocketAddr,
-) -> Result<(Operator, String), End> {
+    slot: &PendingSlot,
+) -> Result<(Operator, String, tokio::sync::OwnedSemaphorePermit), End> {
     let refused = |request_id: &str, r: Refusal| error_event(request_id, r);
-    let first = match tokio::time::timeout(AUTH_TIMEOUT, next_text(ws)).await {
+    let evicted = slot.evicted();
+    let first = tokio::select! {
+        r = tokio::time::timeout(AUTH_TIMEOUT, next_text(ws)) => r,
+        () = evicted.notified() => {
+            let e = refused(
+                "",
+                refuse(
+                    ErrorCode::DaemonUnavailable,
+                    "too many connections waiting to sign in; this, the oldest, was closed",
+                ),
+            );
+            send_once(ws, &e).await;
+            return Err(End::Close(1013, "too many connections waiting to sign in"));
+        }
+    };
+    let first = match first {
         Err(_) => {
             let e = refused(
                 "",
@@ -940,7 +1137,18 @@ async fn first_frame_sign_in<S: SessionStore>(
         return Err(End::Close(1008, "sign in first"));
     }
     match sign_in(shared, &peer, &token, shared.service.now()) {
-        Ok(op) => Ok((op.clone(), request_id)),
+        Ok(op) => {
+            let op = op.clone();
+            let Ok(permit) = shared.consoles.clone().try_acquire_owned() else {
+                let e = refused(
+                    &request_id,
+                    refuse(ErrorCode::DaemonUnavailable, "too many consoles connected"),
+                );
+                send_once(ws, &e).await;
+                return Err(End::Close(1013, "too many consoles connected"));
+            };
+            Ok((op, request_id, permit))
+        }
         Err(r) => {
             let code = if r.code == ErrorCode::RateLimited {
                 1013

@@ -11,4 +11,5 @@
 
 pub mod control;
 pub mod grpc;
+pub mod pending;
 pub mod socket;

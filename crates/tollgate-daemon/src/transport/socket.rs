@@ -2,17 +2,25 @@
 //! each envelope with its organization's key, hand the request to the service, seal and
 //! write the reply. One request at a time per connection, in order.
 //!
-//! Bounds on a peer: at most `max_connections` connections (one more is sent an unsealed
-//! `DAEMON_UNAVAILABLE` and closed); at most `idle_timeout` of silence between frames; at
-//! most `frame_timeout` from a frame's first byte to its last, and for a reply to be taken
-//! by the peer. So a slow or silent peer holds its slot for a bounded time.
+//! Bounds on a peer (docs/protocol.md §6.1), with `max_connections` shared out by
+//! [`crate::config::Limits::connection_split`]: a connection that has not authenticated
+//! yet is one of at most `max_unauthenticated_connections` (admitting one more closes the
+//! oldest with an unsealed `DAEMON_UNAVAILABLE`), and must send a frame that authenticates
+//! within `auth_timeout`; only then does it take one of the other slots (none
+//! left: a sealed `DAEMON_UNAVAILABLE`, and it is closed). Only authenticated frames count
+//! as activity: `idle_timeout` of silence from the last reply closes the connection, and
+//! `max_bad_frames` frames that fail to decode or authenticate close it. A frame has
+//! `frame_timeout` from its first byte to its last, and a reply as long to be taken by the
+//! peer. So a peer holds nothing for longer than it takes to prove who it is.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{UnixListener, UnixStream};
-use tokio::sync::{watch, Semaphore};
+use tokio::sync::{watch, Notify, OwnedSemaphorePermit, Semaphore};
+
+use super::pending::{Pending, PendingSlot};
 use tokio::task::JoinSet;
 use tollgate_proto::auth::{self, AuthError, Unverified};
 use tollgate_proto::frame::{self, FrameError, HEADER_LEN};
@@ -41,7 +49,9 @@ pub async fn serve<S: SessionStore>(
     shutdown: impl std::future::Future<Output = ()>,
 ) {
     let (stop_tx, stop_rx) = watch::channel(false);
-    let permits = Arc::new(Semaphore::new(limits.max_connections));
+    let (authenticated, unauthenticated) = limits.connection_split();
+    let permits = Arc::new(Semaphore::new(authenticated));
+    let pending = Pending::new(unauthenticated);
     let mut tasks = JoinSet::new();
     tokio::pin!(shutdown);
     loop {
@@ -56,21 +66,13 @@ pub async fn serve<S: SessionStore>(
                         continue;
                     }
                 };
-                let Ok(permit) = permits.clone().try_acquire_owned() else {
-                    tracing::warn!("connection refused: {} connections open", limits.max_connections);
-                    // The refusal is one small write into a fresh socket's empty buffer; the
-                    // limit only guards the accept loop against the unexpected.
-                    let mut s = stream;
-                    let code = ErrorCode::DaemonUnavailable;
-                    write_error(&mut s, code, "too many connections", Duration::from_millis(100)).await;
-                    continue;
-                };
+                let slot = pending.admit("socket");
                 let service = service.clone();
                 let stop = stop_rx.clone();
                 let limits = limits.clone();
+                let permits = permits.clone();
                 tasks.spawn(async move {
-                    connection(stream, service, &limits, stop).await;
-                    drop(permit);
+                    connection(stream, service, &limits, stop, slot, permits).await;
                 });
             }
             Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
@@ -97,19 +99,40 @@ enum Close {
     With(ErrorCode, String),
 }
 
+/// Where a connection stands: not yet authenticated (holding a [`Pending`] place, with
+/// the sign-in deadline), or authenticated (holding one of `max_connections` permits).
+enum Standing {
+    Pending(PendingSlot),
+    Authenticated(#[allow(dead_code)] OwnedSemaphorePermit),
+}
+
+// INVARIANT (earned-slot): a connection holds one of the `max_connections` permits only
+// once a frame it sent has authenticated; before that it holds a place among at most
+// `max_unauthenticated_connections`, for at most `auth_timeout`, and the newest arrival
+// pushes the oldest out. Only an authenticated frame moves the idle deadline, and
+// `max_bad_frames` frames that fail to decode or authenticate close the connection.
 async fn connection<S: SessionStore>(
     mut stream: UnixStream,
     service: Arc<Service<S>>,
     limits: &crate::config::Limits,
     mut stop: watch::Receiver<bool>,
+    slot: PendingSlot,
+    permits: Arc<Semaphore>,
 ) {
     let _open = crate::metrics::connection_opened("socket");
     let peer = Peer {
         uid: stream.peer_cred().map(|c| c.uid()).unwrap_or(0),
         ip: None,
     };
+    let mut standing = Standing::Pending(slot);
+    let mut deadline = tokio::time::Instant::now() + limits.auth_timeout;
+    let mut bad = 0u32;
     loop {
-        let body = match next_frame(&mut stream, limits, &mut stop).await {
+        let evicted = match &standing {
+            Standing::Pending(p) => Some(p.evicted()),
+            Standing::Authenticated(_) => None,
+        };
+        let body = match next_frame(&mut stream, limits, &mut stop, deadline, evicted).await {
             Ok(body) => body,
             Err(Close::Quietly) => return,
             Err(Close::With(code, message)) => {
@@ -117,19 +140,44 @@ async fn connection<S: SessionStore>(
                 return;
             }
         };
-        match service.handle(&body, peer).await {
-            Reply::Frame(out) => {
-                let Ok(bytes) = frame::frame_bytes(&out) else {
+        let reply = match service.authenticate(&body).await {
+            Err(refused) => {
+                bad = bad.saturating_add(1);
+                if bad >= limits.max_bad_frames {
+                    tracing::warn!(
+                        "closing a connection after {bad} frames that did not authenticate"
+                    );
+                    let _ = send(&mut stream, refused, limits).await;
                     return;
-                };
-                // A peer that does not take its reply within the frame timeout is holding
-                // a connection slot without reading: close it.
-                match tokio::time::timeout(limits.frame_timeout, stream.write_all(&bytes)).await {
-                    Ok(Ok(())) => {}
-                    Ok(Err(_)) | Err(_) => return,
                 }
+                refused
             }
-            Reply::Nothing => {}
+            Ok(authenticated) => {
+                if let Standing::Pending(_) = standing {
+                    match permits.clone().try_acquire_owned() {
+                        Ok(permit) => standing = Standing::Authenticated(permit),
+                        Err(_) => {
+                            tracing::warn!(
+                                "connection refused: {} authenticated connections open",
+                                limits.connection_split().0
+                            );
+                            let refused = service.refuse_authenticated(
+                                &authenticated,
+                                refuse(ErrorCode::DaemonUnavailable, "too many connections"),
+                            );
+                            let _ = send(&mut stream, refused, limits).await;
+                            return;
+                        }
+                    }
+                }
+                let reply = service.serve_authenticated(authenticated, peer).await;
+                // Silence is measured from the reply: a long AwaitDecision is not idleness.
+                deadline = tokio::time::Instant::now() + limits.idle_timeout;
+                reply
+            }
+        };
+        if !send(&mut stream, reply, limits).await {
+            return;
         }
         if *stop.borrow() {
             return;
@@ -137,9 +185,28 @@ async fn connection<S: SessionStore>(
     }
 }
 
+/// Write a reply. False: the peer did not take it within the frame timeout (it is holding
+/// a connection without reading) or hung up; close the connection.
+async fn send(stream: &mut UnixStream, reply: Reply, limits: &crate::config::Limits) -> bool {
+    match reply {
+        Reply::Frame(out) => {
+            let Ok(bytes) = frame::frame_bytes(&out) else {
+                return false;
+            };
+            matches!(
+                tokio::time::timeout(limits.frame_timeout, stream.write_all(&bytes)).await,
+                Ok(Ok(()))
+            )
+        }
+        Reply::Nothing => true,
+    }
+}
+
 /// Read the next frame's body.
 ///
-/// Between frames the connection may be silent for `idle_timeout`.
+/// The first byte of the next frame must come before `deadline` (the sign-in deadline
+/// before the connection authenticates, the idle deadline after); a pending connection
+/// also stops when `evicted` is signalled.
 // INVARIANT (frame-deadline): a frame's deadline is set when its first byte arrives, and
 // covers the rest of its header and its whole body; a peer that sends part of a frame
 // holds its connection for at most `frame_timeout`, whatever it sends or withholds.
@@ -147,41 +214,71 @@ async fn next_frame(
     stream: &mut UnixStream,
     limits: &crate::config::Limits,
     stop: &mut watch::Receiver<bool>,
+    deadline: tokio::time::Instant,
+    evicted: Option<Arc<Notify>>,
 ) -> Result<Vec<u8>, Close> {
+    let pending = evicted.is_some();
+    let evicted = async move {
+        match evicted {
+            Some(n) => n.notified().await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::pin!(evicted);
     let mut header = [0u8; HEADER_LEN];
-    // Wait for the first byte of the next frame, the idle timeout, or shutdown.
+    // Wait for the first byte of the next frame, the deadline, or shutdown.
     let first = tokio::select! {
-        r = tokio::time::timeout(limits.idle_timeout, stream.read(&mut header)) => match r {
+        r = tokio::time::timeout_at(deadline, stream.read(&mut header)) => match r {
             Ok(Ok(0) | Err(_)) => return Err(Close::Quietly), // closed by the peer
             Ok(Ok(n)) => n,
+            Err(_) if pending => {
+                return Err(Close::With(
+                    ErrorCode::InvalidRequest,
+                    "no authenticated frame within the sign-in deadline".into(),
+                ))
+            }
             Err(_) => return Err(Close::With(ErrorCode::InvalidRequest, "idle timeout".into())),
         },
+        () = &mut evicted => return Err(evicted_close()),
         _ = stop.changed() => return Err(Close::Quietly),
     };
-    let deadline = tokio::time::Instant::now() + limits.frame_timeout;
+    let frame_deadline = tokio::time::Instant::now() + limits.frame_timeout;
     let late = || {
         Close::With(
             ErrorCode::MalformedMessage,
             "frame not complete within the frame timeout".into(),
         )
     };
-    if let Some(rest) = header.get_mut(first..) {
-        match tokio::time::timeout_at(deadline, stream.read_exact(rest)).await {
-            Ok(Ok(_)) => {}
-            Ok(Err(_)) => return Err(Close::Quietly),
-            Err(_) => return Err(late()),
+    let rest = async {
+        if let Some(rest) = header.get_mut(first..) {
+            match tokio::time::timeout_at(frame_deadline, stream.read_exact(rest)).await {
+                Ok(Ok(_)) => {}
+                Ok(Err(_)) => return Err(Close::Quietly),
+                Err(_) => return Err(late()),
+            }
         }
+        let len = frame::body_len(header).map_err(|e| match e {
+            FrameError::TooLarge { .. } => Close::With(ErrorCode::MessageTooLarge, e.to_string()),
+            FrameError::Malformed(_) => Close::With(ErrorCode::MalformedMessage, e.to_string()),
+        })?;
+        let mut body = vec![0u8; len];
+        match tokio::time::timeout_at(frame_deadline, stream.read_exact(&mut body)).await {
+            Ok(Ok(_)) => Ok(body),
+            Ok(Err(_)) => Err(Close::Quietly),
+            Err(_) => Err(late()),
+        }
+    };
+    tokio::select! {
+        r = rest => r,
+        () = &mut evicted => Err(evicted_close()),
     }
-    let len = frame::body_len(header).map_err(|e| match e {
-        FrameError::TooLarge { .. } => Close::With(ErrorCode::MessageTooLarge, e.to_string()),
-        FrameError::Malformed(_) => Close::With(ErrorCode::MalformedMessage, e.to_string()),
-    })?;
-    let mut body = vec![0u8; len];
-    match tokio::time::timeout_at(deadline, stream.read_exact(&mut body)).await {
-        Ok(Ok(_)) => Ok(body),
-        Ok(Err(_)) => Err(Close::Quietly),
-        Err(_) => Err(late()),
-    }
+}
+
+fn evicted_close() -> Close {
+    Close::With(
+        ErrorCode::DaemonUnavailable,
+        "too many unauthenticated connections; this, the oldest, was closed".into(),
+    )
 }
 
 /// Send the transport's own unsealed `Error` (no correlation id), giving up after `limit`:
@@ -197,25 +294,55 @@ async fn write_error(stream: &mut UnixStream, code: ErrorCode, message: &str, li
     .await;
 }
 
+/// A frame that authenticated: its request, the key that sealed it (replies are sealed
+/// with it), and who sent it.
+pub struct Authenticated {
+    envelope: Verified<Envelope>,
+    key: MessageKey,
+    caller: Caller,
+    message_id: String,
+    received_ns: i64,
+}
+
+impl std::fmt::Debug for Authenticated {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Authenticated")
+            .field("message_id", &self.message_id)
+            .field("caller", &self.caller)
+            .finish_non_exhaustive()
+    }
+}
+
 impl<S: SessionStore> Service<S> {
-    /// Handle one frame body from `peer`.
+    /// Handle one frame body from `peer`: [`Service::authenticate`], then
+    /// [`Service::serve_authenticated`].
     pub async fn handle(&self, body: &[u8], peer: Peer) -> Reply {
+        match self.authenticate(body).await {
+            Ok(a) => self.serve_authenticated(a, peer).await,
+            Err(refused) => refused,
+        }
+    }
+
+    /// Decode one frame body and check its seal. `Err`: the unsealed `Error` to send (the
+    /// frame did not decode, or no key of the organization it names sealed it); nothing
+    /// was changed.
+    pub async fn authenticate(&self, body: &[u8]) -> Result<Authenticated, Reply> {
         let received_ns = self.now();
         let unverified = match Unverified::decode(body) {
             Ok(u) => u,
             Err(e) => {
-                return self.error_reply(
+                return Err(self.error_reply(
                     None,
                     "",
                     received_ns,
                     refuse(ErrorCode::MalformedMessage, e.to_string()),
-                )
+                ))
             }
         };
         let message_id = unverified.envelope().message_id.clone();
         let keys = match keys_for(self, unverified.envelope()).await {
             Ok(k) => k,
-            Err(r) => return self.error_reply(None, &message_id, received_ns, r),
+            Err(r) => return Err(self.error_reply(None, &message_id, received_ns, r)),
         };
         let mut outcome = Err(AuthError::BadMac);
         for (k, caller) in &keys {
@@ -227,28 +354,44 @@ impl<S: SessionStore> Service<S> {
                 break;
             }
         }
-        let (verified, key, caller) = match outcome {
-            Ok(v) => v,
+        match outcome {
+            Ok((envelope, key, caller)) => Ok(Authenticated {
+                envelope,
+                key,
+                caller,
+                message_id,
+                received_ns,
+            }),
             Err(e) => {
                 let message = match e {
                     AuthError::BadMac => "message authentication failed".to_owned(),
                     other => other.to_string(),
                 };
                 tracing::warn!(%message_id, "authentication failed: {message}");
-                return self.error_reply(
+                Err(self.error_reply(
                     None,
                     &message_id,
                     received_ns,
                     refuse(ErrorCode::AuthenticationFailed, message),
-                );
+                ))
             }
-        };
-        let result = dispatch(self, verified, &caller, peer, received_ns).await;
-        match result {
-            Ok(Some(payload)) => self.reply(&key, &message_id, received_ns, payload),
-            Ok(None) => Reply::Nothing,
-            Err(r) => self.error_reply(Some(&key), &message_id, received_ns, r),
         }
+    }
+
+    /// Serve an authenticated request from `peer`; the reply is sealed with its key.
+    pub async fn serve_authenticated(&self, a: Authenticated, peer: Peer) -> Reply {
+        let result = dispatch(self, a.envelope, &a.caller, peer, a.received_ns).await;
+        match result {
+            Ok(Some(payload)) => self.reply(&a.key, &a.message_id, a.received_ns, payload),
+            Ok(None) => Reply::Nothing,
+            Err(r) => self.error_reply(Some(&a.key), &a.message_id, a.received_ns, r),
+        }
+    }
+
+    /// A sealed `Error` for an authenticated request the transport refuses itself (no
+    /// room for another authenticated connection).
+    pub fn refuse_authenticated(&self, a: &Authenticated, r: Refusal) -> Reply {
+        self.error_reply(Some(&a.key), &a.message_id, a.received_ns, r)
     }
 
     fn reply(

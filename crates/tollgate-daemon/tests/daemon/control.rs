@@ -41,10 +41,7 @@ pub fn control_config(dir: &Path) -> DaemonConfig {
         secret: Some(OTHER_SECRET.to_vec()),
         operator_secret: Some(b"globex operators' secret, long".to_vec()),
     });
-    c.control = Some(ControlSettings {
-        listen: "127.0.0.1:0".parse().unwrap(),
-        tls: None,
-    });
+    c.control = Some(ControlSettings::plain("127.0.0.1:0".parse().unwrap()));
     let op = |id: &str, token: &str, orgs: &[&str], expires_at_ns| Operator {
         id: id.into(),
         token_sha256: token_sha256(token),
@@ -821,10 +818,7 @@ async fn the_console_page_and_unknown_paths() {
 async fn off_loopback_without_tls_the_daemon_does_not_start() {
     let dir = tempfile::tempdir().unwrap();
     let mut c = control_config(dir.path());
-    c.control = Some(ControlSettings {
-        listen: "0.0.0.0:0".parse().unwrap(),
-        tls: None,
-    });
+    c.control = Some(ControlSettings::plain("0.0.0.0:0".parse().unwrap()));
     let err = tollgate_daemon::Daemon::start(c)
         .await
         .unwrap_err()
@@ -847,6 +841,7 @@ async fn wss_with_the_configured_certificate() {
             cert: dir.path().join("cert.pem"),
             key: dir.path().join("key.pem"),
         }),
+        ..ControlSettings::plain("127.0.0.1:0".parse().unwrap())
     });
     let d = start(c).await;
     let addr = d.control.unwrap();

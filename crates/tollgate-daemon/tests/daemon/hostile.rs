@@ -74,7 +74,9 @@ async fn bad_or_missing_hmac_is_refused_and_changes_nothing() {
     let d = start(config(dir.path())).await;
     let c = connect(&d.socket, "research-bot").await;
     let session = c.session_id().to_owned();
-    let mut raw = UnixStream::connect(&d.socket).await.unwrap();
+    // Each on a fresh connection: max_bad_frames (3) refusals close one.
+    let socket = d.socket.clone();
+    let fresh = || UnixStream::connect(socket.clone());
     // Sealed with another organization's key.
     let wrong = seal(
         &MessageKey::derive(b"not the organization secret!!"),
@@ -82,13 +84,13 @@ async fn bad_or_missing_hmac_is_refused_and_changes_nothing() {
     )
     .unwrap();
     assert_eq!(
-        error_code(&exchange(&mut raw, &wrong).await),
+        error_code(&exchange(&mut fresh().await.unwrap(), &wrong).await),
         Some(ErrorCode::AuthenticationFailed)
     );
     // No MAC at all.
     let plain = pre_exec_envelope(&session, 1).encode_to_vec();
     assert_eq!(
-        error_code(&exchange(&mut raw, &plain).await),
+        error_code(&exchange(&mut fresh().await.unwrap(), &plain).await),
         Some(ErrorCode::AuthenticationFailed)
     );
     // Right key, one flipped bit in the MAC, and one in the call number.
@@ -96,14 +98,14 @@ async fn bad_or_missing_hmac_is_refused_and_changes_nothing() {
     let mut flipped = good.clone();
     *flipped.last_mut().unwrap() ^= 0x01;
     assert_eq!(
-        error_code(&exchange(&mut raw, &flipped).await),
+        error_code(&exchange(&mut fresh().await.unwrap(), &flipped).await),
         Some(ErrorCode::AuthenticationFailed)
     );
     let mut flipped = good.clone();
     let at = flipped.windows(2).position(|w| w == [0x10, 0x01]).unwrap() + 1; // call_number = 1
     flipped[at] = 0x02;
     assert_eq!(
-        error_code(&exchange(&mut raw, &flipped).await),
+        error_code(&exchange(&mut fresh().await.unwrap(), &flipped).await),
         Some(ErrorCode::AuthenticationFailed)
     );
     // Nothing happened: no call counted, nothing audited.
@@ -207,9 +209,9 @@ async fn half_headers_cannot_lock_others_out() {
         .pre_exec("t", &json::parse_str("{}").unwrap(), 0.0)
         .await
         .allowed());
-    // Every half-header got an unsealed, uncorrelated Error and was closed: the first CAP
-    // (they held every permit) MALFORMED_MESSAGE for the unfinished frame, the rest either
-    // that or DAEMON_UNAVAILABLE if they arrived while the cap was reached.
+    // Every half-header got an unsealed, uncorrelated Error and was closed: those still
+    // among the unauthenticated connections MALFORMED_MESSAGE for the unfinished frame,
+    // the older ones DAEMON_UNAVAILABLE when newer arrivals pushed them out.
     let mut timed_out = 0;
     for s in &mut slow {
         let reply = read_reply(s).await.expect("an Error before the close");
@@ -221,7 +223,7 @@ async fn half_headers_cannot_lock_others_out() {
         }
         assert!(closed(s).await, "the connection stayed open");
     }
-    assert!(timed_out >= CAP, "{timed_out}");
+    assert!(timed_out >= 1, "{timed_out}");
     d.stop().await;
 }
 

@@ -151,7 +151,8 @@ async fn session_and_connection_caps() {
     let dir = tempfile::tempdir().unwrap();
     let mut cfg = config(dir.path());
     cfg.limits.max_sessions = 2;
-    cfg.limits.max_connections = 3;
+    // Three for authenticated connections, three for those not authenticated yet.
+    cfg.limits.max_connections = 6;
     let d = start(cfg).await;
     let a = connect(&d.socket, "research-bot").await;
     let _b = connect(&d.socket, "research-bot").await;
@@ -168,7 +169,8 @@ async fn session_and_connection_caps() {
         ),
         "{third:?}"
     );
-    // Two clients and the refused one's connection: the fourth connection is turned away.
+    // Two clients and the refused one's connection hold the three authenticated places
+    // (an unauthenticated one does not take one): the fourth client is turned away.
     let _c = tokio::net::UnixStream::connect(&d.socket).await.unwrap();
     let fourth =
         tollgate_client::DaemonClient::connect(crate::client_config(&d.socket, "research-bot"))
@@ -229,15 +231,25 @@ async fn silence_between_frames_is_governed_by_the_idle_timeout() {
     d.stop().await;
 }
 
-/// A connection that sends nothing for the idle timeout gets an unsealed
-/// `INVALID_REQUEST` ("idle timeout") and is closed.
+/// A connection that sends nothing for the idle timeout after its last reply gets an
+/// unsealed `INVALID_REQUEST` ("idle timeout") and is closed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_connection_is_told_and_closed() {
+    use tokio::io::AsyncWriteExt;
     let dir = tempfile::tempdir().unwrap();
     let mut cfg = config(dir.path());
     cfg.limits.idle_timeout = Duration::from_millis(300);
     let d = start(cfg).await;
     let mut raw = tokio::net::UnixStream::connect(&d.socket).await.unwrap();
+    let register = tollgate_proto::auth::seal(
+        &tollgate_proto::auth::MessageKey::derive(crate::SECRET),
+        &crate::bounds::register_envelope("acme", "r1"),
+    )
+    .unwrap();
+    raw.write_all(&tollgate_proto::frame::frame_bytes(&register).unwrap())
+        .await
+        .unwrap();
+    assert!(crate::hostile::read_reply(&mut raw).await.is_some());
     let reply = crate::hostile::read_reply(&mut raw).await;
     assert_eq!(
         crate::hostile::error_code(&reply),

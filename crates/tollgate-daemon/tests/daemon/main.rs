@@ -8,12 +8,14 @@
     missing_debug_implementations
 )]
 
+mod bounds;
 mod console;
 mod control;
 mod flows;
 mod grpc;
 mod hitl;
 mod hostile;
+mod identity;
 mod lifecycle;
 mod settlement;
 

@@ -64,7 +64,16 @@ async fn settle_once(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unreadable_cost_never_refunds_in_either_mode() {
     for policy in [Settlement::Actual, Settlement::Conservative] {
-        for bad in [f64::NAN, f64::INFINITY, f64::NEG_INFINITY, -3.0] {
+        // -4e-10 and -1e-12 round to zero nano-dollars: their sign is read first (issue 15
+        // §4), so they are unreadable too, never a full refund under "actual".
+        for bad in [
+            f64::NAN,
+            f64::INFINITY,
+            f64::NEG_INFINITY,
+            -3.0,
+            -4e-10,
+            -1e-12,
+        ] {
             let (remaining, s) = settle_once(policy, bad).await;
             // Charged as the estimate: what the ALLOW reserved stays spent.
             assert_eq!(remaining, Money::from_usd(0.3).unwrap(), "{policy:?} {bad}");

@@ -9,9 +9,7 @@
 //! to their organization by the SAN pattern `spiffe://ORG/*`.
 
 use std::fmt::Write as _;
-use std::io::Write as _;
 use std::net::IpAddr;
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -162,18 +160,10 @@ fn validity(p: &mut CertificateParams, days: u32) {
     p.not_after = rcgen::date_time_ymd(y, m, d);
 }
 
+/// Create `path` atomically (whole or absent, never cut short) with exactly `mode`.
 fn write_file(path: &Path, text: &str, mode: u32) -> anyhow::Result<()> {
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(mode)
-        .open(path)
-        .with_context(|| format!("creating {} (it must not exist yet)", path.display()))?;
-    // The mode given at creation is filtered by the umask; set it exactly.
-    f.set_permissions(std::fs::Permissions::from_mode(mode))
-        .with_context(|| format!("setting the mode of {}", path.display()))?;
-    f.write_all(text.as_bytes())
-        .with_context(|| format!("writing {}", path.display()))
+    tollgate_audit::files::create_atomically(path, text.as_bytes(), mode)
+        .with_context(|| format!("creating {} (it must not exist yet)", path.display()))
 }
 
 /// A TOML basic string (the paths written here have no control characters).

@@ -1,7 +1,5 @@
 //! `tollgate keygen`: write an Ed25519 signing key (mode 0600) and its public key.
 
-use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -43,25 +41,18 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// Write `path` atomically (whole or absent: never an empty or cut key) with exactly
+/// `mode`; with `force` an existing file is replaced in one rename.
 fn write_file(path: &Path, text: &str, mode: u32, force: bool) -> anyhow::Result<()> {
-    let mut opts = std::fs::OpenOptions::new();
-    opts.write(true).mode(mode);
-    if force {
-        opts.create(true).truncate(true);
+    let write = if force {
+        tollgate_audit::files::replace_atomically
     } else {
-        opts.create_new(true);
-    }
-    let mut f = opts.open(path).with_context(|| {
+        tollgate_audit::files::create_atomically
+    };
+    write(path, text.as_bytes(), mode).with_context(|| {
         format!(
             "cannot create `{}` (use --force to replace)",
             path.display()
         )
-    })?;
-    // The mode given at creation is filtered by the umask; set it exactly.
-    std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(mode))
-        .with_context(|| format!("cannot set the mode of `{}`", path.display()))?;
-    f.write_all(text.as_bytes())
-        .and_then(|()| f.sync_all())
-        .with_context(|| format!("cannot write `{}`", path.display()))?;
-    Ok(())
+    })
 }

@@ -121,9 +121,11 @@ fn print_banner(d: &Daemon, config_file: Option<&Path>) {
         l.missed_heartbeats_for_stale
     );
     banner!(
-        "  timeouts: idle {:?} between frames, {:?} per frame from its first byte",
+        "  timeouts: sign-in {:?}, idle {:?} between frames, {:?} per frame from its first byte; {} bad frames close a connection",
+        l.auth_timeout,
         l.idle_timeout,
-        l.frame_timeout
+        l.frame_timeout,
+        l.max_bad_frames
     );
     banner!("  descriptors: {}", d.descriptors().describe());
     match d.control_addr() {

@@ -312,3 +312,146 @@ fn audit_verify_into_head_exits_quietly() {
         );
     }
 }
+
+/// `sh -c SCRIPT` until it exits (or `secs` pass: then it is killed), with its output.
+fn sh_briefly(script: &str, secs: u64) -> Option<Output> {
+    let mut child = Command::new("sh")
+        .args(["-c", script])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if t.elapsed() > Duration::from_secs(secs) {
+            let _ = child.kill();
+            let _ = child.wait();
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Some(child.wait_with_output().unwrap())
+}
+
+/// Issue 15 §4: a daemon killed by a file-size limit while generating its secrets leaves
+/// no empty secret, and the next start generates whole ones: a registration sealed with an
+/// empty secret is never served.
+#[test]
+fn a_file_size_limit_never_leaves_an_empty_secret() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("data");
+    let socket = tmp.path().join("t.sock");
+    let script = format!(
+        "ulimit -f 0; exec '{}' serve --data-dir '{}' --socket '{}'",
+        env!("CARGO_BIN_EXE_tollgate"),
+        s(&dir),
+        s(&socket)
+    );
+    let out = sh_briefly(&script, 20).expect("serve ran under `ulimit -f 0`");
+    assert!(!out.status.success(), "serve cannot start without writing");
+    for name in ["default.secret", "default.operator.secret"] {
+        let p = dir.join("secrets").join(name);
+        if let Ok(m) = std::fs::metadata(&p) {
+            assert!(m.len() >= 16, "{} is {} bytes", p.display(), m.len());
+        }
+    }
+    if let Ok(m) = std::fs::metadata(dir.join("audit.key")) {
+        assert!(m.len() > 0, "an empty audit key was left");
+    }
+
+    // The restart generates whole secrets, mode 0600, and only they are accepted.
+    let daemon = Serve::start_command_at(
+        &dir,
+        &socket,
+        Command::new(env!("CARGO_BIN_EXE_tollgate")).args([
+            "serve",
+            "--data-dir",
+            s(&dir),
+            "--socket",
+            s(&socket),
+        ]),
+    );
+    let secret_file = dir.join("secrets/default.secret");
+    let secret = std::fs::read_to_string(&secret_file).unwrap();
+    assert_eq!(secret.trim().len(), 64, "{secret:?}");
+    assert_eq!(mode(&secret_file), 0o600);
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(async {
+            let empty =
+                DaemonClient::connect(ClientConfig::new(&socket, "default", b"", "bot")).await;
+            assert!(
+                matches!(
+                    empty,
+                    Err(tollgate_client::ClientError::Refused {
+                        code: tollgate_proto::sp1::ErrorCode::AuthenticationFailed,
+                        ..
+                    })
+                ),
+                "{:?}",
+                empty.map(|c| c.session_id().to_owned())
+            );
+            DaemonClient::connect(ClientConfig::new(
+                &socket,
+                "default",
+                secret.trim().as_bytes(),
+                "bot",
+            ))
+            .await
+            .unwrap();
+        });
+    assert!(daemon.terminate().success());
+    let leftovers: Vec<_> = std::fs::read_dir(dir.join("secrets"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.contains(".tmp-"))
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+}
+
+/// Issue 15 §4: a secret file shorter than 16 bytes (an empty one left by an older
+/// version, a cut copy) stops the daemon at start, naming the file; so does a configured
+/// `secret_file` that short.
+#[test]
+fn a_short_secret_file_stops_the_daemon_naming_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("data");
+    std::fs::create_dir_all(dir.join("secrets")).unwrap();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o750)).unwrap();
+    for text in ["", "\n", "0123456789abcde\n"] {
+        let file = dir.join("secrets/default.secret");
+        std::fs::write(&file, text).unwrap();
+        let out = run_briefly(&["serve", "--data-dir", s(&dir)], 20)
+            .unwrap_or_else(|| panic!("the daemon started with the secret {text:?}"));
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains(s(&file)) && err.contains("at least 16"),
+            "{text:?}: {err}"
+        );
+    }
+    let short = tmp.path().join("short.secret");
+    std::fs::write(&short, "tooshort\n").unwrap();
+    let config = tmp.path().join("tollgate.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[[organization]]\nid = \"acme\"\nsecret_file = \"{}\"\n",
+            s(&short)
+        ),
+    )
+    .unwrap();
+    let out = run_briefly(
+        &["serve", "--config", s(&config), "--data-dir", s(&dir)],
+        20,
+    )
+    .expect("the daemon started with a short configured secret");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(s(&short)) && err.contains("at least 16"),
+        "{err}"
+    );
+}
