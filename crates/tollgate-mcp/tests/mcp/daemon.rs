@@ -226,3 +226,60 @@ async fn a_restarted_daemon_resumes_the_same_session() {
     s.close().await;
     d.stop().await;
 }
+
+/// Issue 15 §3: the gateway connects as an enrolled agent with the agent's own secret
+/// (`[daemon] secret_file`); with the organization's secret the enrolled id is refused,
+/// and every call is a DENY.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_gateway_uses_an_enrolled_agents_own_secret() {
+    const AGENT_SECRET: &[u8] = b"the gateway agent's own secret";
+    let data = tempfile::tempdir().unwrap();
+    let mut c = DaemonConfig {
+        data_dir: data.path().to_owned(),
+        organizations: vec![Organization {
+            id: ORG.into(),
+            secret: Some(SECRET.to_vec()),
+            operator_secret: Some(OPERATOR_SECRET.to_vec()),
+        }],
+        ..DaemonConfig::default()
+    };
+    c.enrollment.insert(
+        ORG.into(),
+        tollgate_daemon::config::Enrollment {
+            required: true,
+            agents: [("mcp-gateway".to_owned(), Some(AGENT_SECRET.to_vec()))]
+                .into_iter()
+                .collect(),
+        },
+    );
+    let d = Daemon::start(c).await.unwrap();
+    let socket = d.socket().to_owned();
+    let (tx, rx) = oneshot::channel::<()>();
+    let task = tokio::spawn(d.run(async {
+        let _ = rx.await;
+    }));
+    let d = Running {
+        socket,
+        stop: Some(tx),
+        task,
+    };
+
+    let kit = daemon_kit(&d.socket, "");
+    std::fs::write(kit.dir.path().join("agents.secret"), AGENT_SECRET).unwrap();
+    let s = start(&kit.config(), Host::default()).await;
+    assert_eq!(text(&s.ok("add", json!({"a": 2, "b": 3})).await), "5");
+    s.close().await;
+
+    // The organization's secret cannot act as the enrolled agent.
+    let kit = daemon_kit(&d.socket, "");
+    let s = start(&kit.config(), Host::default()).await;
+    let r = s.ok("add", json!({"a": 1})).await;
+    assert!(
+        text(&r).starts_with("denied: fail_closed:authentication_failed;"),
+        "{}",
+        text(&r)
+    );
+    assert!(kit.invocations().is_empty());
+    s.close().await;
+    d.stop().await;
+}
