@@ -39,6 +39,16 @@ lack() {
 
 command -v cargo >/dev/null || { echo "tools/test.sh: cargo not found: install a Rust toolchain (rustup)"; exit 2; }
 
+# Both lock files must match their manifests (every build below is --locked): say so now,
+# not after the Rust suite has run.
+for m in Cargo.toml python/Cargo.toml; do
+  if ! cargo metadata --locked --offline --format-version 1 --manifest-path "$m" >/dev/null 2>&1 &&
+     ! cargo metadata --locked --format-version 1 --manifest-path "$m" >/dev/null 2>&1; then
+    echo "tools/test.sh: the lock file of $m does not match it: run \`cargo generate-lockfile --offline --manifest-path $m\` (or cargo update -w) and commit it"
+    exit 2
+  fi
+done
+
 redis_up() {
   timeout 3 bash -c 'exec 3<>/dev/tcp/127.0.0.1/6379 && printf "PING\r\n" >&3 && head -c 5 <&3' 2>/dev/null | grep -q PONG
 }

@@ -4,8 +4,9 @@
 //! operators: docs/protocol.md §8.5).
 //!
 //! Every blocking call releases the GIL while it waits; every `a...` method returns an
-//! awaitable that completes on the asyncio loop without occupying it or a thread (the
-//! request runs on this module's tokio runtime: `pyo3_async_runtimes`).
+//! awaitable ([`crate::pending::Pending`]) that completes on the asyncio loop without
+//! occupying it or a thread: the request runs on this module's tokio runtime, whose
+//! threads never attach to the interpreter.
 
 use std::future::Future;
 use std::path::PathBuf;
@@ -24,6 +25,7 @@ use tollgate_proto::sp1;
 use crate::convert;
 use crate::guard::{call_inputs, settle_target};
 use crate::objects::{Released, Verdict};
+use crate::pending::{self, Pending};
 use crate::ConnectError;
 
 fn runtime() -> &'static tokio::runtime::Runtime {
@@ -397,14 +399,13 @@ impl PyClient {
     #[pyo3(signature = (tool, params, estimated_cost_usd = 0.0))]
     fn acheck<'py>(
         &self,
-        py: Python<'py>,
         tool: &str,
         params: Bound<'py, PyAny>,
         estimated_cost_usd: f64,
-    ) -> PyResult<Bound<'py, PyAny>> {
+    ) -> PyResult<Pending> {
         let args = CallArgs::read(tool, params, estimated_cost_usd);
         let client = self.client.clone();
-        pyo3_async_runtimes::tokio::future_into_py(py, async move { Ok(check(client, args).await) })
+        pending::spawn(runtime(), async move { check(client, args).await })
     }
 
     /// Decide, and if the call is held for a human, show operators its params (unless
@@ -431,19 +432,19 @@ impl PyClient {
     #[pyo3(signature = (tool, params, estimated_cost_usd = 0.0, *, timeout = 900.0, share_params = true))]
     fn acheck_or_wait<'py>(
         &self,
-        py: Python<'py>,
         tool: &str,
         params: Bound<'py, PyAny>,
         estimated_cost_usd: f64,
         timeout: f64,
         share_params: bool,
-    ) -> PyResult<Bound<'py, PyAny>> {
+    ) -> PyResult<Pending> {
         let wait = wait_of(timeout, share_params)?;
         let args = CallArgs::read(tool, params, estimated_cost_usd);
         let client = self.client.clone();
-        pyo3_async_runtimes::tokio::future_into_py(py, async move {
-            Ok(check_or_wait(client, args, wait).await)
-        })
+        pending::spawn(
+            runtime(),
+            async move { check_or_wait(client, args, wait).await },
+        )
     }
 
     /// Report a call's outcome (fire and forget): `call` is its `Verdict` or call number;
@@ -472,18 +473,17 @@ impl PyClient {
     #[pyo3(signature = (call, actual_cost_usd = None, error = None))]
     fn asettle<'py>(
         &self,
-        py: Python<'py>,
         call: &Bound<'py, PyAny>,
         actual_cost_usd: Option<f64>,
         error: Option<String>,
-    ) -> PyResult<Bound<'py, PyAny>> {
+    ) -> PyResult<Pending> {
         let (n, cost) = settle_target(call, actual_cost_usd)?;
         let client = self.client.clone();
-        pyo3_async_runtimes::tokio::future_into_py(py, async move {
-            Ok(client
+        pending::spawn(runtime(), async move {
+            client
                 .post_exec(n, cost, error.is_none(), error.as_deref().unwrap_or(""))
                 .await
-                .is_ok())
+                .is_ok()
         })
     }
 

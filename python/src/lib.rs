@@ -23,6 +23,7 @@ mod convert;
 mod daemon;
 mod guard;
 mod objects;
+mod pending;
 
 use pyo3::create_exception;
 use pyo3::exceptions::{PyException, PyValueError};
@@ -136,6 +137,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<guard::PyGuard>()?;
     m.add_class::<daemon::PyClient>()?;
     m.add_class::<daemon::PyOperator>()?;
+    m.add_class::<pending::Pending>()?;
     m.add_function(wrap_pyfunction!(canonical_json, m)?)?;
     m.add_function(wrap_pyfunction!(canonical_hash, m)?)?;
     m.add_function(wrap_pyfunction!(check_vector, m)?)?;

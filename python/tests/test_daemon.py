@@ -11,7 +11,7 @@ import threading
 import pytest
 
 import tollgate
-from conftest import wait_until_held
+from conftest import DAEMON_CONFIG, wait_until_held
 
 
 def connect(daemon, agent="bot", **kw):
@@ -213,3 +213,48 @@ def test_the_daemon_example_runs(daemon):
     assert out.stdout.count("results for sp/1.0") == 3
     assert "denied: max_repeat_exceeded" in out.stdout
     assert "async check: ALLOW within_thresholds" in out.stdout
+
+
+EXIT_AFTER_LAST_AWAIT = """
+import asyncio, os, signal, sys
+import tollgate
+
+sock, secret, pid = sys.argv[1], sys.argv[2], int(sys.argv[3])
+
+async def main():
+    c = tollgate.connect(socket=sock, secret_file=secret, agent_id="bot", timeout=5.0)
+    r = await c.acheck_or_wait("search", {"q": 1}, timeout=5)
+    assert r.allowed, r.verdict
+    assert await c.asettle(r.verdict, 0.0)
+    os.kill(pid, signal.SIGKILL)
+    r = await c.acheck_or_wait("search", {"q": 2}, timeout=5)
+    assert not r.allowed
+    print("done", r.verdict.reason)
+
+asyncio.run(main())
+"""
+
+
+def test_a_program_that_exits_right_after_its_last_await_exits_cleanly(tmp_path):
+    """Issue 16 §6: await, settle, kill -9 the daemon, await again, exit. A native thread
+    that completed the last await could still be holding the interpreter as it began to
+    shut down ("PyGILState_Release: thread state ... must be current", 11 of 40 runs).
+    20 runs here (each with a fresh daemon); tools/py-exit-soak.py runs 200."""
+    import subprocess
+    import sys
+
+    from conftest import Daemon
+
+    script = tmp_path / "exit_after_last_await.py"
+    script.write_text(EXIT_AFTER_LAST_AWAIT)
+    bad = []
+    for i in range(20):
+        d = Daemon(DAEMON_CONFIG)
+        try:
+            p = subprocess.run([sys.executable, str(script), str(d.socket), str(d.secret_file), str(d.proc.pid)],
+                               capture_output=True, text=True, timeout=60)
+            if p.returncode != 0 or "Fatal Python error" in p.stderr or "done fail_closed" not in p.stdout:
+                bad.append((i, p.returncode, p.stdout[-300:], p.stderr[-600:]))
+        finally:
+            d.stop()
+    assert bad == [], bad

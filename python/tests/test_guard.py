@@ -269,3 +269,70 @@ def test_the_decorator_checks_the_arguments_by_name_with_defaults():
     for bad in [lambda: f(), lambda: f(1, 2, 3), lambda: f(1, a=1), lambda: f(1, d=4)]:
         with pytest.raises(TypeError):
             bad()
+
+
+def test_an_on_hitl_in_async_code_never_blocks_the_event_loop():
+    """Issue 16 §6: a 1 s `on_hitl` froze AutoGen's loop. Here each handler approves only
+    if the loop ran while it waited (another task sets the event it waits on); a handler
+    that blocked the loop would time out and reject. No timing threshold: the handlers
+    wait on events, not clocks."""
+
+    def sync_handler_factory(ran: threading.Event):
+        def handler(verdict):
+            return "approve" if ran.wait(timeout=30) else "reject"
+        return handler
+
+    async def main():
+        # A plain (blocking) handler: run off the loop.
+        ran = threading.Event()
+        g = tollgate.Guard(hitl_mode="always", on_hitl=sync_handler_factory(ran))
+        calls = []
+
+        @g.tool
+        async def pay(n):
+            calls.append(n)
+            return n
+
+        async def loop_runs():
+            await asyncio.sleep(0)
+            ran.set()
+
+        r, _ = await asyncio.gather(pay(1), loop_runs())
+        assert r == 1 and calls == [1]
+
+        # An async handler: awaited.
+        loop_ran = asyncio.Event()
+
+        async def ahandler(verdict):
+            await asyncio.wait_for(loop_ran.wait(), timeout=30)
+            return tollgate.Decision("approve", operator="async-human")
+
+        g2 = tollgate.Guard(hitl_mode="always", on_hitl=ahandler)
+
+        @g2.tool
+        async def pay2(n):
+            calls.append(n)
+            return n
+
+        async def set_later():
+            await asyncio.sleep(0)
+            loop_ran.set()
+
+        r, _ = await asyncio.gather(pay2(2), set_later())
+        assert r == 2 and calls == [1, 2]
+
+    asyncio.run(main())
+
+
+def test_an_async_on_hitl_works_from_sync_code_too():
+    async def ahandler(verdict):
+        await asyncio.sleep(0)
+        return "approve"
+
+    g = tollgate.Guard(hitl_mode="always", on_hitl=ahandler)
+
+    @g.tool
+    def pay(n):
+        return n
+
+    assert pay(3) == 3

@@ -150,6 +150,10 @@ class _Decorating:
         return wrap(fn) if fn is not None else wrap
 
 
+async def _awaited(awaitable: Any) -> Any:
+    return await awaitable
+
+
 def _raise_for(verdict: Any) -> None:
     if verdict.verdict == "HITL":
         raise HeldForHuman(verdict)
@@ -167,8 +171,10 @@ class Guard(_native.Guard, _Decorating):
     `max_reservations`; `audit_log` (a directory: every change is written to a signed
     audit log there, durably, before the call returns) with `audit_key` (a key file from
     `tollgate keygen`), and `session_id`, `agent_id`, `organization_id` for its entries;
-    `on_hitl`: a function called with a held `Verdict` that returns a `Decision` (or a
-    decision word), which `@guard.tool` uses to resolve held calls.
+    `on_hitl`: a function (or an async function) called with a held `Verdict` that
+    returns a `Decision` (or a decision word), which `@guard.tool` and the adapters use to
+    resolve held calls; in async code it never blocks the event loop (an async handler is
+    awaited, a plain one runs in the loop's default executor).
     """
 
     _on_hitl: Optional[Callable[[Any], Union[Decision, str]]]
@@ -203,10 +209,41 @@ class Guard(_native.Guard, _Decorating):
 
     def ask_human(self, verdict: Any) -> Any:
         """Resolve a held verdict with the `on_hitl` handler; returns a `Released`.
-        Raises `HeldForHuman` when there is no handler."""
+        Raises `HeldForHuman` when there is no handler. An async handler is run to
+        completion here when no event loop runs in this thread (inside one, use
+        `aask_human`: this raises `TypeError` rather than block the loop)."""
         if self._on_hitl is None:
             raise HeldForHuman(verdict)
         d = self._on_hitl(verdict)
+        if inspect.isawaitable(d):
+            try:
+                asyncio.get_running_loop()
+            except RuntimeError:
+                d = asyncio.run(_awaited(d))
+            else:
+                if inspect.iscoroutine(d):
+                    d.close()
+                raise TypeError("an async on_hitl handler inside a running event loop: use aask_human "
+                                "(the async tool paths do)")
+        return self._resolve_with(verdict, d)
+
+    async def aask_human(self, verdict: Any) -> Any:
+        """`ask_human` for async code; the event loop keeps running while the human
+        decides. An async `on_hitl` is awaited; a plain function runs in the loop's default
+        executor (a handler that waits for a person would otherwise freeze the loop)."""
+        if self._on_hitl is None:
+            raise HeldForHuman(verdict)
+        handler = self._on_hitl
+        if inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(getattr(handler, "__call__", None)):
+            d = await handler(verdict)
+        else:
+            loop = asyncio.get_running_loop()
+            d = await loop.run_in_executor(None, handler, verdict)
+            if inspect.isawaitable(d):
+                d = await d
+        return self._resolve_with(verdict, d)
+
+    def _resolve_with(self, verdict: Any, d: Any) -> Any:
         if isinstance(d, str):
             d = Decision(d)
         return self.resolve(verdict, d.decision, operator=d.operator, params=d.params)
@@ -228,7 +265,7 @@ class Guard(_native.Guard, _Decorating):
         if v.allowed:
             return v, params
         if v.verdict == "HITL" and self._on_hitl is not None:
-            r = self.ask_human(v)
+            r = await self.aask_human(v)
             if r.allowed:
                 return r.verdict, r.params
             _raise_for(r.verdict)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from typing import Any, Awaitable, Dict, List, Optional, Union
+from typing import Any, Awaitable, Dict, Generator, List, Optional, Union
 
 __version__: str
 
@@ -123,6 +123,17 @@ class Guard:
     def circuit_tripped(self) -> bool: ...
     @property
     def calls(self) -> int: ...
+
+class Pending(Awaitable[Any]):
+    """What `Client.acheck`, `acheck_or_wait` and `asettle` return: await it. The call runs
+    on the native module's threads, which never touch the interpreter; the result is built
+    on the event loop's thread (so a program that exits right after its last await cannot
+    crash at exit)."""
+    def fileno(self) -> int: ...
+    def done(self) -> bool: ...
+    def result(self) -> Any: ...
+    def cancel(self) -> None: ...
+    def __await__(self) -> Generator[Any, None, Any]: ...
 
 class Client:
     """Daemon mode: a session with `tollgate serve`, over its Unix socket (`socket` and

@@ -27,6 +27,12 @@ pub const MARKER_FIELD: &str = "u:";
 /// whose entry is not yet known to be committed, by its amount (nano-dollars).
 pub const HOLD_FIELD: &str = "h:";
 
+/// The budget-hash field of a settlement in progress: `<daemon>\x1f<at_ms>\x1f<session>`. While it is
+/// there, only the write that names it (the settlement's own) writes the budget, so the
+/// settling daemon knows, before a void is decided, the version its give-back will have
+/// (the void entry records it: `revert_version`).
+pub const SETTLING_FIELD: &str = "s";
+
 /// The holds of a shared budget: field name to amount.
 pub type Holds = BTreeMap<String, i64>;
 
@@ -51,6 +57,64 @@ pub fn holds_from_fields(f: &Fields) -> Result<Holds, StoreError> {
         out.insert(k.clone(), amount);
     }
     Ok(out)
+}
+
+/// The settlement in progress in a budget hash (field `s`), if any.
+pub fn settling_of(f: &Fields) -> Result<Option<String>, StoreError> {
+    match f.get(SETTLING_FIELD) {
+        None => Ok(None),
+        Some(v) if v.len() <= 256 => String::from_utf8(v.clone())
+            .map(Some)
+            .map_err(|_| bad("settling field is not UTF-8")),
+        Some(_) => Err(bad("settling field too large")),
+    }
+}
+
+/// Who started a settlement, when, of which session (`daemon`, `at_ms`, `session_id`),
+/// from its `s` value.
+pub fn settling_parts(v: &str) -> Option<(&str, i64, &str)> {
+    let mut it = v.splitn(3, '\x1f');
+    let (d, at, id) = (it.next()?, it.next()?, it.next()?);
+    Some((d, at.parse().ok()?, id))
+}
+
+/// The `s` value of a settlement of session `id` started by `me` at `now_ms`.
+pub fn settling_value(me: &str, now_ms: i64, id: &str) -> String {
+    format!("{me}\x1f{now_ms}\x1f{id}")
+}
+
+/// Whether the settlements of `seqs` need the budget held: a voided one would give
+/// amounts back (a write of the budget whose version the void records).
+pub fn settle_needs_budget(view: &View, seqs: &[u64]) -> bool {
+    view.budget.is_some()
+        && seqs.iter().any(|q| {
+            view.markers
+                .get(q)
+                .is_some_and(|m| m.delta_remaining != 0 || m.delta_spent != 0)
+        })
+}
+
+/// What the void of marker `seq` records about the shared budget (audit format 4):
+/// the voided write's version and amounts, and `revert_version`, the version of the
+/// give-back write (the view's budget version + 1: the settling daemon holds the budget,
+/// so no other write comes between), 0 if nothing is given back.
+pub fn void_budget(view: &View, seq: u64) -> tollgate_store::VoidBudget {
+    let Some(m) = view.markers.get(&seq) else {
+        return tollgate_store::VoidBudget::default();
+    };
+    if m.budget_version == 0 {
+        return tollgate_store::VoidBudget::default();
+    }
+    let gives_back = m.delta_remaining != 0 || m.delta_spent != 0;
+    tollgate_store::VoidBudget {
+        budget_version: m.budget_version,
+        budget_before: Money(m.budget_before),
+        budget_after: Money(m.budget_before.wrapping_add(m.delta_remaining)),
+        revert_version: match (gives_back, view.budget) {
+            (true, Some((bv, _))) => bv.saturating_add(1),
+            _ => 0,
+        },
+    }
 }
 
 /// The sum of `holds` (saturating).
@@ -86,6 +150,13 @@ pub struct CasRequest {
     pub hold: Option<(String, i64)>,
     /// Holds to take off the shared budget (their changes are confirmed or settled).
     pub drop_holds: Vec<String>,
+    /// The settlement in progress this write finishes (its `s` value): the write may
+    /// write the budget while it is there, and takes it off. `None`: a budget write is
+    /// refused (a conflict) while any settlement is in progress.
+    pub release: Option<String>,
+    /// For a join: the marker to push instead if the call starts the budget (it then
+    /// wrote budget version 1, which a void of the opening must name).
+    pub created_marker: Option<Vec<u8>>,
     /// A session's opening on a shared budget: `expect_bv` is not used; `budget_blob`
     /// starts the budget if it does not exist yet; the answer is [`CasReply::Joined`].
     pub join: bool,
@@ -143,6 +214,10 @@ pub struct Marker {
     pub delta_remaining: i64,
     /// What it moved the shared budget's `spent` by.
     pub delta_spent: i64,
+    /// The shared budget version its write produced (0: it wrote none).
+    pub budget_version: u64,
+    /// The shared budget's remaining amount before it.
+    pub budget_before: i64,
 }
 
 fn bad(what: &str) -> StoreError {
@@ -166,6 +241,8 @@ impl Marker {
         );
         m.insert("dr".to_owned(), int(i128::from(self.delta_remaining)));
         m.insert("ds".to_owned(), int(i128::from(self.delta_spent)));
+        m.insert("bv".to_owned(), int(i128::from(self.budget_version)));
+        m.insert("br".to_owned(), int(i128::from(self.budget_before)));
         let mut out = Vec::with_capacity(self.prev.len() + 128);
         let _ = json::write_canonical(&Value::Object(m), &mut out);
         out
@@ -197,6 +274,15 @@ impl Marker {
             prev: s("prev")?.into_bytes(),
             delta_remaining: i("dr")?,
             delta_spent: i("ds")?,
+            // Markers written before these fields: 0 (the void then records no budget).
+            budget_version: match m.get("bv") {
+                Some(v) => v.as_u64().ok_or_else(|| bad("marker: bad bv"))?,
+                None => 0,
+            },
+            budget_before: match m.get("br") {
+                Some(v) => v.as_i64().ok_or_else(|| bad("marker: bad br"))?,
+                None => 0,
+            },
         })
     }
 }
@@ -222,6 +308,8 @@ pub struct View {
     /// The shared budget's holds as of that version, or more (holds are only put with a
     /// write of the budget, which changes its version; taking one off does not).
     pub holds: Holds,
+    /// A settlement in progress on the shared budget (its `s` value), as of the read.
+    pub settling: Option<String>,
 }
 
 fn parse_u64(bytes: &[u8]) -> Result<u64, StoreError> {
@@ -275,12 +363,12 @@ pub fn view_from_fields(
             markers.insert(seq, m);
         }
     }
-    let (budget, holds) = if s.meta.shared_budget_key().is_some() {
+    let (budget, holds, settling) = if s.meta.shared_budget_key().is_some() {
         let b = budget_from_fields(budget)?.ok_or_else(|| bad("shared budget is missing"))?;
         b.1.load_into(&mut s.state);
-        (Some(b), holds_from_fields(budget)?)
+        (Some(b), holds_from_fields(budget)?, settling_of(budget)?)
     } else {
-        (None, Holds::new())
+        (None, Holds::new(), None)
     };
     Ok(Some(View {
         sv,
@@ -288,6 +376,7 @@ pub fn view_from_fields(
         markers,
         budget,
         holds,
+        settling,
     }))
 }
 
@@ -361,6 +450,8 @@ pub struct Planned {
     pub session: Session,
     /// The pushed marker.
     pub marker: Option<Marker>,
+    /// A join's marker if it starts the budget ([`CasRequest::created_marker`]).
+    pub created_marker: Option<Marker>,
 }
 
 /// Plan the write of a committed change: `s` is the session after the closure ran on a
@@ -418,6 +509,12 @@ pub fn plan_commit(
         prev: encode_session(&view.session),
         delta_remaining: dr,
         delta_spent: ds,
+        budget_version: event.budget_version(),
+        budget_before: if event.budget_version() == 0 {
+            0
+        } else {
+            old.remaining.0
+        },
     };
     let drop = own_confirmed(view, me, confirmed_upto);
     let ttl = if s.state.status == SessionStatus::Terminated {
@@ -447,10 +544,13 @@ pub fn plan_commit(
             ttl_ms: ttl,
             hold,
             drop_holds,
+            release: None,
+            created_marker: None,
             join: false,
         },
         session: s,
         marker: Some(marker),
+        created_marker: None,
     })
 }
 
@@ -466,6 +566,7 @@ fn own_confirmed(view: &View, me: &str, confirmed_upto: u64) -> Vec<u64> {
 /// arbiter): drop those whose entry holds the place; for voided ones, restore the
 /// session to the record before the lowest voided one (keeping the highest voided seq:
 /// the versions stay used) and take their budget deltas back from the shared budget.
+#[allow(clippy::too_many_arguments)]
 pub fn plan_revert(
     view: &View,
     session_key: &str,
@@ -474,6 +575,7 @@ pub fn plan_revert(
     me: &str,
     bounds: Bounds,
     ttl_ms: u64,
+    release: Option<String>,
 ) -> Result<Planned, StoreError> {
     let first_void = outcomes.iter().find(|(_, o)| *o == Settled::Void);
     let mut s = view.session.clone();
@@ -544,10 +646,13 @@ pub fn plan_revert(
             } else {
                 Vec::new()
             },
+            release,
+            created_marker: None,
             join: false,
         },
         session: s,
         marker: None,
+        created_marker: None,
     })
 }
 
@@ -588,8 +693,15 @@ pub fn plan_open(
         prev: Vec::new(),
         delta_remaining: 0,
         delta_spent: 0,
+        budget_version: 0,
+        budget_before: 0,
     };
     let shared = budget_key.is_some() && session.meta.shared_budget_key().is_some();
+    let created = shared.then(|| Marker {
+        budget_version: 1,
+        budget_before: s.state.budget_remaining.0,
+        ..marker.clone()
+    });
     let request = CasRequest {
         session_key: session_key.to_owned(),
         budget_key: budget_key.map(str::to_owned),
@@ -603,6 +715,8 @@ pub fn plan_open(
         ttl_ms: 0,
         hold: None,
         drop_holds: Vec::new(),
+        release: None,
+        created_marker: created.as_ref().map(Marker::encode),
         join: shared,
     };
     (
@@ -610,6 +724,7 @@ pub fn plan_open(
             request,
             session: s,
             marker: Some(marker),
+            created_marker: created,
         },
         record.into(),
     )
@@ -638,7 +753,15 @@ pub fn after_join(
         sv,
         budget: Some((bv, b)),
         holds: holds_from_fields(budget)?,
-        markers: planned.marker.map(|m| (m.seq, m)).into_iter().collect(),
+        settling: settling_of(budget)?,
+        markers: if created {
+            planned.created_marker
+        } else {
+            planned.marker
+        }
+        .map(|m| (m.seq, m))
+        .into_iter()
+        .collect(),
         session: s,
     };
     Ok((view, record.into()))
@@ -666,12 +789,18 @@ pub fn after_done(view: &View, planned: Planned, sv: u64, bv: u64) -> View {
     if let Some((h, amount)) = &planned.request.hold {
         holds.insert(h.clone(), *amount);
     }
+    let settling = if planned.request.release.is_some() {
+        None
+    } else {
+        view.settling.clone()
+    };
     View {
         sv,
         session: planned.session,
         markers,
         budget,
         holds,
+        settling,
     }
 }
 
@@ -687,6 +816,8 @@ mod tests {
             prev: br#"{"v":2,"x":"\"quoted\""}"#.to_vec(),
             delta_remaining: -9_000_000_000_000_000,
             delta_spent: 5,
+            budget_version: 12,
+            budget_before: 77,
         }
     }
 

@@ -16,6 +16,8 @@
 //! ARGV[9]  n, then ARGV[10..9+n]: marker fields to HDEL
 //! then     hold field "h:<id>\x1f<seq>" or "", its amount  (HSET on the budget)
 //! then     m, then m hold fields to HDEL from the budget
+//! then     the settlement in progress this write finishes (field `s`), or ""
+//! then     for a join: the marker to push instead if the call starts the budget, or ""
 //! ```
 //!
 //! Versions match: `HSET session v=v+1 b d`, push the marker, drop the listed markers,
@@ -23,8 +25,15 @@
 //! holds off the budget hash (holds never change its `v`); reply `{1, new sv, new bv}`
 //! (`new bv` 0 if the budget was not written: a version the script did not write comes
 //! with no amounts, so the reply never offers one to pair with amounts read elsewhere).
-//! A version differs: write nothing; reply `{0, HGETALL session, HGETALL budget}`.
-//! A hash without `v` counts as version 0.
+//! A version differs, or the call would write the budget while a settlement it does not
+//! name is in progress (field `s` of the budget hash): write nothing; reply `{0, HGETALL
+//! session, HGETALL budget}`. A hash without `v` counts as version 0. A call that names
+//! the settlement in progress takes `s` off.
+//!
+//! `settle` in ARGV[2] (start, take over or give up a settlement of the shared budget):
+//! ARGV[1] expected session v, ARGV[3] expected budget v, ARGV[4] the `s` value expected
+//! now ("" none), ARGV[5] the new `s` value ("" takes it off). Nothing else is written;
+//! reply `{3}`, or the conflict reply if a version or `s` differs.
 //!
 //! `join` (a session's opening on a shared budget): the session version must match (0:
 //! the session must not exist) and the session is written as above; the budget hash is
@@ -45,15 +54,28 @@ local join = ARGV[2] == 'join'
 local sv = tonumber(redis.call('HGET', KEYS[1], 'v') or '0')
 local bv = 0
 if two then bv = tonumber(redis.call('HGET', KEYS[2], 'v') or '0') end
+if ARGV[2] == 'settle' then
+  local cur = redis.call('HGET', KEYS[2], 's') or ''
+  if sv ~= tonumber(ARGV[1]) or bv ~= tonumber(ARGV[3]) or cur ~= ARGV[4] then
+    return {0, redis.call('HGETALL', KEYS[1]), redis.call('HGETALL', KEYS[2])}
+  end
+  if ARGV[5] == '' then redis.call('HDEL', KEYS[2], 's') else redis.call('HSET', KEYS[2], 's', ARGV[5]) end
+  return {3}
+end
 local writes_budget = two and ARGV[4] ~= '' and not join
-if sv ~= tonumber(ARGV[1]) or (writes_budget and bv ~= tonumber(ARGV[2])) then
+local settling = false
+if two then settling = redis.call('HGET', KEYS[2], 's') end
+local n = tonumber(ARGV[9])
+local release = ''
+if two then release = ARGV[13 + n + tonumber(ARGV[12 + n])] end
+local blocked = writes_budget and settling and settling ~= release
+if sv ~= tonumber(ARGV[1]) or (writes_budget and bv ~= tonumber(ARGV[2])) or blocked then
   local b = {}
   if two then b = redis.call('HGETALL', KEYS[2]) end
   return {0, redis.call('HGETALL', KEYS[1]), b}
 end
 redis.call('HSET', KEYS[1], 'v', sv + 1, 'b', ARGV[3], 'd', ARGV[5])
 if ARGV[6] ~= '' then redis.call('HSET', KEYS[1], ARGV[6], ARGV[7]) end
-local n = tonumber(ARGV[9])
 for i = 1, n do redis.call('HDEL', KEYS[1], ARGV[9 + i]) end
 local ttl = tonumber(ARGV[8])
 if ttl > 0 then redis.call('PEXPIRE', KEYS[1], ttl) else redis.call('PERSIST', KEYS[1]) end
@@ -62,12 +84,15 @@ if two then
   if ARGV[h] ~= '' then redis.call('HSET', KEYS[2], ARGV[h], ARGV[h + 1]) end
   local m = tonumber(ARGV[h + 2])
   for i = 1, m do redis.call('HDEL', KEYS[2], ARGV[h + 2 + i]) end
+  if settling and release ~= '' and settling == release then redis.call('HDEL', KEYS[2], 's') end
 end
 if join then
   local created = 0
   if two and bv == 0 and ARGV[4] ~= '' then
     redis.call('HSET', KEYS[2], 'v', 1, 'b', ARGV[4])
     created = 1
+    local cm = ARGV[14 + n + tonumber(ARGV[12 + n])]
+    if ARGV[6] ~= '' and cm ~= '' then redis.call('HSET', KEYS[1], ARGV[6], cm) end
   end
   local b = {}
   if two then b = redis.call('HGETALL', KEYS[2]) end
@@ -80,6 +105,38 @@ if writes_budget then
 end
 return {1, sv + 1, 0}
 ";
+
+/// A call in `settle` mode: start, take over or give up a settlement of the shared
+/// budget (see the contract above).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SettleRequest {
+    /// `P:{G}:s:<session_id>`.
+    pub session_key: String,
+    /// `P:{G}:b`.
+    pub budget_key: String,
+    /// Versions expected.
+    pub expect_sv: u64,
+    /// Budget version expected.
+    pub expect_bv: u64,
+    /// The `s` value expected now (`None`: no settlement in progress).
+    pub expect: Option<String>,
+    /// The new `s` value (`None`: take it off).
+    pub set: Option<String>,
+}
+
+/// The script's keys and arguments for a [`SettleRequest`].
+pub fn settle_keys_and_args(req: &SettleRequest) -> (Vec<String>, Vec<Vec<u8>>) {
+    (
+        vec![req.session_key.clone(), req.budget_key.clone()],
+        vec![
+            req.expect_sv.to_string().into_bytes(),
+            b"settle".to_vec(),
+            req.expect_bv.to_string().into_bytes(),
+            req.expect.clone().unwrap_or_default().into_bytes(),
+            req.set.clone().unwrap_or_default().into_bytes(),
+        ],
+    )
+}
 
 /// The script's keys and arguments for `req`, in order.
 pub fn keys_and_args(req: &CasRequest) -> (Vec<String>, Vec<Vec<u8>>) {
@@ -127,6 +184,8 @@ pub fn keys_and_args(req: &CasRequest) -> (Vec<String>, Vec<Vec<u8>>) {
     for h in &req.drop_holds {
         args.push(h.clone().into_bytes());
     }
+    args.push(req.release.clone().unwrap_or_default().into_bytes());
+    args.push(req.created_marker.clone().unwrap_or_default());
     (keys, args)
 }
 
@@ -164,12 +223,46 @@ impl Fake {
         }
     }
 
+    fn settling(&self, key: &str) -> Option<String> {
+        self.hashes
+            .get(key)
+            .and_then(|h| h.get("s"))
+            .map(|v| String::from_utf8_lossy(v).into_owned())
+    }
+
+    /// The script in `settle` mode: `true` if done, else the conflict answer.
+    pub fn settle(&mut self, req: &SettleRequest) -> Result<(), CasReply> {
+        let sv = self.version(&req.session_key);
+        let bv = self.version(&req.budget_key);
+        if sv != req.expect_sv
+            || bv != req.expect_bv
+            || self.settling(&req.budget_key) != req.expect
+        {
+            return Err(CasReply::Conflict {
+                session: self.hgetall(&req.session_key),
+                budget: self.hgetall(&req.budget_key),
+            });
+        }
+        match &req.set {
+            Some(v) => {
+                self.hashes
+                    .entry(req.budget_key.clone())
+                    .or_default()
+                    .insert("s".into(), v.clone().into_bytes());
+            }
+            None => self.hdel(&req.budget_key, "s"),
+        }
+        Ok(())
+    }
+
     /// The CAS script.
     pub fn cas(&mut self, req: &CasRequest) -> CasReply {
         let sv = self.version(&req.session_key);
         let bv = req.budget_key.as_deref().map_or(0, |k| self.version(k));
         let writes_budget = req.budget_key.is_some() && req.budget_blob.is_some() && !req.join;
-        if sv != req.expect_sv || (writes_budget && bv != req.expect_bv) {
+        let settling = req.budget_key.as_deref().and_then(|k| self.settling(k));
+        let blocked = writes_budget && settling.is_some() && settling != req.release;
+        if sv != req.expect_sv || (writes_budget && bv != req.expect_bv) || blocked {
             return CasReply::Conflict {
                 session: self.hgetall(&req.session_key),
                 budget: req
@@ -204,6 +297,9 @@ impl Fake {
             for h in &req.drop_holds {
                 self.hdel(k, h);
             }
+            if settling.is_some() && settling == req.release {
+                self.hdel(k, "s");
+            }
         }
         if req.join {
             let mut created = false;
@@ -212,6 +308,12 @@ impl Fake {
                 h.insert("v".into(), b"1".to_vec());
                 h.insert("b".into(), b.clone());
                 created = true;
+                if let (Some((seq, _)), Some(cm)) = (&req.marker, &req.created_marker) {
+                    self.hashes
+                        .entry(req.session_key.clone())
+                        .or_default()
+                        .insert(marker_field(*seq), cm.clone());
+                }
             }
             return CasReply::Joined {
                 sv: sv + 1,

@@ -15,16 +15,17 @@ use tollgate_core::{SessionState, UnixNanos};
 use tollgate_store::{check_id, MAX_ID_BYTES};
 use tollgate_store::{
     Arbiter, Budget, BudgetKey, Change, Durable, Journal, Session, SessionStore, Settled,
-    StoreError, VoidBudget, MAX_NOTE_BYTES,
+    StoreError, MAX_NOTE_BYTES,
 };
 
 use crate::cas::{
     after_done, after_join, budget_from_fields, check_markers, dips_into_holds, hold_field,
-    marker_field, plan_commit, plan_open, plan_revert, view_from_fields, Bounds, CasReply,
-    CasRequest, Fields, Holds, MarkerAction, Planned, View, MAX_FIELDS,
+    marker_field, plan_commit, plan_open, plan_revert, settle_needs_budget, settling_parts,
+    settling_value, view_from_fields, void_budget, Bounds, CasReply, CasRequest, Fields, Holds,
+    MarkerAction, Planned, View, MAX_FIELDS,
 };
 use crate::keys::Keys;
-use crate::script::{keys_and_args, CAS_LUA};
+use crate::script::{keys_and_args, settle_keys_and_args, SettleRequest, CAS_LUA};
 
 /// How a [`RedisStore`] reaches Redis and behaves in a fleet.
 #[derive(Clone)]
@@ -586,14 +587,70 @@ impl Inner {
             .view
             .clone()
             .ok_or(StoreError::NotFound { id: id.to_owned() })?;
+        let skey = self.keys.session(&group, id);
+        let bkey = view.budget.map(|_| self.keys.budget(&group));
+        // A void gives amounts back with a write whose version its entry records: hold
+        // the budget first (field `s`), so that no other write comes between.
+        let mut release = None;
+        if let (true, Some(bk), Some((bv, _))) =
+            (settle_needs_budget(&view, seqs), &bkey, view.budget)
+        {
+            if let Some(cur) = &view.settling {
+                let busy = settling_parts(cur).is_some_and(|(d, at, _)| {
+                    d != self.opts.daemon_id && now_ms().saturating_sub(at) < ms(self.opts.grace)
+                });
+                if busy {
+                    // Another daemon is settling a change of this budget: let it finish.
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    return self.load(slot, id).await;
+                }
+            }
+            let value = settling_value(&self.opts.daemon_id, now_ms(), id);
+            let req = SettleRequest {
+                session_key: skey.clone(),
+                budget_key: bk.clone(),
+                expect_sv: view.sv,
+                expect_bv: bv,
+                expect: view.settling.clone(),
+                set: Some(value.clone()),
+            };
+            match self.settle_cas(&req).await {
+                Ok(None) => release = Some(value),
+                Ok(Some((session, budget))) => return self.set_view(slot, id, &session, &budget),
+                Err(e) => {
+                    slot.view = None;
+                    return Err(e);
+                }
+            }
+        }
         let mut outcomes = Vec::with_capacity(seqs.len());
         for seq in seqs {
-            let o = tokio::time::timeout(
+            let settled = tokio::time::timeout(
                 self.opts.command_timeout,
-                self.arbiter.settle(id, *seq, VoidBudget::default()),
+                self.arbiter.settle(id, *seq, void_budget(&view, *seq)),
             )
             .await
-            .map_err(|_| backend("settle", "the arbiter did not answer in time"))??;
+            .map_err(|_| backend("settle", "the arbiter did not answer in time"))
+            .and_then(|r| r);
+            let o = match settled {
+                Ok(o) => o,
+                Err(e) => {
+                    if let (Some(value), Some(bk), Some((bv, _))) = (&release, &bkey, view.budget) {
+                        // Give the budget up (else it is taken over after grace).
+                        let _ = self
+                            .settle_cas(&SettleRequest {
+                                session_key: skey.clone(),
+                                budget_key: bk.clone(),
+                                expect_sv: view.sv,
+                                expect_bv: bv,
+                                expect: Some(value.clone()),
+                                set: None,
+                            })
+                            .await;
+                    }
+                    return Err(e);
+                }
+            };
             self.counters.settled.fetch_add(1, Ordering::Relaxed);
             if o == Settled::Void {
                 self.counters.voided.fetch_add(1, Ordering::Relaxed);
@@ -601,8 +658,6 @@ impl Inner {
             tracing::info!(session = id, seq, outcome = ?o, "settled an unconfirmed change");
             outcomes.push((*seq, o));
         }
-        let skey = self.keys.session(&group, id);
-        let bkey = view.budget.map(|_| self.keys.budget(&group));
         let planned = plan_revert(
             &view,
             &skey,
@@ -611,6 +666,7 @@ impl Inner {
             &self.opts.daemon_id,
             self.bounds(),
             self.ttl_ms(),
+            release,
         )?;
         match self.cas(&[], &planned.request, "settle").await {
             Ok(CasReply::Done { sv, bv }) => {
@@ -638,6 +694,85 @@ impl Inner {
                 slot.view = None;
                 Err(e)
             }
+        }
+    }
+
+    /// Take off a settlement `cur` of session `sid` older than grace if that session has
+    /// no unconfirmed change left (its change was confirmed: nothing to give back).
+    /// Otherwise leave it: whoever settles that change takes it over.
+    async fn clear_settling(
+        &self,
+        group: &str,
+        sid: &str,
+        budget_key: &str,
+        bv: u64,
+        cur: &str,
+    ) -> Result<(), StoreError> {
+        let skey = self.keys.session(group, sid);
+        let mut p = redis::pipe();
+        p.cmd("HGETALL").arg(&skey);
+        let mut r = self.send_store(&p, 1, "apply").await?;
+        let f = fields_of(r.pop().unwrap_or(Value::Nil), self.max_value())?;
+        if f.keys().any(|k| k.starts_with(crate::cas::MARKER_FIELD)) {
+            return Ok(());
+        }
+        let sv = f
+            .get("v")
+            .and_then(|v| std::str::from_utf8(v).ok()?.parse().ok())
+            .unwrap_or(0);
+        tracing::warn!(session = sid, "took off a settlement its daemon left");
+        self.settle_cas(&SettleRequest {
+            session_key: skey,
+            budget_key: budget_key.to_owned(),
+            expect_sv: sv,
+            expect_bv: bv,
+            expect: Some(cur.to_owned()),
+            set: None,
+        })
+        .await
+        .map(|_| ())
+    }
+
+    /// The script in `settle` mode: `None` if done, else the current hashes.
+    async fn settle_cas(
+        &self,
+        req: &SettleRequest,
+    ) -> Result<Option<(Fields, Fields)>, StoreError> {
+        let (keys, args) = settle_keys_and_args(req);
+        let mut pipe = redis::pipe();
+        let mut eval = redis::cmd("EVALSHA");
+        eval.arg(&self.sha).arg(keys.len()).arg(&keys);
+        for a in &args {
+            eval.arg(a.as_slice());
+        }
+        pipe.add_command(eval);
+        let mut reply = self.send(&pipe, 1, false, "settle").await;
+        if let Err(e) = &reply {
+            if e.kind() == ErrorKind::NoScriptError {
+                let mut load = redis::pipe();
+                load.cmd("SCRIPT").arg("LOAD").arg(CAS_LUA);
+                self.send_store(&load, 1, "script load").await?;
+                reply = self.send(&pipe, 1, false, "settle").await;
+            }
+        }
+        let mut values = reply.map_err(|e| backend("settle", e))?;
+        let Value::Array(items) = values
+            .pop()
+            .ok_or_else(|| corrupt("empty pipeline reply"))?
+        else {
+            return Err(corrupt("script reply is not an array"));
+        };
+        let mut it = items.into_iter();
+        match (it.next(), it.next(), it.next(), it.next()) {
+            (Some(Value::Int(3)), None, None, None) => Ok(None),
+            (Some(Value::Int(0)), Some(s), Some(b), None) => {
+                self.counters.conflicts.fetch_add(1, Ordering::Relaxed);
+                Ok(Some((
+                    fields_of(s, self.max_value())?,
+                    fields_of(b, self.max_value())?,
+                )))
+            }
+            _ => Err(corrupt("script reply has an unknown shape")),
         }
     }
 
@@ -783,6 +918,7 @@ impl Inner {
                                 .collect(),
                             session: planned.session.clone(),
                             holds: Holds::new(),
+                            settling: None,
                         },
                         wrote_budget,
                     )),
@@ -1168,6 +1304,40 @@ impl RedisStore {
                         inner.confirmed_upto(id),
                         inner.ttl_ms(),
                     )?;
+                    if let (true, Some(cur)) =
+                        (planned.request.budget_blob.is_some(), view.settling.clone())
+                    {
+                        // A settlement holds the budget (its give-back's version is in
+                        // its void entry): wait for it, re-read, decide again. One left
+                        // by a daemon that died after its change was confirmed (no
+                        // marker left to settle) is taken off after grace.
+                        if let (Some((bk, bv)), Some((_, at, sid))) = (
+                            bkey.as_ref().zip(view.budget.map(|b| b.0)),
+                            settling_parts(&cur),
+                        ) {
+                            if now_ms().saturating_sub(at) >= grace {
+                                inner.clear_settling(&group, sid, bk, bv, &cur).await?;
+                            }
+                        }
+                        if started.elapsed() + backoff > inner.opts.command_timeout {
+                            return Err(backend(
+                                "apply",
+                                "budget busy: another daemon is settling a change of it",
+                            ));
+                        }
+                        let held = bguard.is_some();
+                        bguard = None;
+                        tokio::time::sleep(backoff).await;
+                        if held {
+                            if let Some(k) = &bkey {
+                                bguard = Some(inner.budget_lock(k).lock_owned().await);
+                            }
+                        }
+                        backoff = (backoff * 2).min(Duration::from_millis(200));
+                        attempts -= 1;
+                        inner.load(&mut slot, id).await?;
+                        continue;
+                    }
                     let seq = event.session_seq();
                     let mut pre = Vec::new();
                     let mut c = redis::cmd("ZADD");

@@ -58,7 +58,7 @@ async def acheck_or_wait(guard: Union[Guard, Client], tool: str, args: Any, cost
         return r.verdict, r.params
     v = await guard.acheck(tool, args, cost)
     if v.verdict == "HITL" and guard._on_hitl is not None:
-        r = guard.ask_human(v)
+        r = await guard.aask_human(v)
         return r.verdict, r.params
     return v, args
 

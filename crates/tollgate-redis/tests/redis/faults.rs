@@ -55,6 +55,14 @@ async fn crash(mode: u8, by_sweep: bool, name: &str) -> (Arc<Book>, Verdict, Mon
         .unwrap()
         .unwrap();
     assert_eq!(b.stats().settled, 1);
+    // An auditor folds the budget from the book alone, by its versions (the void names
+    // the voided write and its give-back), and gets what Redis holds.
+    let (top, left) = crate::support::fold_budget(&book, "org-c", 1_000);
+    assert_eq!(
+        top,
+        crate::support::budget_version(&format!("{p}:{{o:org-c}}:b")).await
+    );
+    assert_eq!(Money(left), budget.remaining);
     cleanup(&p).await;
     (book, d.verdict, budget.remaining, p)
 }
@@ -227,5 +235,116 @@ async fn a_flushed_script_is_loaded_again() {
     assert_eq!(d.verdict, Verdict::Allow);
     // NOSCRIPT, SCRIPT LOAD, the pipeline again.
     assert_eq!(s.stats().round_trips - before, 3);
+    cleanup(&p).await;
+}
+
+/// An arbiter that answers only once the test lets it.
+#[derive(Debug)]
+struct Gated {
+    book: Arc<Book>,
+    gate: Arc<tokio::sync::Semaphore>,
+}
+
+impl tollgate_store::Arbiter for Gated {
+    fn settle<'a>(
+        &'a self,
+        session_id: &'a str,
+        session_seq: u64,
+        budget: tollgate_store::VoidBudget,
+    ) -> tollgate_store::SettleFuture<'a> {
+        Box::pin(async move {
+            let _go = self.gate.acquire().await;
+            Ok(self.book.settle(session_id, session_seq, budget))
+        })
+    }
+}
+
+/// A settlement holds the budget from before its void is decided until its give-back is
+/// written, so the void can name the give-back's version: another daemon's spend on
+/// another session of the budget, attempted meanwhile, waits and goes in after it; the
+/// budget then folds from the book alone, by its versions.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_settlement_holds_the_budget_until_its_give_back() {
+    let _scripts = crate::support::SCRIPTS.read().await;
+    let p = prefix("hold");
+    let book = Arc::new(Book::default());
+    let ja = TestJournal::new(book.clone());
+    let a = store(options(&p), ja.clone()).await;
+    create(&a, org_session("h1", "org-h", 1_000)).await;
+    create(&a, org_session("h2", "org-h", 1_000)).await;
+    let (d, durable) = pre_exec(&a, "h1", 1, 300).await.unwrap();
+    durable.await.unwrap();
+    assert_eq!(d.verdict, Verdict::Allow);
+    // Written to Redis, never committed: the daemon dies.
+    ja.mode.store(HANG, Ordering::SeqCst);
+    let (d, durable) = pre_exec(&a, "h1", 2, 200).await.unwrap();
+    assert_eq!(d.verdict, Verdict::Allow);
+    drop(durable);
+    drop(a);
+
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let mut ob = options(&p);
+    ob.grace = Duration::from_millis(200);
+    let arbiter = Arc::new(Gated {
+        book: book.clone(),
+        gate: gate.clone(),
+    });
+    let b = Arc::new(
+        tollgate_redis::RedisStore::connect(ob, TestJournal::new(book.clone()), arbiter)
+            .await
+            .unwrap(),
+    );
+    let c = Arc::new(store(options(&p), TestJournal::new(book.clone())).await);
+    let bkey = format!("{p}:{{o:org-h}}:b");
+    let client = redis::Client::open(REDIS).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    // B settles h1 (after grace): it holds the budget, then waits for the arbiter.
+    let b2 = b.clone();
+    let settling = tokio::spawn(async move {
+        loop {
+            b2.sweep().await.unwrap();
+            if b2.stats().settled > 0 {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    });
+    loop {
+        let s: Option<String> = redis::cmd("HGET")
+            .arg(&bkey)
+            .arg("s")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        if s.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // C spends on h2 meanwhile: it waits (re-reading) while the budget is held.
+    let before = c.stats().round_trips;
+    let c2 = c.clone();
+    let spend = tokio::spawn(async move {
+        let (d, durable) = pre_exec(&*c2, "h2", 3, 100).await.unwrap();
+        durable.await.unwrap();
+        d.verdict
+    });
+    while c.stats().round_trips < before + 4 && !spend.is_finished() {
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    assert!(!spend.is_finished(), "C wrote while the budget was held");
+    gate.add_permits(100);
+    settling.await.unwrap();
+    assert_eq!(spend.await.unwrap(), Verdict::Allow);
+    // The void gave 200 back; C took 100: 1000 − 300 − 100.
+    let budget = c
+        .budget(&BudgetKey::Organization("org-h".into()))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(budget.remaining, Money(600));
+    let (top, left) = crate::support::fold_budget(&book, "org-h", 1_000);
+    assert_eq!(top, crate::support::budget_version(&bkey).await);
+    assert_eq!(Money(left), budget.remaining);
     cleanup(&p).await;
 }

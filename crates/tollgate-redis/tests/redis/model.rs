@@ -22,11 +22,11 @@ use tollgate_audit::SessionEvent;
 use tollgate_core::{HitlMode, HumanDecision, Money, Settlement};
 use tollgate_redis::cas::{
     after_done, after_join, budget_from_fields, check_markers, dips_into_holds, hold_field,
-    plan_commit, plan_open, plan_revert, view_from_fields, Bounds, CasReply, Holds, MarkerAction,
-    Planned, View,
+    plan_commit, plan_open, plan_revert, settle_needs_budget, settling_value, view_from_fields,
+    void_budget, Bounds, CasReply, Holds, MarkerAction, Planned, View,
 };
 use tollgate_redis::keys::Keys;
-use tollgate_redis::script::Fake;
+use tollgate_redis::script::{Fake, SettleRequest};
 use tollgate_store::{ops, Budget, Change, Session, Settled};
 
 use crate::support::{org_session, pre_exec_closure, Book, Claim};
@@ -194,6 +194,15 @@ fn model_session(id: &str) -> Session {
 
 const NOW: i64 = 2_000;
 
+/// What names a budget version in the log.
+#[derive(Debug, Clone, Copy)]
+enum Named {
+    /// A change's write (an entry, or a voided change's write): remaining before, after.
+    Write(i64, i64),
+    /// A void's give-back: the amount given back.
+    GiveBack(i64),
+}
+
 struct World {
     db: Fake,
     daemons: Vec<Daemon>,
@@ -258,11 +267,30 @@ impl World {
     }
 
     fn settle(&mut self, d: usize, id: &str, view: &View, seqs: &[u64]) {
+        let me = self.daemons[d].id.clone();
+        // Hold the budget for a give-back (the store's settlement; atomic here).
+        let mut release = None;
+        if let (true, Some((bv, _))) = (settle_needs_budget(view, seqs), view.budget) {
+            let value = settling_value(&me, self.now, id);
+            let req = SettleRequest {
+                session_key: self.skey(id),
+                budget_key: self.bkey(),
+                expect_sv: view.sv,
+                expect_bv: bv,
+                expect: view.settling.clone(),
+                set: Some(value.clone()),
+            };
+            if self.db.settle(&req).is_err() {
+                let fresh = self.read(id).unwrap();
+                self.daemons[d].cache.insert(id.to_owned(), fresh);
+                return;
+            }
+            release = Some(value);
+        }
         let outcomes: Vec<(u64, Settled)> = seqs
             .iter()
-            .map(|q| (*q, self.book.settle(id, *q, Default::default())))
+            .map(|q| (*q, self.book.settle(id, *q, void_budget(view, *q))))
             .collect();
-        let me = self.daemons[d].id.clone();
         let planned = plan_revert(
             view,
             &self.skey(id),
@@ -271,6 +299,7 @@ impl World {
             &me,
             BOUNDS,
             1_000,
+            release,
         )
         .unwrap();
         match self.send(d, id, &planned) {
@@ -328,7 +357,8 @@ impl World {
                 let Change::Commit((), mut event) = f(&mut session) else {
                     return;
                 };
-                if dips_into_holds(&view, &session) {
+                let moves = Budget::of(&session.state) != Budget::of(&view.session.state);
+                if dips_into_holds(&view, &session) || (moves && view.settling.is_some()) {
                     // Held money: the store waits and decides again on a fresh copy.
                     let fresh = self.read(id).unwrap();
                     self.daemons[d].cache.insert(id.to_owned(), fresh);
@@ -545,8 +575,9 @@ impl World {
             return;
         };
         let mut taken = 0;
-        // Budget versions the entries name: each once; consecutive ones chain.
-        let mut versions: BTreeMap<u64, (i64, i64)> = BTreeMap::new();
+        // Budget versions the entries and voids name: each once (docs/audit-format.md,
+        // "Folding a shared budget"): a write's (before, after), or a give-back's amount.
+        let mut versions: BTreeMap<u64, Named> = BTreeMap::new();
         for e in &entries {
             let (before, after) = match e {
                 SessionEvent::Verdict(v) => (v.budget_before.0, v.budget_after.0),
@@ -558,7 +589,7 @@ impl World {
             if e.budget_version() != 0 {
                 assert!(
                     versions
-                        .insert(e.budget_version(), (before, after))
+                        .insert(e.budget_version(), Named::Write(before, after))
                         .is_none(),
                     "budget version {} named twice",
                     e.budget_version()
@@ -576,16 +607,53 @@ impl World {
             Money(BUDGET - taken),
             "Redis against the entries"
         );
-        for (v, (before, _)) in &versions {
-            if let Some((_, after)) = versions.get(&(v - 1)) {
-                assert_eq!(
-                    before,
-                    after,
-                    "version {v} was not computed from version {}",
-                    v - 1
+        for ((id, seq), vb) in self.book.voids.lock().unwrap().iter() {
+            if claims.get(&(id.clone(), *seq)) != Some(&Claim::Void) || vb.budget_version == 0 {
+                continue;
+            }
+            let (before, after) = (vb.budget_before.0, vb.budget_after.0);
+            assert!(
+                versions
+                    .insert(vb.budget_version, Named::Write(before, after))
+                    .is_none(),
+                "budget version {} named twice (a void)",
+                vb.budget_version
+            );
+            if vb.revert_version != 0 {
+                assert!(
+                    versions
+                        .insert(vb.revert_version, Named::GiveBack(before - after))
+                        .is_none(),
+                    "budget version {} named twice (a give-back)",
+                    vb.revert_version
                 );
             }
         }
+        // Walk the versions: 1 to the last, each named, each write computed from the one
+        // before; the result is what Redis holds.
+        let top = budget_from_fields(&self.db.hgetall(&self.bkey()))
+            .unwrap()
+            .unwrap()
+            .0;
+        assert_eq!(
+            versions.keys().copied().collect::<Vec<_>>(),
+            (1..=top).collect::<Vec<_>>(),
+            "budget versions named by the entries and voids: {versions:?}"
+        );
+        let mut r = BUDGET;
+        for (v, n) in &versions {
+            match *n {
+                Named::Write(before, after) => {
+                    assert_eq!(
+                        before, r,
+                        "version {v} was not computed from the one before"
+                    );
+                    r = after;
+                }
+                Named::GiveBack(amount) => r += amount,
+            }
+        }
+        assert_eq!(Money(r), b.remaining, "the fold of the log against Redis");
         // Each session is the fold of its committed entries; voids keep their version.
         for s in 0..SESSIONS {
             let id = sid(s);

@@ -387,3 +387,85 @@ pub fn pre_exec_remaining(
         Change::Touch(d) => Change::Touch((d, s.state.budget_remaining)),
     }
 }
+
+/// Fold organization `org`'s shared budget from the book alone, by its versions
+/// (docs/audit-format.md, "Folding a shared budget"): every version from 1 named exactly
+/// once (an entry, a voided write, a give-back), each write computed from the amount the
+/// version before left. Returns (highest version, remaining).
+pub fn fold_budget(book: &Book, org: &str, initial: i64) -> (u64, i64) {
+    use std::collections::BTreeMap;
+    #[derive(Debug)]
+    enum Named {
+        Write(i64, i64),
+        GiveBack(i64),
+    }
+    let mut versions: BTreeMap<u64, Named> = BTreeMap::new();
+    let entries = book.entries.lock().unwrap().clone();
+    let mut ours = std::collections::HashSet::new();
+    for e in &entries {
+        let (o, before, after) = match e {
+            SessionEvent::Verdict(v) => (&v.organization_id, v.budget_before.0, v.budget_after.0),
+            SessionEvent::Settled(s) => (&s.organization_id, s.budget_before.0, s.budget_after.0),
+            SessionEvent::Opened(s) => (&s.organization_id, s.budget_before.0, s.budget_before.0),
+            SessionEvent::HumanDecision(_) => continue,
+        };
+        if o != org {
+            continue;
+        }
+        ours.insert(e.session_id().to_owned());
+        if e.budget_version() != 0 {
+            let old = versions.insert(e.budget_version(), Named::Write(before, after));
+            assert!(old.is_none(), "version {} named twice", e.budget_version());
+        }
+    }
+    let claims = book.claims.lock().unwrap().clone();
+    for ((id, seq), vb) in book.voids.lock().unwrap().iter() {
+        if !ours.contains(id) || claims.get(&(id.clone(), *seq)) != Some(&Claim::Void) {
+            continue;
+        }
+        if vb.budget_version != 0 {
+            let w = Named::Write(vb.budget_before.0, vb.budget_after.0);
+            assert!(
+                versions.insert(vb.budget_version, w).is_none(),
+                "void version twice"
+            );
+        }
+        if vb.revert_version != 0 {
+            let g = Named::GiveBack(vb.budget_before.0 - vb.budget_after.0);
+            assert!(
+                versions.insert(vb.revert_version, g).is_none(),
+                "give-back twice"
+            );
+        }
+    }
+    let top = versions.keys().next_back().copied().unwrap_or(0);
+    assert_eq!(
+        versions.keys().copied().collect::<Vec<_>>(),
+        (1..=top).collect::<Vec<_>>(),
+        "budget versions named: {versions:?}"
+    );
+    let mut r = initial;
+    for (v, n) in &versions {
+        match *n {
+            Named::Write(before, after) => {
+                assert_eq!(before, r, "version {v} not computed from the one before");
+                r = after;
+            }
+            Named::GiveBack(a) => r += a,
+        }
+    }
+    (top, r)
+}
+
+/// The shared budget hash's version in Redis.
+pub async fn budget_version(budget_key: &str) -> u64 {
+    let client = redis::Client::open(REDIS).unwrap();
+    let mut c = client.get_multiplexed_async_connection().await.unwrap();
+    let v: Option<u64> = redis::cmd("HGET")
+        .arg(budget_key)
+        .arg("v")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    v.unwrap_or(0)
+}

@@ -66,7 +66,7 @@ struct Fleet {
 impl Fleet {
     fn start(root: &Path, redis_url: &str, pg_url: &str) -> Fleet {
         let urls = vec![redis_url.to_owned(); DAEMONS];
-        Fleet::start_with(root, redis_url, &urls, pg_url, 2.0, 1)
+        Fleet::start_with(root, redis_url, &urls, pg_url, 2.0, 1, "")
     }
 
     /// One daemon per entry of `urls` (each daemon's Redis URL: the same server, maybe
@@ -78,6 +78,7 @@ impl Fleet {
         pg_url: &str,
         budget_usd: f64,
         sweep_secs: u64,
+        limits: &str,
     ) -> Fleet {
         let prefix = unique("tgfleet");
         let schema = unique("fleet");
@@ -97,6 +98,7 @@ impl Fleet {
 [limits]
 registrations_per_second_per_peer = 100000
 pre_exec_per_second_per_session = 100000
+{limits}
 
 [state]
 backend = "redis"
@@ -741,6 +743,14 @@ fn three_daemons_share_one_budget_without_overspending_then_one_is_killed() {
     let before = chains;
     let chains = rt.block_on(check(&fleet, &alive, &agents, &seen2));
     assert!(chains.entries > before.entries);
+    // The fold still holds with the killed daemon's changes voided: each void names the
+    // voided write's version and its give-back's.
+    let left = rt.block_on(remaining(&fleet, &alive, &agents[0]));
+    assert_eq!(
+        chains.fold(),
+        left,
+        "the chains' fold against Redis, with voids"
+    );
     // Every chain, the killed daemon's included, verifies with the CLI too.
     let out = tollgate(&[
         "audit",
@@ -1068,6 +1078,25 @@ struct DelayProxy {
 }
 
 impl DelayProxy {
+    /// Wait until nothing has gone through for `quiet` (longer than the delay: then no
+    /// byte is on its way either).
+    async fn quiet(&self, quiet: Duration) {
+        loop {
+            let before = (
+                self.up.load(Ordering::SeqCst),
+                self.down.load(Ordering::SeqCst),
+            );
+            tokio::time::sleep(quiet).await;
+            if (
+                self.up.load(Ordering::SeqCst),
+                self.down.load(Ordering::SeqCst),
+            ) == before
+            {
+                return;
+            }
+        }
+    }
+
     async fn start(target: &'static str, delay: Duration) -> DelayProxy {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -1141,8 +1170,17 @@ fn a_registration_racing_a_spend_on_another_daemon_never_overspends() {
         Duration::from_millis(500),
     ));
     let urls = vec![proxy.url.clone(), SHARED_REDIS.to_owned()];
-    // No sweeps: A's only Redis traffic is what its agents cause.
-    let fleet = Fleet::start_with(tmp.path(), SHARED_REDIS, &urls, SHARED_PG, 10.0, 3600);
+    // No sweeps and no scans for held calls to expire: A's only Redis traffic is what
+    // its agents cause.
+    let fleet = Fleet::start_with(
+        tmp.path(),
+        SHARED_REDIS,
+        &urls,
+        SHARED_PG,
+        10.0,
+        3600,
+        "hitl_timeout_secs = 0",
+    );
     async fn call(
         c: &DaemonClient,
         session: String,
@@ -1167,6 +1205,8 @@ fn a_registration_racing_a_spend_on_another_daemon_never_overspends() {
         let bs = b.session_id().to_owned();
         let v = call(&b, bs.clone(), 1, 1.0).await;
         assert_eq!(v.verdict, Verdict::Allow, "{v:?}");
+        // A has finished starting (its own commands to Redis have all been answered).
+        proxy.quiet(Duration::from_millis(1500)).await;
 
         let (up, down) = (
             proxy.up.load(Ordering::SeqCst),
