@@ -347,7 +347,12 @@ impl Daemon {
                 control: config
                     .control
                     .as_ref()
-                    .map(|_| transport::control::MAX_HTTP_CONNECTIONS),
+                    // HTTP connections, and the WebSockets they became (signed in or not).
+                    .map(|_| {
+                        transport::control::MAX_HTTP_CONNECTIONS
+                            + transport::control::MAX_CONSOLES
+                            + transport::control::MAX_PENDING_CONSOLES
+                    }),
                 fleet: matches!(core, Core::Fleet(_)),
             },
         )?;

@@ -1239,6 +1239,67 @@ mod tests {
     }
 
     #[test]
+    fn hosts_and_origins() {
+        let names = Names {
+            tls: false,
+            hosts: vec!["console.example".into()],
+            origins: vec!["https://ops.example".into()],
+        };
+        for ok in [
+            "127.0.0.1",
+            "127.0.0.1:8700",
+            "10.1.2.3:1",
+            "[::1]:8700",
+            "[::1]",
+            "localhost",
+            "LOCALHOST:80",
+            "a.localhost",
+            "localhost.",
+            "console.example:8700",
+            "Console.Example",
+        ] {
+            assert!(names.host_allowed(ok), "{ok}");
+        }
+        for bad in [
+            "",
+            "evil.example",
+            "evil.example:8700",
+            "localhost.evil.example",
+            "127.0.0.1.evil.example",
+            "console.example.evil",
+            "[::1",
+            "[not-ip]:1",
+            "localhost:x",
+            "localhost:123456",
+            "1.2.3.4:80:80",
+        ] {
+            assert!(!names.host_allowed(bad), "{bad}");
+        }
+        assert!(names.origin_allowed("http://127.0.0.1:8700", "127.0.0.1:8700"));
+        assert!(names.origin_allowed("HTTP://LocalHost:8700", "localhost:8700"));
+        assert!(names.origin_allowed("https://ops.example", "127.0.0.1:8700"));
+        for bad in [
+            "https://127.0.0.1:8700",
+            "http://127.0.0.1:8701",
+            "null",
+            "http://evil.example",
+            "",
+        ] {
+            assert!(!names.origin_allowed(bad, "127.0.0.1:8700"), "{bad}");
+        }
+    }
+
+    proptest::proptest! {
+        /// Any Host or Origin text is answered, never a panic.
+        #[test]
+        fn any_host_or_origin_is_answered(host in ".{0,64}", origin in ".{0,64}") {
+            let names = Names::default();
+            let _ = names.host_allowed(&host);
+            let _ = names.origin_allowed(&origin, &host);
+        }
+    }
+
+    #[test]
     fn the_console_runs_under_its_own_hashes_only() {
         let csp = content_security_policy("<style>a{}</style><script>go()</script>");
         let csp = csp.to_str().unwrap();

@@ -11,12 +11,20 @@
 //! messages' integrity. Operators' requests (`hitl_list`, `hitl_decide`) are not served
 //! here: operators use the control plane.
 //!
-//! Bounds on a peer: at most `limits.max_connections` gRPC connections at once (more are
-//! closed at once), `limits.frame_timeout` to complete the TLS handshake, messages of at
-//! most 1 MiB ([`tollgate_proto::MAX_FRAME_LEN`]) each way, at most
+//! Bounds on a peer (docs/protocol.md §8.2), with `limits.max_connections` shared out by
+//! [`Limits::connection_split`]: a connection whose TLS handshake has not completed is
+//! one of at most `limits.max_unauthenticated_connections` (one more pushes the oldest
+//! out) and has `limits.auth_timeout` to complete it; a certificate that is invalid or
+//! maps to no organization fails the handshake itself, so no message of its peer is ever
+//! read; only then does the connection take one of the other slots (none left: it is
+//! closed). The certificate must be an end entity (not a CA), and a CA's path-length
+//! constraint holds for the path to it, trust anchors' included. A connection is served
+//! until the earliest `notAfter` of the chain it presented, then closed. Messages are at
+//! most 1 MiB ([`tollgate_proto::MAX_FRAME_LEN`]) each way; at most
 //! [`MAX_CONCURRENT_STREAMS`] rpcs in flight per connection.
 
 use std::collections::{BTreeMap, HashMap};
+use std::future::Future as _;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::pin::Pin;
@@ -45,6 +53,7 @@ use tonic::metadata::MetadataValue;
 use tonic::transport::server::Connected;
 use tonic::{Code, Request, Response, Status};
 
+use super::pending::Pending;
 use crate::config::{san_matches, GrpcClientRules, GrpcSettings, Limits};
 use crate::service::{refuse, Caller, Peer, Refusal, Service};
 
@@ -53,7 +62,13 @@ pub const ERROR_CODE_KEY: &str = "tollgate-error-code";
 /// The metadata key carrying a refusal's `retry_after_ms` (decimal).
 pub const RETRY_AFTER_KEY: &str = "tollgate-retry-after-ms";
 /// Rpcs in flight per connection at most.
-pub const MAX_CONCURRENT_STREAMS: u32 = 256;
+pub const MAX_CONCURRENT_STREAMS: u32 = 16;
+/// Bytes of request messages being received at once on one connection, at most.
+pub const MAX_IN_FLIGHT_BYTES_PER_CONNECTION: usize = 4 << 20;
+/// Bytes of request messages being received at once on all connections, at most.
+pub const MAX_IN_FLIGHT_BYTES: usize = 64 << 20;
+/// Intermediate certificates a client may present (a longer chain is refused).
+pub const MAX_INTERMEDIATES: usize = 4;
 
 /// Why the gRPC binding cannot start.
 #[derive(Debug, thiserror::Error)]
@@ -180,12 +195,91 @@ pub async fn bind(
     })
 }
 
+/// One trusted CA certificate: a verifier with it as the only root, and its path-length
+/// constraint (webpki keeps only a trust anchor's name and key, so the constraint is
+/// enforced here: a path to it may hold at most that many intermediates).
+#[derive(Debug)]
+struct Anchor {
+    verifier: Arc<dyn ClientCertVerifier>,
+    path_len: Option<u32>,
+}
+
+/// Whether `leaf` (with `intermediates`) chains to one of `anchors` at `now`, within its
+/// path-length constraint, and is an end entity. The intermediates are tried as a client
+/// sends them, in order from the leaf: a constraint of N allows the first N at most.
+fn chains_to(
+    anchors: &[Anchor],
+    leaf: &CertificateDer<'_>,
+    intermediates: &[CertificateDer<'_>],
+    now: UnixTime,
+) -> Result<(), rustls::Error> {
+    let refused = || {
+        rustls::Error::InvalidCertificate(rustls::CertificateError::ApplicationVerificationFailure)
+    };
+    if is_ca(leaf) || intermediates.len() > MAX_INTERMEDIATES {
+        return Err(refused());
+    }
+    let mut last = Err(rustls::Error::InvalidCertificate(
+        rustls::CertificateError::UnknownIssuer,
+    ));
+    for a in anchors {
+        let most = a
+            .path_len
+            .map_or(intermediates.len(), |n| intermediates.len().min(n as usize));
+        // Unconstrained: the whole chain; constrained: every allowed prefix.
+        let first = if a.path_len.is_none() { most } else { 0 };
+        for n in first..=most {
+            match a
+                .verifier
+                .verify_client_cert(leaf, intermediates.get(..n).unwrap_or(&[]), now)
+            {
+                Ok(_) => return Ok(()),
+                Err(e) => last = Err(e),
+            }
+        }
+    }
+    // A chain webpki accepts with more intermediates than the constraint allows is a
+    // violation, not an unknown issuer.
+    if let (Err(_), true) = (&last, anchors.iter().any(|a| a.path_len.is_some())) {
+        if anchors.iter().any(|a| {
+            a.verifier
+                .verify_client_cert(leaf, intermediates, now)
+                .is_ok()
+        }) {
+            return Err(refused());
+        }
+    }
+    last
+}
+
+/// Whether a certificate says it is a CA (basicConstraints cA TRUE). One that cannot be
+/// parsed is treated as one (refused).
+fn is_ca(cert: &CertificateDer<'_>) -> bool {
+    match x509_parser::parse_x509_certificate(cert.as_ref()) {
+        Ok((_, c)) => c
+            .basic_constraints()
+            .ok()
+            .flatten()
+            .is_some_and(|b| b.value.ca),
+        Err(_) => true,
+    }
+}
+
+/// The latest instant (Unix seconds) at which every certificate of `chain` is valid.
+fn chain_not_after(chain: &[CertificateDer<'_>]) -> Option<i64> {
+    chain
+        .iter()
+        .filter_map(|c| x509_parser::parse_x509_certificate(c.as_ref()).ok())
+        .map(|(_, c)| c.validity().not_after.timestamp())
+        .min()
+}
+
 /// One organization's rules, loaded.
 #[derive(Debug)]
 struct OrgRules {
     id: String,
-    /// Chains to this organization's CA.
-    ca: Option<Arc<dyn ClientCertVerifier>>,
+    /// Chains to one of these CA certificates.
+    ca: Option<Vec<Anchor>>,
     fingerprints: Vec<[u8; 32]>,
     san: Vec<String>,
 }
@@ -217,6 +311,26 @@ pub enum Unmapped {
     /// More than one organization's rules match.
     #[error("the client certificate maps to more than one organization ({0})")]
     Ambiguous(String),
+}
+
+/// One [`Anchor`] per CA certificate.
+fn anchors(roots: &[CertificateDer<'static>]) -> Result<Vec<Anchor>, GrpcError> {
+    roots
+        .iter()
+        .map(|r| {
+            let (_, parsed) = x509_parser::parse_x509_certificate(r.as_ref())
+                .map_err(|e| GrpcError::Tls(format!("a client CA certificate: {e}")))?;
+            let path_len = parsed
+                .basic_constraints()
+                .ok()
+                .flatten()
+                .and_then(|b| b.value.path_len_constraint);
+            Ok(Anchor {
+                verifier: ca_verifier(vec![r.clone()])?,
+                path_len,
+            })
+        })
+        .collect()
 }
 
 fn ca_verifier(
@@ -256,7 +370,7 @@ impl ClientIdentities {
                         }
                     }
                     all_roots.extend(roots.iter().cloned());
-                    Some(ca_verifier(roots)?)
+                    Some(anchors(&roots)?)
                 }
                 None => None,
             };
@@ -291,6 +405,15 @@ impl ClientIdentities {
         now: UnixTime,
     ) -> Result<String, Unmapped> {
         let (leaf, intermediates) = chain.split_first().ok_or(Unmapped::NoCertificate)?;
+        self.organization_of_parts(leaf, intermediates, now)
+    }
+
+    fn organization_of_parts(
+        &self,
+        leaf: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        now: UnixTime,
+    ) -> Result<String, Unmapped> {
         let fingerprint: [u8; 32] = sha2::Sha256::digest(leaf.as_ref()).into();
         let names = subject_alt_names(leaf);
         let matching: Vec<&str> = self
@@ -298,8 +421,8 @@ impl ClientIdentities {
             .iter()
             .filter(|o| {
                 o.fingerprints.contains(&fingerprint)
-                    || o.ca.as_ref().is_some_and(|v| {
-                        v.verify_client_cert(leaf, intermediates, now).is_ok()
+                    || o.ca.as_ref().is_some_and(|anchors| {
+                        chains_to(anchors, leaf, intermediates, now).is_ok()
                             && (o.san.is_empty()
                                 || o.san
                                     .iter()
@@ -371,13 +494,29 @@ impl ClientCertVerifier for ClientIdentities {
         let fingerprint: [u8; 32] = sha2::Sha256::digest(end_entity.as_ref()).into();
         if self.pins.contains_key(&fingerprint) {
             valid_at(end_entity, now)?;
-            return Ok(ClientCertVerified::assertion());
+        } else {
+            match &self.any_ca {
+                Some(v) => {
+                    v.verify_client_cert(end_entity, intermediates, now)?;
+                }
+                None => {
+                    return Err(rustls::Error::InvalidCertificate(
+                        rustls::CertificateError::UnknownIssuer,
+                    ))
+                }
+            }
         }
-        match &self.any_ca {
-            Some(v) => v.verify_client_cert(end_entity, intermediates, now),
-            None => Err(rustls::Error::InvalidCertificate(
-                rustls::CertificateError::UnknownIssuer,
-            )),
+        // Valid is not enough: the certificate must be exactly one organization's agent
+        // (path-length and CA constraints included), or the handshake fails and nothing
+        // its peer sends is read.
+        match self.organization_of_parts(end_entity, intermediates, now) {
+            Ok(_) => Ok(ClientCertVerified::assertion()),
+            Err(why) => {
+                tracing::warn!("gRPC client certificate refused: {why}");
+                Err(rustls::Error::InvalidCertificate(
+                    rustls::CertificateError::ApplicationVerificationFailure,
+                ))
+            }
         }
     }
 
@@ -411,12 +550,33 @@ pub struct ConnInfo {
     pub remote: SocketAddr,
     /// The organization its certificate maps to, or why none.
     pub identity: Arc<Result<String, Unmapped>>,
+    /// The earliest `notAfter` of the chain it presented (Unix seconds): past it, the
+    /// connection is no longer served.
+    pub not_after: Option<i64>,
+    /// Its share of request bytes being received ([`MAX_IN_FLIGHT_BYTES_PER_CONNECTION`]).
+    budget: Arc<Semaphore>,
+}
+
+impl ConnInfo {
+    /// Whether its certificate has expired at `now_secs`.
+    fn expired(&self, now_secs: i64) -> bool {
+        self.not_after.is_some_and(|t| now_secs > t)
+    }
+}
+
+fn unix_now_secs() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
 }
 
 /// An accepted, authenticated TLS connection, holding its connection slot.
 struct Conn {
     io: TlsStream<TcpStream>,
     info: ConnInfo,
+    /// Fires when the client certificate expires: reads then fail, and the HTTP/2 server
+    /// closes the connection.
+    expiry: Pin<Box<tokio::time::Sleep>>,
     _permit: OwnedSemaphorePermit,
     _open: crate::metrics::OpenConnection,
 }
@@ -435,7 +595,15 @@ impl AsyncRead for Conn {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.get_mut().io).poll_read(cx, buf)
+        let this = self.get_mut();
+        if this.expiry.as_mut().poll(cx).is_ready() {
+            tracing::info!(remote = %this.info.remote, "gRPC client certificate expired: closing its connection");
+            return Poll::Ready(Err(std::io::Error::new(
+                std::io::ErrorKind::ConnectionAborted,
+                "client certificate expired",
+            )));
+        }
+        Pin::new(&mut this.io).poll_read(cx, buf)
     }
 }
 
@@ -478,7 +646,9 @@ async fn accept(
     limits: Limits,
     out: mpsc::Sender<Result<Conn, std::io::Error>>,
 ) {
-    let permits = Arc::new(Semaphore::new(limits.max_connections));
+    let (authenticated, unauthenticated) = limits.connection_split();
+    let permits = Arc::new(Semaphore::new(authenticated));
+    let handshaking = Pending::new(unauthenticated);
     loop {
         let (tcp, remote) = match listener.accept().await {
             Ok(x) => x,
@@ -488,48 +658,68 @@ async fn accept(
                 continue;
             }
         };
-        let Ok(permit) = permits.clone().try_acquire_owned() else {
-            tracing::warn!(
-                %remote,
-                "gRPC connection refused: {} connections open",
-                limits.max_connections
-            );
-            continue;
-        };
         let _ = tcp.set_nodelay(true);
+        // Until its handshake completes with a mapped certificate, a connection holds a
+        // place among the handshaking ones only (the newest pushes the oldest out).
+        let slot = handshaking.admit("gRPC");
+        let permits = permits.clone();
         let acceptor = acceptor.clone();
         let identities = identities.clone();
         let out = out.clone();
-        let handshake_timeout = limits.frame_timeout;
+        let handshake_timeout = limits.auth_timeout;
         tokio::spawn(async move {
             let open = crate::metrics::connection_opened("grpc");
-            let io = match tokio::time::timeout(handshake_timeout, acceptor.accept(tcp)).await {
-                Ok(Ok(io)) => io,
-                Ok(Err(e)) => {
-                    tracing::info!(%remote, "gRPC TLS handshake failed: {e}");
-                    return;
-                }
-                Err(_) => {
-                    tracing::info!(%remote, "gRPC TLS handshake not complete in time");
+            let evicted = slot.evicted();
+            let handshake = tokio::time::timeout(handshake_timeout, acceptor.accept(tcp));
+            let io = tokio::select! {
+                r = handshake => match r {
+                    Ok(Ok(io)) => io,
+                    Ok(Err(e)) => {
+                        tracing::info!(%remote, "gRPC TLS handshake failed: {e}");
+                        return;
+                    }
+                    Err(_) => {
+                        tracing::info!(%remote, "gRPC TLS handshake not complete in time");
+                        return;
+                    }
+                },
+                () = evicted.notified() => {
+                    tracing::info!(%remote, "gRPC handshake pushed out by newer connections");
                     return;
                 }
             };
-            let identity = match io.get_ref().1.peer_certificates() {
+            let chain = io.get_ref().1.peer_certificates();
+            let identity = match chain {
                 Some(chain) => identities.organization_of(chain, UnixTime::now()),
                 None => Err(Unmapped::NoCertificate),
             };
             if let Err(why) = &identity {
-                // Accepted by TLS, refused by the daemon: every rpc gets UNAUTHENTICATED.
+                // The verifier refuses these in the handshake; never serve one anyway.
                 tracing::warn!(%remote, "gRPC client refused: {why}");
+                return;
             }
+            let not_after = chain.and_then(chain_not_after);
+            let Ok(permit) = permits.try_acquire_owned() else {
+                tracing::warn!(%remote, "gRPC connection refused: {authenticated} connections open");
+                return;
+            };
+            drop(slot);
+            let left = not_after.map_or(Duration::from_secs(100 * 365 * 86_400), |t| {
+                Duration::from_secs(u64::try_from(t.saturating_sub(unix_now_secs())).unwrap_or(0))
+                    // notAfter is inclusive: served through its last second.
+                    + Duration::from_secs(1)
+            });
             let info = ConnInfo {
                 remote,
                 identity: Arc::new(identity),
+                not_after,
+                budget: Arc::new(Semaphore::new(MAX_IN_FLIGHT_BYTES_PER_CONNECTION)),
             };
             let _ = out
                 .send(Ok(Conn {
                     io,
                     info,
+                    expiry: Box::pin(tokio::time::sleep(left)),
                     _permit: permit,
                     _open: open,
                 }))
@@ -554,11 +744,19 @@ pub async fn serve<S: SessionStore>(
     } = listener;
     let (tx, rx) = mpsc::channel(64);
     let acceptor_task = tokio::spawn(accept(listener, acceptor, identities, limits.clone(), tx));
-    let grpc = ShackleDaemonServer::new(Grpc { service })
-        .max_decoding_message_size(MAX_FRAME_LEN)
-        .max_encoding_message_size(MAX_FRAME_LEN);
+    let grpc = Metered {
+        inner: ShackleDaemonServer::new(Grpc { service })
+            .max_decoding_message_size(MAX_FRAME_LEN)
+            .max_encoding_message_size(MAX_FRAME_LEN),
+        budget: Arc::new(Semaphore::new(MAX_IN_FLIGHT_BYTES)),
+        frame_timeout: limits.frame_timeout,
+    };
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    // Every rpc ends: the longest (an AwaitDecision long-poll) waits `await_decision_max`,
+    // and its request must have arrived within the frame timeout before that.
+    let rpc_deadline = limits.await_decision_max + limits.frame_timeout * 2;
     let server = tonic::transport::Server::builder()
+        .timeout(rpc_deadline)
         .max_concurrent_streams(MAX_CONCURRENT_STREAMS)
         .http2_keepalive_interval(Some(limits.heartbeat_interval))
         .http2_keepalive_timeout(Some(limits.frame_timeout))
@@ -588,6 +786,115 @@ pub async fn serve<S: SessionStore>(
         Ok(Ok(())) => {}
         Ok(Err(e)) => tracing::error!("gRPC server stopped: {e}"),
         Err(_) => tracing::warn!("gRPC rpcs still busy after 10 s; closing them"),
+    }
+}
+
+/// The service with each request's body metered: the bytes of a request being received
+/// count against its connection's share and the daemon's whole budget until the message
+/// is decoded (when tonic drops the body); a request whose body is not complete within
+/// the frame timeout, or that finds a budget spent, fails (the peer is told
+/// `RESOURCE_EXHAUSTED` or the stream is reset), and nothing is decided.
+#[derive(Clone)]
+struct Metered<S> {
+    inner: S,
+    budget: Arc<Semaphore>,
+    frame_timeout: Duration,
+}
+
+impl<S: tonic::server::NamedService> tonic::server::NamedService for Metered<S> {
+    const NAME: &'static str = S::NAME;
+}
+
+type Req = tonic::codegen::http::Request<tonic::body::Body>;
+
+impl<S> tower_service::Service<Req> for Metered<S>
+where
+    S: tower_service::Service<Req>,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = S::Future;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Req) -> Self::Future {
+        let connection = req.extensions().get::<ConnInfo>().map(|i| i.budget.clone());
+        let global = self.budget.clone();
+        let deadline = Box::pin(tokio::time::sleep(self.frame_timeout));
+        let req = req.map(|body| {
+            tonic::body::Body::new(MeteredBody {
+                inner: body,
+                budgets: [Some(global), connection],
+                held: Vec::new(),
+                deadline,
+                done: false,
+            })
+        });
+        self.inner.call(req)
+    }
+}
+
+/// A request body whose received bytes hold permits of its budgets until it is dropped.
+struct MeteredBody {
+    inner: tonic::body::Body,
+    budgets: [Option<Arc<Semaphore>>; 2],
+    held: Vec<OwnedSemaphorePermit>,
+    deadline: Pin<Box<tokio::time::Sleep>>,
+    done: bool,
+}
+
+impl http_body::Body for MeteredBody {
+    type Data = tonic::codegen::Bytes;
+    type Error = tonic::codegen::StdError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        let this = self.get_mut();
+        if !this.done && this.deadline.as_mut().poll(cx).is_ready() {
+            this.done = true;
+            crate::metrics::refusal(ErrorCode::MalformedMessage);
+            return Poll::Ready(Some(Err(
+                "request message not complete within the frame timeout".into(),
+            )));
+        }
+        match Pin::new(&mut this.inner).poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let Some(data) = frame.data_ref() {
+                    let n = u32::try_from(data.len()).unwrap_or(u32::MAX);
+                    for budget in this.budgets.iter().flatten() {
+                        match budget.clone().try_acquire_many_owned(n) {
+                            Ok(p) => this.held.push(p),
+                            Err(_) => {
+                                this.done = true;
+                                crate::metrics::refusal(ErrorCode::DaemonUnavailable);
+                                return Poll::Ready(Some(Err(
+                                    "too many request bytes in flight: try again".into(),
+                                )));
+                            }
+                        }
+                    }
+                }
+                Poll::Ready(Some(Ok(frame)))
+            }
+            Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(e.into()))),
+            Poll::Ready(None) => {
+                this.done = true;
+                Poll::Ready(None)
+            }
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
     }
 }
 
@@ -640,6 +947,9 @@ fn caller<T>(req: &Request<T>) -> Result<(Caller, Peer), Status> {
         uid: 0,
         ip: Some(info.remote.ip()),
     };
+    if info.expired(unix_now_secs()) {
+        return Err(unauthenticated("the client certificate has expired".into()));
+    }
     match info.identity.as_ref() {
         Ok(org) => Ok((
             Caller::Agent {

@@ -544,38 +544,12 @@ async fn no_certificate_another_ca_or_an_expired_one_decides_nothing() {
     assert!(audited(dir.path()).is_empty());
 }
 
+/// A SPIFFE-named agent of acme's CA is acme's (a certificate with no acme name is refused
+/// in the handshake: an_unmapped_certificate_is_refused_before_any_message_is_read).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_certificate_of_the_ca_that_maps_to_no_organization_is_unauthenticated() {
+async fn a_spiffe_named_certificate_maps_by_uri() {
     let dir = tempfile::tempdir().unwrap();
     let b = start_both(dir.path()).await;
-    // acme's CA signed it, so TLS accepts it; but it carries no acme name.
-    let nameless = b.pki.acme.issue(&["intruder.example"], &[], false);
-    let mut raw = raw_client(&b, Some(nameless.clone())).await;
-    let s = raw
-        .register(sp1::RegisterRequest {
-            agent_id: "research-bot".into(),
-            organization_id: crate::ORG.into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap_err();
-    assert_eq!(s.code(), tonic::Code::Unauthenticated, "{s:?}");
-    assert_eq!(code_of(&s), "AUTHENTICATION_FAILED");
-    let s = raw
-        .pre_exec(sp1::PreExecRequest {
-            session_id: "s_00000000000000000000000000000000".into(),
-            call_number: 1,
-            tool_name: "t".into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap_err();
-    assert_eq!(s.code(), tonic::Code::Unauthenticated);
-    // The Rust client reports it as the daemon's refusal.
-    let cfg = ClientConfig::grpc(b.pki.client(b.grpc, Some(nameless)), crate::ORG, "x");
-    let e = DaemonClient::connect(cfg).await.unwrap_err();
-    assert_eq!(e.reason(), "fail_closed:authentication_failed");
-    // A SPIFFE-named agent of acme's CA is acme's.
     let spiffe = b.pki.acme.issue(&[], &["spiffe://acme/agent/7"], false);
     let via = Via::Grpc(b.pki.client(b.grpc, Some(spiffe)));
     via.connect("research-bot").await;
@@ -953,5 +927,305 @@ async fn pre_exec_or_wait_over_grpc_runs_the_edited_call() {
     assert!(r.allowed(), "{r:?}");
     assert_eq!(r.verdict.reason, "hitl_transition:modify_successor");
     assert_eq!(r.params, Some(json::parse_str(r#"{"amount":2}"#).unwrap()));
+    b.daemon.stop().await;
+}
+
+// --- issue 17 §1: bounded under attack ---
+
+/// §1: a certificate of a trusted CA that maps to no organization. Before: the handshake
+/// succeeded and each rpc was read, decoded and answered `UNAUTHENTICATED` by the daemon
+/// (so its peer could make the daemon hold and decode messages). Now the handshake itself
+/// fails: the rpc fails in transport, with no answer from the daemon's handlers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unmapped_certificate_is_refused_before_any_message_is_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = start_both(dir.path()).await;
+    let nameless = b.pki.acme.issue(&["intruder.example"], &[], false);
+    refused_by_tls(Some(nameless.clone()), &b).await;
+    let cfg = b.pki.client(b.grpc, Some(nameless));
+    let mut tls = tonic::transport::ClientTlsConfig::new()
+        .domain_name("localhost")
+        .ca_certificate(tonic::transport::Certificate::from_pem(&cfg.ca_pem));
+    if let Some((c, k)) = &cfg.identity {
+        tls = tls.identity(tonic::transport::Identity::from_pem(c, k));
+    }
+    if let Ok(channel) = tonic::transport::Endpoint::from_shared(format!("https://{}", b.grpc))
+        .unwrap()
+        .tls_config(tls)
+        .unwrap()
+        .connect()
+        .await
+    {
+        let s = ShackleDaemonClient::new(channel)
+            .register(sp1::RegisterRequest {
+                agent_id: "research-bot".into(),
+                organization_id: crate::ORG.into(),
+                ..Default::default()
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(
+            code_of(&s),
+            "",
+            "the daemon read and answered the rpc: {s:?}"
+        );
+    }
+    b.daemon.stop().await;
+    assert!(session_events(dir.path()).is_empty());
+}
+
+/// §1: connections that never start their TLS handshake, more than every cap. Before: each
+/// took a connection slot at accept and kept it for the handshake timeout, and victims
+/// were turned away. Now a connection takes a slot only once its handshake completed with
+/// a mapped certificate; handshaking ones are bounded apart, the newest pushing the
+/// oldest out, and every victim registers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_connections_cannot_keep_agents_off_grpc() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::new(dir.path());
+    let mut cfg = pki.daemon_config(dir.path());
+    cfg.limits.max_connections = 8;
+    cfg.limits.max_unauthenticated_connections = 4;
+    cfg.limits.frame_timeout = Duration::from_secs(30);
+    cfg.limits.auth_timeout = Duration::from_secs(30);
+    let daemon = tollgate_daemon::Daemon::start(cfg).await.unwrap();
+    let grpc = daemon.grpc_addr().unwrap();
+    let running = crate::run(daemon);
+    let mut silent = Vec::new();
+    for _ in 0..16 {
+        silent.push(tokio::net::TcpStream::connect(grpc).await.unwrap());
+    }
+    for i in 0..3 {
+        let via = Via::Grpc(pki.client(grpc, Some(pki.acme_agent())));
+        let c = DaemonClient::connect(via.config("research-bot"))
+            .await
+            .unwrap_or_else(|e| panic!("victim {i} was refused: {e:?}"));
+        let v = c.pre_exec("t", &json::parse_str("{}").unwrap(), 0.0).await;
+        assert_eq!(v.verdict, Verdict::Allow, "victim {i}");
+    }
+    running.stop().await;
+}
+
+/// A certificate of `issuer` for `dns`, valid from a minute ago until `secs` from now.
+fn issue_for(issuer: &Ca, dns: &str, secs: u64) -> (String, String) {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let mut p = CertificateParams::new(vec![dns.to_owned()]).unwrap();
+    p.not_before = rcgen::date_time_ymd(1970, 1, 1) + Duration::from_secs(now - 60);
+    p.not_after = rcgen::date_time_ymd(1970, 1, 1) + Duration::from_secs(now + secs);
+    let key = KeyPair::generate().unwrap();
+    let cert = p.signed_by(&key, &issuer.issuer).unwrap();
+    (cert.pem(), key.serialize_pem())
+}
+
+/// §1: a connection keeps being served after its certificate expires. Before: an rpc 3 s
+/// past notAfter was still ALLOWed (the identity was mapped once, at the handshake). Now
+/// the connection is closed at notAfter and any later rpc is refused: the agent fails
+/// closed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_stops_being_served_when_its_certificate_expires() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = start_both(dir.path()).await;
+    let short = issue_for(&b.pki.acme, "bot1.agents.acme.example", 2);
+    let via = Via::Grpc(b.pki.client(b.grpc, Some(short)));
+    let c = via.connect("research-bot").await;
+    let v = c
+        .pre_exec("t", &json::parse_str(r#"{"n":1}"#).unwrap(), 0.0)
+        .await;
+    assert_eq!(v.verdict, Verdict::Allow);
+    // Past notAfter (second precision, inclusive) by a margin.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let v = c
+        .pre_exec("t", &json::parse_str(r#"{"n":2}"#).unwrap(), 0.0)
+        .await;
+    assert_ne!(
+        v.verdict,
+        Verdict::Allow,
+        "served past its certificate's notAfter"
+    );
+    b.daemon.stop().await;
+    assert_eq!(audited(dir.path()).len(), 1);
+}
+
+/// §1: path length and CA constraints. One CA, `pathlen:0`, serves two organizations told
+/// apart by name. An agent of acme was issued a certificate with CA:TRUE. Before: a
+/// certificate it signed for a globex name was accepted as globex's agent (webpki keeps
+/// only a trust anchor's name and key, so the root's pathlen:0 was not enforced), and
+/// the CA certificate itself was accepted as acme's agent. Now both are refused, and an
+/// ordinary agent certificate of the same CA is still served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_path_through_an_agents_ca_certificate_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::new(dir.path());
+    let mut root = CertificateParams::new(Vec::<String>::new()).unwrap();
+    root.distinguished_name
+        .push(DnType::CommonName, "shared agents CA, pathlen 0");
+    root.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
+    let root = CertifiedIssuer::self_signed(root, KeyPair::generate().unwrap()).unwrap();
+    let root_file = pki.write("shared-ca.pem", &root.pem());
+    let mut cfg = pki.daemon_config(dir.path());
+    cfg.grpc_clients.insert(
+        crate::ORG.into(),
+        GrpcClientRules {
+            ca: Some(root_file.clone()),
+            fingerprints: Vec::new(),
+            san: vec!["*.agents.acme.example".into()],
+        },
+    );
+    cfg.grpc_clients.insert(
+        BETA.into(),
+        GrpcClientRules {
+            ca: Some(root_file),
+            fingerprints: Vec::new(),
+            san: vec!["*.agents.beta.example".into()],
+        },
+    );
+    let daemon = tollgate_daemon::Daemon::start(cfg).await.unwrap();
+    let grpc = daemon.grpc_addr().unwrap();
+    let running = crate::run(daemon);
+    // acme's agent, wrongly issued CA:TRUE.
+    let mut p = CertificateParams::new(vec!["rogue.agents.acme.example".to_owned()]).unwrap();
+    p.distinguished_name
+        .push(DnType::CommonName, "rogue acme agent");
+    p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let rogue_key = KeyPair::generate().unwrap();
+    let rogue_key_pem = rogue_key.serialize_pem();
+    let rogue = CertifiedIssuer::signed_by(p, rogue_key, &root).unwrap();
+    let rogue_pem = rogue.pem();
+    // A beta name it signed, presented with the rogue certificate as intermediate.
+    let forged = CertificateParams::new(vec!["bot.agents.beta.example".to_owned()]).unwrap();
+    let forged_key = KeyPair::generate().unwrap();
+    let forged_cert = forged.signed_by(&forged_key, &rogue).unwrap();
+    let chain = format!("{}{}", forged_cert.pem(), rogue_pem);
+    let as_beta = |identity: (String, String)| {
+        let mut c = ClientConfig::grpc(pki.client(grpc, Some(identity)), BETA, "research-bot");
+        c.timeout = Duration::from_secs(5);
+        c
+    };
+    let e = DaemonClient::connect(as_beta((chain, forged_key.serialize_pem())))
+        .await
+        .expect_err("a name signed by an agent's certificate was taken as beta's agent");
+    assert!(e.reason().starts_with("fail_closed:"), "{e:?}");
+    // The CA:TRUE certificate itself is no agent's.
+    let as_acme = ClientConfig::grpc(
+        pki.client(grpc, Some((rogue_pem, rogue_key_pem))),
+        crate::ORG,
+        "research-bot",
+    );
+    assert!(
+        DaemonClient::connect(as_acme).await.is_err(),
+        "a CA certificate was taken as acme's agent"
+    );
+    // An ordinary agent certificate of the shared CA is served.
+    let ok = CertificateParams::new(vec!["bot1.agents.acme.example".to_owned()]).unwrap();
+    let ok_key = KeyPair::generate().unwrap();
+    let ok_cert = ok.signed_by(&ok_key, &root).unwrap();
+    let via = Via::Grpc(pki.client(grpc, Some((ok_cert.pem(), ok_key.serialize_pem()))));
+    via.connect("research-bot").await;
+    running.stop().await;
+    assert_eq!(session_events(dir.path()).len(), 1);
+}
+
+/// A request body that sends a gRPC message header announcing `announced` bytes and
+/// `sent` bytes of it, then nothing more, ever.
+struct Stalled(Option<tonic::codegen::Bytes>);
+
+impl http_body::Body for Stalled {
+    type Data = tonic::codegen::Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        match self.0.take() {
+            Some(b) => std::task::Poll::Ready(Some(Ok(http_body::Frame::data(b)))),
+            None => std::task::Poll::Pending,
+        }
+    }
+}
+
+fn stalled(announced: u32, sent: usize) -> Stalled {
+    let mut b = vec![0u8];
+    b.extend_from_slice(&announced.to_be_bytes());
+    b.resize(5 + sent, 0x0a);
+    Stalled(Some(b.into()))
+}
+
+/// §1: one connection of a mapped agent opens many rpcs, each an unfinished message of
+/// almost 1 MiB. Before: nothing ever ended them (no deadline), and each held its buffer
+/// (256 streams per connection: ~260 MiB a connection). Now each rpc ends: the message
+/// must arrive within the frame timeout, and its bytes count against 4 MiB per
+/// connection and 64 MiB overall, so the rest are refused at once; and the daemon goes on
+/// serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unfinished_messages_are_bounded_and_every_rpc_ends() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::new(dir.path());
+    let mut cfg = pki.daemon_config(dir.path());
+    cfg.limits.frame_timeout = Duration::from_secs(1);
+    let daemon = tollgate_daemon::Daemon::start(cfg).await.unwrap();
+    let grpc = daemon.grpc_addr().unwrap();
+    let running = crate::run(daemon);
+    let b = Both {
+        daemon: running,
+        grpc,
+        pki,
+    };
+    let cfg = b.pki.client(b.grpc, Some(b.pki.acme_agent()));
+    let tls = tonic::transport::ClientTlsConfig::new()
+        .domain_name("localhost")
+        .ca_certificate(tonic::transport::Certificate::from_pem(&cfg.ca_pem))
+        .identity({
+            let (c, k) = cfg.identity.as_ref().unwrap();
+            tonic::transport::Identity::from_pem(c, k)
+        });
+    let channel = tonic::transport::Endpoint::from_shared(format!("https://{}", b.grpc))
+        .unwrap()
+        .tls_config(tls)
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut calls = Vec::new();
+    for _ in 0..32 {
+        let mut ch = channel.clone();
+        calls.push(tokio::spawn(async move {
+            let req = tonic::codegen::http::Request::builder()
+                .method("POST")
+                .uri(format!("https://{grpc}/tollgate.sp1.ShackleDaemon/PreExec"))
+                .header("content-type", "application/grpc")
+                .header("te", "trailers")
+                .body(tonic::body::Body::new(stalled(1_000_000, 900_000)))
+                .unwrap();
+            std::future::poll_fn(|cx| tower_service::Service::poll_ready(&mut ch, cx))
+                .await
+                .unwrap();
+            let r = tower_service::Service::call(&mut ch, req).await;
+            // An answer that is not OK (grpc-status in the headers or trailers), or a
+            // reset stream: either way the rpc ended.
+            r.map(|resp| {
+                resp.headers()
+                    .get("grpc-status")
+                    .map(|v| v.to_str().unwrap().to_owned())
+            })
+        }));
+    }
+    for (i, c) in calls.into_iter().enumerate() {
+        let ended = tokio::time::timeout(Duration::from_secs(60), c)
+            .await
+            .unwrap_or_else(|_| panic!("rpc {i} with an unfinished message never ended"))
+            .unwrap();
+        if let Ok(Some(status)) = ended {
+            assert_ne!(status, "0", "rpc {i} succeeded");
+        }
+    }
+    // Still serving agents.
+    let via = Via::Grpc(b.pki.client(b.grpc, Some(b.pki.acme_agent())));
+    let c = via.connect("research-bot").await;
+    let v = c.pre_exec("t", &json::parse_str("{}").unwrap(), 0.0).await;
+    assert_eq!(v.verdict, Verdict::Allow);
     b.daemon.stop().await;
 }
