@@ -283,3 +283,53 @@ async fn the_gateway_uses_an_enrolled_agents_own_secret() {
     s.close().await;
     d.stop().await;
 }
+
+/// Issue 16 §3: the host cancels a call held for the daemon's operators; an operator
+/// approves it afterwards; it never runs. While it was held, the host got progress.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_call_the_host_cancels_never_runs_even_if_approved_later() {
+    let data = tempfile::tempdir().unwrap();
+    let d = daemon(data.path(), true).await;
+    let kit = daemon_kit(&d.socket, "progress_interval_secs = 1");
+    let host = Host::default();
+    let progress = host.progress.clone();
+    let s = start(&kit.config(), host).await;
+    let call = crate::cancel::cancellable(&s, "add", json!({"a": 1, "b": 1})).await;
+    let op = operator(&d.socket).await;
+    let held = loop {
+        let p = op.hitl_list().await.unwrap();
+        if let Some(h) = p.into_iter().find(|p| p.params_known) {
+            break h;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    crate::cancel::eventually("progress while held", || {
+        progress
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|m| m.contains("waiting for a human"))
+    })
+    .await;
+    call.cancel(Some("the user gave up".into())).await.unwrap();
+    // Give the gateway the cancellation before the operator decides: the next request on
+    // the host's connection is answered only after the notification was read.
+    let _ = s.client.list_all_tools().await.unwrap();
+    let _ = op
+        .hitl_decide(sp1::HitlDecideRequest {
+            session_id: held.session_id.clone(),
+            decision: "approve".into(),
+            operator_id: "alice".into(),
+            ..Default::default()
+        })
+        .await;
+    // Nothing re-dispatches it. A gateway still waiting on the call would run it within
+    // milliseconds of the approval; watch the upstream's log for two seconds.
+    for _ in 0..40 {
+        assert!(kit.invocations().is_empty(), "{:?}", kit.invocations());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    s.close().await;
+    assert!(kit.invocations().is_empty(), "{:?}", kit.invocations());
+    d.stop().await;
+}
