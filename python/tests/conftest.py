@@ -18,6 +18,7 @@ import subprocess
 import tempfile
 import textwrap
 import threading
+import time
 
 import pytest
 
@@ -120,7 +121,20 @@ class Daemon:
         return [r[column] for r in rows if r["agent_id"] == agent_id]
 
     def pause(self) -> None:
+        """SIGSTOP, and wait until every thread of the daemon is stopped: the signal is
+        delivered asynchronously, and on a loaded machine a thread could still answer a
+        request sent right after `kill` returned."""
         self.proc.send_signal(signal.SIGSTOP)
+        tasks = pathlib.Path(f"/proc/{self.proc.pid}/task")
+        for _ in range(2000):
+            try:
+                states = [(t / "stat").read_text().rsplit(")", 1)[1].split()[0] for t in tasks.iterdir()]
+            except OSError:
+                states = []
+            if states and all(st in ("T", "t") for st in states):
+                return
+            time.sleep(0.005)
+        raise RuntimeError("the daemon did not stop after SIGSTOP")
 
     def resume(self) -> None:
         self.proc.send_signal(signal.SIGCONT)
