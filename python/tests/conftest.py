@@ -18,6 +18,7 @@ import subprocess
 import tempfile
 import textwrap
 import threading
+import time
 
 import pytest
 
@@ -52,14 +53,21 @@ def make_pki(out: pathlib.Path, clients, server_names=("localhost", "127.0.0.1")
     subprocess.run(args, check=True, capture_output=True)
 
 
+# The agents of `default` the gRPC tests connect as: each has its own certificate.
+GRPC_AGENTS = ("grpc-bot", "held-bot", "async-grpc", "refused-bot", "slow-grpc", "v6-bot")
+
+
 class Daemon:
     """A `tollgate serve` in its own process, on a socket in a temporary directory.
 
     With `grpc=True`, `tollgate certs` first writes a test PKI to `pki/` (a CA; the
     daemon's certificate, for `server_names` only; client certificates for agents of
-    organizations `default` and `acme`), the daemon also serves gRPC with mutual TLS on
-    `listen` (`grpc_addr`: the port it got), and `ca`, `cert`, `key` are the files an
-    agent of `default` connects with (`pki/client-acme-bot.{pem,key}`: one of `acme`)."""
+    organizations `default` and `acme`, each naming its agent, `spiffe://ORG/AGENT`), the
+    daemon also serves gRPC with mutual TLS on `listen` (`grpc_addr`: the port it got), and
+    `ca`, `cert`, `key` are the files agent `agent` of `default` connects with
+    (`pki/client-default-AGENT.{pem,key}` for each of `GRPC_AGENTS`;
+    `pki/client-acme-bot.{pem,key}`: `bot` of `acme`). A certificate that names an agent
+    registers as that agent only."""
 
     def __init__(self, config: str = "", grpc: bool = False, server_names=("127.0.0.1",),
                  listen: str = "127.0.0.1:0") -> None:
@@ -70,7 +78,8 @@ class Daemon:
         text = textwrap.dedent(config)
         if grpc:
             self.pki = self.dir / "pki"
-            make_pki(self.pki, ["default/agent", "acme/bot"], server_names, listen)
+            make_pki(self.pki, ["default/agent", "acme/bot"] + [f"default/{a}" for a in GRPC_AGENTS],
+                     server_names, listen)
             self.ca = self.pki / "ca.pem"
             self.cert = self.pki / "client-default-agent.pem"
             self.key = self.pki / "client-default-agent.key"
@@ -112,7 +121,20 @@ class Daemon:
         return [r[column] for r in rows if r["agent_id"] == agent_id]
 
     def pause(self) -> None:
+        """SIGSTOP, and wait until every thread of the daemon is stopped: the signal is
+        delivered asynchronously, and on a loaded machine a thread could still answer a
+        request sent right after `kill` returned."""
         self.proc.send_signal(signal.SIGSTOP)
+        tasks = pathlib.Path(f"/proc/{self.proc.pid}/task")
+        for _ in range(2000):
+            try:
+                states = [(t / "stat").read_text().rsplit(")", 1)[1].split()[0] for t in tasks.iterdir()]
+            except OSError:
+                states = []
+            if states and all(st in ("T", "t") for st in states):
+                return
+            time.sleep(0.005)
+        raise RuntimeError("the daemon did not stop after SIGSTOP")
 
     def resume(self) -> None:
         self.proc.send_signal(signal.SIGCONT)

@@ -49,8 +49,11 @@ def stranger(tmp_path_factory):
 
 
 def connect(d, agent="grpc-bot", **kw):
+    """Connect as `agent` of `default` with the certificate that names it (a certificate
+    registers as the agent it names only)."""
     kw.setdefault("timeout", 30.0)
-    for k, v in (("ca", d.ca), ("cert", d.cert), ("key", d.key)):
+    own = (d.pki / f"client-default-{agent}.pem", d.pki / f"client-default-{agent}.key")
+    for k, v in (("ca", d.ca), ("cert", own[0]), ("key", own[1])):
         kw.setdefault(k, v)
     return tollgate.connect(grpc=d.grpc_addr, agent_id=agent, **kw)
 
@@ -81,17 +84,31 @@ def test_a_check_is_allowed_over_grpc(daemon):
 def test_the_organization_is_the_certificates_unless_given(daemon):
     pki = daemon.pki
     acme = {"cert": pki / "client-acme-bot.pem", "key": pki / "client-acme-bot.key"}
-    c = connect(daemon, "acme-bot", **acme)
+    c = connect(daemon, "bot", **acme)
     assert c.check("t", {}).allowed
-    assert daemon.audited("acme-bot", "organization_id") == ["acme", "acme"]
+    assert daemon.audited("bot", "organization_id") == ["acme", "acme"]
     with pytest.raises(tollgate.ConnectError) as e:
-        connect(daemon, "acme-bot", organization="default", **acme)
+        connect(daemon, "bot", organization="default", **acme)
     assert e.value.args[0] == "fail_closed:authentication_failed"
+
+
+def test_a_certificate_registers_only_as_the_agent_it_names(daemon):
+    # Issue 15 §3: `spiffe://default/grpc-bot` cannot register as someone else (to get
+    # another guard, or a fresh per_agent budget).
+    for other in ("someone-else", "held-bot", "grpc-bot "):
+        with pytest.raises((tollgate.ConnectError, ValueError)) as e:
+            connect(daemon, other, cert=daemon.pki / "client-default-grpc-bot.pem",
+                    key=daemon.pki / "client-default-grpc-bot.key")
+        if e.type is tollgate.ConnectError:
+            assert e.value.args[0] == "fail_closed:authentication_failed", other
+    assert daemon.audited("someone-else") == []
 
 
 def test_an_async_client_over_grpc(daemon):
     async def main():
-        c = await tollgate.aconnect(grpc=daemon.grpc_addr, ca=daemon.ca, cert=daemon.cert, key=daemon.key,
+        c = await tollgate.aconnect(grpc=daemon.grpc_addr, ca=daemon.ca,
+                                    cert=daemon.pki / "client-default-async-grpc.pem",
+                                    key=daemon.pki / "client-default-async-grpc.key",
                                     agent_id="async-grpc", timeout=30.0)
         v = await c.acheck("t", {"a": 1}, 0.01)
         return v, await c.asettle(v, 0.01)

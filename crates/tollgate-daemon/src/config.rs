@@ -148,6 +148,20 @@ struct OrgSection {
     grpc_client_fingerprints: Vec<String>,
     #[serde(default)]
     grpc_client_san: Vec<String>,
+    // --- agent enrollment (issue 15 §3) ---
+    #[serde(default)]
+    require_enrollment: bool,
+    #[serde(default)]
+    agent: Vec<AgentSection>,
+}
+
+/// `[[organization.agent]]`: an enrolled agent.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AgentSection {
+    id: String,
+    secret: Option<String>,
+    secret_file: Option<PathBuf>,
 }
 
 // --- control plane: file sections ---
@@ -227,6 +241,21 @@ pub struct Organization {
     /// approve its own held calls. `None`: generated on first start and kept in
     /// `<data_dir>/secrets/<id>.operator.secret`.
     pub operator_secret: Option<Vec<u8>>,
+}
+
+/// An organization's enrolled agents (`[[organization.agent]]`, `require_enrollment`).
+///
+/// An enrolled agent id can be registered only with the agent's own credential: on the
+/// socket, messages sealed with the key of its own `secret`; on gRPC, a client certificate
+/// naming it (`spiffe://ORG/AGENT`). Without enrollment an agent id is a claim.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Enrollment {
+    /// Refuse every agent id that is not enrolled (and every request made with the
+    /// organization's agents' secret alone).
+    pub required: bool,
+    /// The enrolled agents, by id: each one's socket secret, if it has one (an agent
+    /// without one connects over gRPC only).
+    pub agents: BTreeMap<String, Option<Vec<u8>>>,
 }
 
 /// Rate limits, caps and timeouts.
@@ -576,6 +605,8 @@ pub struct DaemonConfig {
     pub control: Option<ControlSettings>,
     /// The control plane's operators.
     pub operators: Vec<Operator>,
+    /// Enrolled agents, by organization id (organizations that enroll none are absent).
+    pub enrollment: BTreeMap<String, Enrollment>,
 }
 
 impl Default for DaemonConfig {
@@ -600,6 +631,7 @@ impl Default for DaemonConfig {
             grpc_clients: BTreeMap::new(),
             control: None,
             operators: Vec::new(),
+            enrollment: BTreeMap::new(),
         }
     }
 }
@@ -831,6 +863,16 @@ impl DaemonConfig {
                         "must differ from the agents' secret",
                     ));
                 }
+                let enrollment = enrollment(
+                    &key,
+                    o.require_enrollment,
+                    o.agent,
+                    [secret.as_deref(), operator_secret.as_deref()],
+                    base,
+                )?;
+                if enrollment.required || !enrollment.agents.is_empty() {
+                    c.enrollment.insert(o.id.clone(), enrollment);
+                }
                 orgs.push(Organization {
                     id: o.id,
                     secret,
@@ -881,6 +923,79 @@ impl DaemonConfig {
     pub fn guard_for(&self, agent: &str) -> &GuardConfig {
         self.agent_guards.get(agent).unwrap_or(&self.default_guard)
     }
+
+    /// What `tollgate serve` warns about at start: per-agent guards and `per_agent`
+    /// budgets that rest on claimed agent ids (an organization that does not require
+    /// enrollment, or a guarded id it does not enroll).
+    pub fn identity_warnings(&self) -> Vec<String> {
+        let per_agent_budget = std::iter::once(&self.default_guard)
+            .chain(self.agent_guards.values())
+            .any(|g| g.budget_scope == BudgetScope::PerAgent);
+        let mut out = Vec::new();
+        for org in &self.organizations {
+            let e = self.enrollment.get(&org.id);
+            let unenrolled: Vec<&str> = self
+                .agent_guards
+                .keys()
+                .filter(|a| !e.is_some_and(|e| e.agents.contains_key(*a)))
+                .map(String::as_str)
+                .collect();
+            if !unenrolled.is_empty() {
+                out.push(format!(
+                    "organization `{}`: the per-agent guards of {} apply to claimed agent ids, not enrolled agents: any agent of the organization may register under another id and get another guard; enroll them ([[organization.agent]], docs/protocol.md §3)",
+                    org.id,
+                    unenrolled
+                        .iter()
+                        .map(|a| format!("`{a}`"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ));
+            }
+            if per_agent_budget && !e.is_some_and(|e| e.required) {
+                out.push(format!(
+                    "organization `{}`: per_agent budgets are kept per claimed agent id: without require_enrollment a new id gets a fresh budget (docs/protocol.md §3)",
+                    org.id
+                ));
+            }
+        }
+        out
+    }
+}
+
+/// An organization's `[[organization.agent]]` list, checked: ids by the id rule and
+/// unique; secrets at least 16 bytes and none equal to another's or to the
+/// organization's own (`org_secrets`).
+fn enrollment(
+    key: &str,
+    required: bool,
+    agents: Vec<AgentSection>,
+    org_secrets: [Option<&[u8]>; 2],
+    base: &Path,
+) -> Result<Enrollment, ConfigError> {
+    let mut e = Enrollment {
+        required,
+        agents: BTreeMap::new(),
+    };
+    for (i, a) in agents.into_iter().enumerate() {
+        let k = format!("{key}.agent[{i}]");
+        tollgate_core::check_id(&a.id).map_err(|err| bad(format!("{k}.id"), err.to_string()))?;
+        if e.agents.contains_key(&a.id) {
+            return Err(bad(format!("{k}.id"), format!("`{}` appears twice", a.id)));
+        }
+        let secret = read_secret(&k, "secret", a.secret, a.secret_file, base)?;
+        if let Some(s) = &secret {
+            let reused = org_secrets.iter().flatten().any(|o| *o == s.as_slice())
+                || e.agents.values().flatten().any(|o| o == s);
+            if reused {
+                return Err(bad(
+                    format!("{k}.secret"),
+                    "must differ from the organization's secrets and every other agent's",
+                ));
+            }
+        }
+        e.agents.insert(a.id, secret);
+    }
+    Ok(e)
 }
 
 // --- gRPC binding (transport/grpc) ---

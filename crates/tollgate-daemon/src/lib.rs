@@ -362,6 +362,11 @@ impl Daemon {
             tracing::warn!("{w}");
         }
         warnings.extend(budget.warnings.iter().cloned());
+        // Per-agent guards and per_agent budgets over claimed ids (issue 15 §3).
+        for w in config.identity_warnings() {
+            tracing::warn!("{w}");
+            warnings.push(w);
+        }
         tracing::info!(budget = %budget.describe(), "descriptors");
         let control = match &config.control {
             Some(c) => Some(transport::control::bind(c).await?),

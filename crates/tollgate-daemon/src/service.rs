@@ -98,6 +98,10 @@ pub enum Caller {
     Agent {
         /// The organization.
         organization: String,
+        /// The agent the credential names, when it names one (an enrolled agent's own
+        /// socket secret, or a gRPC certificate naming `spiffe://ORG/AGENT`); `None` for
+        /// the organization's agents' secret, whose holder's agent id is a claim.
+        agent: Option<String>,
     },
     /// A human operator: a socket message sealed with an organization's operators' key
     /// (the operator id then comes from the request), or a control-plane token bound to
@@ -112,10 +116,6 @@ pub enum Caller {
 }
 
 impl Caller {
-    fn is_agent_of(&self, org: &str) -> bool {
-        matches!(self, Caller::Agent { organization } if organization == org)
-    }
-
     fn is_operator_of(&self, org: &str) -> bool {
         matches!(self, Caller::Operator { organizations, .. } if organizations.iter().any(|o| o == org))
     }
@@ -143,6 +143,8 @@ pub struct Service<S> {
     pub(crate) keys: HashMap<String, MessageKey>,
     /// Operators' keys, by organization: human decisions over the socket need one.
     pub(crate) operator_keys: HashMap<String, MessageKey>,
+    /// Enrolled agents' own keys, by organization and agent (agents with a socket secret).
+    pub(crate) agent_keys: HashMap<(String, String), MessageKey>,
     sessions: Mutex<HashMap<String, SessionInfo>>,
     pre_exec_limits: Mutex<RateLimiter<String>>,
     register_limits: Mutex<RateLimiter<Peer>>,
@@ -202,6 +204,17 @@ impl<S: SessionStore> Service<S> {
         };
         let keys = derive(secrets);
         let operator_keys = derive(operator_secrets);
+        let agent_keys = config
+            .enrollment
+            .iter()
+            .flat_map(|(org, e)| {
+                e.agents.iter().filter_map(move |(agent, secret)| {
+                    secret
+                        .as_ref()
+                        .map(|s| ((org.clone(), agent.clone()), MessageKey::derive(s)))
+                })
+            })
+            .collect();
         let limits = &config.limits;
         let agent_policies = config
             .agent_guards
@@ -220,6 +233,7 @@ impl<S: SessionStore> Service<S> {
             clock,
             keys,
             operator_keys,
+            agent_keys,
             sessions: Mutex::new(HashMap::new()),
             held: Mutex::new(HashMap::new()),
             events: tokio::sync::broadcast::channel(1024).0,
@@ -260,6 +274,64 @@ impl<S: SessionStore> Service<S> {
         Ok(self.session_info(id).await?.organization_id)
     }
 
+    /// The session's organization and agent, for a transport choosing which key seals a
+    /// request about it (an enrolled agent's own). `SESSION_NOT_FOUND` for an unknown
+    /// session.
+    pub async fn session_owner(&self, id: &str) -> Result<(String, String), Refusal> {
+        let info = self.session_info(id).await?;
+        Ok((info.organization_id, info.agent_id))
+    }
+
+    /// Whether `agent` is enrolled in `org` (`[[organization.agent]]`).
+    pub fn is_enrolled(&self, org: &str, agent: &str) -> bool {
+        self.config
+            .enrollment
+            .get(org)
+            .is_some_and(|e| e.agents.contains_key(agent))
+    }
+
+    /// May `caller` act as agent `agent` of `org`? Its credential must be one of the
+    /// organization's agents'; a credential that names an agent acts as that agent only;
+    /// an enrolled agent only with its own credential; and, where the organization
+    /// requires enrollment, only enrolled agents with their own credentials. The refusal
+    /// says which, as `AUTHENTICATION_FAILED`.
+    pub(crate) fn authorize_agent(
+        &self,
+        caller: &Caller,
+        org: &str,
+        agent: &str,
+    ) -> Result<(), Refusal> {
+        let auth = |m: String| refuse(ErrorCode::AuthenticationFailed, m);
+        let Caller::Agent {
+            organization,
+            agent: named,
+        } = caller
+        else {
+            return Err(auth("message authentication failed".into()));
+        };
+        if organization != org {
+            return Err(auth("message authentication failed".into()));
+        }
+        let required = self.config.enrollment.get(org).is_some_and(|e| e.required);
+        let enrolled = self.is_enrolled(org, agent);
+        match named {
+            Some(n) if n != agent => Err(auth(format!(
+                "this credential is agent `{n}`'s; it cannot act as `{agent}`"
+            ))),
+            Some(_) if required && !enrolled => Err(auth(format!(
+                "organization `{org}` requires enrolled agents, and `{agent}` is not enrolled"
+            ))),
+            Some(_) => Ok(()),
+            None if enrolled => Err(auth(format!(
+                "agent `{agent}` is enrolled: only its own credential may act as it"
+            ))),
+            None if required => Err(auth(format!(
+                "organization `{org}` requires enrolled agents, each with its own credential; `{agent}` is not enrolled"
+            ))),
+            None => Ok(()),
+        }
+    }
+
     /// The session, if `caller` may act on it as an agent: an agent of its organization.
     /// Anyone else is told the session does not exist (an agent of another organization
     /// learns nothing about it).
@@ -269,7 +341,10 @@ impl<S: SessionStore> Service<S> {
         id: &str,
     ) -> Result<SessionInfo, Refusal> {
         let info = self.session_info(id).await?;
-        if !caller.is_agent_of(&info.organization_id) {
+        if self
+            .authorize_agent(caller, &info.organization_id, &info.agent_id)
+            .is_err()
+        {
             return Err(not_found(id));
         }
         Ok(info)
@@ -331,15 +406,12 @@ impl<S: SessionStore> Service<S> {
         }
         let org = match (r.organization_id.is_empty(), caller) {
             (false, _) => r.organization_id.clone(),
-            (true, Caller::Agent { organization }) => organization.clone(),
+            (true, Caller::Agent { organization, .. }) => organization.clone(),
             (true, Caller::Operator { .. }) => DEFAULT_ORG.to_owned(),
         };
-        if !caller.is_agent_of(&org) {
-            return Err(refuse(
-                ErrorCode::AuthenticationFailed,
-                "message authentication failed",
-            ));
-        }
+        // The guard and the per_agent budget follow the authenticated id: an enrolled
+        // agent's id only with its own credential, a credential naming an agent only as it.
+        self.authorize_agent(caller, &org, &r.agent_id)?;
         let store_err =
             |e: tollgate_store::StoreError| refuse(ErrorCode::DaemonUnavailable, e.to_string());
 
@@ -634,9 +706,10 @@ impl<S: SessionStore> Service<S> {
         now: i64,
     ) -> Result<sp1::SessionState, Refusal> {
         let info = self.session_info(id).await?;
-        if !caller.is_agent_of(&info.organization_id)
-            && !caller.is_operator_of(&info.organization_id)
-        {
+        let as_agent = self
+            .authorize_agent(caller, &info.organization_id, &info.agent_id)
+            .is_ok();
+        if !as_agent && !caller.is_operator_of(&info.organization_id) {
             return Err(not_found(id));
         }
         let mut s = self

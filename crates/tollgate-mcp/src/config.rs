@@ -165,6 +165,9 @@ pub struct Config {
     pub elicitation: bool,
     /// How long a held call waits for a human before it is denied.
     pub hitl_timeout: Duration,
+    /// While a call waits (for a human, or for its upstream), how often the host is sent a
+    /// progress notification, when its request carried a progress token.
+    pub progress_interval: Duration,
     /// Library mode: the operator id an elicitation answer is recorded under.
     pub operator_id: String,
     /// The bound on one MCP message, each direction, host and upstream side.
@@ -210,6 +213,7 @@ struct GatewaySection {
     tool_timeout_secs: Option<u64>,
     connect_timeout_secs: Option<u64>,
     tool_separator: Option<String>,
+    progress_interval_secs: Option<u64>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -575,6 +579,11 @@ impl Config {
             on_deny,
             elicitation: g.elicitation.unwrap_or(true),
             hitl_timeout: secs("gateway.hitl_timeout_secs", g.hitl_timeout_secs, 300)?,
+            progress_interval: secs(
+                "gateway.progress_interval_secs",
+                g.progress_interval_secs,
+                10,
+            )?,
             operator_id: operator_word(
                 "gateway.operator_id",
                 g.operator_id.as_deref(),

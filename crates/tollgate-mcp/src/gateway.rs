@@ -10,8 +10,8 @@ use rmcp::model::{
     ElicitationAction, ElicitationSchema, ErrorCode, ErrorData, GetPromptRequestParams,
     GetPromptResponse, InitializeRequestParams, InitializeResult, ListPromptsResult,
     ListResourceTemplatesResult, ListResourcesResult, ListToolsResult, MetaObject,
-    PaginatedRequestParams, Prompt, ProtocolVersion, ReadResourceRequestParams,
-    ReadResourceResponse, ServerCapabilities, ServerConfig, Tool,
+    PaginatedRequestParams, ProgressNotificationParam, Prompt, ProtocolVersion,
+    ReadResourceRequestParams, ReadResourceResponse, ServerCapabilities, ServerConfig, Tool,
 };
 use rmcp::service::{ElicitationMode, RequestContext, ServiceError};
 use rmcp::{RoleServer, ServerHandler};
@@ -29,6 +29,8 @@ use crate::values::{self, Reported};
 pub const DENIED_ERROR_CODE: i32 = -32050;
 /// The protocol revision the gateway speaks; it negotiates down to 2024-11-05.
 pub const PROTOCOL: ProtocolVersion = ProtocolVersion::V_2025_11_25;
+/// The reason of a call the host cancelled before it was decided or while it was held.
+pub const CANCELLED: &str = "cancelled_by_host";
 /// The `_meta` keys of a denied call's result.
 pub const META_VERDICT: &str = "tollgate/verdict";
 /// See [`META_VERDICT`].
@@ -232,6 +234,39 @@ impl Core {
         out
     }
 
+    /// Wait for `fut` on behalf of the host's request: while it runs, send the host a
+    /// progress notification every `gateway.progress_interval_secs` (when the request
+    /// carried a progress token, so the host does not give up on a call a human is still
+    /// looking at); give up at once when the host cancels the request (`None`: `fut` is
+    /// dropped, which for an upstream call sends the upstream `notifications/cancelled`).
+    async fn waiting<F: std::future::Future>(
+        &self,
+        fut: F,
+        context: &RequestContext<RoleServer>,
+        what: &str,
+    ) -> Option<F::Output> {
+        let token = context.meta.get_progress_token();
+        let every = self.config.progress_interval;
+        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+        let mut fut = std::pin::pin!(fut);
+        let mut sent = 0u32;
+        loop {
+            tokio::select! {
+                biased;
+                () = context.ct.cancelled() => return None,
+                out = &mut fut => return Some(out),
+                _ = tick.tick(), if token.is_some() => {
+                    sent = sent.saturating_add(1);
+                    if let Some(t) = &token {
+                        let p = ProgressNotificationParam::new(t.clone(), f64::from(sent))
+                            .with_message(what);
+                        let _ = context.peer.notify_progress(p).await;
+                    }
+                }
+            }
+        }
+    }
+
     fn denied(&self, tool: &str, d: &Denial) -> Result<CallToolResult, ErrorData> {
         let text = texts::denied(tool, d);
         match self.config.on_deny {
@@ -293,7 +328,7 @@ impl Core {
             .await
         {
             Checked::Allow { params, ticket } => {
-                self.forward(i, own_name, &name, params, ticket, settings)
+                self.forward(i, own_name, &name, params, ticket, settings, &context)
                     .await
             }
             Checked::Deny(d) => self.denied(&name, &d),
@@ -318,7 +353,27 @@ impl Core {
         context: &RequestContext<RoleServer>,
     ) -> Checked {
         let Decider::Library(lib) = &self.decider else {
-            return self.decider.check(tool, params, cost_usd).await;
+            // Daemon mode: a held call waits inside for the daemon's operators.
+            let waiting = format!("`{tool}` is waiting for a human's decision");
+            return match self
+                .waiting(
+                    self.decider.check(tool, params, cost_usd),
+                    context,
+                    &waiting,
+                )
+                .await
+            {
+                Some(checked) => checked,
+                // The host gave up: the wait is dropped, so whatever an operator decides
+                // later, this gateway never dispatches the call again (the daemon expires
+                // it at its own hitl_timeout_secs).
+                None => Checked::Deny(Denial {
+                    reason: CANCELLED.to_owned(),
+                    repeat_count: None,
+                    budget_remaining: None,
+                    estimate: money(cost_usd),
+                }),
+            };
         };
         let _one_at_a_time = self.hitl.lock().await;
         let first = self.decider.check(tool, params.clone(), cost_usd).await;
@@ -351,10 +406,22 @@ impl Core {
             message: texts::approval_request(tool, &params, &reason, money(cost_usd)),
             requested_schema: ElicitationSchema::new(BTreeMap::new()),
         };
-        let answer = context
-            .peer
-            .create_elicitation_with_timeout(ask, Some(self.config.hitl_timeout))
-            .await;
+        let waiting = format!("`{tool}` is waiting for your approval");
+        let Some(answer) = self
+            .waiting(
+                context
+                    .peer
+                    .create_elicitation_with_timeout(ask, Some(self.config.hitl_timeout)),
+                context,
+                &waiting,
+            )
+            .await
+        else {
+            // The host cancelled the call while its user was asked: the held call is
+            // expired (audited) and never runs.
+            lib.expire().await;
+            return deny(CANCELLED);
+        };
         match answer {
             Ok(r) if r.action == ElicitationAction::Accept => {
                 lib.approve(tool, params, cost_usd, nonce, &self.config.operator_id)
@@ -375,6 +442,7 @@ impl Core {
     }
 
     /// Run an allowed call upstream, settle it, and return its result unchanged.
+    #[allow(clippy::too_many_arguments)]
     async fn forward(
         &self,
         i: usize,
@@ -383,6 +451,7 @@ impl Core {
         params: Value,
         ticket: Ticket,
         settings: ToolSettings,
+        context: &RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ErrorData> {
         let Some(u) = self.upstreams.get(i) else {
             return Err(ErrorData::internal_error("no such upstream", None));
@@ -409,7 +478,26 @@ impl Core {
         };
         let mut request = CallToolRequestParams::new(own_name);
         request.arguments = values::arguments(&params);
-        match tokio::time::timeout(timeout, peer.call_tool_once(request)).await {
+        let running = format!("`{name}` is running");
+        let Some(outcome) = self
+            .waiting(
+                tokio::time::timeout(timeout, peer.call_tool_once(request)),
+                context,
+                &running,
+            )
+            .await
+        else {
+            // The host cancelled the call: the upstream request was dropped, which sends
+            // the upstream `notifications/cancelled` now; settled as failed, at its
+            // estimate (it may have run in part).
+            self.decider
+                .settle(ticket, estimate, Some("cancelled by the host".into()))
+                .await;
+            return Ok(error_result(format!(
+                "the host cancelled `{name}`; the upstream was told to stop"
+            )));
+        };
+        match outcome {
             Err(_) => {
                 failed(
                     format!(

@@ -57,6 +57,7 @@ pub fn explain(d: &Denial) -> String {
                                ask one (MCP elicitation)"
             .into(),
         "fail_closed:hitl_timeout" => "nobody approved this call in time".into(),
+        crate::gateway::CANCELLED => "the host cancelled this call before it was decided".into(),
         "fail_closed:daemon_unreachable" => {
             "the Tollgate daemon could not be reached, so nothing may run".into()
         }

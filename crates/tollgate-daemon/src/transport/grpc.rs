@@ -311,6 +311,22 @@ pub enum Unmapped {
     /// More than one organization's rules match.
     #[error("the client certificate maps to more than one organization ({0})")]
     Ambiguous(String),
+    /// The certificate names more than one agent of its organization
+    /// (`spiffe://ORG/AGENT` URIs).
+    #[error("the client certificate names more than one agent ({0})")]
+    AmbiguousAgent(String),
+    /// The certificate names an agent whose id breaks the id rule.
+    #[error("the client certificate names agent `{0}`, which is not a valid agent id")]
+    BadAgentId(String),
+}
+
+/// Who a client certificate is: an organization's agent, named by the certificate or not.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CertIdentity {
+    /// The organization the certificate maps to.
+    pub organization: String,
+    /// The agent its `spiffe://ORG/AGENT` URI names, if it names one.
+    pub agent: Option<String>,
 }
 
 /// One [`Anchor`] per CA certificate.
@@ -439,6 +455,48 @@ impl ClientIdentities {
     }
 }
 
+impl ClientIdentities {
+    /// The organization and, when the certificate names one, the agent whose certificate
+    /// `chain` is (leaf first), as of `now`. The agent is named by a URI subject
+    /// alternative name `spiffe://ORG/AGENT`, `ORG` being the organization the certificate
+    /// maps to; two different agents, or an agent id outside the id rule, refuse it.
+    pub fn identity_of(
+        &self,
+        chain: &[CertificateDer<'_>],
+        now: UnixTime,
+    ) -> Result<CertIdentity, Unmapped> {
+        let organization = self.organization_of(chain, now)?;
+        let leaf = chain.first().ok_or(Unmapped::NoCertificate)?;
+        let agent = agent_named(&organization, &subject_alt_names(leaf))?;
+        Ok(CertIdentity {
+            organization,
+            agent,
+        })
+    }
+}
+
+/// The agent that `names` (a certificate's subject alternative names) name in `org`: the
+/// rest of a `spiffe://ORG/` URI.
+pub fn agent_named(org: &str, names: &[String]) -> Result<Option<String>, Unmapped> {
+    let prefix = format!("spiffe://{org}/");
+    let mut agent: Option<&str> = None;
+    for n in names {
+        let Some(rest) = n.strip_prefix(&prefix) else {
+            continue;
+        };
+        if tollgate_core::check_id(rest).is_err() {
+            return Err(Unmapped::BadAgentId(rest.escape_debug().to_string()));
+        }
+        match agent {
+            Some(a) if a != rest => {
+                return Err(Unmapped::AmbiguousAgent(format!("`{a}`, `{rest}`")));
+            }
+            _ => agent = Some(rest),
+        }
+    }
+    Ok(agent.map(str::to_owned))
+}
+
 /// The DNS and URI subject alternative names of a certificate (none if it cannot be
 /// parsed: it then matches no pattern).
 fn subject_alt_names(cert: &CertificateDer<'_>) -> Vec<String> {
@@ -548,8 +606,8 @@ impl ClientCertVerifier for ClientIdentities {
 pub struct ConnInfo {
     /// The peer's address.
     pub remote: SocketAddr,
-    /// The organization its certificate maps to, or why none.
-    pub identity: Arc<Result<String, Unmapped>>,
+    /// The organization (and agent) its certificate maps to, or why none.
+    pub identity: Arc<Result<CertIdentity, Unmapped>>,
     /// The earliest `notAfter` of the chain it presented (Unix seconds): past it, the
     /// connection is no longer served.
     pub not_after: Option<i64>,
@@ -690,7 +748,7 @@ async fn accept(
             };
             let chain = io.get_ref().1.peer_certificates();
             let identity = match chain {
-                Some(chain) => identities.organization_of(chain, UnixTime::now()),
+                Some(chain) => identities.identity_of(chain, UnixTime::now()),
                 None => Err(Unmapped::NoCertificate),
             };
             if let Err(why) = &identity {
@@ -951,9 +1009,10 @@ fn caller<T>(req: &Request<T>) -> Result<(Caller, Peer), Status> {
         return Err(unauthenticated("the client certificate has expired".into()));
     }
     match info.identity.as_ref() {
-        Ok(org) => Ok((
+        Ok(id) => Ok((
             Caller::Agent {
-                organization: org.clone(),
+                organization: id.organization.clone(),
+                agent: id.agent.clone(),
             },
             peer,
         )),

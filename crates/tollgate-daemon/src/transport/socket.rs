@@ -448,28 +448,25 @@ async fn keys_for<S: SessionStore>(
         Some(Payload::GetSessionState(_)) => Who::Either,
         _ => Who::Agent,
     };
-    let org = match &env.payload {
-        Some(Payload::Register(r)) => {
-            if r.organization_id.is_empty() {
-                DEFAULT_ORG.to_owned()
-            } else {
-                r.organization_id.clone()
-            }
+    let or_default = |org: &str| {
+        if org.is_empty() {
+            DEFAULT_ORG.to_owned()
+        } else {
+            org.to_owned()
         }
-        Some(Payload::HitlList(r)) => {
-            if r.organization_id.is_empty() {
-                DEFAULT_ORG.to_owned()
-            } else {
-                r.organization_id.clone()
-            }
-        }
-        Some(Payload::PreExec(r)) => service.session_organization(&r.session_id).await?,
-        Some(Payload::PostExec(r)) => service.session_organization(&r.session_id).await?,
-        Some(Payload::Heartbeat(r)) => service.session_organization(&r.session_id).await?,
-        Some(Payload::GetSessionState(r)) => service.session_organization(&r.session_id).await?,
-        Some(Payload::HitlDecide(r)) => service.session_organization(&r.session_id).await?,
-        Some(Payload::HeldParams(r)) => service.session_organization(&r.session_id).await?,
-        Some(Payload::AwaitDecision(r)) => service.session_organization(&r.session_id).await?,
+    };
+    // The organization, and the agent the request is about (whose own key seals it when
+    // the agent is enrolled with a secret).
+    let (org, agent) = match &env.payload {
+        Some(Payload::Register(r)) => (or_default(&r.organization_id), Some(r.agent_id.clone())),
+        Some(Payload::HitlList(r)) => (or_default(&r.organization_id), None),
+        Some(Payload::PreExec(r)) => owner(service, &r.session_id).await?,
+        Some(Payload::PostExec(r)) => owner(service, &r.session_id).await?,
+        Some(Payload::Heartbeat(r)) => owner(service, &r.session_id).await?,
+        Some(Payload::GetSessionState(r)) => owner(service, &r.session_id).await?,
+        Some(Payload::HitlDecide(r)) => owner(service, &r.session_id).await?,
+        Some(Payload::HeldParams(r)) => owner(service, &r.session_id).await?,
+        Some(Payload::AwaitDecision(r)) => owner(service, &r.session_id).await?,
         Some(_) => {
             return Err(refuse(
                 ErrorCode::InvalidRequest,
@@ -485,13 +482,31 @@ async fn keys_for<S: SessionStore>(
     };
     let mut keys = Vec::with_capacity(2);
     if who != Who::Operator {
-        if let Some(k) = service.keys.get(&org) {
-            keys.push((
+        // An enrolled agent's own key, and then only it; otherwise the organization's
+        // agents' key, whose holder's agent id is a claim (the service decides whether
+        // the organization accepts claims for this id).
+        let own = agent
+            .as_ref()
+            .and_then(|a| service.agent_keys.get(&(org.clone(), a.clone())));
+        match own {
+            Some(k) => keys.push((
                 k.clone(),
                 Caller::Agent {
                     organization: org.clone(),
+                    agent: agent.clone(),
                 },
-            ));
+            )),
+            None => {
+                if let Some(k) = service.keys.get(&org) {
+                    keys.push((
+                        k.clone(),
+                        Caller::Agent {
+                            organization: org.clone(),
+                            agent: None,
+                        },
+                    ));
+                }
+            }
         }
     }
     if who != Who::Agent {
@@ -513,6 +528,15 @@ async fn keys_for<S: SessionStore>(
         ));
     }
     Ok(keys)
+}
+
+/// A session's organization and agent.
+async fn owner<S: SessionStore>(
+    service: &Service<S>,
+    session_id: &str,
+) -> Result<(String, Option<String>), Refusal> {
+    let (org, agent) = service.session_owner(session_id).await?;
+    Ok((org, Some(agent)))
 }
 
 /// Serve a verified request as `caller`.

@@ -552,7 +552,8 @@ async fn a_spiffe_named_certificate_maps_by_uri() {
     let b = start_both(dir.path()).await;
     let spiffe = b.pki.acme.issue(&[], &["spiffe://acme/agent/7"], false);
     let via = Via::Grpc(b.pki.client(b.grpc, Some(spiffe)));
-    via.connect("research-bot").await;
+    // It acts as the agent it names (issue 15 §3).
+    via.connect("agent/7").await;
     b.daemon.stop().await;
     assert_eq!(session_events(dir.path()).len(), 1);
 }
@@ -1228,4 +1229,94 @@ async fn unfinished_messages_are_bounded_and_every_rpc_ends() {
     let v = c.pre_exec("t", &json::parse_str("{}").unwrap(), 0.0).await;
     assert_eq!(v.verdict, Verdict::Allow);
     b.daemon.stop().await;
+}
+
+/// Issue 15 §3: a certificate that names an agent (`spiffe://acme/AGENT`) registers as that
+/// agent only; with enrollment, an enrolled id is reserved to a certificate naming it, and
+/// `require_enrollment` refuses ids that are not enrolled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_certificate_naming_an_agent_registers_only_as_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = start_both(dir.path()).await;
+    let bot = b.pki.acme.issue(&[], &["spiffe://acme/bot"], false);
+    let as_bot = |agent: &str| {
+        ClientConfig::grpc(b.pki.client(b.grpc, Some(bot.clone())), crate::ORG, agent)
+    };
+    // The attack: spiffe://acme/bot registering as someone-else (to get the default guard).
+    let e = DaemonClient::connect(as_bot("someone-else"))
+        .await
+        .unwrap_err();
+    assert_eq!(e.reason(), "fail_closed:authentication_failed", "{e}");
+    let served = DaemonClient::connect(as_bot("bot")).await.unwrap();
+    assert_eq!(
+        served.registration().state.as_ref().unwrap().agent_id,
+        "bot"
+    );
+    // A certificate naming two agents is nobody's: its connection is closed (fail closed).
+    let two = b
+        .pki
+        .acme
+        .issue(&[], &["spiffe://acme/bot", "spiffe://acme/other"], false);
+    let e = DaemonClient::connect(ClientConfig::grpc(
+        b.pki.client(b.grpc, Some(two)),
+        crate::ORG,
+        "bot",
+    ))
+    .await
+    .unwrap_err();
+    assert!(e.reason().starts_with("fail_closed:"), "{e}");
+    b.daemon.stop().await;
+    let opened: Vec<String> = session_events(dir.path())
+        .into_iter()
+        .filter_map(|e| match e {
+            tollgate_audit::SessionEvent::Opened(s) => Some(s.agent_id),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(opened, ["bot"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn enrolled_agents_over_grpc_get_their_own_guard_and_nobody_else_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::new(dir.path());
+    let mut cfg = pki.daemon_config(dir.path());
+    cfg.enrollment.insert(
+        crate::ORG.into(),
+        tollgate_daemon::config::Enrollment {
+            required: true,
+            agents: [("reviewed".to_owned(), None)].into_iter().collect(),
+        },
+    );
+    let daemon = tollgate_daemon::Daemon::start(cfg).await.unwrap();
+    let grpc = daemon.grpc_addr().unwrap();
+    let running = crate::run(daemon);
+    let connect = |cert: (String, String), agent: &str| {
+        DaemonClient::connect(ClientConfig::grpc(
+            pki.client(grpc, Some(cert)),
+            crate::ORG,
+            agent,
+        ))
+    };
+    // The enrolled agent, named by its certificate, is served under its own guard (HITL
+    // always).
+    let reviewed = pki.acme.issue(&[], &["spiffe://acme/reviewed"], false);
+    let agent = connect(reviewed.clone(), "reviewed").await.unwrap();
+    let p = json::parse_str("{}").unwrap();
+    assert_eq!(agent.pre_exec("t", &p, 0.0).await.verdict, Verdict::Hitl);
+    // A certificate of acme that names no agent cannot register as it...
+    let e = connect(pki.acme_agent(), "reviewed").await.unwrap_err();
+    assert_eq!(e.reason(), "fail_closed:authentication_failed", "{e}");
+    // ...nor under an id that is not enrolled; nor can a certificate naming one.
+    let e = connect(pki.acme_agent(), "pa-0").await.unwrap_err();
+    assert_eq!(e.reason(), "fail_closed:authentication_failed", "{e}");
+    let stranger = pki.acme.issue(&[], &["spiffe://acme/pa-0"], false);
+    let e = connect(stranger, "pa-0").await.unwrap_err();
+    assert_eq!(e.reason(), "fail_closed:authentication_failed", "{e}");
+    running.stop().await;
+    let opened = session_events(dir.path())
+        .into_iter()
+        .filter(|e| matches!(e, tollgate_audit::SessionEvent::Opened(_)))
+        .count();
+    assert_eq!(opened, 1);
 }

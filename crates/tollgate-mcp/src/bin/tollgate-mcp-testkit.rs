@@ -136,7 +136,7 @@ impl ServerHandler for Upstream {
     async fn call_tool(
         &self,
         request: CallToolRequestParams,
-        _: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
         log_invocation(&request.name);
         let args = request.arguments.clone().unwrap_or_default();
@@ -164,8 +164,10 @@ impl ServerHandler for Upstream {
             "fail" => CallToolResult::error(vec![ContentBlock::text("HTTP 401 unauthorized")]),
             "crash" => std::process::exit(3),
             "hang" => {
-                std::future::pending::<()>().await;
-                text("never")
+                // Never answers; a client's cancellation is logged as `hang:cancelled`.
+                context.ct.cancelled().await;
+                log_invocation("hang:cancelled");
+                text("cancelled")
             }
             "garbage" => {
                 let mut out = std::io::stdout().lock();

@@ -226,3 +226,110 @@ async fn a_restarted_daemon_resumes_the_same_session() {
     s.close().await;
     d.stop().await;
 }
+
+/// Issue 15 §3: the gateway connects as an enrolled agent with the agent's own secret
+/// (`[daemon] secret_file`); with the organization's secret the enrolled id is refused,
+/// and every call is a DENY.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_gateway_uses_an_enrolled_agents_own_secret() {
+    const AGENT_SECRET: &[u8] = b"the gateway agent's own secret";
+    let data = tempfile::tempdir().unwrap();
+    let mut c = DaemonConfig {
+        data_dir: data.path().to_owned(),
+        organizations: vec![Organization {
+            id: ORG.into(),
+            secret: Some(SECRET.to_vec()),
+            operator_secret: Some(OPERATOR_SECRET.to_vec()),
+        }],
+        ..DaemonConfig::default()
+    };
+    c.enrollment.insert(
+        ORG.into(),
+        tollgate_daemon::config::Enrollment {
+            required: true,
+            agents: [("mcp-gateway".to_owned(), Some(AGENT_SECRET.to_vec()))]
+                .into_iter()
+                .collect(),
+        },
+    );
+    let d = Daemon::start(c).await.unwrap();
+    let socket = d.socket().to_owned();
+    let (tx, rx) = oneshot::channel::<()>();
+    let task = tokio::spawn(d.run(async {
+        let _ = rx.await;
+    }));
+    let d = Running {
+        socket,
+        stop: Some(tx),
+        task,
+    };
+
+    let kit = daemon_kit(&d.socket, "");
+    std::fs::write(kit.dir.path().join("agents.secret"), AGENT_SECRET).unwrap();
+    let s = start(&kit.config(), Host::default()).await;
+    assert_eq!(text(&s.ok("add", json!({"a": 2, "b": 3})).await), "5");
+    s.close().await;
+
+    // The organization's secret cannot act as the enrolled agent.
+    let kit = daemon_kit(&d.socket, "");
+    let s = start(&kit.config(), Host::default()).await;
+    let r = s.ok("add", json!({"a": 1})).await;
+    assert!(
+        text(&r).starts_with("denied: fail_closed:authentication_failed;"),
+        "{}",
+        text(&r)
+    );
+    assert!(kit.invocations().is_empty());
+    s.close().await;
+    d.stop().await;
+}
+
+/// Issue 16 §3: the host cancels a call held for the daemon's operators; an operator
+/// approves it afterwards; it never runs. While it was held, the host got progress.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_call_the_host_cancels_never_runs_even_if_approved_later() {
+    let data = tempfile::tempdir().unwrap();
+    let d = daemon(data.path(), true).await;
+    let kit = daemon_kit(&d.socket, "progress_interval_secs = 1");
+    let host = Host::default();
+    let progress = host.progress.clone();
+    let s = start(&kit.config(), host).await;
+    let call = crate::cancel::cancellable(&s, "add", json!({"a": 1, "b": 1})).await;
+    let op = operator(&d.socket).await;
+    let held = loop {
+        let p = op.hitl_list().await.unwrap();
+        if let Some(h) = p.into_iter().find(|p| p.params_known) {
+            break h;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    crate::cancel::eventually("progress while held", || {
+        progress
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|m| m.contains("waiting for a human"))
+    })
+    .await;
+    call.cancel(Some("the user gave up".into())).await.unwrap();
+    // Give the gateway the cancellation before the operator decides: the next request on
+    // the host's connection is answered only after the notification was read.
+    let _ = s.client.list_all_tools().await.unwrap();
+    let _ = op
+        .hitl_decide(sp1::HitlDecideRequest {
+            session_id: held.session_id.clone(),
+            decision: "approve".into(),
+            operator_id: "alice".into(),
+            ..Default::default()
+        })
+        .await;
+    // Nothing re-dispatches it. A gateway still waiting on the call would run it within
+    // milliseconds of the approval; watch the upstream's log for two seconds.
+    for _ in 0..40 {
+        assert!(kit.invocations().is_empty(), "{:?}", kit.invocations());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    s.close().await;
+    assert!(kit.invocations().is_empty(), "{:?}", kit.invocations());
+    d.stop().await;
+}

@@ -11,6 +11,7 @@
     missing_debug_implementations
 )]
 
+mod cancel;
 mod daemon;
 mod flows;
 mod hitl;
@@ -118,6 +119,8 @@ pub struct Host {
     pub version: ProtocolVersion,
     /// The messages it was asked to approve.
     pub asked: Arc<Mutex<Vec<String>>>,
+    /// The progress messages it was sent.
+    pub progress: Arc<Mutex<Vec<String>>>,
 }
 
 impl Default for Host {
@@ -127,6 +130,7 @@ impl Default for Host {
             answer: None,
             version: ProtocolVersion::V_2025_11_25,
             asked: Arc::default(),
+            progress: Arc::default(),
         }
     }
 }
@@ -140,6 +144,17 @@ impl ClientHandler for Host {
         };
         ClientConfig::new(caps, Implementation::new("test-host", "1"))
             .with_protocol_version(self.version.clone())
+    }
+
+    async fn on_progress(
+        &self,
+        params: rmcp::model::ProgressNotificationParam,
+        _: rmcp::service::NotificationContext<RoleClient>,
+    ) {
+        self.progress
+            .lock()
+            .unwrap()
+            .push(params.message.unwrap_or_default());
     }
 
     async fn create_elicitation(
