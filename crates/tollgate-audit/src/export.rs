@@ -91,6 +91,7 @@ pub const COLUMNS: &[&str] = &[
     "charged_usd",
     "error_signal",
     "decision",
+    "note",
     "original_nonce",
     "original_args_digest",
     "successor_nonce",
@@ -211,6 +212,7 @@ fn cells(e: &AuditEntry, chain_id: Option<&str>) -> Vec<Cell> {
             ("tool_name", t(&d.tool_name)),
             ("operator_id", t(&d.operator_id)),
             ("decision", t(d.decision.as_str())),
+            ("note", t(&d.note)),
             ("original_nonce", n(&d.original_nonce)),
             ("original_args_digest", digest(&d.original_args_digest)),
             (

@@ -3,17 +3,17 @@
 //! Contract (`EVALSHA sha n KEYS… ARGV…`, atomic over its keys):
 //!
 //! ```text
-//! KEYS[1]  session hash  P:{G}:s:<id>
-//! KEYS[2]  budget hash   P:{G}:b            (only for a shared budget)
-//! ARGV[1]  expected session v (0: absent)
-//! ARGV[2]  expected budget v  (0: absent)    checked only if ARGV[4] is not empty;
+//! `KEYS[1]`  session hash  P:{G}:s:<id>
+//! `KEYS[2]`  budget hash   P:{G}:b            (only for a shared budget)
+//! `ARGV[1]`  expected session v (0: absent)
+//! `ARGV[2]`  expected budget v  (0: absent)    checked only if `ARGV[4]` is not empty;
 //!          or `join`: open a session on the shared budget as it is (see below)
-//! ARGV[3]  new session record
-//! ARGV[4]  new budget record or ""           ("" leaves the budget alone)
-//! ARGV[5]  daemon id                         (field d)
-//! ARGV[6]  marker field "u:<seq>" or ""      ARGV[7] its value
-//! ARGV[8]  ttl ms (0: PERSIST the session hash; >0: PEXPIRE)
-//! ARGV[9]  n, then ARGV[10..9+n]: marker fields to HDEL
+//! `ARGV[3]`  new session record
+//! `ARGV[4]`  new budget record or ""           ("" leaves the budget alone)
+//! `ARGV[5]`  daemon id                         (field d)
+//! `ARGV[6]`  marker field "u:<seq>" or ""      `ARGV[7]` its value
+//! `ARGV[8]`  ttl ms (0: PERSIST the session hash; >0: PEXPIRE)
+//! `ARGV[9]`  n, then ARGV[10..9+n]: marker fields to HDEL
 //! then     hold field "h:<id>\x1f<seq>" or "", its amount  (HSET on the budget)
 //! then     m, then m hold fields to HDEL from the budget
 //! then     the settlement in progress this write finishes (field `s`), or ""
@@ -30,14 +30,14 @@
 //! session, HGETALL budget}`. A hash without `v` counts as version 0. A call that names
 //! the settlement in progress takes `s` off.
 //!
-//! `settle` in ARGV[2] (start, take over or give up a settlement of the shared budget):
-//! ARGV[1] expected session v, ARGV[3] expected budget v, ARGV[4] the `s` value expected
-//! now ("" none), ARGV[5] the new `s` value ("" takes it off). Nothing else is written;
+//! `settle` in `ARGV[2]` (start, take over or give up a settlement of the shared budget):
+//! `ARGV[1]` expected session v, `ARGV[3]` expected budget v, `ARGV[4]` the `s` value expected
+//! now ("" none), `ARGV[5]` the new `s` value ("" takes it off). Nothing else is written;
 //! reply `{3}`, or the conflict reply if a version or `s` differs.
 //!
 //! `join` (a session's opening on a shared budget): the session version must match (0:
 //! the session must not exist) and the session is written as above; the budget hash is
-//! created from ARGV[4] (`v=1`) if it does not exist, and left alone if it does; reply
+//! created from `ARGV[4]` (`v=1`) if it does not exist, and left alone if it does; reply
 //! `{2, new sv, created (0/1), HGETALL budget}`: the budget's version and amounts as one
 //! read, at the instant the session was written, from which the daemon opens the session
 //! (its opening entry's `budget_before`) and caches the budget. No version of the budget

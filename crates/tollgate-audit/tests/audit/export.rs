@@ -183,6 +183,8 @@ fn every_kind_exports_every_field() {
     // Human decision.
     assert_eq!(text(3, "decision").as_deref(), Some("modify"));
     assert_eq!(text(3, "operator_id").as_deref(), Some("alice"));
+    // The human's words are in the signed record and in the export (issue 16 §5).
+    assert_eq!(text(3, "note").as_deref(), Some("checked the recipient"));
     assert_eq!(get(3, "original_nonce").as_u64(), Some(8));
     assert_eq!(get(3, "successor_nonce").as_u64(), Some(9));
     assert!(text(3, "successor_args_digest").is_some());

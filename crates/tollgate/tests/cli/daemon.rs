@@ -207,6 +207,8 @@ fn serve_hitl_kill_9_restart_sigterm_verify() {
         "reject",
         "--operator",
         "carol",
+        "--note",
+        "opaque context: ask the agent's owner first",
     ]);
     assert_eq!(code(&decide), 0, "{}", text(&decide));
     assert!(
@@ -243,6 +245,30 @@ fn serve_hitl_kill_9_restart_sigterm_verify() {
         s(&dir.join("audit")),
     ]);
     assert_eq!(code(&verify), 0, "{}", text(&verify));
+    // The human's words from the command line are in the signed record and the export
+    // (issue 16 §5).
+    let export = tollgate(&[
+        "audit",
+        "export",
+        "--format",
+        "jsonl",
+        "--key",
+        s(&dir.join("audit.pub")),
+        s(&dir.join("audit")),
+    ]);
+    assert_eq!(code(&export), 0, "{}", text(&export));
+    let decided: Vec<&str> = std::str::from_utf8(&export.stdout)
+        .unwrap()
+        .lines()
+        .filter(|l| l.contains(r#""kind":"human_decision""#))
+        .collect();
+    assert_eq!(decided.len(), 1, "{decided:?}");
+    assert!(
+        decided[0].contains(r#""note":"opaque context: ask the agent's owner first""#)
+            && decided[0].contains(r#""operator_id":"carol""#),
+        "{}",
+        decided[0]
+    );
 }
 
 /// `serve` prints where each organization's agents' secret and operator secret are: the
