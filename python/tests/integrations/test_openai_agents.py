@@ -130,3 +130,40 @@ def test_the_example_runs():
 
     out = run_example("openai_agents_example.py")
     assert "search: results for sp/1.0" in out and "max_repeat_exceeded" in out
+
+
+def test_an_operators_modify_never_runs_the_original_arguments(daemon):
+    """Issue 16 §2: daemon mode, an operator modifies a held `pay` from 90.0 to 1.0. A
+    guardrail cannot change the arguments the SDK runs, so the call is refused and the
+    model told the changed arguments; the tool body never sees the original ones."""
+    import threading
+
+    from conftest import wait_until_held
+
+    client = tollgate.connect(socket=daemon.socket, secret_file=daemon.secret_file, agent_id="held-bot",
+                              timeout=30)
+    op = tollgate.operator(socket=daemon.socket, secret_file=daemon.operator_secret_file)
+    paid = []
+
+    @function_tool
+    def pay(amount: float) -> str:
+        """Pay an amount."""
+        paid.append(amount)
+        return f"paid {amount}"
+
+    tg = TollgateGuardrails(client)
+    tg.hitl_timeout = 60
+    agent = Agent(name="bot", instructions="", model=ScriptedModel([("call_0", "pay", {"amount": 90.0}), "done"]),
+                  tools=[tg.protect(pay)])
+
+    def modify_when_held():
+        wait_until_held(op, client.session_id)
+        op.decide(client.session_id, "modify", operator="alice", params={"amount": 1.0})
+
+    t = threading.Thread(target=modify_when_held)
+    t.start()
+    result = Runner.run_sync(agent, "go")
+    t.join()
+    assert paid == [], f"the tool ran with {paid}"
+    out = tool_outputs(result)
+    assert len(out) == 1 and "changed the arguments" in out[0] and '{"amount":1.0}' in out[0], out

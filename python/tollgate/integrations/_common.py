@@ -29,6 +29,16 @@ def args_dict(args: Any) -> Any:
     return args
 
 
+def json_text(value: Any) -> str:
+    """`value` as compact JSON for a model to read (its repr when it is not JSON)."""
+    import json
+
+    try:
+        return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    except (TypeError, ValueError):
+        return repr(value)
+
+
 def deny_text(verdict: Any) -> str:
     """The message a model reads when a call was not run."""
     return f"Tollgate blocked the call to `{verdict.tool}`: {verdict.reason}"

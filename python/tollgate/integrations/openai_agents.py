@@ -24,7 +24,9 @@ agent = Agent(name="bot", tools=[tg.protect(search)])
   rejects the call and the model reads `Tollgate blocked the call to `x`: reason`; a
   call approved in the SDK is released in Tollgate (re-dispatched with its nonce) first.
   In daemon mode (`Client`) the guardrail itself waits for the daemon's operator on HITL,
-  and `needs_approval` is never true.
+  and `needs_approval` is never true. An operator's `modify` cannot be run by a guardrail
+  (it cannot change the arguments the SDK passes), so such a call is refused, never run
+  with the original arguments, and the model is told the changed arguments.
 - The output guardrail settles the call's cost (the estimate) after it ran.
 """
 
@@ -125,7 +127,16 @@ class TollgateGuardrails:
         cost = _common.estimate(self.cost, tool, args if isinstance(args, dict) else {})
         if v is None:  # needs_approval was not wired (or daemon mode): decide now
             if isinstance(self.guard, Client):
-                v, _ = await _common.acheck_or_wait(self.guard, tool, args, cost, hitl_timeout=self.hitl_timeout)
+                v, released = await _common.acheck_or_wait(self.guard, tool, args, cost, hitl_timeout=self.hitl_timeout)
+                if v.allowed and v.reason == "hitl_transition:modify_successor":
+                    # An operator changed the arguments, and a guardrail cannot change what
+                    # the SDK runs: refuse, never run the original ones, and tell the model.
+                    await self.guard.asettle(v, None, error="not run: the framework cannot run edited arguments")
+                    text = (f"A human changed the arguments of `{tool}` to {_common.json_text(released)}; "
+                            "Tollgate did not run it with the original ones. Call it again with the changed "
+                            "arguments if they are what you want.")
+                    return ToolGuardrailFunctionOutput.reject_content(
+                        text, output_info={"tollgate": "hitl_transition:modify_not_runnable"})
             else:
                 v = await self.guard.acheck(tool, args, cost)
         elif v.verdict == "HITL" and isinstance(self.guard, Guard):
