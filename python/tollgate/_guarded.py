@@ -172,8 +172,9 @@ class Guard(_native.Guard, _Decorating):
     audit log there, durably, before the call returns) with `audit_key` (a key file from
     `tollgate keygen`), and `session_id`, `agent_id`, `organization_id` for its entries;
     `on_hitl`: a function (or an async function) called with a held `Verdict` that
-    returns a `Decision` (or a decision word), which `@guard.tool` and the adapters use to
-    resolve held calls; in async code it never blocks the event loop (an async handler is
+    returns a `Decision` (or a decision word), which `@guard.tool` and the AutoGen and
+    CrewAI adapters use to resolve held calls (LangGraph and the OpenAI Agents SDK have
+    approvals of their own: `interrupt()`, `needs_approval`); in async code it never blocks the event loop (an async handler is
     awaited, a plain one runs in the loop's default executor).
     """
 
