@@ -1178,11 +1178,14 @@ mod tests {
     /// The generated configuration is read by the daemon's own parser: the bench's
     /// organization with its secret file, limits above anything the load reaches, the
     /// fsync policy asked for, and the agent's guard (no budget, 3 repeats), whatever
-    /// characters the agent id holds.
+    /// characters of the id rule the agent id holds (each needs the key quoted); an id
+    /// outside the rule is an error, not a configuration the daemon cannot read.
     #[test]
     fn the_generated_configuration_is_what_the_daemon_reads() {
         let dir = tempfile::tempdir().unwrap();
-        let agent = "we\"ird\\agent\u{1}.x";
+        let bad = args(&["--agent", "we\"ird\\agent\u{1}"]);
+        assert!(OwnDaemon::prepare(dir.path(), &bad, None).is_err());
+        let agent = "we.ird:agent/x@y+z_-1";
         let a = args(&["--sessions", "5000", "--fsync", "never", "--agent", agent]);
         let own = OwnDaemon::prepare(dir.path(), &a, None).unwrap();
         let c = &own.config;
