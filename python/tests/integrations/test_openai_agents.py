@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import json
 
+import pytest
+
 from agents import Agent, ModelResponse, Runner, Usage, function_tool, set_tracing_disabled
 from agents.models.interface import Model
 from openai.types.responses import ResponseFunctionToolCall, ResponseOutputMessage, ResponseOutputText
@@ -106,14 +108,21 @@ def test_a_rejected_call_never_runs_and_is_recorded():
     agent, tg = make(guard, script({"q": "x"}, {"q": "y"}), ran)
     first = Runner.run_sync(agent, "go")
     (item,) = first.interruptions
+    held = list(tg._verdicts.values())
+    assert [v.verdict for v in held] == ["HITL"]
     state = first.to_state()
     tg.reject(state, item, operator="bob")
     second = Runner.run_sync(agent, state)
     assert ran == []
-    assert not second.interruptions
-    # Tollgate recorded the rejection: the session's next dispatch is denied by it (as
-    # SP/1.0.1 §3.6 says), where an unrecorded one would be held behind the pending call.
-    assert "hitl_transition:reject" in tool_outputs(second)[-1]
+    # A human's reject refuses that call only (several held calls: docs/protocol.md):
+    # the model's next call is a call of its own, held for a human in turn, and the
+    # session's circuit is not tripped.
+    (next_item,) = second.interruptions
+    assert json.loads(next_item.raw_item.arguments) == {"q": "y"}
+    assert not guard.circuit_tripped
+    # Tollgate recorded the rejection: the rejected call cannot be approved any more.
+    with pytest.raises(ValueError):
+        guard.resolve(held[0], "approve", operator="mallory")
 
 
 def test_async_runs_are_guarded_too():
