@@ -186,3 +186,26 @@ def test_daemon_mode_denies_and_waits_for_an_operator(daemon):
     t.join()
     assert ran2 == ["pay"]
     assert tool_messages(result)[-1].content == "results for pay"
+
+
+def test_daemon_mode_an_operators_modify_runs_only_the_edited_arguments(daemon):
+    """Issue 16 §2: an operator modifies a held call; the tool body sees the edited
+    arguments, never the original ones."""
+    import threading
+
+    from conftest import wait_until_held
+
+    held = tollgate.connect(socket=daemon.socket, secret_file=daemon.secret_file, agent_id="held-bot", timeout=30)
+    op = tollgate.operator(socket=daemon.socket, secret_file=daemon.operator_secret_file)
+
+    def modify_when_held():
+        wait_until_held(op, held.session_id)
+        op.decide(held.session_id, "modify", operator="alice", params={"q": "edited"})
+
+    t = threading.Thread(target=modify_when_held)
+    t.start()
+    ran = []
+    result = run(make_agent(held, calls({"q": "original"}), ran, hitl_timeout=60), "m1")
+    t.join()
+    assert ran == ["edited"], ran
+    assert tool_messages(result)[-1].content == "results for edited"
