@@ -1248,6 +1248,12 @@ impl RedisStore {
                     continue;
                 }
             }
+            if view.session.state.status == tollgate_core::SessionStatus::Terminated {
+                // Its opening was voided (its daemon died before the opening was in the
+                // audit trail): the session never existed, and nothing may be decided on
+                // it, by any daemon. The agent registers again.
+                return Err(StoreError::NotFound { id: id.to_owned() });
+            }
             let mut s = view.session.clone();
             match f(&mut s) {
                 change @ (Change::Keep(_) | Change::Touch(_)) => {
