@@ -472,6 +472,41 @@ impl Inner {
             .clone()
     }
 
+    /// Sleep `pause` with the shared budget's lock let go (other sessions of the budget go
+    /// on meanwhile), and take it again if it was held.
+    async fn pause_unlocked(
+        &self,
+        bguard: &mut Option<OwnedMutexGuard<BudgetCache>>,
+        bkey: Option<&str>,
+        pause: Duration,
+    ) {
+        let held = bguard.take().is_some();
+        tokio::time::sleep(pause).await;
+        if held {
+            if let Some(k) = bkey {
+                *bguard = Some(self.budget_lock(k).lock_owned().await);
+            }
+        }
+    }
+
+    /// One exponential back-off step of `apply` waiting on another daemon (5 ms doubling
+    /// to 200 ms), or `busy` as the error once the command timeout would pass.
+    async fn back_off(
+        &self,
+        bguard: &mut Option<OwnedMutexGuard<BudgetCache>>,
+        bkey: Option<&str>,
+        started: Instant,
+        backoff: &mut Duration,
+        busy: &str,
+    ) -> Result<(), StoreError> {
+        if started.elapsed() + *backoff > self.opts.command_timeout {
+            return Err(backend("apply", busy));
+        }
+        self.pause_unlocked(bguard, bkey, *backoff).await;
+        *backoff = (*backoff * 2).min(Duration::from_millis(200));
+        Ok(())
+    }
+
     fn budget_lock(&self, key: &str) -> Arc<AsyncMutex<BudgetCache>> {
         lock(&self.budgets)
             .entry(key.to_owned())
@@ -1201,22 +1236,16 @@ impl RedisStore {
             match action {
                 MarkerAction::Proceed => {}
                 MarkerAction::Wait => {
-                    if started.elapsed() + backoff > inner.opts.command_timeout {
-                        return Err(backend(
-                            "apply",
-                            "session busy: another daemon's change to it is not yet confirmed",
-                        ));
-                    }
                     // Other sessions of the shared budget go on meanwhile.
-                    let held = bguard.is_some();
-                    bguard = None;
-                    tokio::time::sleep(backoff).await;
-                    if held {
-                        if let Some(k) = &bkey {
-                            bguard = Some(inner.budget_lock(k).lock_owned().await);
-                        }
-                    }
-                    backoff = (backoff * 2).min(Duration::from_millis(200));
+                    inner
+                        .back_off(
+                            &mut bguard,
+                            bkey.as_deref(),
+                            started,
+                            &mut backoff,
+                            "session busy: another daemon's change to it is not yet confirmed",
+                        )
+                        .await?;
                     attempts -= 1;
                     inner.load(&mut slot, id).await?;
                     continue;
@@ -1230,14 +1259,9 @@ impl RedisStore {
                             "the session's previous change is not yet in the audit trail",
                         ));
                     }
-                    let held = bguard.is_some();
-                    bguard = None;
-                    tokio::time::sleep(Duration::from_millis(1)).await;
-                    if held {
-                        if let Some(k) = &bkey {
-                            bguard = Some(inner.budget_lock(k).lock_owned().await);
-                        }
-                    }
+                    inner
+                        .pause_unlocked(&mut bguard, bkey.as_deref(), Duration::from_millis(1))
+                        .await;
                     attempts -= 1;
                     continue;
                 }
@@ -1280,21 +1304,15 @@ impl RedisStore {
                         // It would spend a refund whose entry is not yet confirmed (a
                         // void would take it back): wait for the holds to go, re-read,
                         // decide again.
-                        if started.elapsed() + backoff > inner.opts.command_timeout {
-                            return Err(backend(
-                                "apply",
+                        inner
+                            .back_off(
+                                &mut bguard,
+                                bkey.as_deref(),
+                                started,
+                                &mut backoff,
                                 "budget busy: refunds to it are not yet in the audit trail",
-                            ));
-                        }
-                        let held = bguard.is_some();
-                        bguard = None;
-                        tokio::time::sleep(backoff).await;
-                        if held {
-                            if let Some(k) = &bkey {
-                                bguard = Some(inner.budget_lock(k).lock_owned().await);
-                            }
-                        }
-                        backoff = (backoff * 2).min(Duration::from_millis(200));
+                            )
+                            .await?;
                         attempts -= 1;
                         inner.load(&mut slot, id).await?;
                         continue;
@@ -1325,21 +1343,15 @@ impl RedisStore {
                                 inner.clear_settling(&group, sid, bk, bv, &cur).await?;
                             }
                         }
-                        if started.elapsed() + backoff > inner.opts.command_timeout {
-                            return Err(backend(
-                                "apply",
+                        inner
+                            .back_off(
+                                &mut bguard,
+                                bkey.as_deref(),
+                                started,
+                                &mut backoff,
                                 "budget busy: another daemon is settling a change of it",
-                            ));
-                        }
-                        let held = bguard.is_some();
-                        bguard = None;
-                        tokio::time::sleep(backoff).await;
-                        if held {
-                            if let Some(k) = &bkey {
-                                bguard = Some(inner.budget_lock(k).lock_owned().await);
-                            }
-                        }
-                        backoff = (backoff * 2).min(Duration::from_millis(200));
+                            )
+                            .await?;
                         attempts -= 1;
                         inner.load(&mut slot, id).await?;
                         continue;
