@@ -89,8 +89,10 @@ for s in "${suites[@]}"; do
   p=$(grep -Eo '[0-9]+ passed' "$out" | tail -1 | cut -d' ' -f1 || true)
   f=$( (grep -Eo '[0-9]+ (failed|error|errors)' "$out" || true) | awk '{ n += $1 } END { print n + 0 }')
   passed=$((passed + ${p:-0})); failed=$((failed + f))
-  # pytest's exit 5 (no tests collected) is a failure here too.
+  # pytest's exit 5 (no tests collected) is a failure here too, and so is a suite that
+  # exits 0 having passed nothing.
   [ "$rc" -eq 0 ] || { status=1; [ "$f" -gt 0 ] || failed=$((failed + 1)); }
+  [ "${p:-0}" -gt 0 ] || { echo "python: suite $s passed no test"; status=1; [ "$rc" -ne 0 ] || failed=$((failed + 1)); }
 done
 printf 'python: %d passed, %d failed\n' "$passed" "$failed"
 exit "$status"
