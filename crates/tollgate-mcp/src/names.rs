@@ -48,16 +48,6 @@ impl Names {
     pub fn public(&self, i: usize, own: &str) -> Option<&str> {
         self.public.get(&(i, own.to_owned())).map(String::as_str)
     }
-
-    /// How many names are offered.
-    pub fn len(&self) -> usize {
-        self.route.len()
-    }
-
-    /// Whether none is.
-    pub fn is_empty(&self) -> bool {
-        self.route.is_empty()
-    }
 }
 
 fn suffixed(base: &str, upstream: &str, own: &str, round: u32) -> String {

@@ -80,6 +80,18 @@ async fn operator(socket: &Path) -> DaemonClient {
     DaemonClient::operator(c).await.unwrap()
 }
 
+/// The first held call whose params the gateway has shown to operators (polled: each
+/// poll is a round trip, no timing threshold).
+async fn held_with_params(op: &DaemonClient) -> sp1::HitlPending {
+    loop {
+        let p = op.hitl_list().await.unwrap();
+        if let Some(h) = p.into_iter().find(|p| p.params_known) {
+            return h;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_held_call_waits_for_an_operator_then_runs() {
     let data = tempfile::tempdir().unwrap();
@@ -92,15 +104,8 @@ async fn a_held_call_waits_for_an_operator_then_runs() {
     });
     // The operator sees the held call, with the arguments the host sent, and approves it.
     let op = operator(&d.socket).await;
-    let pending = loop {
-        let p = op.hitl_list().await.unwrap();
-        if p.first().is_some_and(|p| p.params_known) {
-            break p;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
-    assert_eq!(pending.len(), 1);
-    let held = &pending[0];
+    let held = &held_with_params(&op).await;
+    assert_eq!(op.hitl_list().await.unwrap().len(), 1);
     assert_eq!(held.agent_id, "mcp-gateway");
     assert_eq!(held.transition.as_ref().unwrap().tool_name, "add");
     assert_eq!(held.params_json, r#"{"a":20,"b":22}"#);
@@ -296,13 +301,7 @@ async fn a_held_call_the_host_cancels_never_runs_even_if_approved_later() {
     let s = start(&kit.config(), host).await;
     let call = crate::cancel::cancellable(&s, "add", json!({"a": 1, "b": 1})).await;
     let op = operator(&d.socket).await;
-    let held = loop {
-        let p = op.hitl_list().await.unwrap();
-        if let Some(h) = p.into_iter().find(|p| p.params_known) {
-            break h;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let held = held_with_params(&op).await;
     crate::cancel::eventually("progress while held", || {
         progress
             .lock()
