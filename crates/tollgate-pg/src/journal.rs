@@ -159,6 +159,7 @@ impl PgJournal {
             chain_id: chain_id.to_owned(),
             chainer: Chainer::new(key, version, next, last),
             client: Some(client),
+            insert: None,
             shared: shared.clone(),
             rx,
             settings,
@@ -538,6 +539,8 @@ struct Task {
     chain_id: String,
     chainer: Chainer,
     client: Option<Client>,
+    /// The batch statement, prepared on `client` (dropped with it).
+    insert: Option<tokio_postgres::Statement>,
     shared: Arc<Shared>,
     rx: mpsc::Receiver<Msg>,
 }
@@ -651,6 +654,7 @@ impl Task {
         // journal was idle): replace it before the batch rather than fail the batch.
         if self.client.as_ref().is_some_and(Client::is_closed) {
             self.client = None;
+            self.insert = None;
             if let Err(e) = self.reconnect(None).await {
                 self.shared.failed_batches.fetch_add(1, Ordering::Relaxed);
                 self.shared.fail(e.to_string());
@@ -704,6 +708,12 @@ impl Task {
     /// [`BatchError::Conflict`], tried again with `check_claims`. `signed_first` gets the
     /// first signed record's index and hash (to tell after an error whether the commit
     /// happened).
+    ///
+    /// Without `check_claims` (the common case) the transaction is that one statement,
+    /// prepared once per connection and sent alone: PostgreSQL runs a statement outside
+    /// `BEGIN` as a transaction of its own, so its entries and claims commit together or
+    /// not at all (the deferred foreign key is checked at that commit), in one round trip
+    /// instead of four (`BEGIN`, parse, execute, `COMMIT`).
     async fn try_batch(
         &mut self,
         items: &[Item],
@@ -714,6 +724,30 @@ impl Task {
         let Some(client) = self.client.as_mut() else {
             return Err(BatchError::Db("not connected".to_owned()));
         };
+        let insert = match &self.insert {
+            Some(st) => st.clone(),
+            None => {
+                let st = client.prepare(&insert_sql(s)).await?;
+                self.insert = Some(st.clone());
+                st
+            }
+        };
+        if !check_claims {
+            let (rows, outcomes) = sign_batch(
+                &mut self.chainer,
+                &self.chain_id,
+                items,
+                HashMap::new(),
+                signed_first,
+            )?;
+            if !rows.e_idx.is_empty() {
+                client
+                    .execute(&insert, &rows.params(&self.chain_id))
+                    .await?;
+            }
+            self.count(&rows);
+            return Ok(outcomes);
+        }
         let tx = client.transaction().await?;
         let mut sids: Vec<&str> = Vec::with_capacity(items.len());
         let mut seqs: Vec<i64> = Vec::with_capacity(items.len());
@@ -724,8 +758,8 @@ impl Task {
                 seqs.push(q);
             }
         }
-        let rows = if check_claims {
-            tx.query(
+        let rows = tx
+            .query(
                 &format!(
                     "SELECT c.session_id, c.session_seq, c.kind FROM {s}.claims c
                      JOIN unnest($1::text[], $2::bigint[]) AS k(s, q)
@@ -733,10 +767,7 @@ impl Task {
                 ),
                 &[&sids, &seqs],
             )
-            .await?
-        } else {
-            Vec::new()
-        };
+            .await?;
         // (session, seq) -> whether an entry (true) or a void (false) holds it.
         let mut held: HashMap<(String, i64), bool> = HashMap::new();
         for r in rows {
@@ -745,139 +776,21 @@ impl Task {
             let kind: String = r.try_get(2)?;
             held.insert((sid, seq), kind == "entry");
         }
-        let mut e_idx: Vec<i64> = Vec::new();
-        let mut e_rec: Vec<Vec<u8>> = Vec::new();
-        let mut e_hash: Vec<Vec<u8>> = Vec::new();
-        let mut e_sid: Vec<Option<String>> = Vec::new();
-        let mut e_seq: Vec<Option<i64>> = Vec::new();
-        let mut e_kind: Vec<i16> = Vec::new();
-        let mut c_kind: Vec<&str> = Vec::new();
-        let mut c_sid: Vec<String> = Vec::new();
-        let mut c_seq: Vec<i64> = Vec::new();
-        let mut c_idx: Vec<i64> = Vec::new();
-        let mut outcomes = Vec::with_capacity(items.len());
-        let mut voids = 0u64;
-        for it in items {
-            let (sid, seq) = it.key();
-            let Ok(seq_i) = i64::try_from(seq) else {
-                outcomes.push(match it {
-                    Item::Entry(..) => Outcome::Entry(Err(WriteError::Refused(format!(
-                        "session_seq {seq} is beyond the database's range"
-                    )))),
-                    Item::Settle(..) => Outcome::Settle(Err(format!(
-                        "session_seq {seq} is beyond the database's range"
-                    ))),
-                });
-                continue;
-            };
-            let place = (sid.to_owned(), seq_i);
-            let event = match (it, held.get(&place)) {
-                (Item::Entry(..), Some(entry)) => {
-                    let by = if *entry { "another entry" } else { "a void" };
-                    outcomes.push(Outcome::Entry(Err(WriteError::Refused(format!(
-                        "session `{sid}` version {seq} is already held by {by}"
-                    )))));
-                    continue;
-                }
-                (Item::Settle(..), Some(entry)) => {
-                    outcomes.push(Outcome::Settle(Ok(if *entry {
-                        Settled::Entry
-                    } else {
-                        Settled::Void
-                    })));
-                    continue;
-                }
-                (Item::Entry(ev, _), None) => (**ev).clone(),
-                (Item::Settle(_, _, b, _), None) => Event::Void(VoidRecord {
-                    timestamp_ns: now_ns(),
-                    session_id: sid.to_owned(),
-                    session_seq: seq,
-                    chain_id: self.chain_id.clone(),
-                    reason: VoidRecord::UNCONFIRMED_AT_SETTLE.to_owned(),
-                    budget_version: b.budget_version,
-                    budget_before: b.budget_before,
-                    budget_after: b.budget_after,
-                    revert_version: b.revert_version,
-                }),
-            };
-            let ts = match &event {
-                Event::Session(e) => e.timestamp_ns(),
-                _ => now_ns(),
-            };
-            let signed = match self.chainer.sign(&event, ts) {
-                Ok(x) => x,
-                Err(e) => {
-                    outcomes.push(match it {
-                        Item::Entry(..) => Outcome::Entry(Err(WriteError::Encode(e))),
-                        // A place whose id is too long to encode never held an entry
-                        // either, but no void can say so: the caller must not go on.
-                        Item::Settle(..) => {
-                            Outcome::Settle(Err(format!("cannot write a void: {e}")))
-                        }
-                    });
-                    continue;
-                }
-            };
-            let a = signed.appended;
-            if signed_first.is_none() {
-                *signed_first = Some((a.index, a.hash));
-            }
-            let idx =
-                i64::try_from(a.index).map_err(|_| BatchError::Db("index overflow".into()))?;
-            let is_entry = matches!(it, Item::Entry(..));
-            e_idx.push(idx);
-            e_rec.push(signed.record);
-            e_hash.push(a.hash.0.to_vec());
-            e_sid.push(Some(sid.to_owned()));
-            e_seq.push(Some(seq_i));
-            e_kind.push(i16::from(event.kind()));
-            c_sid.push(sid.to_owned());
-            c_seq.push(seq_i);
-            c_kind.push(if is_entry { "entry" } else { "void" });
-            c_idx.push(idx);
-            held.insert(place, is_entry);
-            outcomes.push(if is_entry {
-                Outcome::Entry(Ok(a))
-            } else {
-                voids += 1;
-                Outcome::Settle(Ok(Settled::Void))
-            });
-        }
-        if !e_idx.is_empty() {
-            tx.execute(
-                &format!(
-                    "WITH e AS (
-                       INSERT INTO {s}.entries (chain_id, idx, record, entry_hash, session_id, session_seq, kind)
-                       SELECT $1, u.i, u.r, u.h, u.s, u.q, u.k
-                       FROM unnest($2::bigint[], $3::bytea[], $4::bytea[], $5::text[], $6::bigint[], $7::smallint[])
-                         AS u(i, r, h, s, q, k)
-                     )
-                     INSERT INTO {s}.claims (session_id, session_seq, kind, chain_id, idx)
-                     SELECT u.s, u.q, u.k, $1, u.i
-                     FROM unnest($8::text[], $9::bigint[], $10::text[], $11::bigint[]) AS u(s, q, k, i)"
-                ),
-                &[
-                    &self.chain_id,
-                    &e_idx,
-                    &e_rec,
-                    &e_hash,
-                    &e_sid,
-                    &e_seq,
-                    &e_kind,
-                    &c_sid,
-                    &c_seq,
-                    &c_kind,
-                    &c_idx,
-                ],
-            )
-            .await?;
+        let (rows, outcomes) =
+            sign_batch(&mut self.chainer, &self.chain_id, items, held, signed_first)?;
+        if !rows.e_idx.is_empty() {
+            tx.execute(&insert, &rows.params(&self.chain_id)).await?;
         }
         tx.commit().await?;
+        self.count(&rows);
+        Ok(outcomes)
+    }
+
+    fn count(&self, rows: &Rows) {
         self.shared
             .entries
-            .fetch_add(e_idx.len() as u64, Ordering::Relaxed);
-        self.shared.voids.fetch_add(voids, Ordering::Relaxed);
-        Ok(outcomes)
+            .fetch_add(rows.e_idx.len() as u64, Ordering::Relaxed);
+        self.shared.voids.fetch_add(rows.voids, Ordering::Relaxed);
     }
 
     /// After a database error: reconnect with backoff (failing whatever arrives
@@ -886,6 +799,7 @@ impl Task {
     /// and not written again: the head is the stored tail.
     async fn recover(&mut self, signed_first: Option<(u64, Digest)>) {
         self.client = None;
+        self.insert = None;
         let mut wait = self.settings.reconnect_min;
         loop {
             // Shutting down: stop trying (what is queued fails; see `finish`).
@@ -972,8 +886,164 @@ impl Task {
         }
         self.chainer.reset(next, last);
         self.client = Some(client);
+        self.insert = None;
         Ok(())
     }
+}
+
+/// The statement that writes a batch: its entries and their claims, one row each, as
+/// arrays (one statement whatever the batch's size).
+fn insert_sql(s: &str) -> String {
+    format!(
+        "WITH e AS (
+           INSERT INTO {s}.entries (chain_id, idx, record, entry_hash, session_id, session_seq, kind)
+           SELECT $1, u.i, u.r, u.h, u.s, u.q, u.k
+           FROM unnest($2::bigint[], $3::bytea[], $4::bytea[], $5::text[], $6::bigint[], $7::smallint[])
+             AS u(i, r, h, s, q, k)
+         )
+         INSERT INTO {s}.claims (session_id, session_seq, kind, chain_id, idx)
+         SELECT u.s, u.q, u.k, $1, u.i
+         FROM unnest($8::text[], $9::bigint[], $10::text[], $11::bigint[]) AS u(s, q, k, i)"
+    )
+}
+
+/// The columns of a batch's rows, in the order the chain gives them.
+#[derive(Default)]
+struct Rows {
+    e_idx: Vec<i64>,
+    e_rec: Vec<Vec<u8>>,
+    e_hash: Vec<Vec<u8>>,
+    e_sid: Vec<Option<String>>,
+    e_seq: Vec<Option<i64>>,
+    e_kind: Vec<i16>,
+    c_kind: Vec<&'static str>,
+    c_sid: Vec<String>,
+    c_seq: Vec<i64>,
+    c_idx: Vec<i64>,
+    voids: u64,
+}
+
+impl Rows {
+    fn params<'a>(
+        &'a self,
+        chain_id: &'a String,
+    ) -> [&'a (dyn tokio_postgres::types::ToSql + Sync); 11] {
+        [
+            chain_id,
+            &self.e_idx,
+            &self.e_rec,
+            &self.e_hash,
+            &self.e_sid,
+            &self.e_seq,
+            &self.e_kind,
+            &self.c_sid,
+            &self.c_seq,
+            &self.c_kind,
+            &self.c_idx,
+        ]
+    }
+}
+
+/// Sign the batch's items onto the chain, in order: an entry whose place `held` names
+/// is refused, a settlement of a held place answered from it, a settlement of a free
+/// place becomes a void. Returns the rows to insert and each item's outcome.
+fn sign_batch(
+    chainer: &mut Chainer,
+    chain_id: &str,
+    items: &[Item],
+    mut held: HashMap<(String, i64), bool>,
+    signed_first: &mut Option<(u64, Digest)>,
+) -> Result<(Rows, Vec<Outcome>), BatchError> {
+    let mut rows = Rows::default();
+    let mut outcomes = Vec::with_capacity(items.len());
+    for it in items {
+        let (sid, seq) = it.key();
+        let Ok(seq_i) = i64::try_from(seq) else {
+            outcomes.push(match it {
+                Item::Entry(..) => Outcome::Entry(Err(WriteError::Refused(format!(
+                    "session_seq {seq} is beyond the database's range"
+                )))),
+                Item::Settle(..) => Outcome::Settle(Err(format!(
+                    "session_seq {seq} is beyond the database's range"
+                ))),
+            });
+            continue;
+        };
+        let place = (sid.to_owned(), seq_i);
+        let void;
+        let event: &Event = match (it, held.get(&place)) {
+            (Item::Entry(..), Some(entry)) => {
+                let by = if *entry { "another entry" } else { "a void" };
+                outcomes.push(Outcome::Entry(Err(WriteError::Refused(format!(
+                    "session `{sid}` version {seq} is already held by {by}"
+                )))));
+                continue;
+            }
+            (Item::Settle(..), Some(entry)) => {
+                outcomes.push(Outcome::Settle(Ok(if *entry {
+                    Settled::Entry
+                } else {
+                    Settled::Void
+                })));
+                continue;
+            }
+            (Item::Entry(ev, _), None) => ev,
+            (Item::Settle(_, _, b, _), None) => {
+                void = Event::Void(VoidRecord {
+                    timestamp_ns: now_ns(),
+                    session_id: sid.to_owned(),
+                    session_seq: seq,
+                    chain_id: chain_id.to_owned(),
+                    reason: VoidRecord::UNCONFIRMED_AT_SETTLE.to_owned(),
+                    budget_version: b.budget_version,
+                    budget_before: b.budget_before,
+                    budget_after: b.budget_after,
+                    revert_version: b.revert_version,
+                });
+                &void
+            }
+        };
+        let ts = match event {
+            Event::Session(e) => e.timestamp_ns(),
+            _ => now_ns(),
+        };
+        let signed = match chainer.sign(event, ts) {
+            Ok(x) => x,
+            Err(e) => {
+                outcomes.push(match it {
+                    Item::Entry(..) => Outcome::Entry(Err(WriteError::Encode(e))),
+                    // A place whose id is too long to encode never held an entry
+                    // either, but no void can say so: the caller must not go on.
+                    Item::Settle(..) => Outcome::Settle(Err(format!("cannot write a void: {e}"))),
+                });
+                continue;
+            }
+        };
+        let a = signed.appended;
+        if signed_first.is_none() {
+            *signed_first = Some((a.index, a.hash));
+        }
+        let idx = i64::try_from(a.index).map_err(|_| BatchError::Db("index overflow".into()))?;
+        let is_entry = matches!(it, Item::Entry(..));
+        rows.e_idx.push(idx);
+        rows.e_rec.push(signed.record);
+        rows.e_hash.push(a.hash.0.to_vec());
+        rows.e_sid.push(Some(sid.to_owned()));
+        rows.e_seq.push(Some(seq_i));
+        rows.e_kind.push(i16::from(event.kind()));
+        rows.c_sid.push(sid.to_owned());
+        rows.c_seq.push(seq_i);
+        rows.c_kind.push(if is_entry { "entry" } else { "void" });
+        rows.c_idx.push(idx);
+        held.insert(place, is_entry);
+        outcomes.push(if is_entry {
+            Outcome::Entry(Ok(a))
+        } else {
+            rows.voids += 1;
+            Outcome::Settle(Ok(Settled::Void))
+        });
+    }
+    Ok((rows, outcomes))
 }
 
 fn complete(shared: &Shared, item: Item, outcome: Outcome) {

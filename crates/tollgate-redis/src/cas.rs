@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 
 use tollgate_audit::SessionEvent;
 use tollgate_core::json::{self, Limits, Number, Value};
+use tollgate_core::NonceWindow;
 use tollgate_core::{Money, SessionStatus, UnixNanos};
 use tollgate_store::record::{decode_budget, decode_session, encode_budget, encode_session};
 use tollgate_store::{ops, Budget, Session, Settled, StoreError};
@@ -22,6 +23,84 @@ pub const MAX_FIELDS: usize = 1024;
 
 /// The field prefix of an unconfirmed marker (`u:<seq>`).
 pub const MARKER_FIELD: &str = "u:";
+
+/// The field prefix of the record a marker's change replaced (`p:<seq>`): written by the
+/// script itself, from the `b` it overwrites, so the daemon never sends it.
+pub const PREV_FIELD: &str = "p:";
+
+/// The field name of the record before change `seq` (beside its marker).
+pub fn prev_field(seq: u64) -> String {
+    format!("{PREV_FIELD}{seq}")
+}
+
+/// The first bytes of a session record in its stored form (field `b`): [`encode_stored`].
+pub const STORED_MAGIC: &[u8; 4] = b"TGS2";
+
+/// A session record as the session hash stores it (field `b`): [`STORED_MAGIC`], the
+/// length of the JSON part (u32, little-endian), the record's canonical JSON
+/// ([`encode_session`]) with `seen_nonces` empty, then the nonce window, oldest first,
+/// 8 bytes (u64, little-endian) each. The window is most of a long-running session's
+/// record (1,024 nonces by default): as bytes it is copied, not formatted and parsed,
+/// on every change. A record whose JSON part would not fit a u32 is written as plain
+/// JSON (which [`decode_stored`] also reads, as it reads records written before this
+/// form). `s` is left as it was.
+pub fn encode_stored(s: &mut Session) -> Vec<u8> {
+    let nonces = std::mem::take(&mut s.state.seen_nonces);
+    let json = encode_session(s);
+    s.state.seen_nonces = nonces;
+    let Ok(len) = u32::try_from(json.len()) else {
+        return encode_session(s);
+    };
+    let mut out = Vec::with_capacity(8 + json.len() + 8 * s.state.seen_nonces.len());
+    out.extend_from_slice(STORED_MAGIC);
+    out.extend_from_slice(&len.to_le_bytes());
+    out.extend_from_slice(&json);
+    for n in &s.state.seen_nonces {
+        out.extend_from_slice(&n.to_le_bytes());
+    }
+    out
+}
+
+/// Decode a stored session record ([`encode_stored`], or plain JSON) of at most
+/// `max_bytes`; its heartbeat is `now`. The nonce part must be whole 8-byte nonces with no
+/// repeat, and the JSON part's own `seen_nonces` empty.
+pub fn decode_stored(bytes: &[u8], max_bytes: usize, now: i64) -> Result<Session, StoreError> {
+    if bytes.len() > max_bytes {
+        return Err(bad("session record too large"));
+    }
+    let Some(rest) = bytes.strip_prefix(STORED_MAGIC.as_slice()) else {
+        return decode_session(bytes, max_bytes, now).map_err(|e| bad(&format!("session: {e}")));
+    };
+    let (len, rest) = rest
+        .split_first_chunk::<4>()
+        .ok_or_else(|| bad("stored record: short header"))?;
+    let len =
+        usize::try_from(u32::from_le_bytes(*len)).map_err(|_| bad("stored record: bad length"))?;
+    if len > rest.len() {
+        return Err(bad("stored record: its JSON part is cut short"));
+    }
+    let (json, tail) = rest.split_at(len);
+    if tail.len() % 8 != 0 {
+        return Err(bad("stored record: a nonce is cut short"));
+    }
+    let mut s = decode_session(json, max_bytes, now).map_err(|e| bad(&format!("session: {e}")))?;
+    if !s.state.seen_nonces.is_empty() {
+        return Err(bad("stored record: nonces in its JSON part"));
+    }
+    let window: NonceWindow = tail
+        .chunks_exact(8)
+        .map(|c| {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(c);
+            u64::from_le_bytes(b)
+        })
+        .collect();
+    if window.len() != tail.len() / 8 {
+        return Err(bad("stored record: a nonce appears twice"));
+    }
+    s.state.seen_nonces = window;
+    Ok(s)
+}
 
 /// The field prefix of a hold in the budget hash (`h:<session_id>\x1f<seq>`): a refund
 /// whose entry is not yet known to be committed, by its amount (nano-dollars).
@@ -208,7 +287,9 @@ pub struct Marker {
     pub daemon: String,
     /// When it was made (Unix milliseconds, the daemon's clock).
     pub at_ms: i64,
-    /// The session record before it (empty for the session's opening).
+    /// The session record before it, as stored (empty for the session's opening). Not
+    /// part of the marker's value: the script keeps it in field `p:<seq>` ([`PREV_FIELD`]),
+    /// copied from the `b` the change replaced.
     pub prev: Vec<u8>,
     /// What it moved the shared budget's `remaining` by (0 for a per-session budget).
     pub delta_remaining: i64,
@@ -228,28 +309,30 @@ fn bad(what: &str) -> StoreError {
 }
 
 impl Marker {
-    /// Canonical JSON.
+    /// Canonical JSON, without `prev` (its own field, written by the script).
     pub fn encode(&self) -> Vec<u8> {
         let mut m = BTreeMap::new();
         let int = |i: i128| Value::Number(Number::Int(i));
         m.insert("seq".to_owned(), int(i128::from(self.seq)));
         m.insert("daemon".to_owned(), Value::from(self.daemon.as_str()));
         m.insert("at_ms".to_owned(), int(i128::from(self.at_ms)));
-        m.insert(
-            "prev".to_owned(),
-            Value::from(String::from_utf8_lossy(&self.prev).as_ref()),
-        );
         m.insert("dr".to_owned(), int(i128::from(self.delta_remaining)));
         m.insert("ds".to_owned(), int(i128::from(self.delta_spent)));
         m.insert("bv".to_owned(), int(i128::from(self.budget_version)));
         m.insert("br".to_owned(), int(i128::from(self.budget_before)));
-        let mut out = Vec::with_capacity(self.prev.len() + 128);
+        let mut out = Vec::with_capacity(160);
         let _ = json::write_canonical(&Value::Object(m), &mut out);
         out
     }
 
-    /// Decode a marker of at most `max_bytes`.
-    pub fn decode(bytes: &[u8], max_bytes: usize) -> Result<Marker, StoreError> {
+    /// Decode a marker of at most `max_bytes`, with `prev`, the value of its `p:<seq>`
+    /// field if there is one. A marker written before that field holds `prev` itself; one
+    /// with neither is corrupt (a void could not restore the record before it).
+    pub fn decode(
+        bytes: &[u8],
+        max_bytes: usize,
+        prev: Option<&[u8]>,
+    ) -> Result<Marker, StoreError> {
         let v = json::parse(
             bytes,
             Limits {
@@ -271,7 +354,11 @@ impl Marker {
             seq: get("seq")?.as_u64().ok_or_else(|| bad("marker: bad seq"))?,
             daemon: s("daemon")?,
             at_ms: i("at_ms")?,
-            prev: s("prev")?.into_bytes(),
+            prev: match (prev, m.get("prev")) {
+                (Some(p), _) => p.to_vec(),
+                (None, Some(_)) => s("prev")?.into_bytes(),
+                (None, None) => return Err(bad("marker: its record before is missing")),
+            },
             delta_remaining: i("dr")?,
             delta_spent: i("ds")?,
             // Markers written before these fields: 0 (the void then records no budget).
@@ -299,6 +386,9 @@ pub struct Bounds {
 pub struct View {
     /// The session hash's `v`.
     pub sv: u64,
+    /// The session record as stored at `sv` (field `b`): the `prev` of the next change's
+    /// marker, so a change never encodes the record it replaces.
+    pub blob: Vec<u8>,
     /// The session, its shared budget's amounts loaded.
     pub session: Session,
     /// Unconfirmed markers by seq.
@@ -350,13 +440,13 @@ pub fn view_from_fields(
     }
     let sv = parse_u64(session.get("v").ok_or_else(|| bad("session without v"))?)?;
     let blob = session.get("b").ok_or_else(|| bad("session without b"))?;
-    let mut s = decode_session(blob, bounds.max_blob_bytes, now)
-        .map_err(|e| bad(&format!("session: {e}")))?;
+    let mut s = decode_stored(blob, bounds.max_blob_bytes, now)?;
     let mut markers = BTreeMap::new();
     for (k, v) in session {
         if let Some(seq) = k.strip_prefix(MARKER_FIELD) {
             let seq = parse_u64(seq.as_bytes())?;
-            let m = Marker::decode(v, bounds.max_blob_bytes.saturating_mul(2) + 4096)?;
+            let prev = session.get(&prev_field(seq)).map(Vec::as_slice);
+            let m = Marker::decode(v, bounds.max_blob_bytes.saturating_mul(2) + 4096, prev)?;
             if m.seq != seq {
                 return Err(bad("marker seq differs from its field"));
             }
@@ -372,6 +462,7 @@ pub fn view_from_fields(
     };
     Ok(Some(View {
         sv,
+        blob: blob.clone(),
         session: s,
         markers,
         budget,
@@ -465,7 +556,7 @@ pub fn plan_commit(
     view: &View,
     session_key: &str,
     budget_key: Option<&str>,
-    s: Session,
+    mut s: Session,
     event: &mut SessionEvent,
     me: &str,
     now_ms: i64,
@@ -506,7 +597,7 @@ pub fn plan_commit(
         seq: s.seq,
         daemon: me.to_owned(),
         at_ms: now_ms,
-        prev: encode_session(&view.session),
+        prev: view.blob.clone(),
         delta_remaining: dr,
         delta_spent: ds,
         budget_version: event.budget_version(),
@@ -536,7 +627,7 @@ pub fn plan_commit(
             budget_key: budget_key.map(str::to_owned),
             expect_sv: view.sv,
             expect_bv: view.budget.map_or(0, |b| b.0),
-            session_blob: encode_session(&s),
+            session_blob: encode_stored(&mut s),
             budget_blob,
             daemon: me.to_owned(),
             marker: Some((s.seq, marker.encode())),
@@ -602,7 +693,7 @@ pub fn plan_revert(
             s.state.status = SessionStatus::Terminated;
         } else {
             let heartbeat = s.last_heartbeat_ns;
-            s = decode_session(&m.prev, bounds.max_blob_bytes, heartbeat)
+            s = decode_stored(&m.prev, bounds.max_blob_bytes, heartbeat)
                 .map_err(|e| bad(&format!("marker prev: {e}")))?;
         }
         s.seq = top.max(s.seq);
@@ -631,7 +722,7 @@ pub fn plan_revert(
             budget_key: budget_key.map(str::to_owned),
             expect_sv: view.sv,
             expect_bv: view.budget.map_or(0, |b| b.0),
-            session_blob: encode_session(&s),
+            session_blob: encode_stored(&mut s),
             budget_blob: changed_budget,
             daemon: me.to_owned(),
             marker: None,
@@ -707,7 +798,7 @@ pub fn plan_open(
         budget_key: budget_key.map(str::to_owned),
         expect_sv: 0,
         expect_bv: 0,
-        session_blob: encode_session(&s),
+        session_blob: encode_stored(&mut s),
         budget_blob: shared.then(|| encode_budget(&Budget::of(&s.state))),
         daemon: me.to_owned(),
         marker: Some((s.seq, marker.encode())),
@@ -751,6 +842,7 @@ pub fn after_join(
     record.budget_version = u64::from(created);
     let view = View {
         sv,
+        blob: planned.request.session_blob,
         budget: Some((bv, b)),
         holds: holds_from_fields(budget)?,
         settling: settling_of(budget)?,
@@ -796,6 +888,7 @@ pub fn after_done(view: &View, planned: Planned, sv: u64, bv: u64) -> View {
     };
     View {
         sv,
+        blob: planned.request.session_blob,
         session: planned.session,
         markers,
         budget,
@@ -825,9 +918,118 @@ mod tests {
     fn markers_round_trip_exactly_and_are_bounded() {
         let m = marker();
         let bytes = m.encode();
-        assert_eq!(Marker::decode(&bytes, 1 << 20).unwrap(), m);
-        assert!(Marker::decode(&bytes, bytes.len() - 1).is_err());
-        assert!(Marker::decode(b"{\"seq\":1}", 1 << 20).is_err());
+        // The record before is not in the value (the script keeps it beside it).
+        assert!(!String::from_utf8_lossy(&bytes).contains("quoted"));
+        assert_eq!(Marker::decode(&bytes, 1 << 20, Some(&m.prev)).unwrap(), m);
+        assert!(Marker::decode(&bytes, bytes.len() - 1, Some(&m.prev)).is_err());
+        assert!(Marker::decode(b"{\"seq\":1}", 1 << 20, Some(b"")).is_err());
+        // Without its field the marker is corrupt: a void could not restore anything.
+        assert!(Marker::decode(&bytes, 1 << 20, None).is_err());
+    }
+
+    #[test]
+    fn a_marker_written_with_its_record_inline_still_reads() {
+        let m = marker();
+        let mut map = BTreeMap::new();
+        let int = |i: i128| Value::Number(Number::Int(i));
+        map.insert("seq".to_owned(), int(7));
+        map.insert("daemon".to_owned(), Value::from("d1"));
+        map.insert("at_ms".to_owned(), int(1_700_000_000_000));
+        map.insert(
+            "prev".to_owned(),
+            Value::from(String::from_utf8_lossy(&m.prev).as_ref()),
+        );
+        map.insert("dr".to_owned(), int(-9_000_000_000_000_000));
+        map.insert("ds".to_owned(), int(5));
+        map.insert("bv".to_owned(), int(12));
+        map.insert("br".to_owned(), int(77));
+        let bytes = json::to_canonical_vec(&Value::Object(map)).unwrap();
+        assert_eq!(Marker::decode(&bytes, 1 << 20, None).unwrap(), m);
+    }
+
+    fn session_with(nonces: &[u64], reservations: &[(u64, i64)]) -> Session {
+        use tollgate_core::state::Reservation;
+        use tollgate_core::{BudgetScope, GuardConfig};
+        use tollgate_store::{Policy, SessionMeta};
+        let mut s = Session::new(
+            SessionMeta {
+                session_id: "s-1".into(),
+                agent_id: "agent \"q\"".into(),
+                organization_id: "org".into(),
+                budget_scope: BudgetScope::PerSession,
+                created_at_ns: 5,
+            },
+            std::sync::Arc::new(Policy::new(GuardConfig {
+                budget: Money(1_000),
+                ..GuardConfig::default()
+            })),
+            9,
+        );
+        s.seq = 3;
+        s.last_call_number = 44;
+        s.state.seen_nonces = nonces.iter().copied().collect();
+        for (c, a) in reservations {
+            s.state.reservations.insert(
+                *c,
+                Reservation {
+                    estimated: Money(*a),
+                    deducted: Money(*a),
+                },
+            );
+        }
+        s
+    }
+
+    proptest::proptest! {
+        /// The stored form holds exactly the record: decoding it gives the session back,
+        /// whose canonical record is the one the JSON form writes, nonces in their order.
+        #[test]
+        fn the_stored_form_is_the_record(
+            nonces in proptest::collection::vec(proptest::prelude::any::<u64>(), 0..200),
+            res in proptest::collection::vec((1u64..1000, 0i64..5000), 0..20),
+        ) {
+            let mut s = session_with(&nonces, &res);
+            let stored = encode_stored(&mut s);
+            proptest::prop_assert!(stored.starts_with(STORED_MAGIC));
+            let back = decode_stored(&stored, 1 << 20, 9).unwrap();
+            proptest::prop_assert_eq!(encode_session(&back), encode_session(&s));
+            proptest::prop_assert_eq!(&back.state.seen_nonces, &s.state.seen_nonces);
+            // The JSON form (records written before the stored form) still reads.
+            let plain = decode_stored(&encode_session(&s), 1 << 20, 9).unwrap();
+            proptest::prop_assert_eq!(encode_session(&plain), encode_session(&s));
+        }
+
+        #[test]
+        fn stored_garbage_never_panics(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..300)) {
+            let mut b = STORED_MAGIC.to_vec();
+            b.extend_from_slice(&bytes);
+            let _ = decode_stored(&b, 1 << 20, 0);
+            let _ = decode_stored(&bytes, 1 << 20, 0);
+        }
+    }
+
+    #[test]
+    fn a_stored_record_that_lies_is_refused() {
+        let mut s = session_with(&[7, 3, 9], &[]);
+        let good = encode_stored(&mut s);
+        // A nonce cut short.
+        assert!(decode_stored(&good[..good.len() - 1], 1 << 20, 0).is_err());
+        // A nonce twice.
+        let mut twice = good.clone();
+        twice.extend_from_slice(&7u64.to_le_bytes());
+        assert!(decode_stored(&twice, 1 << 20, 0).is_err());
+        // A JSON part longer than the record.
+        let mut long = good.clone();
+        long[4..8].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert!(decode_stored(&long, 1 << 20, 0).is_err());
+        // Nonces in the JSON part beside the binary ones.
+        let json = encode_session(&s);
+        let mut both = STORED_MAGIC.to_vec();
+        both.extend_from_slice(&u32::try_from(json.len()).unwrap().to_le_bytes());
+        both.extend_from_slice(&json);
+        assert!(decode_stored(&both, 1 << 20, 0).is_err());
+        // Past the bound.
+        assert!(decode_stored(&good, good.len() - 1, 0).is_err());
     }
 
     #[test]
@@ -846,7 +1048,7 @@ mod tests {
     proptest::proptest! {
         #[test]
         fn garbage_never_panics(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..300)) {
-            let _ = Marker::decode(&bytes, 1 << 20);
+            let _ = Marker::decode(&bytes, 1 << 20, None);
             let mut f = Fields::new();
             f.insert("v".into(), bytes.clone());
             f.insert("b".into(), bytes.clone());

@@ -20,8 +20,10 @@
 //! then     for a join: the marker to push instead if the call starts the budget, or ""
 //! ```
 //!
-//! Versions match: `HSET session v=v+1 b d`, push the marker, drop the listed markers,
-//! set the expiry, write the budget (`v=v+1 b`) if given, put the hold and take the listed
+//! Versions match: `HSET session v=v+1 b d` and the marker `u:<seq>` with, beside it,
+//! `p:<seq>`: the `b` this write replaces (empty if none), copied by the script so the
+//! daemon never sends the record before (one HSET); drop the listed markers and their
+//! `p:` fields (one HDEL); set the expiry, write the budget (`v=v+1 b`) if given, put the hold and take the listed
 //! holds off the budget hash (holds never change its `v`); reply `{1, new sv, new bv}`
 //! (`new bv` 0 if the budget was not written: a version the script did not write comes
 //! with no amounts, so the reply never offers one to pair with amounts read elsewhere).
@@ -45,7 +47,7 @@
 
 use std::collections::HashMap;
 
-use crate::cas::{marker_field, CasReply, CasRequest, Fields};
+use crate::cas::{marker_field, prev_field, CasReply, CasRequest, Fields};
 
 /// The CAS script.
 pub const CAS_LUA: &str = r"
@@ -74,9 +76,22 @@ if sv ~= tonumber(ARGV[1]) or (writes_budget and bv ~= tonumber(ARGV[2])) or blo
   if two then b = redis.call('HGETALL', KEYS[2]) end
   return {0, redis.call('HGETALL', KEYS[1]), b}
 end
-redis.call('HSET', KEYS[1], 'v', sv + 1, 'b', ARGV[3], 'd', ARGV[5])
-if ARGV[6] ~= '' then redis.call('HSET', KEYS[1], ARGV[6], ARGV[7]) end
-for i = 1, n do redis.call('HDEL', KEYS[1], ARGV[9 + i]) end
+local w = {'v', sv + 1, 'b', ARGV[3], 'd', ARGV[5]}
+if ARGV[6] ~= '' then
+  w[7] = ARGV[6]
+  w[8] = ARGV[7]
+  w[9] = 'p:' .. string.sub(ARGV[6], 3)
+  w[10] = redis.call('HGET', KEYS[1], 'b') or ''
+end
+redis.call('HSET', KEYS[1], unpack(w))
+if n > 0 then
+  local d = {}
+  for i = 1, n do
+    d[2 * i - 1] = ARGV[9 + i]
+    d[2 * i] = 'p:' .. string.sub(ARGV[9 + i], 3)
+  end
+  redis.call('HDEL', KEYS[1], unpack(d))
+end
 local ttl = tonumber(ARGV[8])
 if ttl > 0 then redis.call('PEXPIRE', KEYS[1], ttl) else redis.call('PERSIST', KEYS[1]) end
 if two then
@@ -273,14 +288,17 @@ impl Fake {
             };
         }
         let h = self.hashes.entry(req.session_key.clone()).or_default();
+        let before = h.get("b").cloned().unwrap_or_default();
         h.insert("v".into(), (sv + 1).to_string().into_bytes());
         h.insert("b".into(), req.session_blob.clone());
         h.insert("d".into(), req.daemon.clone().into_bytes());
         if let Some((seq, m)) = &req.marker {
             h.insert(marker_field(*seq), m.clone());
+            h.insert(prev_field(*seq), before);
         }
         for seq in &req.drop {
             h.remove(&marker_field(*seq));
+            h.remove(&prev_field(*seq));
         }
         if req.ttl_ms > 0 {
             self.ttl.insert(req.session_key.clone(), req.ttl_ms);

@@ -22,7 +22,7 @@ use crate::cas::{
     after_done, after_join, budget_from_fields, check_markers, dips_into_holds, hold_field,
     marker_field, plan_commit, plan_open, plan_revert, settle_needs_budget, settling_parts,
     settling_value, view_from_fields, void_budget, Bounds, CasReply, CasRequest, Fields, Holds,
-    MarkerAction, Planned, View, MAX_FIELDS,
+    MarkerAction, Planned, View, MARKER_FIELD, MAX_FIELDS, PREV_FIELD,
 };
 use crate::keys::Keys;
 use crate::script::{keys_and_args, settle_keys_and_args, SettleRequest, CAS_LUA};
@@ -195,8 +195,12 @@ struct Slot {
 type BudgetCache = Option<(u64, Budget, Holds)>;
 
 enum Confirm {
-    /// A marker whose entry committed: HDEL it and ZREM its index member.
+    /// A marker whose entry committed: HDEL it and ZREM its index member (unless the
+    /// session's next write dropped both already).
     Marker {
+        /// The session and the change.
+        id: String,
+        seq: u64,
         session_key: String,
         field: String,
         member: String,
@@ -843,10 +847,12 @@ impl Inner {
                         hash: tollgate_core::Digest::default(),
                     })));
                     let _ = inner.confirm_tx.send(Confirm::Marker {
+                        seq,
                         session_key: inner.keys.session(&group, &id),
                         field: marker_field(seq),
                         member: Keys::member(&group, &id, seq),
                         hold: held.then(|| (inner.keys.budget(&group), hold_field(&id, seq))),
+                        id,
                     });
                 }
                 Err(e) => completer.complete(Err(WriteError::Failed(e.to_string()))),
@@ -938,20 +944,16 @@ impl Inner {
             }
             Ok(CasReply::Done { sv, bv }) => {
                 let wrote_budget = planned.request.budget_blob.is_some();
-                match slot.view.clone() {
-                    Some(base) => Ok((after_done(&base, planned.clone(), sv, bv), wrote_budget)),
+                match slot.view.take() {
+                    Some(base) => Ok((after_done(&base, planned, sv, bv), wrote_budget)),
                     // create of a session with its own budget: no view before
                     None => Ok((
                         View {
                             sv,
+                            blob: planned.request.session_blob,
                             budget: None,
-                            markers: planned
-                                .marker
-                                .clone()
-                                .map(|m| (m.seq, m))
-                                .into_iter()
-                                .collect(),
-                            session: planned.session.clone(),
+                            markers: planned.marker.map(|m| (m.seq, m)).into_iter().collect(),
+                            session: planned.session,
                             holds: Holds::new(),
                             settling: None,
                         },
@@ -1363,6 +1365,15 @@ impl RedisStore {
                         .arg(planned.marker.as_ref().map_or(0, |m| m.at_ms))
                         .arg(Keys::member(&group, id, seq));
                     pre.push(c);
+                    if !planned.request.drop.is_empty() {
+                        // The index members of the markers this write drops.
+                        let mut c = redis::cmd("ZREM");
+                        c.arg(inner.keys.unconfirmed());
+                        for q in &planned.request.drop {
+                            c.arg(Keys::member(&group, id, *q));
+                        }
+                        pre.push(c);
+                    }
                     if planned.request.ttl_ms > 0 {
                         let mut c = redis::cmd("SREM");
                         c.arg(inner.keys.idx()).arg(id);
@@ -1443,8 +1454,44 @@ impl RedisStore {
     }
 }
 
+impl Inner {
+    /// Whether this daemon's cached view of session `id` is past change `seq` and holds
+    /// no marker of it: a later write of this daemon, or a settlement, dropped the marker
+    /// (and with it its hold and index member). `false` when unsure (no view, or a write
+    /// in progress holds the session).
+    fn dropped_since(&self, id: &str, seq: u64) -> bool {
+        let Some(slot) = lock(&self.sessions).get(id).cloned() else {
+            return false;
+        };
+        let Ok(slot) = slot.try_lock() else {
+            return false;
+        };
+        slot.view
+            .as_ref()
+            .is_some_and(|v| v.session.seq > seq && !v.markers.contains_key(&seq))
+    }
+
+    /// The confirmer took change `seq`'s marker (and hold) off Redis: take it off the
+    /// cached view too, so the session's next write does not drop it again (nor its
+    /// index member). Left alone when a write holds the session (it drops it itself).
+    fn forget_marker(&self, id: &str, seq: u64) {
+        let Some(slot) = lock(&self.sessions).get(id).cloned() else {
+            return;
+        };
+        let Ok(mut slot) = slot.try_lock() else {
+            return;
+        };
+        if let Some(v) = slot.view.as_mut() {
+            v.markers.remove(&seq);
+            v.holds.remove(&hold_field(id, seq));
+        }
+    }
+}
+
 async fn confirmer(inner: Arc<Inner>, mut rx: mpsc::UnboundedReceiver<Confirm>) {
     while let Some(first) = rx.recv().await {
+        // At once: a daemon that stops (or whose session moves to another daemon) must
+        // leave no marker of a confirmed change behind, or the next daemon waits for grace.
         let mut batch = vec![first];
         while batch.len() < 512 {
             match rx.try_recv() {
@@ -1456,13 +1503,23 @@ async fn confirmer(inner: Arc<Inner>, mut rx: mpsc::UnboundedReceiver<Confirm>) 
         let mut n = 0;
         for c in &batch {
             match c {
+                Confirm::Marker { id, seq, .. } if inner.dropped_since(id, *seq) => {}
                 Confirm::Marker {
                     session_key,
                     field,
                     member,
                     hold,
+                    ..
                 } => {
-                    p.cmd("HDEL").arg(session_key).arg(field).ignore();
+                    // The marker and the record before it (`p:<seq>`).
+                    p.cmd("HDEL")
+                        .arg(session_key)
+                        .arg(field)
+                        .arg(format!(
+                            "{PREV_FIELD}{}",
+                            field.get(MARKER_FIELD.len()..).unwrap_or("")
+                        ))
+                        .ignore();
                     if let Some((budget_key, h)) = hold {
                         // The refund's entry is committed: it may be spent now.
                         p.cmd("HDEL").arg(budget_key).arg(h).ignore();
@@ -1483,10 +1540,22 @@ async fn confirmer(inner: Arc<Inner>, mut rx: mpsc::UnboundedReceiver<Confirm>) 
                 }
             }
         }
-        if let Err(e) = inner.send(&p, n, true, "confirm").await {
-            // The markers stay: this daemon's next change to the session drops them
-            // (its confirmed seq), or a sweeper settles them as entries.
-            tracing::warn!(error = %e, "could not drop confirmed markers");
+        if n == 0 {
+            continue;
+        }
+        match inner.send(&p, n, true, "confirm").await {
+            Ok(_) => {
+                for c in &batch {
+                    if let Confirm::Marker { id, seq, .. } = c {
+                        inner.forget_marker(id, *seq);
+                    }
+                }
+            }
+            Err(e) => {
+                // The markers stay: this daemon's next change to the session drops them
+                // (its confirmed seq), or a sweeper settles them as entries.
+                tracing::warn!(error = %e, "could not drop confirmed markers");
+            }
         }
     }
 }

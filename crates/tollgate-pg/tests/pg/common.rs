@@ -121,8 +121,9 @@ pub async fn verify_all(schema: &str) -> Vec<tollgate_pg::ChainReport> {
 pub struct Switch {
     pub port: u16,
     up: std::sync::Arc<std::sync::atomic::AtomicBool>,
-    /// Armed: the next `COMMIT` a client sends reaches the server, but its answer does
-    /// not reach the client: the connection is cut instead (a lost acknowledgement).
+    /// Armed: the next `COMMIT` (or execution of a prepared statement, which commits as a
+    /// transaction of its own) a client sends reaches the server, but its answer does not
+    /// reach the client: the connection is cut instead (a lost acknowledgement).
     trap: std::sync::Arc<std::sync::atomic::AtomicBool>,
     /// How many answers the trap swallowed.
     pub swallowed: std::sync::Arc<AtomicU64>,
@@ -151,7 +152,11 @@ async fn pump(
                 Ok(n) => n,
             };
             let chunk = &buf[..n];
-            if chunk.windows(7).any(|w| w == b"COMMIT\0") && trap.swap(false, Ordering::SeqCst) {
+            // What commits: a `COMMIT`, or the execution of a prepared statement (a Bind
+            // message first: the journal's batch runs as a transaction of its own).
+            let commits =
+                chunk.windows(7).any(|w| w == b"COMMIT\0") || chunk.first() == Some(&b'B');
+            if commits && trap.swap(false, Ordering::SeqCst) {
                 cut2.store(true, Ordering::SeqCst);
             }
             if sw.write_all(chunk).await.is_err() {
@@ -209,7 +214,7 @@ impl Switch {
         }
     }
 
-    /// Swallow the answer to the next COMMIT (and cut that connection).
+    /// Swallow the answer to the next COMMIT or prepared statement (and cut that connection).
     pub fn arm_lost_commit(&self) {
         self.trap.store(true, Ordering::SeqCst);
     }

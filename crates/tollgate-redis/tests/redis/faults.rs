@@ -348,3 +348,89 @@ async fn a_settlement_holds_the_budget_until_its_give_back() {
     assert_eq!(Money(left), budget.remaining);
     cleanup(&p).await;
 }
+
+/// The records and indexes a decision leaves behind: after confirmed changes and one
+/// that never commits (its daemon hangs), the session hash holds exactly that change's
+/// marker and, beside it, the record it replaced (`p:<seq>`: the record at the version
+/// before, byte for byte, so a void restores exactly that); the unconfirmed index names
+/// exactly that change (a sweeper can find it; nothing confirmed is left in it). Fails if
+/// the script copies the wrong record, if a write's drop or its index `ZREM` misses or
+/// takes the wrong change, or if the confirmer leaves markers of confirmed changes.
+#[tokio::test]
+async fn only_the_unconfirmed_change_is_marked_and_indexed_with_the_record_it_replaced() {
+    let _scripts = crate::support::SCRIPTS.read().await;
+    let p = prefix("index");
+    let book = Arc::new(Book::default());
+    let ja = TestJournal::new(book.clone());
+    let a = store(options(&p), ja.clone()).await;
+    create(&a, org_session("x1", "org-x", 1_000_000)).await;
+    for nonce in 1..=4u64 {
+        let (_, durable) = pre_exec(&a, "x1", nonce, 10).await.unwrap();
+        durable.await.unwrap();
+    }
+    let key = format!("{p}:{{o:org-x}}:s:x1");
+    let client = redis::Client::open(REDIS).unwrap();
+    let mut c = client.get_multiplexed_async_connection().await.unwrap();
+    // An idle session whose changes are all confirmed: the confirmer took every marker,
+    // record before and index member off.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let fields: Vec<String> = redis::cmd("HKEYS")
+        .arg(&key)
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    assert!(
+        fields.iter().all(|f| matches!(f.as_str(), "v" | "b" | "d")),
+        "{fields:?}"
+    );
+    let members: Vec<String> = redis::cmd("ZRANGE")
+        .arg(format!("{p}:unconfirmed"))
+        .arg(0)
+        .arg(-1)
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    assert!(members.is_empty(), "{members:?}");
+    // The record as it stands at version 5 (the opening and four decisions).
+    let before: Vec<u8> = redis::cmd("HGET")
+        .arg(&key)
+        .arg("b")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    ja.mode.store(HANG, Ordering::SeqCst);
+    let (_, durable) = pre_exec(&a, "x1", 5, 10).await.unwrap();
+    // Time for the confirmer (it waits a few ms before it looks).
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let fields: Vec<String> = redis::cmd("HKEYS")
+        .arg(&key)
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    let mut extra: Vec<&String> = fields
+        .iter()
+        .filter(|f| !matches!(f.as_str(), "v" | "b" | "d"))
+        .collect();
+    extra.sort();
+    assert_eq!(extra, vec!["p:6", "u:6"], "fields of the session hash");
+    let prev: Vec<u8> = redis::cmd("HGET")
+        .arg(&key)
+        .arg("p:6")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    assert_eq!(prev, before, "p:6 is the record change 6 replaced");
+    let decoded = tollgate_redis::cas::decode_stored(&prev, 1 << 20, 0).unwrap();
+    assert_eq!(decoded.seq, 5);
+    let members: Vec<String> = redis::cmd("ZRANGE")
+        .arg(format!("{p}:unconfirmed"))
+        .arg(0)
+        .arg(-1)
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    assert_eq!(members, vec!["o:org-x\x1fx1\x1f6".to_owned()]);
+    drop(durable);
+    drop(a);
+    cleanup(&p).await;
+}

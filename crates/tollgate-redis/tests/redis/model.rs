@@ -512,6 +512,7 @@ impl World {
                         // The confirmer drops the marker.
                         let key = self.skey(&id);
                         self.db.hdel(&key, &format!("u:{seq}"));
+                        self.db.hdel(&key, &format!("p:{seq}"));
                         let bkey = self.bkey();
                         self.db.hdel(&bkey, &hold_field(&id, seq));
                     }

@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# The servers' floor for one fleet decision, without Tollgate: the CPU Redis spends on one
+# call of a script shaped like the compare-and-set (HGET v, HGET b, one HSET of v, b, d,
+# the marker and the record before, one HDEL, PERSIST, with a record of RECORD bytes) plus
+# the ZADD/ZREM beside it, and the CPU PostgreSQL spends per audit entry written as the
+# journal writes them (one statement inserting BATCH entries and their claims, with the
+# schema's keys, foreign keys and triggers, synchronous commit). Measured from
+# /proc/PID/stat of the servers; other clients of a shared machine count too (run it on
+# an idle one, or compare with a run of nothing).
+#
+# Usage: tools/fleet-floor.sh [RECORD=9000] [BATCH=20]
+set -euo pipefail
+record=${1:-9000}
+batch=${2:-20}
+tick=$(getconf CLK_TCK)
+cpu_of() { awk '{print $14+$15}' "/proc/$1/stat" 2>/dev/null || echo 0; }
+pg_total() { local t=0 p; for p in $(pgrep -u postgres || true); do t=$((t + $(cpu_of "$p"))); done; echo "$t"; }
+
+redis_pid=$(pgrep -o -x redis-server)
+if [ "${SKIP_REDIS:-0}" = 1 ]; then :; fi
+blob=$(head -c "$record" /dev/zero | tr '\0' x)
+lua="local v = tonumber(redis.call('HGET', KEYS[1], 'v') or '0')
+local b = redis.call('HGET', KEYS[1], 'b') or ''
+redis.call('HSET', KEYS[1], 'v', v + 1, 'b', ARGV[1], 'd', 'daemon-1', 'u:' .. (v + 1), '{\"at_ms\":1,\"seq\":1}', 'p:' .. (v + 1), b)
+redis.call('HDEL', KEYS[1], 'u:' .. v, 'p:' .. v)
+redis.call('PERSIST', KEYS[1])
+return {1, v + 1, 0}"
+sha=$(redis-cli script load "$lua")
+n=40000
+r0=$(cpu_of "$redis_pid")
+redis-benchmark -q -n "$n" -c 64 evalsha "$sha" 1 "tgfloor:{s:__rand_int__}:s" "$blob" >/dev/null
+redis-benchmark -q -n "$n" -c 64 -r 64 zadd tgfloor:unconfirmed 1 "m__rand_int__" >/dev/null
+redis-benchmark -q -n "$n" -c 64 -r 64 zrem tgfloor:unconfirmed "m__rand_int__" >/dev/null
+r1=$(cpu_of "$redis_pid")
+redis-cli --scan --pattern 'tgfloor*' | xargs -r redis-cli del >/dev/null
+echo "redis: $(echo "($r1 - $r0) / $tick * 1000000 / $n" | bc -l | xargs printf '%.1f') us of CPU per script call + ZADD + ZREM (record $record bytes, 64 clients)"
+
+psql -qAt -U postgres -h 127.0.0.1 -d test 2>/dev/null <<SQL
+DROP SCHEMA IF EXISTS tgfloor CASCADE;
+CREATE SCHEMA tgfloor;
+CREATE TABLE tgfloor.chains (chain_id text PRIMARY KEY);
+CREATE TABLE tgfloor.entries (
+    chain_id text NOT NULL REFERENCES tgfloor.chains (chain_id), idx bigint NOT NULL CHECK (idx >= 0),
+    record bytea NOT NULL, entry_hash bytea NOT NULL, session_id text NULL, session_seq bigint NULL,
+    kind smallint NOT NULL, written_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (chain_id, idx));
+CREATE TABLE tgfloor.claims (
+    session_id text NOT NULL, session_seq bigint NOT NULL, kind text NOT NULL CHECK (kind IN ('entry', 'void')),
+    chain_id text NOT NULL, idx bigint NOT NULL, PRIMARY KEY (session_id, session_seq),
+    FOREIGN KEY (chain_id, idx) REFERENCES tgfloor.entries (chain_id, idx) DEFERRABLE INITIALLY DEFERRED);
+INSERT INTO tgfloor.chains VALUES ('c1'), ('c2'), ('c3');
+CREATE SEQUENCE tgfloor.seq;
+SQL
+cat >/tmp/tgfloor.sql <<SQL
+\set c random(1, 3)
+SELECT nextval('tgfloor.seq') AS b \gset
+WITH e AS (
+  INSERT INTO tgfloor.entries (chain_id, idx, record, entry_hash, session_id, session_seq, kind)
+  SELECT 'c' || :c, :b * $batch + g, decode(repeat('ab', 400), 'hex'), decode(repeat('cd', 32), 'hex'), 's' || (:b * $batch + g), 1, 3
+  FROM generate_series(0, $batch - 1) g
+)
+INSERT INTO tgfloor.claims (session_id, session_seq, kind, chain_id, idx)
+SELECT 's' || (:b * $batch + g), 1, 'entry', 'c' || :c, :b * $batch + g FROM generate_series(0, $batch - 1) g;
+SQL
+# Sample every postgres process while pgbench runs (its backends exit with it).
+pgfile=$(mktemp)
+(
+    declare -A first last
+    for p in $(pgrep -u postgres || true); do first[$p]=$(cpu_of "$p"); done
+    while :; do
+        for p in $(pgrep -u postgres || true); do
+            c=$(cpu_of "$p")
+            [ -z "${first[$p]:-}" ] && first[$p]=0
+            last[$p]=$c
+        done
+        t=0
+        for p in "${!last[@]}"; do t=$((t + last[$p] - first[$p])); done
+        echo "$t" >"$pgfile"
+        sleep 0.2
+    done
+) &
+sampler=$!
+out=$(pgbench -n -U postgres -h 127.0.0.1 -c 3 -j 1 -T 10 -f /tmp/tgfloor.sql test 2>&1)
+kill "$sampler"; wait "$sampler" 2>/dev/null || true
+p0=0
+p1=$(cat "$pgfile"); rm -f "$pgfile"
+tx=$(echo "$out" | awk '/number of transactions actually processed/ {print $NF}' | cut -d/ -f1)
+psql -qAt -U postgres -h 127.0.0.1 -d test -c "DROP SCHEMA tgfloor CASCADE" 2>/dev/null
+rows=$((tx * batch))
+echo "postgres: $rows entries in $tx statements of $batch in 10 s ($((rows / 10)) entries/s, 3 writers): $(echo "($p1 - $p0) / $tick * 1000000 / $rows" | bc -l | xargs printf '%.1f') us of CPU per entry (every postgres process: WAL writer and checkpointer included)"
