@@ -627,7 +627,11 @@ async fn a_call_decided_elsewhere_is_never_offered_again_after_a_reload_or_a_res
     for (n, word) in [(1u64, "approve"), (2, "reject"), (3, "modify")] {
         decide(&cli, &sid, n, word).await;
     }
-    assert_eq!(listed(&d.socket).await, vec![4, 5], "hitl_list after the decisions");
+    assert_eq!(
+        listed(&d.socket).await,
+        vec![4, 5],
+        "hitl_list after the decisions"
+    );
 
     // Live: calls 1 and 3 leave; call 2, which alice was working on, stays on screen as
     // decided, saying by whom, with no decision button; calls 4 and 5 are still offered.
@@ -647,6 +651,10 @@ async fn a_call_decided_elsewhere_is_never_offered_again_after_a_reload_or_a_res
         live.to_string().contains("Rejected by cli-bob"),
         "the decided card says who decided: {live}"
     );
+    let stable = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target");
+    std::fs::create_dir_all(&stable).unwrap();
+    b.screenshot(&stable.join("console-screenshot-decided-elsewhere.png"))
+        .await;
     for n in ["4", "5"] {
         let c = live
             .as_array()
@@ -685,12 +693,37 @@ async fn a_call_decided_elsewhere_is_never_offered_again_after_a_reload_or_a_res
         .as_array()
         .unwrap()
         .iter()
-        .map(|c| (c["call"].as_str().unwrap().to_owned(), c["buttons"].as_u64().unwrap()))
+        .map(|c| {
+            (
+                c["call"].as_str().unwrap().to_owned(),
+                c["buttons"].as_u64().unwrap(),
+            )
+        })
         .collect();
     assert_eq!(
         calls,
         vec![("4".to_owned(), 5), ("5".to_owned(), 5)],
         "after a reload: {shown}"
+    );
+    // Alice defers call 5 from the page (two calls wait: the page names the call). It stays
+    // offered, saying who deferred it: a deferred call still waits for a decision.
+    let five = card_of(&sid, 5);
+    b.type_into(&format!("{five} input.note"), "ask finance first")
+        .await;
+    b.click(&format!("{five} button[data-decision=defer]"))
+        .await;
+    b.until(
+        "call 5 deferred by alice, still offered",
+        "const c = document.querySelector(arguments[0]); \
+         return c && c.innerText.includes('deferred by alice') \
+         && c.querySelectorAll('button.decide').length === 5 && c.innerText",
+        json!([five]),
+    )
+    .await;
+    assert_eq!(
+        listed(&d.socket).await,
+        vec![4, 5],
+        "a deferred call still waits"
     );
 
     // The daemon restarts under the open page, and bob rejects call 5 as soon as it is
@@ -707,18 +740,38 @@ async fn a_call_decided_elsewhere_is_never_offered_again_after_a_reload_or_a_res
     let d = start(configured(dir.path(), port)).await;
     let cli = operator_as(&d.socket).await;
     decide(&cli, &sid, 5, "reject").await;
-    assert_eq!(listed(&d.socket).await, vec![4], "hitl_list after the restart");
-    b.until(
-        "call 4 alone after the restart (its arguments unknown until resent)",
-        "const c = document.querySelector(arguments[0]); \
-         return c && c.querySelector('.unknown') && document.getElementById('status').textContent === 'live' \
-         && document.querySelectorAll('#held .card').length === 1",
-        json!([card_of(&sid, 4)]),
-    )
-    .await;
-    let shown = b.js(CARDS, json!([])).await;
-    assert_eq!(shown[0]["call"], "4", "after the restart: {shown}");
-    assert_eq!(shown[0]["buttons"], 5, "after the restart: {shown}");
+    assert_eq!(
+        listed(&d.socket).await,
+        vec![4],
+        "hitl_list after the restart"
+    );
+    // Call 4 is offered (its arguments unknown until resent); call 5 is not: gone, or, if
+    // alice was still on it, shown decided with no decision button.
+    let shown = b
+        .until(
+            "call 4 alone offered after the restart",
+            &format!(
+                "const four = document.querySelector(arguments[0]); \
+                 const cards = (function () {{ {CARDS} }})(); \
+                 return four && four.querySelector('.unknown') \
+                 && document.getElementById('status').textContent === 'live' \
+                 && cards.every((c) => c.call === '4' || c.buttons === 0) && cards"
+            ),
+            json!([card_of(&sid, 4)]),
+        )
+        .await;
+    for c in shown.as_array().unwrap() {
+        if c["call"] == "4" {
+            assert_eq!(c["buttons"], 5, "after the restart: {shown}");
+        } else {
+            assert_eq!(c["call"], "5", "after the restart: {shown}");
+            let text = c["text"].as_str().unwrap();
+            assert!(
+                text.contains("Rejected by cli-bob") || text.contains("No longer waiting"),
+                "after the restart: {shown}"
+            );
+        }
+    }
     // And a reload after the restart: call 4 alone.
     b.sign_in(addr, ALICE).await;
     b.until(
@@ -887,10 +940,7 @@ async fn a_push_keeps_an_inline_error() {
         )
         .await;
     assert_eq!(after["inline"], error, "{after}");
-    assert!(
-        after["args"].as_str().unwrap().starts_with("!{"),
-        "{after}"
-    );
+    assert!(after["args"].as_str().unwrap().starts_with("!{"), "{after}");
     assert_eq!(after["note"], "one dollar, not ninety", "{after}");
     b.close().await;
     drop((first, second));
