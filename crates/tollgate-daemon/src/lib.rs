@@ -374,9 +374,15 @@ impl Daemon {
         };
         let listener = bind(&socket, config.socket_mode).await?;
         let grpc = match &config.grpc {
-            Some(g) => {
-                Some(transport::grpc::bind(g, &config.grpc_clients, &config.organizations).await?)
-            }
+            Some(g) => Some(
+                transport::grpc::bind(
+                    g,
+                    &config.grpc_clients,
+                    &config.organizations,
+                    &config.enrollment,
+                )
+                .await?,
+            ),
             None => None,
         };
         Ok(Daemon {
