@@ -53,7 +53,8 @@ pub use checkpoint::Checkpoint;
 pub use completion::{pair as pending_pair, Completer, Pending};
 pub use ed25519_dalek::{SigningKey, VerifyingKey};
 pub use entry::{
-    AuditEntry, CostStatus, DecisionRecord, Event, SessionEvent, SessionRecord, SettlementRecord,
+    AuditEntry, CloseReason, CloseRecord, CostStatus, DecisionRecord, Event, SessionEvent,
+    SessionRecord, SettlementRecord,
     VerdictRecord, VoidRecord,
 };
 pub use keys::KeyId;
