@@ -425,18 +425,38 @@ impl Engine {
         };
         match change {
             Change::Keep(r) | Change::Touch(r) => Ok((r, Durable::ready())),
-            Change::Commit(r, event) => self.commit(id, &mut session, budget.as_deref_mut(), seq, last_call, event, generation).map(|d| (r, d)),
+            Change::Commit(r, event) => self
+                .commit(
+                    id,
+                    &mut session,
+                    budget.as_deref_mut(),
+                    seq,
+                    last_call,
+                    event,
+                    generation,
+                )
+                .map(|d| (r, d)),
             Change::End(r, event) => {
                 if !matches!(event, SessionEvent::Closed(_))
                     || session.state.status != SessionStatus::Terminated
                 {
                     let e = StoreError::Failed {
-                        message: format!("session `{id}`: an end that is not a session-closed entry"),
+                        message: format!(
+                            "session `{id}`: an end that is not a session-closed entry"
+                        ),
                     };
                     self.stop(e.clone());
                     return Err(e);
                 }
-                let durable = self.commit(id, &mut session, budget.as_deref_mut(), seq, last_call, event, generation)?;
+                let durable = self.commit(
+                    id,
+                    &mut session,
+                    budget.as_deref_mut(),
+                    seq,
+                    last_call,
+                    event,
+                    generation,
+                )?;
                 drop(budget);
                 drop(session);
                 self.forget(id, &slot);

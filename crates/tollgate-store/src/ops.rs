@@ -17,7 +17,8 @@
 use std::sync::Arc;
 
 use tollgate_audit::{
-    CloseReason, CloseRecord, CostStatus, DecisionRecord, SessionEvent, SessionRecord, SettlementRecord, VerdictRecord,
+    CloseReason, CloseRecord, CostStatus, DecisionRecord, SessionEvent, SessionRecord,
+    SettlementRecord, VerdictRecord,
 };
 use tollgate_core::transition::HumanDecisionRefused;
 use tollgate_core::{

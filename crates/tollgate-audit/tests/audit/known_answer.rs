@@ -8,8 +8,7 @@ use tollgate_audit::format::{self, FileHeader, Position};
 use tollgate_audit::verify::verify_visit;
 use tollgate_audit::{
     keys, CloseReason, CloseRecord, CostStatus, DecisionRecord, Event, KeyId, SessionEvent,
-    SessionRecord, SettlementRecord,
-    VerdictRecord, VoidRecord,
+    SessionRecord, SettlementRecord, VerdictRecord, VoidRecord,
 };
 use tollgate_core::{BudgetScope, DenyReason, Digest, HumanDecision, Money, Reason, Verdict};
 use uuid::Uuid;

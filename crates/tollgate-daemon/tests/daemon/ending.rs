@@ -57,7 +57,10 @@ async fn an_agent_closes_its_session_and_it_never_comes_back() {
         ),
         "{v:?}"
     );
-    assert_eq!(refused_code(agent.close().await), ErrorCode::SessionNotFound);
+    assert_eq!(
+        refused_code(agent.close().await),
+        ErrorCode::SessionNotFound
+    );
     assert_eq!(
         refused_code(DaemonClient::resume(client_config(&d.socket, "research-bot"), &id).await),
         ErrorCode::SessionNotFound
@@ -179,10 +182,7 @@ async fn a_silent_session_ends_as_idle_and_an_active_one_does_not() {
     // The active one was kept, and is still served.
     let p = json::parse_str("{}").unwrap();
     assert!(busy.pre_exec("t", &p, 0.0).await.allowed());
-    assert_eq!(
-        quiet.pre_exec("t", &p, 0.0).await.verdict,
-        Verdict::Deny
-    );
+    assert_eq!(quiet.pre_exec("t", &p, 0.0).await.verdict, Verdict::Deny);
     d.stop().await;
     let closes = closes(dir.path());
     assert_eq!(closes.len(), 1, "{closes:?}");
@@ -209,7 +209,13 @@ async fn closing_a_session_withdraws_its_held_call() {
     };
     let op = operator(&d.socket).await;
     let deadline = Instant::now() + Duration::from_secs(30);
-    while !op.hitl_list().await.unwrap().iter().any(|h| h.session_id == id) {
+    while !op
+        .hitl_list()
+        .await
+        .unwrap()
+        .iter()
+        .any(|h| h.session_id == id)
+    {
         assert!(Instant::now() < deadline, "the call was never held");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -221,7 +227,12 @@ async fn closing_a_session_withdraws_its_held_call() {
     other.close().await.unwrap();
     let released = waiter.await.unwrap();
     assert!(!released.allowed(), "{released:?}");
-    assert!(op.hitl_list().await.unwrap().iter().all(|h| h.session_id != id));
+    assert!(op
+        .hitl_list()
+        .await
+        .unwrap()
+        .iter()
+        .all(|h| h.session_id != id));
     let e = op
         .hitl_decide(sp1::HitlDecideRequest {
             session_id: id.clone(),
@@ -244,7 +255,10 @@ async fn closing_a_session_withdraws_its_held_call() {
     d.stop().await;
     let events = session_events(dir.path());
     let mine: Vec<&SessionEvent> = events.iter().filter(|e| e.session_id() == id).collect();
-    assert!(matches!(mine.last(), Some(SessionEvent::Closed(_))), "{mine:?}");
+    assert!(
+        matches!(mine.last(), Some(SessionEvent::Closed(_))),
+        "{mine:?}"
+    );
     assert!(!mine
         .iter()
         .any(|e| matches!(e, SessionEvent::HumanDecision(_))));
@@ -270,16 +284,18 @@ async fn a_close_racing_decisions_leaves_nothing_after_it() {
         ids.push(agent.session_id().to_owned());
         let mut tasks = Vec::new();
         for n in 0..8usize {
-            let agent = agent.clone();
+            let caller = agent.clone();
             tasks.push(tokio::spawn(async move {
                 let p = json::parse_str(&format!(r#"{{"n":{n}}}"#)).unwrap();
-                agent.pre_exec("t", &p, 0.01).await
+                caller.pre_exec("t", &p, 0.01).await
             }));
             if n == round % 8 {
                 let agent = agent.clone();
                 tasks.push(tokio::spawn(async move {
                     agent.close().await.unwrap();
-                    agent.pre_exec("t", &json::parse_str("{}").unwrap(), 0.0).await
+                    agent
+                        .pre_exec("t", &json::parse_str("{}").unwrap(), 0.0)
+                        .await
                 }));
             }
         }

@@ -161,8 +161,7 @@ fn decisions_racing_an_end_are_before_it_or_refused() {
         assert_eq!(store.len(), 0);
         let events = journal.0.lock().unwrap().clone();
         for id in &ids {
-            let mine: Vec<&SessionEvent> =
-                events.iter().filter(|e| e.session_id() == id).collect();
+            let mine: Vec<&SessionEvent> = events.iter().filter(|e| e.session_id() == id).collect();
             let last = mine.last().unwrap();
             assert!(
                 matches!(last, SessionEvent::Closed(_)),

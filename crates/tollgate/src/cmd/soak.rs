@@ -58,7 +58,10 @@ pub struct Args {
 
 /// Run the soak.
 pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
-    anyhow::ensure!(args.live >= args.concurrency, "--live must be at least --concurrency");
+    anyhow::ensure!(
+        args.live >= args.concurrency,
+        "--live must be at least --concurrency"
+    );
     let dir = tempfile::Builder::new()
         .prefix("tollgate-soak-")
         .tempdir()
@@ -109,7 +112,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     })();
     let stopped = stop(&mut serve);
     if args.keep {
-        println!("kept {}", dir.keep().display());
+        outln!("kept {}", dir.keep().display());
     }
     outcome?;
     stopped?;
@@ -152,19 +155,24 @@ async fn drive(
     let failed = Arc::new(AtomicU64::new(0));
     let started = Instant::now();
     let deadline = (args.max_secs > 0).then(|| started + Duration::from_secs(args.max_secs));
-    println!(
+    outln!(
         "soak: {} sessions, at most {} live, {} at once, {} call(s) each, 1 in {} left to the idle sweep ({} s)",
         args.sessions, args.live, args.concurrency, args.calls, args.abandon, args.idle_secs
     );
-    println!(
+    outln!(
         "{:>10} {:>10} {:>9} {:>12} {:>14} {:>14}",
-        "sessions", "per_sec", "live_max", "rss_kib", "snapshot_bytes", "audit_bytes"
+        "sessions",
+        "per_sec",
+        "live_max",
+        "rss_kib",
+        "snapshot_bytes",
+        "audit_bytes"
     );
     let row = |n: u64, at: Instant, since: u64| {
         let secs = at.elapsed().as_secs_f64().max(1e-9);
         #[allow(clippy::cast_precision_loss)]
         let rate = (n - since) as f64 / secs;
-        println!(
+        outln!(
             "{:>10} {:>10.0} {:>9} {:>12} {:>14} {:>14}",
             n,
             rate,
@@ -210,9 +218,7 @@ async fn drive(
                     }
                 };
                 for c in 0..calls {
-                    let p = Value::Object(
-                        [("n".to_owned(), Value::from(i64::from(c)))].into(),
-                    );
+                    let p = Value::Object([("n".to_owned(), Value::from(i64::from(c)))].into());
                     if !client.pre_exec("soak", &p, 0.0).await.allowed() {
                         denied.fetch_add(1, Ordering::Relaxed);
                     }
@@ -258,7 +264,7 @@ async fn drive(
     // The abandoned ones end by the idle sweep: wait for it, then the last row.
     tokio::time::sleep(Duration::from_secs(args.idle_secs + 3)).await;
     row(n, Instant::now(), n);
-    println!(
+    outln!(
         "soak: {n} sessions in {:.1} s; {} calls denied, {} requests failed",
         started.elapsed().as_secs_f64(),
         denied.load(Ordering::Relaxed),

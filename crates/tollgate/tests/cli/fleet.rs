@@ -524,7 +524,7 @@ async fn read_chains(url: &str, schema: &str, org: &str) -> Chains {
                     o.budget_before.0,
                     o.budget_before.0,
                 )),
-                SessionEvent::HumanDecision(_) => None,
+                SessionEvent::HumanDecision(_) | SessionEvent::Closed(_) => None,
             };
             if let Some((o, before, after)) = named {
                 if o == org {
@@ -1464,7 +1464,10 @@ fn a_session_closed_through_one_daemon_is_gone_on_every_daemon() {
             let other = DaemonClient::connect(fleet.client_config(d, "acme", 3))
                 .await
                 .unwrap();
-            assert!(other.state_of(&id).await.is_err(), "daemon {d} still shows it");
+            assert!(
+                other.state_of(&id).await.is_err(),
+                "daemon {d} still shows it"
+            );
         }
         id
     });
