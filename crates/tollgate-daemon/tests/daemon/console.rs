@@ -655,6 +655,15 @@ async fn a_call_decided_elsewhere_is_never_offered_again_after_a_reload_or_a_res
     std::fs::create_dir_all(&stable).unwrap();
     b.screenshot(&stable.join("console-screenshot-decided-elsewhere.png"))
         .await;
+    // Dismissed, it leaves.
+    b.click(&format!("{} button.dismiss", card_of(&sid, 2)))
+        .await;
+    b.until(
+        "the dismissed card to leave",
+        "return !document.querySelector(arguments[0])",
+        json!([card_of(&sid, 2)]),
+    )
+    .await;
     for n in ["4", "5"] {
         let c = live
             .as_array()
@@ -865,10 +874,33 @@ async fn a_push_keeps_the_caret_and_the_typed_text_of_an_edit() {
     .await;
     b.keys("y").await;
 
+    // And a push that updates the very card being edited: bob defers it from the command
+    // line (it still waits; the card says so), and the agent sends its params again.
+    let cli = operator_as(&d.socket).await;
+    decide(&cli, &sid, 1, "defer").await;
+    let resent = agent_request(
+        &d.socket,
+        SECRET,
+        Payload::HeldParams(sp1::HeldParams {
+            session_id: sid.clone(),
+            call_number: 1,
+            params_json: r#"{"amount":90,"to":"acme-supplies"}"#.into(),
+        }),
+    )
+    .await;
+    assert!(matches!(resent, Payload::HeldParamsAck(_)), "{resent:?}");
+    b.until(
+        "the card being edited to say bob deferred it",
+        "return document.querySelector(arguments[0]).innerText.includes('deferred by cli-bob')",
+        json!([card]),
+    )
+    .await;
+    b.keys("z").await;
+
     let focused = b.js(FOCUSED, json!([])).await;
-    let want = format!("{}xy{}", &original[..2], &original[2..]);
+    let want = format!("{}xyz{}", &original[..2], &original[2..]);
     assert_eq!(focused["value"], json!(want), "{focused}");
-    assert_eq!(focused["caret"], json!(4), "{focused}");
+    assert_eq!(focused["caret"], json!(5), "{focused}");
     assert_eq!(focused["session"], json!(sid), "{focused}");
     assert_eq!(focused["call"], json!("1"), "{focused}");
     let value = b
