@@ -537,7 +537,30 @@ impl PyClient {
         state_dict(py, &s)
     }
 
+    /// End the session at the daemon (`CloseSession`): audited as closed, nothing more is
+    /// decided on it (every later check is a DENY) and it cannot be resumed; its place in
+    /// the organization's session quota is freed. Stops the background heartbeats. Returns
+    /// a dict: `session_id`, `audit_entry_id`, `budget_remaining_usd`. Raises
+    /// `ConnectError` when the daemon refuses or cannot be reached.
+    fn close_session<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let client = self.client.clone();
+        let r = block_on(py, async move { client.close().await }).map_err(|e| connect_error(&e))?;
+        if let Some(h) = &self.heartbeats {
+            h.abort();
+        }
+        let d = PyDict::new(py);
+        d.set_item("session_id", &r.session_id)?;
+        d.set_item("audit_entry_id", &r.audit_entry_id)?;
+        d.set_item(
+            "budget_remaining_usd",
+            tollgate_core::Money(r.budget_remaining_nanos).to_usd(),
+        )?;
+        Ok(d)
+    }
+
     /// Stop the background heartbeats. The connection closes when the object is dropped.
+    /// The session stays open at the daemon (resumable) until it is idle past the daemon's
+    /// `session_idle_timeout_secs`; `close_session()` ends it now.
     fn close(&self) {
         if let Some(h) = &self.heartbeats {
             h.abort();

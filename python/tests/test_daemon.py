@@ -87,6 +87,22 @@ def test_a_session_resumes_where_it_left_off(daemon):
     assert again.check("t", {"a": 2}).call_number == 2
 
 
+def test_an_agent_closes_its_session_and_it_cannot_be_resumed(daemon):
+    c = connect(daemon, "closing-bot")
+    assert c.check("t", {"a": 1}).allowed
+    closed = c.close_session()
+    assert closed["session_id"] == c.session_id
+    assert closed["audit_entry_id"]
+    # Nothing more is decided on it: every check is a DENY, a resume is refused.
+    v = c.check("t", {"a": 2})
+    assert not v.allowed
+    with pytest.raises(tollgate.ConnectError) as e:
+        connect(daemon, "closing-bot", session_id=c.session_id)
+    assert e.value.args[0] == "fail_closed:session_not_found"
+    with pytest.raises(tollgate.ConnectError):
+        c.close_session()
+
+
 def test_a_held_call_is_released_by_an_operators_approval(daemon):
     c = connect(daemon, "held-bot")
     op = operator(daemon)
