@@ -718,6 +718,24 @@ impl DaemonClient {
         self.state_of(&self.session_id.clone()).await
     }
 
+    /// End this client's session (`CloseSession`): the daemon audits it as closed,
+    /// decides nothing more on it and forgets it; it cannot be resumed. Every later call
+    /// of this client is refused (`SESSION_NOT_FOUND`, a DENY).
+    pub async fn close(&self) -> Result<sp1::CloseSessionResponse, ClientError> {
+        let id = self.session_id.clone();
+        match self
+            .request(Payload::CloseSession(sp1::CloseSessionRequest {
+                session_id: id.clone(),
+            }))
+            .await?
+        {
+            Payload::CloseSessionResponse(r) if r.session_id == id => Ok(r),
+            _ => Err(ClientError::Malformed(
+                "expected this session's close".into(),
+            )),
+        }
+    }
+
     /// The daemon's view of any session of this organization.
     pub async fn state_of(&self, session_id: &str) -> Result<sp1::SessionState, ClientError> {
         match self

@@ -99,6 +99,7 @@ struct LimitsSection {
     missed_heartbeats_for_stale: Option<u32>,
     hitl_timeout_secs: Option<u64>,
     await_decision_max_secs: Option<u64>,
+    session_idle_timeout_secs: Option<u64>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -155,6 +156,8 @@ struct OrgSection {
     require_enrollment: bool,
     #[serde(default)]
     agent: Vec<AgentSection>,
+    // --- quotas (issue 17 §4) ---
+    max_sessions: Option<usize>,
 }
 
 /// `[[organization.agent]]`: an enrolled agent.
@@ -348,6 +351,11 @@ pub struct Limits {
     /// The longest one `AwaitDecision` waits before answering `pending` (the client asks
     /// again).
     pub await_decision_max: Duration,
+    /// A session with no request from its agent (register, pre-exec, post-exec, heartbeat,
+    /// close) for this long ends: audited as closed for `idle`, forgotten, no longer
+    /// counted against quotas. A session with a held call waits for it to be decided or
+    /// expire first. Zero: sessions end only when their agents close them.
+    pub session_idle_timeout: Duration,
 }
 
 impl Limits {
@@ -380,6 +388,7 @@ impl Default for Limits {
             missed_heartbeats_for_stale: 3,
             hitl_timeout: Duration::from_secs(900),
             await_decision_max: Duration::from_secs(60),
+            session_idle_timeout: Duration::from_secs(3600),
         }
     }
 }
@@ -661,6 +670,9 @@ pub struct DaemonConfig {
     pub operators: Vec<Operator>,
     /// Enrolled agents, by organization id (organizations that enroll none are absent).
     pub enrollment: BTreeMap<String, Enrollment>,
+    /// Live sessions at most, by organization id (`[[organization]] max_sessions`);
+    /// an organization without one shares `limits.max_sessions` only.
+    pub session_quotas: BTreeMap<String, usize>,
 }
 
 impl Default for DaemonConfig {
@@ -687,6 +699,7 @@ impl Default for DaemonConfig {
             control: None,
             operators: Vec::new(),
             enrollment: BTreeMap::new(),
+            session_quotas: BTreeMap::new(),
         }
     }
 }
@@ -784,6 +797,9 @@ impl DaemonConfig {
                 l.await_decision_max_secs,
                 d.await_decision_max.as_secs(),
             )?),
+            session_idle_timeout: l
+                .session_idle_timeout_secs
+                .map_or(d.session_idle_timeout, Duration::from_secs),
         };
         let a = file.audit;
         let da = AuditSettings::default();
@@ -927,6 +943,12 @@ impl DaemonConfig {
                 )?;
                 if enrollment.required || !enrollment.agents.is_empty() {
                     c.enrollment.insert(o.id.clone(), enrollment);
+                }
+                if let Some(max) = o.max_sessions {
+                    if max == 0 {
+                        return Err(bad(format!("{key}.max_sessions"), "must be at least 1"));
+                    }
+                    c.session_quotas.insert(o.id.clone(), max);
                 }
                 orgs.push(Organization {
                     id: o.id,

@@ -561,7 +561,13 @@ async fn run_core<S: SessionStore>(
         let _ = control_stop.send(true);
     };
     // --- end control plane ---
-    // Held calls nobody decides in time expire, audited, once a second.
+    // Held calls nobody decides in time expire, audited, once a second; and, on the
+    // embedded store, sessions silent past the idle limit end (a fleet's daemons do not
+    // share liveness, so one daemon cannot tell that another serves the session).
+    let sweeps_idle = matches!(config.state.backend, config::StateBackend::Embedded);
+    if let Err(e) = service.recount().await {
+        tracing::warn!("counting live sessions by organization: {e}");
+    }
     let expiry = {
         let service = service.clone();
         tokio::spawn(async move {
@@ -569,6 +575,9 @@ async fn run_core<S: SessionStore>(
             loop {
                 tick.tick().await;
                 service.expire_overdue(service.now()).await;
+                if sweeps_idle {
+                    service.close_idle(service.now()).await;
+                }
             }
         })
     };

@@ -658,6 +658,8 @@ pub struct ConnInfo {
     /// The earliest `notAfter` of the chain it presented (Unix seconds): past it, the
     /// connection is no longer served.
     pub not_after: Option<i64>,
+    /// The SHA-256 of its client certificate (the peer, for registration limits).
+    pub fingerprint: Option<[u8; 32]>,
     /// Its share of request bytes being received ([`MAX_IN_FLIGHT_BYTES_PER_CONNECTION`]).
     budget: Arc<Semaphore>,
 }
@@ -804,6 +806,9 @@ async fn accept(
                 return;
             }
             let not_after = chain.and_then(chain_not_after);
+            let fingerprint = chain
+                .and_then(|c| c.first())
+                .map(|leaf| sha2::Sha256::digest(leaf.as_ref()).into());
             let Ok(permit) = permits.try_acquire_owned() else {
                 tracing::warn!(%remote, "gRPC connection refused: {authenticated} connections open");
                 return;
@@ -818,6 +823,7 @@ async fn accept(
                 remote,
                 identity: Arc::new(identity),
                 not_after,
+                fingerprint,
                 budget: Arc::new(Semaphore::new(MAX_IN_FLIGHT_BYTES_PER_CONNECTION)),
             };
             let _ = out
@@ -1048,9 +1054,12 @@ fn caller<T>(req: &Request<T>) -> Result<(Caller, Peer), Status> {
         .extensions()
         .get::<ConnInfo>()
         .ok_or_else(|| unauthenticated(Unmapped::NoCertificate.to_string()))?;
+    // Registrations are limited per organization and certificate, not per address:
+    // agents behind one address (a NAT, a proxy) are different peers.
     let peer = Peer {
         uid: 0,
         ip: Some(info.remote.ip()),
+        certificate: info.fingerprint,
     };
     if info.expired(unix_now_secs()) {
         return Err(unauthenticated("the client certificate has expired".into()));
@@ -1160,6 +1169,19 @@ impl<S: SessionStore> ShackleDaemon for Grpc<S> {
         let (caller, _) = caller(&req)?;
         self.service
             .await_decision(&caller, req.into_inner())
+            .await
+            .map(Response::new)
+            .map_err(status)
+    }
+
+    async fn close_session(
+        &self,
+        req: Request<sp1::CloseSessionRequest>,
+    ) -> Result<Response<sp1::CloseSessionResponse>, Status> {
+        let (caller, _) = caller(&req)?;
+        let now = self.service.now();
+        self.service
+            .close_session(&caller, req.into_inner(), now)
             .await
             .map(Response::new)
             .map_err(status)

@@ -831,6 +831,12 @@ impl sp1::shackle_daemon_server::ShackleDaemon for Liar {
     ) -> Result<tonic::Response<sp1::AwaitDecisionResponse>, tonic::Status> {
         Err(tonic::Status::unimplemented(""))
     }
+    async fn close_session(
+        &self,
+        _: tonic::Request<sp1::CloseSessionRequest>,
+    ) -> Result<tonic::Response<sp1::CloseSessionResponse>, tonic::Status> {
+        Err(tonic::Status::unimplemented(""))
+    }
 }
 
 /// Over gRPC the client fails closed as over the socket: a reply for another call, an

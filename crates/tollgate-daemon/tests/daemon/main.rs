@@ -11,6 +11,7 @@
 mod bounds;
 mod console;
 mod control;
+mod ending;
 mod flows;
 mod grpc;
 mod hitl;

@@ -524,7 +524,7 @@ async fn read_chains(url: &str, schema: &str, org: &str) -> Chains {
                     o.budget_before.0,
                     o.budget_before.0,
                 )),
-                SessionEvent::HumanDecision(_) => None,
+                SessionEvent::HumanDecision(_) | SessionEvent::Closed(_) => None,
             };
             if let Some((o, before, after)) = named {
                 if o == org {
@@ -1417,4 +1417,98 @@ fn enrolled_agents_are_who_they_say_on_every_daemon_of_a_fleet() {
     });
     opened.sort();
     assert_eq!(opened, ["other", "pa", "pa"]);
+}
+
+/// Issue 17 §4 in a fleet: a session closed through one daemon is gone on every daemon
+/// (no decision, no resume, no state), its close is in that daemon's chain as the
+/// session's last entry, and it leaves Redis's index of live sessions at once.
+#[test]
+fn a_session_closed_through_one_daemon_is_gone_on_every_daemon() {
+    let tmp = tempfile::tempdir().unwrap();
+    let fleet = Fleet::start(tmp.path(), SHARED_REDIS, SHARED_PG);
+    let rt = rt();
+    let session = rt.block_on(async {
+        let p = tollgate_core::json::parse_str("{}").unwrap();
+        let agent = DaemonClient::connect(fleet.client_config(0, "acme", 1))
+            .await
+            .unwrap();
+        assert!(agent.pre_exec("t", &p, 0.01).await.allowed());
+        let id = agent.session_id().to_owned();
+        // Every daemon knows the session (and caches it).
+        for d in 1..DAEMONS {
+            let other = DaemonClient::connect(fleet.client_config(d, "acme", 2))
+                .await
+                .unwrap();
+            other.state_of(&id).await.unwrap();
+        }
+        let closer = DaemonClient::resume(fleet.client_config(1, "acme", 1), &id)
+            .await
+            .unwrap();
+        closer.close().await.unwrap();
+        let v = agent.pre_exec("t", &p, 0.01).await;
+        assert_eq!(v.verdict, Verdict::Deny, "{v:?}");
+        for d in 0..DAEMONS {
+            let e = DaemonClient::resume(fleet.client_config(d, "acme", 1), &id)
+                .await
+                .unwrap_err();
+            assert!(
+                matches!(
+                    e,
+                    tollgate_client::ClientError::Refused {
+                        code: sp1::ErrorCode::SessionNotFound,
+                        ..
+                    }
+                ),
+                "daemon {d}: {e}"
+            );
+            let other = DaemonClient::connect(fleet.client_config(d, "acme", 3))
+                .await
+                .unwrap();
+            assert!(
+                other.state_of(&id).await.is_err(),
+                "daemon {d} still shows it"
+            );
+        }
+        id
+    });
+    // Off Redis's index of live sessions.
+    let mut c = redis::Client::open(SHARED_REDIS)
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{}*", fleet.prefix))
+        .query(&mut c)
+        .unwrap();
+    for k in keys {
+        let kind: String = redis::cmd("TYPE").arg(&k).query(&mut c).unwrap();
+        if kind == "set" {
+            let member: bool = redis::cmd("SISMEMBER")
+                .arg(&k)
+                .arg(&session)
+                .query(&mut c)
+                .unwrap();
+            assert!(!member, "{k} still lists the closed session");
+        }
+    }
+    // The close is the session's last entry, in daemon 1's chain.
+    let mut mine = Vec::new();
+    rt.block_on(async {
+        let settings = tollgate_pg::PgSettings::new(&fleet.pg_url).with_schema(&fleet.schema);
+        let client = tollgate_pg::connect(&settings).await.unwrap();
+        tollgate_pg::verify(&client, &fleet.schema, None, &[], &mut |_, e| {
+            if let Event::Session(ev) = &e.event {
+                if ev.session_id() == session {
+                    mine.push(ev.clone());
+                }
+            }
+        })
+        .await
+        .unwrap();
+    });
+    mine.sort_by_key(SessionEvent::session_seq);
+    assert!(
+        matches!(mine.last(), Some(SessionEvent::Closed(_))),
+        "{mine:?}"
+    );
 }
