@@ -51,18 +51,29 @@ wheel=$(ls "$work"/wheel/tollgate-*.whl)
 echo "built $(basename "$wheel") in $(( $(now) - t0 )) s"
 
 pyver=$("$PY" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+frozen() { "$1/bin/pip" freeze --disable-pip-version-check 2>/dev/null | grep -v '^tollgate[= @]' || true; }
 venv_for() {
   local name=$1 req=python/ci/$1.txt key dir t
   key=$( (cat "$req"; echo "$pyver") | sha256sum | cut -c1-16)
   dir=$cache/venvs/$name-$key
-  if [ -f "$dir/.complete" ]; then
+  # An empty .complete was written by an earlier version of this script: adopt the venv
+  # once, recording what it holds, if it imports pytest.
+  if [ -f "$dir/.complete" ] && [ ! -s "$dir/.complete" ] && "$dir/bin/python" -c 'import pytest' 2>/dev/null; then
+    frozen "$dir" >"$dir/.complete"
+  fi
+  # A venv is reused only when it was finished and holds exactly what it held then
+  # (.complete records its `pip freeze`): a run killed mid-install, or a venv changed
+  # since, is installed afresh.
+  if [ -f "$dir/.complete" ] && "$dir/bin/python" -c 'import pytest' 2>/dev/null \
+    && [ "$(frozen "$dir")" = "$(cat "$dir/.complete")" ]; then
     echo "reusing $dir" >&2
   else
     t=$(now)
     rm -rf "$dir"
     "$PY" -m venv "$dir"
     "$dir/bin/pip" install --quiet --disable-pip-version-check -r "$req" >&2
-    touch "$dir/.complete"
+    "$dir/bin/python" -c 'import pytest' || { echo "python: $name venv has no pytest after install" >&2; exit 1; }
+    frozen "$dir" >"$dir/.complete"
     echo "installed $name in $(( $(now) - t )) s ($(du -sm "$dir" | cut -f1) MB)" >&2
   fi
   "$dir/bin/pip" install --quiet --disable-pip-version-check --force-reinstall --no-deps "$wheel" >&2
@@ -77,6 +88,10 @@ for s in "${suites[@]}"; do
     *) echo "unknown suite $s"; exit 2 ;;
   esac
   log "python: $s"
+  # One run at a time per suite's virtualenv: two runs on one machine (a developer's and
+  # CI's) would otherwise install into, or reinstall the wheel under, each other's venv.
+  exec {lock}>"$cache/venvs/$s.lock"
+  flock "$lock"
   dir=$(venv_for "$s")
   out="$work/$s.out"
   set +e
@@ -86,6 +101,7 @@ for s in "${suites[@]}"; do
     "$dir/bin/pytest" -q -p no:cacheprovider -W ignore::DeprecationWarning "${targets[@]}" 2>&1 | tee "$out"
   rc=${PIPESTATUS[0]}
   set -e
+  exec {lock}>&-
   p=$(grep -Eo '[0-9]+ passed' "$out" | tail -1 | cut -d' ' -f1 || true)
   f=$( (grep -Eo '[0-9]+ (failed|error|errors)' "$out" || true) | awk '{ n += $1 } END { print n + 0 }')
   passed=$((passed + ${p:-0})); failed=$((failed + f))

@@ -111,6 +111,7 @@ struct ReleasedOut {
     /// The successor's params after a modify.
     successor: Option<json::Value>,
     decision: String,
+    note: String,
 }
 
 impl<'py> IntoPyObject<'py> for ReleasedOut {
@@ -132,6 +133,7 @@ impl<'py> IntoPyObject<'py> for ReleasedOut {
                 verdict: Py::new(py, self.verdict)?,
                 params,
                 decision: self.decision,
+                note: self.note,
             },
         )
     }
@@ -146,6 +148,7 @@ async fn check_or_wait(client: Arc<DaemonClient>, args: CallArgs, wait: HumanWai
         verdict: to_verdict(r.verdict, args, 0),
         successor,
         decision: r.decision,
+        note: r.note,
     }
 }
 
@@ -498,7 +501,8 @@ impl PyClient {
 
     /// Wait at most `timeout` seconds for a human's decision on held call `call_number`.
     /// Returns a dict: `outcome` (`approve`, `modify`, `reject`, `expire`, `pending`,
-    /// `none`), `successor_params` (after a modify with edited arguments, else None).
+    /// `none`), `successor_params` (after a modify with edited arguments, else None),
+    /// `note` (the deciding human's note, or `""`).
     #[pyo3(signature = (call_number, timeout = 60.0))]
     fn await_decision<'py>(
         &self,
@@ -520,6 +524,7 @@ impl PyClient {
             _ => None,
         };
         d.set_item("successor_params", successor)?;
+        d.set_item("note", &r.note)?;
         Ok(d)
     }
 
@@ -532,7 +537,30 @@ impl PyClient {
         state_dict(py, &s)
     }
 
+    /// End the session at the daemon (`CloseSession`): audited as closed, nothing more is
+    /// decided on it (every later check is a DENY) and it cannot be resumed; its place in
+    /// the organization's session quota is freed. Stops the background heartbeats. Returns
+    /// a dict: `session_id`, `audit_entry_id`, `budget_remaining_usd`. Raises
+    /// `ConnectError` when the daemon refuses or cannot be reached.
+    fn close_session<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let client = self.client.clone();
+        let r = block_on(py, async move { client.close().await }).map_err(|e| connect_error(&e))?;
+        if let Some(h) = &self.heartbeats {
+            h.abort();
+        }
+        let d = PyDict::new(py);
+        d.set_item("session_id", &r.session_id)?;
+        d.set_item("audit_entry_id", &r.audit_entry_id)?;
+        d.set_item(
+            "budget_remaining_usd",
+            tollgate_core::Money(r.budget_remaining_nanos).to_usd(),
+        )?;
+        Ok(d)
+    }
+
     /// Stop the background heartbeats. The connection closes when the object is dropped.
+    /// The session stays open at the daemon (resumable) until it is idle past the daemon's
+    /// `session_idle_timeout_secs`; `close_session()` ends it now.
     fn close(&self) {
         if let Some(h) = &self.heartbeats {
             h.abort();
@@ -618,9 +646,13 @@ impl PyOperator {
     }
 
     /// Record a decision (`approve`, `reject`, `modify`, `defer`, `escalate`) on
-    /// `session_id`'s held call, as `operator`, with an optional `note`; `modify` takes
-    /// the successor's `params`. Raises `ConnectError` when the daemon refuses.
-    #[pyo3(signature = (session_id, decision, *, operator, note = "", params = None))]
+    /// `session_id`'s held call `call_number` (its `pending()` entry's; `None`: the
+    /// session's one undecided held call, refused when several wait), as `operator`, with
+    /// an optional `note` (at most 1024 bytes; the agent gets it with the decision);
+    /// `modify` takes the successor's `params`. Raises `ConnectError` when the daemon
+    /// refuses.
+    #[pyo3(signature = (session_id, decision, *, operator, note = "", params = None, call_number = None))]
+    #[allow(clippy::too_many_arguments)]
     fn decide(
         &self,
         py: Python<'_>,
@@ -629,7 +661,13 @@ impl PyOperator {
         operator: &str,
         note: &str,
         params: Option<Bound<'_, PyAny>>,
+        call_number: Option<u64>,
     ) -> PyResult<()> {
+        if call_number == Some(0) {
+            return Err(PyValueError::new_err(
+                "call_number: a held call's number is at least 1 (None: the session's one held call)",
+            ));
+        }
         let successor_params_json = match params {
             None => String::new(),
             Some(p) => {
@@ -649,6 +687,7 @@ impl PyOperator {
             operator_id: operator.to_owned(),
             note: note.to_owned(),
             successor_params_json,
+            call_number: call_number.unwrap_or(0),
             ..sp1::HitlDecideRequest::default()
         };
         let client = self.client.clone();

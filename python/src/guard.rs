@@ -114,6 +114,7 @@ impl PyGuard {
         hitl_budget_threshold = 0.0,
         nonce_window = 1024,
         max_reservations = 1024,
+        max_held_calls = tollgate_core::config::DEFAULT_MAX_HELD_CALLS,
         audit_log = None,
         audit_key = None,
         session_id = "local",
@@ -137,6 +138,7 @@ impl PyGuard {
         hitl_budget_threshold: f64,
         nonce_window: u32,
         max_reservations: u32,
+        max_held_calls: u32,
         audit_log: Option<PathBuf>,
         audit_key: Option<PathBuf>,
         session_id: &str,
@@ -155,9 +157,9 @@ impl PyGuard {
                 "budget_usd: `{budget_usd}` is not a finite, non-negative amount"
             ))
         })?;
-        if nonce_window == 0 || max_reservations == 0 {
+        if nonce_window == 0 || max_reservations == 0 || max_held_calls == 0 {
             return Err(PyValueError::new_err(
-                "nonce_window and max_reservations must be at least 1",
+                "nonce_window, max_reservations and max_held_calls must be at least 1",
             ));
         }
         let config = GuardConfig {
@@ -175,6 +177,7 @@ impl PyGuard {
             settlement: word::<SettlementMode>("settlement", settlement)?,
             nonce_window,
             max_reservations,
+            max_held_calls,
             ..GuardConfig::default()
         };
         let guard = tollgate_client::Guard::new(config);
@@ -260,10 +263,12 @@ impl PyGuard {
     /// Record a human's decision on the held call `held` (a `HITL` verdict from this
     /// guard) and act on it: `approve` re-dispatches the held call with its nonce,
     /// `modify` records the successor `params` and dispatches it, `reject` refuses it,
-    /// `defer` and `escalate` leave it held. Returns the final verdict with the params to
-    /// run. Raises `ValueError` for an unknown decision, `modify` without params, or a
-    /// decision the session cannot record (nothing held, or already decided).
-    #[pyo3(signature = (held, decision, *, operator, params = None))]
+    /// `defer` and `escalate` leave it held. `note` (the human's words, at most 1024
+    /// bytes) is audited with the decision and returned with it. Returns the final
+    /// verdict with the params to run. Raises `ValueError` for an unknown decision,
+    /// `modify` without params, or a decision the session cannot record (nothing held, or
+    /// already decided).
+    #[pyo3(signature = (held, decision, *, operator, params = None, note = ""))]
     fn resolve(
         &self,
         py: Python<'_>,
@@ -271,7 +276,11 @@ impl PyGuard {
         decision: &str,
         operator: &str,
         params: Option<Bound<'_, PyAny>>,
+        note: &str,
     ) -> PyResult<Released> {
+        if note.len() > 1024 {
+            return Err(PyValueError::new_err("note over 1024 bytes"));
+        }
         let held = held.get();
         let word = HumanDecision::parse(decision);
         let (successor, successor_value) = match (&word, &params) {
@@ -317,7 +326,7 @@ impl PyGuard {
                         word.clone(),
                         successor,
                         operator,
-                        "",
+                        note,
                     )
                     .map(|_| ())
             };
@@ -356,7 +365,22 @@ impl PyGuard {
             verdict: Py::new(py, again)?,
             params: run_params,
             decision: word_text,
+            note: note.to_owned(),
         })
+    }
+
+    /// Whether `held` (a `HITL` verdict from this guard) is held now, waiting for a
+    /// human's decision: False for a call **held behind** others (the session already held
+    /// `max_held_calls`, so nothing was recorded for it and `resolve` refuses it), and for
+    /// one already decided.
+    fn is_waiting(&self, held: &Bound<'_, Verdict>) -> bool {
+        let held = held.get();
+        held.verdict == "HITL"
+            && self
+                .inner
+                .state()
+                .transition_of_call(held.call_number)
+                .is_some_and(tollgate_core::transition::is_undecided)
     }
 
     /// The budget left now, in dollars.

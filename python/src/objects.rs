@@ -96,6 +96,10 @@ pub struct Released {
     /// `escalate`), or `""` when no human was asked.
     #[pyo3(get)]
     pub decision: String,
+    /// The deciding human's note (their reasons, for the model; a reject's above all), or
+    /// `""`.
+    #[pyo3(get)]
+    pub note: String,
 }
 
 #[pymethods]

@@ -87,6 +87,22 @@ def test_a_session_resumes_where_it_left_off(daemon):
     assert again.check("t", {"a": 2}).call_number == 2
 
 
+def test_an_agent_closes_its_session_and_it_cannot_be_resumed(daemon):
+    c = connect(daemon, "closing-bot")
+    assert c.check("t", {"a": 1}).allowed
+    closed = c.close_session()
+    assert closed["session_id"] == c.session_id
+    assert closed["audit_entry_id"]
+    # Nothing more is decided on it: every check is a DENY, a resume is refused.
+    v = c.check("t", {"a": 2})
+    assert not v.allowed
+    with pytest.raises(tollgate.ConnectError) as e:
+        connect(daemon, "closing-bot", session_id=c.session_id)
+    assert e.value.args[0] == "fail_closed:session_not_found"
+    with pytest.raises(tollgate.ConnectError):
+        c.close_session()
+
+
 def test_a_held_call_is_released_by_an_operators_approval(daemon):
     c = connect(daemon, "held-bot")
     op = operator(daemon)
@@ -112,7 +128,7 @@ def test_a_modified_call_comes_back_with_the_edited_params(daemon):
     assert held.held
     op.decide(c.session_id, "modify", operator="alice", params={"amount": 10})
     d = c.await_decision(held.call_number, timeout=5)
-    assert d == {"outcome": "modify", "successor_params": {"amount": 10}}
+    assert d == {"outcome": "modify", "successor_params": {"amount": 10}, "note": ""}
 
 
 def test_params_can_be_withheld_and_a_wait_can_give_up(daemon):
@@ -258,3 +274,85 @@ def test_a_program_that_exits_right_after_its_last_await_exits_cleanly(tmp_path)
         finally:
             d.stop()
     assert bad == [], bad
+
+
+def test_one_client_shared_by_threads_and_tasks_gets_each_held_call_decided_on_its_own(daemon):
+    """Issue 16 §1: one client, shared by four threads (`check_or_wait`) and four asyncio
+    tasks (`acheck_or_wait`), holds eight calls at once in one session. An operator names
+    each by its call number and decides them in a shuffled order: every approved call is
+    released with its own params, the modified one with the edited params only, the
+    rejected ones never, with the human's note; the session's circuit stays closed and its
+    budget pays for exactly what was released."""
+    import random
+
+    c = connect(daemon, "held-bot", heartbeat_interval=0)
+    op = operator(daemon)
+    plan = {
+        0: ("approve", None, ""),
+        1: ("reject", None, "too large"),
+        2: ("modify", {"i": 102}, "smaller"),
+        3: ("approve", None, ""),
+        4: ("reject", None, "not this vendor"),
+        5: ("approve", None, ""),
+        6: ("modify", {"i": 106}, ""),
+        7: ("approve", None, "ok"),
+    }
+    results = {}
+
+    def in_thread(i):
+        results[i] = c.check_or_wait("pay", {"i": i}, 0.01, timeout=120)
+
+    async def in_tasks():
+        async def one(i):
+            results[i] = await c.acheck_or_wait("pay", {"i": i}, 0.01, timeout=120)
+
+        await asyncio.gather(*(one(i) for i in range(4, 8)))
+
+    workers = [threading.Thread(target=in_thread, args=(i,)) for i in range(4)]
+    workers.append(threading.Thread(target=lambda: asyncio.run(in_tasks())))
+    for w in workers:
+        w.start()
+    held = []
+    for _ in range(100_000):
+        held = [p for p in op.pending() if p["session_id"] == c.session_id and p["params"] is not None]
+        if len(held) == len(plan):
+            break
+    assert sorted(p["params"]["i"] for p in held) == list(range(8)), held
+    assert len({p["call_number"] for p in held}) == 8
+    for p in random.Random(16).sample(held, len(held)):
+        decision, params, note = plan[p["params"]["i"]]
+        op.decide(c.session_id, decision, operator="alice", note=note, params=params,
+                  call_number=p["call_number"])
+    for w in workers:
+        w.join()
+    for i, (decision, params, note) in plan.items():
+        r = results[i]
+        assert r.decision == decision and r.note == note, (i, r, r.note)
+        if decision == "reject":
+            assert not r.allowed and r.reason == "hitl_transition:reject" and r.params is None
+        else:
+            assert r.allowed, (i, r)
+            assert r.params == (params if decision == "modify" else {"i": i})
+            assert c.settle(r.verdict, 0.01)
+    state = c.session_state()
+    assert not state["circuit_tripped"], state
+    assert state["budget_remaining_usd"] == pytest.approx(1.0 - 0.01 * 6)
+    # The session goes on: a later call is held for a human in turn, not refused.
+    later = c.check("pay", {"i": 8}, 0.01)
+    assert (later.verdict, later.reason) == ("HITL", "hitl_all_calls")
+
+
+def test_an_operator_with_several_held_calls_must_name_one(daemon):
+    c = connect(daemon, "held-bot", heartbeat_interval=0)
+    op = operator(daemon)
+    a = c.check("pay", {"i": 0})
+    b = c.check("pay", {"i": 1})
+    assert a.verdict == b.verdict == "HITL" and a.call_number != b.call_number
+    with pytest.raises(tollgate.ConnectError):
+        op.decide(c.session_id, "approve", operator="alice")  # which one?
+    with pytest.raises(ValueError):
+        op.decide(c.session_id, "approve", operator="alice", call_number=0)
+    op.decide(c.session_id, "reject", operator="alice", note="no", call_number=b.call_number)
+    assert c.await_decision(b.call_number, timeout=5) == {"outcome": "reject", "successor_params": None,
+                                                           "note": "no"}
+    assert c.await_decision(a.call_number, timeout=0)["outcome"] == "pending"

@@ -161,9 +161,10 @@ def test_await_decision_over_grpc(daemon):
     t.start()
     pending = wait_until_held(op, c.session_id, with_params=False)
     assert pending["call_number"] == held.call_number and pending["params"] is None
-    op.decide(c.session_id, "reject", operator="alice")
+    op.decide(c.session_id, "reject", operator="alice", note="not from this host")
     t.join()
-    assert out["d"] == {"outcome": "reject", "successor_params": None}
+    # The human's note comes with the decision (issue 16 §5), over gRPC too.
+    assert out["d"] == {"outcome": "reject", "successor_params": None, "note": "not from this host"}
 
 
 def refused(**kw):

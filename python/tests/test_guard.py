@@ -336,3 +336,22 @@ def test_an_async_on_hitl_works_from_sync_code_too():
         return n
 
     assert pay(3) == 3
+
+
+def test_a_human_note_comes_back_with_the_decision():
+    g = tollgate.Guard(hitl_mode="always")
+    a = g.check("pay", {"i": 0})
+    b = g.check("pay", {"i": 1})
+    r = g.resolve(b, "reject", operator="alice", note="over the limit")
+    assert (r.allowed, r.reason, r.note) == (False, "hitl_transition:reject", "over the limit")
+    assert g.resolve(a, "approve", operator="alice").note == ""
+    with pytest.raises(ValueError):
+        g.resolve(g.check("pay", {"i": 2}), "reject", operator="alice", note="x" * 1025)
+
+    @tollgate.Guard(hitl_mode="always", on_hitl=lambda v: tollgate.Decision("reject", note="not today")).tool
+    def pay(i):
+        raise AssertionError("never runs")
+
+    with pytest.raises(tollgate.ToolDenied) as e:
+        pay(1)
+    assert e.value.note == "not today" and "not today" in str(e.value)

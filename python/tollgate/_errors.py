@@ -12,15 +12,20 @@ __all__ = ["TollgateError", "ConnectError", "ToolBlocked", "ToolDenied", "HeldFo
 class ToolBlocked(TollgateError):
     """A guarded tool did not run. The base of `ToolDenied` and `HeldForHuman`.
 
-    `verdict` is the `Verdict` that stopped it, `reason` its stable reason string and
-    `tool` the tool's name.
+    `verdict` is the `Verdict` that stopped it, `reason` its stable reason string, `tool`
+    the tool's name and `note` the note of the human who refused it (`""` if none); the
+    message ends with the note, so a model that reads the error reads the human's words.
     """
 
-    def __init__(self, verdict: Any) -> None:
+    def __init__(self, verdict: Any, note: str = "") -> None:
         self.verdict = verdict
         self.reason: str = verdict.reason
         self.tool: str = verdict.tool
-        super().__init__(self._message())
+        self.note: str = note or ""
+        text = self._message()
+        if self.note:
+            text += f" (the human's note: {self.note})"
+        super().__init__(text)
 
     def _message(self) -> str:
         return f"tool `{self.tool}` blocked: {self.reason}"

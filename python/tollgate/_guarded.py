@@ -21,11 +21,13 @@ class Decision:
     """A human's decision on a held call, as returned by a library-mode `on_hitl`
     handler: `decision` is `approve`, `reject`, `modify`, `defer` or `escalate`;
     `params` are the successor's params for `modify`; `operator` is recorded in the audit
-    log."""
+    log; `note` (the human's words, at most 1024 bytes) is audited with the decision and,
+    for a refusal, given to the model with it."""
 
     decision: str
     operator: str = "on_hitl"
     params: Optional[Mapping[str, Any]] = None
+    note: str = ""
 
 
 def call_params(sig: inspect.Signature, args: tuple, kwargs: dict) -> dict:
@@ -154,10 +156,10 @@ async def _awaited(awaitable: Any) -> Any:
     return await awaitable
 
 
-def _raise_for(verdict: Any) -> None:
+def _raise_for(verdict: Any, note: str = "") -> None:
     if verdict.verdict == "HITL":
-        raise HeldForHuman(verdict)
-    raise ToolDenied(verdict)
+        raise HeldForHuman(verdict, note)
+    raise ToolDenied(verdict, note)
 
 
 class Guard(_native.Guard, _Decorating):
@@ -168,7 +170,9 @@ class Guard(_native.Guard, _Decorating):
     `always`), `settlement` (`conservative` or `actual`), `error_amplification`,
     `timeout_seconds`, `window_duration_s`, `window_max_calls`, `max_total_calls`,
     `probabilistic_deny`, `deny_jitter_ratio`, `hitl_budget_threshold`, `nonce_window`,
-    `max_reservations`; `audit_log` (a directory: every change is written to a signed
+    `max_reservations`, `max_held_calls` (16: how many calls may be held for a human at
+    once, each decided on its own; 1 is SP/1.0.1's single held call, where a reject makes
+    the next call DENY and trips the circuit); `audit_log` (a directory: every change is written to a signed
     audit log there, durably, before the call returns) with `audit_key` (a key file from
     `tollgate keygen`), and `session_id`, `agent_id`, `organization_id` for its entries;
     `on_hitl`: a function (or an async function) called with a held `Verdict` that
@@ -247,17 +251,17 @@ class Guard(_native.Guard, _Decorating):
     def _resolve_with(self, verdict: Any, d: Any) -> Any:
         if isinstance(d, str):
             d = Decision(d)
-        return self.resolve(verdict, d.decision, operator=d.operator, params=d.params)
+        return self.resolve(verdict, d.decision, operator=d.operator, params=d.params, note=d.note)
 
     def _dispatch(self, tool: str, params: dict, cost: float) -> Tuple[Any, Any]:
         v = self.check(tool, params, cost)
         if v.allowed:
             return v, params
-        if v.verdict == "HITL" and self._on_hitl is not None:
+        if v.verdict == "HITL" and self._on_hitl is not None and self.is_waiting(v):
             r = self.ask_human(v)
             if r.allowed:
                 return r.verdict, r.params
-            _raise_for(r.verdict)
+            _raise_for(r.verdict, r.note)
         _raise_for(v)
         raise AssertionError("unreachable")
 
@@ -265,11 +269,11 @@ class Guard(_native.Guard, _Decorating):
         v = await self.acheck(tool, params, cost)
         if v.allowed:
             return v, params
-        if v.verdict == "HITL" and self._on_hitl is not None:
+        if v.verdict == "HITL" and self._on_hitl is not None and self.is_waiting(v):
             r = await self.aask_human(v)
             if r.allowed:
                 return r.verdict, r.params
-            _raise_for(r.verdict)
+            _raise_for(r.verdict, r.note)
         _raise_for(v)
         raise AssertionError("unreachable")
 
@@ -312,7 +316,7 @@ class Client(_native.Client, _Decorating):
             return v, params
         r = self.check_or_wait(tool, params, cost, timeout=self._hitl_timeout, share_params=self._share(tool, params))
         if not r.allowed:
-            _raise_for(r.verdict)
+            _raise_for(r.verdict, r.note)
         return r.verdict, r.params
 
     async def _adispatch(self, tool: str, params: dict, cost: float) -> Tuple[Any, Any]:
@@ -325,7 +329,7 @@ class Client(_native.Client, _Decorating):
             tool, params, cost, timeout=self._hitl_timeout, share_params=self._share(tool, params)
         )
         if not r.allowed:
-            _raise_for(r.verdict)
+            _raise_for(r.verdict, r.note)
         return r.verdict, r.params
 
 

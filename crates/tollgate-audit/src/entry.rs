@@ -241,7 +241,56 @@ impl VoidRecord {
     pub const UNCONFIRMED_AT_SETTLE: &'static str = "unconfirmed_at_settle";
 }
 
-/// Every entry that changes a session's state (kinds 4, 1, 5, 6).
+/// Why a session ended (a session-closed entry, record kind 8).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CloseReason {
+    /// Its agent closed it (`CloseSession`).
+    Agent,
+    /// It was silent past the daemon's idle limit (`limits.session_idle_timeout_secs`).
+    Idle,
+}
+
+impl CloseReason {
+    /// The word the record carries: `agent` or `idle`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            CloseReason::Agent => "agent",
+            CloseReason::Idle => "idle",
+        }
+    }
+
+    /// The reason a word names, if any.
+    pub fn from_word(w: &str) -> Option<CloseReason> {
+        match w {
+            "agent" => Some(CloseReason::Agent),
+            "idle" => Some(CloseReason::Idle),
+            _ => None,
+        }
+    }
+}
+
+/// A session ended (record kind 8, format version 5): nothing more is decided on it, it
+/// cannot be resumed, and a fold of the log forgets it (its shared budget, if any, stays:
+/// it is its agent's or organization's).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CloseRecord {
+    /// Daemon time of the close, nanoseconds since the Unix epoch (UTC).
+    pub timestamp_ns: i64,
+    /// The session.
+    pub session_id: String,
+    /// Its agent.
+    pub agent_id: String,
+    /// Its agent's organization.
+    pub organization_id: String,
+    /// Why it ended.
+    pub reason: CloseReason,
+    /// The budget remaining when it ended (the shared budget's, for a shared one).
+    pub budget_remaining: Money,
+    /// The session's state version after this entry (at least 2: the opening is 1).
+    pub session_seq: u64,
+}
+
+/// Every entry that changes a session's state (kinds 4, 1, 5, 6, 8).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SessionEvent {
     /// The session was opened (kind 4).
@@ -252,16 +301,19 @@ pub enum SessionEvent {
     Settled(SettlementRecord),
     /// A human decided a held call (kind 6).
     HumanDecision(DecisionRecord),
+    /// The session ended (kind 8, format version 5).
+    Closed(CloseRecord),
 }
 
 impl SessionEvent {
-    /// The record kind byte: 4, 1, 5 or 6.
+    /// The record kind byte: 4, 1, 5, 6 or 8.
     pub const fn kind(&self) -> u8 {
         match self {
             SessionEvent::Opened(_) => 4,
             SessionEvent::Verdict(_) => 1,
             SessionEvent::Settled(_) => 5,
             SessionEvent::HumanDecision(_) => 6,
+            SessionEvent::Closed(_) => 8,
         }
     }
 
@@ -272,6 +324,7 @@ impl SessionEvent {
             SessionEvent::Verdict(r) => &r.session_id,
             SessionEvent::Settled(r) => &r.session_id,
             SessionEvent::HumanDecision(r) => &r.session_id,
+            SessionEvent::Closed(r) => &r.session_id,
         }
     }
 
@@ -282,6 +335,7 @@ impl SessionEvent {
             SessionEvent::Verdict(r) => r.session_seq,
             SessionEvent::Settled(r) => r.session_seq,
             SessionEvent::HumanDecision(r) => r.session_seq,
+            SessionEvent::Closed(r) => r.session_seq,
         }
     }
 
@@ -296,7 +350,7 @@ impl SessionEvent {
             SessionEvent::Opened(r) => r.budget_version,
             SessionEvent::Verdict(r) => r.budget_version,
             SessionEvent::Settled(r) => r.budget_version,
-            SessionEvent::HumanDecision(_) => 0,
+            SessionEvent::HumanDecision(_) | SessionEvent::Closed(_) => 0,
         }
     }
 
@@ -307,7 +361,7 @@ impl SessionEvent {
             SessionEvent::Opened(r) => r.budget_version = version,
             SessionEvent::Verdict(r) => r.budget_version = version,
             SessionEvent::Settled(r) => r.budget_version = version,
-            SessionEvent::HumanDecision(_) => {}
+            SessionEvent::HumanDecision(_) | SessionEvent::Closed(_) => {}
         }
     }
 
@@ -318,18 +372,26 @@ impl SessionEvent {
             SessionEvent::Verdict(r) => r.timestamp_ns,
             SessionEvent::Settled(r) => r.timestamp_ns,
             SessionEvent::HumanDecision(r) => r.timestamp_ns,
+            SessionEvent::Closed(r) => r.timestamp_ns,
         }
     }
 
     /// A short name for the kind: `session_opened`, `verdict`, `settlement`,
-    /// `human_decision`.
+    /// `human_decision`, `session_closed`.
     pub const fn kind_name(&self) -> &'static str {
         match self {
             SessionEvent::Opened(_) => "session_opened",
             SessionEvent::Verdict(_) => "verdict",
             SessionEvent::Settled(_) => "settlement",
             SessionEvent::HumanDecision(_) => "human_decision",
+            SessionEvent::Closed(_) => "session_closed",
         }
+    }
+}
+
+impl From<CloseRecord> for SessionEvent {
+    fn from(r: CloseRecord) -> Self {
+        SessionEvent::Closed(r)
     }
 }
 

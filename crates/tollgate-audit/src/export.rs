@@ -143,6 +143,7 @@ fn cells(e: &AuditEntry, chain_id: Option<&str>) -> Vec<Cell> {
             SessionEvent::Verdict(r) => (&r.agent_id, &r.organization_id),
             SessionEvent::Settled(r) => (&r.agent_id, &r.organization_id),
             SessionEvent::HumanDecision(r) => (&r.agent_id, &r.organization_id),
+            SessionEvent::Closed(r) => (&r.agent_id, &r.organization_id),
         };
         row.extend([
             ("session_id", t(ev.session_id())),
@@ -150,7 +151,7 @@ fn cells(e: &AuditEntry, chain_id: Option<&str>) -> Vec<Cell> {
             ("organization_id", t(org)),
             ("session_seq", n(&ev.session_seq())),
         ]);
-        if !matches!(ev, SessionEvent::HumanDecision(_)) {
+        if !matches!(ev, SessionEvent::HumanDecision(_) | SessionEvent::Closed(_)) {
             row.push(("budget_version", n(&ev.budget_version())));
         }
     }
@@ -224,6 +225,10 @@ fn cells(e: &AuditEntry, chain_id: Option<&str>) -> Vec<Cell> {
                 d.successor.as_ref().map_or(Cell::Null, |(_, a)| digest(a)),
             ),
             ("budget_remaining_usd", usd(d.budget_remaining)),
+        ]),
+        Event::Session(SessionEvent::Closed(r)) => row.extend([
+            ("reason", t(r.reason.as_str())),
+            ("budget_remaining_usd", usd(r.budget_remaining)),
         ]),
         Event::KeyHandover { new_public_key } => row.extend([
             ("new_public_key", t(&hex(new_public_key))),

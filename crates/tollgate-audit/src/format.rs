@@ -8,7 +8,7 @@ use tollgate_core::{Digest, HumanDecision, Money, Reason};
 use uuid::Uuid;
 
 use crate::entry::{
-    self, AuditEntry, CostStatus, DecisionRecord, Event, SessionEvent, SessionRecord,
+    self, AuditEntry, CloseRecord, CostStatus, DecisionRecord, Event, SessionEvent, SessionRecord,
     SettlementRecord, VerdictRecord, VoidRecord,
 };
 use crate::keys::KeyId;
@@ -16,13 +16,14 @@ use crate::keys::KeyId;
 /// The first 8 bytes of every log file.
 pub const MAGIC: [u8; 8] = *b"TGAUDIT\0";
 /// The format version the writers (the file writer and the PostgreSQL sink) write.
-pub const FORMAT_VERSION: u16 = 4;
+pub const FORMAT_VERSION: u16 = 5;
 /// The newest format version this crate reads and can encode.
-pub const NEWEST_VERSION: u16 = 4;
+pub const NEWEST_VERSION: u16 = 5;
 /// The oldest format version this crate reads. Version 1 has record kinds 1-3 and a
 /// verdict payload without `session_seq`; version 2 adds kinds 4-6 and `session_seq`;
 /// version 3 adds kind 7 (void); version 4 appends fields to the payloads of kinds 1, 4,
-/// 5 and 7 (the shared budget's version; docs/audit-format.md, "Version 4").
+/// 5 and 7 (the shared budget's version; docs/audit-format.md, "Version 4"); version 5
+/// adds kind 8 (session closed; "Version 5").
 ///
 /// Adding to version 4: append the field at the end of its kind's payload in
 /// `encode_record_version` and `parse_fields` (the blocks marked "version 4"), state its
@@ -386,6 +387,14 @@ pub fn encode_record_version(
         Event::Session(SessionEvent::Opened(o)) => encode_opened(&mut b, o, version)?,
         Event::Session(SessionEvent::Settled(s)) => encode_settlement(&mut b, s, version)?,
         Event::Session(SessionEvent::HumanDecision(d)) => encode_decision(&mut b, d)?,
+        Event::Session(SessionEvent::Closed(r)) => {
+            put_str(&mut b, "session_id", &r.session_id)?;
+            put_str(&mut b, "agent_id", &r.agent_id)?;
+            put_str(&mut b, "organization_id", &r.organization_id)?;
+            put_str(&mut b, "reason", r.reason.as_str())?;
+            put_money(&mut b, r.budget_remaining);
+            put_u64(&mut b, r.session_seq);
+        }
         Event::KeyHandover { new_public_key } => b.extend_from_slice(new_public_key),
         Event::Recovery {
             file,
@@ -440,6 +449,7 @@ pub const fn kind_in_version(kind: u8, version: u16) -> bool {
         1..=3 => true,
         4..=6 => version >= 2,
         7 => version >= 3,
+        8 => version >= 5,
         _ => false,
     }
 }
@@ -652,6 +662,12 @@ pub fn check_event(event: &Event, version: u16) -> Result<(), &'static str> {
             }
             Ok(())
         }
+        Event::Session(SessionEvent::Closed(r)) => {
+            if r.session_seq < 2 {
+                return Err("session_seq of a session-closed entry is below 2");
+            }
+            Ok(())
+        }
         Event::KeyHandover { new_public_key } => match public_key(new_public_key) {
             Some(_) => Ok(()),
             None => Err("hand-over names an invalid public key"),
@@ -813,7 +829,8 @@ fn parse_fields(version: u16, c: &mut Cur<'_>) -> Parsed<AuditEntry> {
         4 => parse_opened(c, timestamp_ns, version)?,
         5 => parse_settlement(c, timestamp_ns, version)?,
         6 => parse_decision(c, timestamp_ns)?,
-        _ => parse_void(c, timestamp_ns, version)?,
+        7 => parse_void(c, timestamp_ns, version)?,
+        _ => parse_closed(c, timestamp_ns)?,
     };
     let prev_hash = Digest(c.arr()?);
     let signature = c.arr()?;
@@ -1044,6 +1061,27 @@ fn parse_decision(c: &mut Cur<'_>, timestamp_ns: i64) -> Parsed<Event> {
                 session_seq,
             },
         )))
+    })())
+}
+
+fn parse_closed(c: &mut Cur<'_>, timestamp_ns: i64) -> Parsed<Event> {
+    let session_id = c.str()?;
+    let agent_id = c.str()?;
+    let organization_id = c.str()?;
+    let reason = c.str()?;
+    let budget_remaining = Money(c.i64()?);
+    let session_seq = c.u64()?;
+    Ok((|| {
+        Ok(Event::Session(SessionEvent::Closed(CloseRecord {
+            timestamp_ns,
+            session_id: utf8(session_id)?,
+            agent_id: utf8(agent_id)?,
+            organization_id: utf8(organization_id)?,
+            reason: entry::CloseReason::from_word(&utf8(reason)?)
+                .ok_or("reason of a session-closed entry is not agent or idle")?,
+            budget_remaining,
+            session_seq,
+        })))
     })())
 }
 

@@ -137,6 +137,10 @@ impl GrpcLink {
                 .await_decision(r)
                 .await
                 .map(|r| Payload::AwaitDecisionResponse(r.into_inner())),
+            Payload::CloseSession(r) => c
+                .close_session(r)
+                .await
+                .map(|r| Payload::CloseSessionResponse(r.into_inner())),
             _ => {
                 return Err(ClientError::Unsupported(
                     "operators' requests are not served over gRPC (use the control plane)",

@@ -65,6 +65,8 @@ pub struct Released {
     /// The human's decision (`approve`, `modify`, `reject`, `expire`), or empty when no
     /// human was asked.
     pub decision: String,
+    /// The deciding human's note (their reasons: give a reject's to the model), or empty.
+    pub note: String,
 }
 
 impl Released {
@@ -90,6 +92,7 @@ fn denied(held: u64, reason: &str, decision: &str) -> Released {
         },
         params: None,
         decision: decision.to_owned(),
+        note: String::new(),
     }
 }
 
@@ -105,6 +108,7 @@ fn denied_with(held: u64, e: ClientError) -> Released {
         },
         params: None,
         decision: String::new(),
+        note: String::new(),
     }
 }
 
@@ -219,6 +223,7 @@ impl DaemonClient {
                     verdict: v,
                     params: allowed.then(|| params.clone()),
                     decision: String::new(),
+                    note: String::new(),
                 };
             }
             let held = v.call_number;
@@ -279,6 +284,7 @@ impl DaemonClient {
                     verdict: v,
                     params: allowed.then(|| params.clone()),
                     decision: "approve".into(),
+                    note: decided.note,
                 }
             }
             "modify" => {
@@ -305,9 +311,13 @@ impl DaemonClient {
                     verdict: v,
                     params: allowed.then_some(successor),
                     decision: "modify".into(),
+                    note: decided.note,
                 }
             }
-            "reject" => denied(held, "hitl_transition:reject", "reject"),
+            "reject" => Released {
+                note: decided.note,
+                ..denied(held, "hitl_transition:reject", "reject")
+            },
             "expire" => denied(held, "hitl_transition:reject", "expire"),
             "pending" => denied(held, "fail_closed:hitl_timeout", ""),
             _ => denied(held, "fail_closed:malformed_reply", ""),

@@ -63,6 +63,8 @@ struct File {
     organizations: Vec<OrgSection>,
     #[serde(default)]
     guard: GuardSection,
+    // --- policies (crate::policy) ---
+    policy: Option<PolicySection>,
     // --- gRPC binding (transport/grpc) ---
     #[serde(default)]
     grpc: GrpcSection,
@@ -97,6 +99,7 @@ struct LimitsSection {
     missed_heartbeats_for_stale: Option<u32>,
     hitl_timeout_secs: Option<u64>,
     await_decision_max_secs: Option<u64>,
+    session_idle_timeout_secs: Option<u64>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -153,6 +156,8 @@ struct OrgSection {
     require_enrollment: bool,
     #[serde(default)]
     agent: Vec<AgentSection>,
+    // --- quotas (issue 17 §4) ---
+    max_sessions: Option<usize>,
 }
 
 /// `[[organization.agent]]`: an enrolled agent.
@@ -195,6 +200,56 @@ enum TimeValue {
     Toml(toml::value::Datetime),
 }
 // --- end control plane: file sections ---
+
+/// `[policy]`: the Cedar policy set (docs/policy.md).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PolicySection {
+    files: Vec<PathBuf>,
+    default: Option<String>,
+    schema: Option<PathBuf>,
+    trip_on_refusal: Option<bool>,
+}
+
+/// The `[policy]` section: where the Cedar policy set comes from (the daemon loads it at
+/// start, with `tollgate-policy`'s loader: `crate::policy`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PolicySettings {
+    /// The policy files, in set order (relative paths resolved against the configuration
+    /// file's directory).
+    pub files: Vec<PathBuf>,
+    /// What happens to a call no `permit` matches.
+    pub default: tollgate_policy::DefaultEffect,
+    /// The schema, if any.
+    pub schema: Option<PathBuf>,
+    /// Whether a policy's DENY trips the session's circuit (default: no).
+    pub trip_on_refusal: bool,
+}
+
+fn policy_settings(s: PolicySection, base: &Path) -> Result<PolicySettings, ConfigError> {
+    if s.files.is_empty() {
+        return Err(bad(
+            "policy.files",
+            "names no file; remove [policy] to run without policies",
+        ));
+    }
+    let resolve = |p: PathBuf| if p.is_relative() { base.join(p) } else { p };
+    Ok(PolicySettings {
+        files: s.files.into_iter().map(resolve).collect(),
+        default: match s.default.as_deref() {
+            None | Some("allow") => tollgate_policy::DefaultEffect::Allow,
+            Some("deny") => tollgate_policy::DefaultEffect::Deny,
+            Some(other) => {
+                return Err(bad(
+                    "policy.default",
+                    format!("`{other}` is not allow or deny"),
+                ))
+            }
+        },
+        schema: s.schema.map(resolve),
+        trip_on_refusal: s.trip_on_refusal.unwrap_or(false),
+    })
+}
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -296,6 +351,11 @@ pub struct Limits {
     /// The longest one `AwaitDecision` waits before answering `pending` (the client asks
     /// again).
     pub await_decision_max: Duration,
+    /// A session with no request from its agent (register, pre-exec, post-exec, heartbeat,
+    /// close) for this long ends: audited as closed for `idle`, forgotten, no longer
+    /// counted against quotas. A session with a held call waits for it to be decided or
+    /// expire first. Zero: sessions end only when their agents close them.
+    pub session_idle_timeout: Duration,
 }
 
 impl Limits {
@@ -328,6 +388,7 @@ impl Default for Limits {
             missed_heartbeats_for_stale: 3,
             hitl_timeout: Duration::from_secs(900),
             await_decision_max: Duration::from_secs(60),
+            session_idle_timeout: Duration::from_secs(3600),
         }
     }
 }
@@ -595,6 +656,8 @@ pub struct DaemonConfig {
     pub default_guard: GuardConfig,
     /// Per-agent guards (complete configs: the default with the agent's keys applied).
     pub agent_guards: BTreeMap<String, GuardConfig>,
+    /// The Cedar policy set (`[policy]`); `None`, the default: no policies.
+    pub policy: Option<PolicySettings>,
     // --- gRPC binding (transport/grpc) ---
     /// The gRPC binding (`[grpc]`): `None`, the default, leaves it off.
     pub grpc: Option<GrpcSettings>,
@@ -607,6 +670,9 @@ pub struct DaemonConfig {
     pub operators: Vec<Operator>,
     /// Enrolled agents, by organization id (organizations that enroll none are absent).
     pub enrollment: BTreeMap<String, Enrollment>,
+    /// Live sessions at most, by organization id (`[[organization]] max_sessions`);
+    /// an organization without one shares `limits.max_sessions` only.
+    pub session_quotas: BTreeMap<String, usize>,
 }
 
 impl Default for DaemonConfig {
@@ -627,11 +693,13 @@ impl Default for DaemonConfig {
             }],
             default_guard: default_guard(),
             agent_guards: BTreeMap::new(),
+            policy: None,
             grpc: None,
             grpc_clients: BTreeMap::new(),
             control: None,
             operators: Vec::new(),
             enrollment: BTreeMap::new(),
+            session_quotas: BTreeMap::new(),
         }
     }
 }
@@ -729,6 +797,9 @@ impl DaemonConfig {
                 l.await_decision_max_secs,
                 d.await_decision_max.as_secs(),
             )?),
+            session_idle_timeout: l
+                .session_idle_timeout_secs
+                .map_or(d.session_idle_timeout, Duration::from_secs),
         };
         let a = file.audit;
         let da = AuditSettings::default();
@@ -873,6 +944,12 @@ impl DaemonConfig {
                 if enrollment.required || !enrollment.agents.is_empty() {
                     c.enrollment.insert(o.id.clone(), enrollment);
                 }
+                if let Some(max) = o.max_sessions {
+                    if max == 0 {
+                        return Err(bad(format!("{key}.max_sessions"), "must be at least 1"));
+                    }
+                    c.session_quotas.insert(o.id.clone(), max);
+                }
                 orgs.push(Organization {
                     id: o.id,
                     secret,
@@ -890,6 +967,7 @@ impl DaemonConfig {
             let g = guard(table, &c.default_guard, &format!("guard.agents.{agent}"))?;
             c.agent_guards.insert(agent.clone(), g);
         }
+        c.policy = file.policy.map(|s| policy_settings(s, base)).transpose()?;
         c.control = file.control.map(|s| control(s, base)).transpose()?;
         c.operators = operators(file.operators, &c.organizations)?;
         if matches!(c.state.backend, StateBackend::Redis(_)) {

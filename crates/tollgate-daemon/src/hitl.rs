@@ -45,6 +45,10 @@ pub(crate) struct HeldParams {
     pub params_json: Option<String>,
     /// A modify's successor params, canonical, for the agent to run.
     pub successor_json: Option<String>,
+    /// The deciding human's note, for the agent waiting for the decision (a reject's
+    /// reasons reach its model).
+    #[serde(default)]
+    pub note: Option<String>,
 }
 
 /// What the daemon knows of each session's held calls, by session and held call number.
@@ -205,6 +209,9 @@ impl<S: SessionStore> Service<S> {
             }
             if mine.successor_json.is_none() {
                 mine.successor_json = t.successor_json;
+            }
+            if mine.note.is_none() {
+                mine.note = t.note;
             }
         }
     }
@@ -400,6 +407,7 @@ impl<S: SessionStore> Service<S> {
         let note = r.note.clone();
         let held_map = &self.held;
         let successor_for_agent = successor_json.clone();
+        let note_for_agent = (!r.note.is_empty()).then(|| r.note.clone());
         let (outcome, durable) = self
             .store
             .apply(&r.session_id, move |s: &mut Session| {
@@ -417,15 +425,16 @@ impl<S: SessionStore> Service<S> {
                         // so whoever reads the decision can read them too.
                         // (`keep_successor` kept them already; this covers a new call held
                         // between that and this lock.)
+                        let mut held = lock(held_map);
+                        let h =
+                            held_call(&mut held, &s.meta.session_id, record.call_number, &s.state);
                         if let Some(json) = successor_for_agent.clone() {
-                            held_call(
-                                &mut lock(held_map),
-                                &s.meta.session_id,
-                                record.call_number,
-                                &s.state,
-                            )
-                            .successor_json = Some(json);
+                            h.successor_json = Some(json);
                         }
+                        // The note is read by the agent with the decision, as the
+                        // successor is (a later decision's replaces a defer's).
+                        h.note.clone_from(&note_for_agent);
+                        drop(held);
                         Change::Commit(
                             Ok((
                                 s.state.transition_of_call(record.call_number).cloned(),
@@ -446,6 +455,10 @@ impl<S: SessionStore> Service<S> {
             .map_err(|e| refuse(ErrorCode::DaemonUnavailable, e.to_string()))?
             .ok_or_else(|| refuse(ErrorCode::DaemonUnavailable, "decision not journaled"))?;
         tracing::info!(session = %r.session_id, operator = %operator_id, decision = %word, "human decision recorded");
+        if !r.note.is_empty() {
+            // For an agent waiting on another daemon sharing the store.
+            self.publish_held(&r.session_id).await;
+        }
         if matches!(word.as_str(), "defer" | "escalate") {
             self.announce_held(&info, &r.session_id, call_number).await;
         } else {
@@ -514,10 +527,11 @@ impl<S: SessionStore> Service<S> {
     /// while nobody has decided.
     fn outcome_of(&self, s: &Session, call_number: u64) -> Option<sp1::AwaitDecisionResponse> {
         let respond = |outcome: &str, pending: Option<&tollgate_core::PendingTransition>| {
-            let successor = lock(&self.held)
+            let (successor, note) = lock(&self.held)
                 .get(&s.meta.session_id)
                 .and_then(|calls| calls.get(&call_number))
-                .and_then(|h| h.successor_json.clone());
+                .map(|h| (h.successor_json.clone(), h.note.clone()))
+                .unwrap_or_default();
             sp1::AwaitDecisionResponse {
                 session_id: s.meta.session_id.clone(),
                 call_number,
@@ -526,6 +540,11 @@ impl<S: SessionStore> Service<S> {
                     .map(|p| convert::pending(p, self.expires_at(p.requested_at_ns, &p.decision))),
                 successor_params_json: if outcome == "modify" {
                     successor.unwrap_or_default()
+                } else {
+                    String::new()
+                },
+                note: if pending.is_some() {
+                    note.unwrap_or_default()
                 } else {
                     String::new()
                 },
@@ -610,6 +629,7 @@ impl<S: SessionStore> Service<S> {
                         convert::pending(p, self.expires_at(p.requested_at_ns, &p.decision))
                     }),
                     successor_params_json: String::new(),
+                    note: String::new(),
                 });
             }
         }

@@ -30,6 +30,7 @@ mod fleet;
 pub mod hitl;
 pub mod metrics;
 pub mod operators;
+pub mod policy;
 pub mod ratelimit;
 pub mod service;
 pub mod transport;
@@ -126,6 +127,10 @@ pub enum DaemonError {
     /// The descriptor limit leaves no room for connections.
     #[error(transparent)]
     Descriptors(#[from] descriptors::TooFew),
+    /// The `[policy]` set cannot be read or does not load (or, for now, loads: see
+    /// [`policy`]).
+    #[error(transparent)]
+    Policy(#[from] policy::PolicyError),
 }
 
 fn io(what: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> DaemonError {
@@ -226,6 +231,11 @@ impl Daemon {
     /// a crashed daemon is replaced; a live one is an error.
     pub async fn start(config: DaemonConfig) -> Result<Daemon, DaemonError> {
         let config = Arc::new(config);
+        // A bad policy set never starts a daemon (nor, until the service enforces
+        // policies, a good one: `policy::check_at_start`).
+        if let Some(p) = &config.policy {
+            policy::check_at_start(p)?;
+        }
         let data = &config.data_dir;
         prepare_data_dir(data)?;
 
@@ -374,9 +384,15 @@ impl Daemon {
         };
         let listener = bind(&socket, config.socket_mode).await?;
         let grpc = match &config.grpc {
-            Some(g) => {
-                Some(transport::grpc::bind(g, &config.grpc_clients, &config.organizations).await?)
-            }
+            Some(g) => Some(
+                transport::grpc::bind(
+                    g,
+                    &config.grpc_clients,
+                    &config.organizations,
+                    &config.enrollment,
+                )
+                .await?,
+            ),
             None => None,
         };
         Ok(Daemon {
@@ -545,7 +561,13 @@ async fn run_core<S: SessionStore>(
         let _ = control_stop.send(true);
     };
     // --- end control plane ---
-    // Held calls nobody decides in time expire, audited, once a second.
+    // Held calls nobody decides in time expire, audited, once a second; and, on the
+    // embedded store, sessions silent past the idle limit end (a fleet's daemons do not
+    // share liveness, so one daemon cannot tell that another serves the session).
+    let sweeps_idle = matches!(config.state.backend, config::StateBackend::Embedded);
+    if let Err(e) = service.recount().await {
+        tracing::warn!("counting live sessions by organization: {e}");
+    }
     let expiry = {
         let service = service.clone();
         tokio::spawn(async move {
@@ -553,6 +575,9 @@ async fn run_core<S: SessionStore>(
             loop {
                 tick.tick().await;
                 service.expire_overdue(service.now()).await;
+                if sweeps_idle {
+                    service.close_idle(service.now()).await;
+                }
             }
         })
     };

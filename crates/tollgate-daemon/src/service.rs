@@ -11,6 +11,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
 
+use tollgate_audit::CloseReason;
 use tollgate_core::signals::has_error_signal;
 use tollgate_core::{
     decide, Decision, Digest, Money, Params, Reason, SessionState, SessionStatus, ToolCall,
@@ -62,13 +63,25 @@ pub const MAX_TOOL_NAME_BYTES: usize = 256;
 /// The daemon's version, reported at registration.
 pub const DAEMON_VERSION: &str = env!("CARGO_PKG_VERSION");
 
-/// Who is on the other end of a connection (registrations are rate-limited per peer).
+/// Who is on the other end of a connection (registrations are rate-limited per
+/// organization and peer).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Peer {
     /// The peer's uid (Unix sockets), or 0 when unknown.
     pub uid: u32,
     /// The peer's IP address (network transports: gRPC), `None` on the Unix socket.
+    /// Informational: never a rate-limit key (agents behind one address are many peers).
     pub ip: Option<std::net::IpAddr>,
+    /// The SHA-256 of the peer's client certificate (gRPC): its identity, the key its
+    /// registrations are limited by there. `None` on the Unix socket.
+    pub certificate: Option<[u8; 32]>,
+}
+
+impl Peer {
+    /// The part of a peer that names it for rate limits: uid and certificate, not IP.
+    fn limit_key(self) -> Peer {
+        Peer { ip: None, ..self }
+    }
 }
 
 /// The daemon's clock: the sole time authority.
@@ -146,8 +159,14 @@ pub struct Service<S> {
     /// Enrolled agents' own keys, by organization and agent (agents with a socket secret).
     pub(crate) agent_keys: HashMap<(String, String), MessageKey>,
     sessions: Mutex<HashMap<String, SessionInfo>>,
+    /// Live sessions by organization, for `[[organization]] max_sessions`: a registration
+    /// reserves its place here before the store opens the session, and an end gives it
+    /// back. Counted from the store at start ([`Service::recount`]).
+    live: Mutex<HashMap<String, usize>>,
     pre_exec_limits: Mutex<RateLimiter<String>>,
-    register_limits: Mutex<RateLimiter<Peer>>,
+    /// Registrations per organization and peer (a socket peer's uid, a gRPC peer's
+    /// certificate identity): one organization's burst does not spend another's.
+    register_limits: Mutex<RateLimiter<(String, Peer)>>,
     /// Held calls' params and modify successors' params (in memory: a restart forgets them,
     /// and the console then shows the digest alone).
     pub(crate) held: Mutex<crate::hitl::HeldMap>,
@@ -235,6 +254,7 @@ impl<S: SessionStore> Service<S> {
             operator_keys,
             agent_keys,
             sessions: Mutex::new(HashMap::new()),
+            live: Mutex::new(HashMap::new()),
             held: Mutex::new(HashMap::new()),
             events: tokio::sync::broadcast::channel(1024).0,
         }
@@ -389,13 +409,6 @@ impl<S: SessionStore> Service<S> {
         peer: Peer,
         now: i64,
     ) -> Result<sp1::RegisterResponse, Refusal> {
-        if let Err(wait) = lock(&self.register_limits).check(&peer, Instant::now()) {
-            return Err(Refusal {
-                code: ErrorCode::RateLimited,
-                message: "too many registrations from this peer".into(),
-                retry_after_ms: wait,
-            });
-        }
         let negotiated = negotiate(envelope_version, &r.supported_versions)?;
         valid_id("agent_id", &r.agent_id)?;
         if !r.organization_id.is_empty() {
@@ -412,6 +425,17 @@ impl<S: SessionStore> Service<S> {
         // The guard and the per_agent budget follow the authenticated id: an enrolled
         // agent's id only with its own credential, a credential naming an agent only as it.
         self.authorize_agent(caller, &org, &r.agent_id)?;
+        // Limited per organization and peer, once the caller is known to be the
+        // organization's: one organization's burst cannot spend another's allowance.
+        if let Err(wait) =
+            lock(&self.register_limits).check(&(org.clone(), peer.limit_key()), Instant::now())
+        {
+            return Err(Refusal {
+                code: ErrorCode::RateLimited,
+                message: format!("too many registrations from this peer for organization `{org}`"),
+                retry_after_ms: wait,
+            });
+        }
         let store_err =
             |e: tollgate_store::StoreError| refuse(ErrorCode::DaemonUnavailable, e.to_string());
 
@@ -434,7 +458,7 @@ impl<S: SessionStore> Service<S> {
                     Change::Touch((s.state.clone(), s.last_call_number))
                 })
                 .await
-                .map_err(store_err)?;
+                .map_err(|e| self.store_refusal(&r.session_id, e))?;
             let id = convert::Identity {
                 session_id: &r.session_id,
                 agent_id: &info.agent_id,
@@ -467,6 +491,7 @@ impl<S: SessionStore> Service<S> {
         };
         let session = Session::new(meta, policy.clone(), now);
         let info = info_for(&session);
+        let place = self.reserve_place(&org)?;
         let (state, durable) = self.store.create(session, now).await.map_err(|e| match e {
             tollgate_store::StoreError::SessionCap { .. } => {
                 refuse(ErrorCode::OrganizationQuotaExceeded, e.to_string())
@@ -475,6 +500,7 @@ impl<S: SessionStore> Service<S> {
         })?;
         // The session exists once its session-opened entry is durable.
         durable.await.map_err(store_err)?;
+        place.keep();
         lock(&self.sessions).insert(session_id.clone(), info);
         tracing::info!(%session_id, agent = %r.agent_id, %org, "session registered");
         let id = convert::Identity {
@@ -524,9 +550,15 @@ impl<S: SessionStore> Service<S> {
         }
         let rng = random_unit();
         let stale_after = self.stale_after_ns();
+        // Params sent beside their hash must be the params hashed: else the client lied,
+        // and the call is malformed input (a DENY that trips the circuit).
+        let lied = crate::policy::sent_params(&r)? == crate::policy::SentParams::Mismatch;
         // The call is read from the request once, outside the session lock; the closure
         // borrows it.
-        let call = to_call(&r);
+        let mut call = to_call(&r);
+        if lied {
+            call.params = Params::unreadable();
+        }
         let digest = call.params.canonical_digest().ok();
         let call_number = r.call_number;
         let (outcome, durable) = self
@@ -563,7 +595,7 @@ impl<S: SessionStore> Service<S> {
                 Change::Commit(Ok(decided), record.into())
             })
             .await
-            .map_err(|e| refuse(ErrorCode::DaemonUnavailable, e.to_string()))?;
+            .map_err(|e| self.store_refusal(&r.session_id, e))?;
         let decided = match outcome {
             Ok(d) => d,
             Err(PreExecRefusal::Stale) => {
@@ -621,7 +653,11 @@ impl<S: SessionStore> Service<S> {
             call_number: r.call_number,
             verdict: convert::verdict(d.verdict) as i32,
             deny_reason: convert::deny_reason(d.deny_reason) as i32,
-            human_readable_reason: explain(&d),
+            human_readable_reason: if lied && d.reason == Reason::MalformedInput {
+                "tool_params do not hash to tool_params_hash".to_owned()
+            } else {
+                explain(&d)
+            },
             budget_remaining_usd: decided.after.to_usd(),
             repeat_count: i32::try_from(decided.repeat).unwrap_or(i32::MAX),
             daemon_time_ns: now,
@@ -659,7 +695,7 @@ impl<S: SessionStore> Service<S> {
                 Change::Commit((), record.into())
             })
             .await
-            .map_err(|e| refuse(ErrorCode::DaemonUnavailable, e.to_string()))?;
+            .map_err(|e| self.store_refusal(&r.session_id, e))?;
         durable
             .await
             .map(|_| ())
@@ -687,7 +723,7 @@ impl<S: SessionStore> Service<S> {
                 Change::Touch((s.state.budget_remaining, s.state.status))
             })
             .await
-            .map_err(|e| refuse(ErrorCode::DaemonUnavailable, e.to_string()))?;
+            .map_err(|e| self.store_refusal(&r.session_id, e))?;
         Ok(sp1::HeartbeatAck {
             session_id: r.session_id,
             daemon_budget_remaining: remaining.to_usd(),
@@ -739,6 +775,199 @@ impl<S: SessionStore> Service<S> {
             s.last_call_number,
         ))
     }
+}
+
+/// A place among an organization's live sessions, given back when dropped unless kept.
+struct Place<'a> {
+    live: Option<(&'a Mutex<HashMap<String, usize>>, String)>,
+}
+
+impl Place<'_> {
+    fn keep(mut self) {
+        self.live = None;
+    }
+}
+
+impl Drop for Place<'_> {
+    fn drop(&mut self) {
+        if let Some((live, org)) = self.live.take() {
+            let mut m = lock(live);
+            if let Some(n) = m.get_mut(&org) {
+                *n = n.saturating_sub(1);
+            }
+        }
+    }
+}
+
+impl<S: SessionStore> Service<S> {
+    /// Count the store's live sessions by organization (at start, before serving).
+    pub async fn recount(&self) -> Result<(), tollgate_store::StoreError> {
+        let mut counts: HashMap<String, usize> = HashMap::new();
+        for s in self.store.list(None).await? {
+            *counts.entry(s.meta.organization_id).or_default() += 1;
+        }
+        *lock(&self.live) = counts;
+        Ok(())
+    }
+
+    /// Live sessions of `org`, as counted here.
+    pub fn live_sessions(&self, org: &str) -> usize {
+        lock(&self.live).get(org).copied().unwrap_or(0)
+    }
+
+    /// Reserve a place for a new session of `org` under its quota
+    /// (`ORGANIZATION_QUOTA_EXCEEDED` when full).
+    fn reserve_place(&self, org: &str) -> Result<Place<'_>, Refusal> {
+        let mut live = lock(&self.live);
+        let n = live.entry(org.to_owned()).or_default();
+        if let Some(max) = self.config.session_quotas.get(org) {
+            if *n >= *max {
+                return Err(refuse(
+                    ErrorCode::OrganizationQuotaExceeded,
+                    format!(
+                        "organization `{org}` has {max} live sessions, its quota: close one first"
+                    ),
+                ));
+            }
+        }
+        *n += 1;
+        Ok(Place {
+            live: Some((&self.live, org.to_owned())),
+        })
+    }
+
+    /// What the daemon keeps of an ended session goes: its cached identity, its held
+    /// calls' params (operators and waiting agents are told), its place in its
+    /// organization's quota.
+    fn forget_session(&self, id: &str, organization_id: &str, held_calls: &[u64]) {
+        // Called exactly once per session: after the change that ended it.
+        lock(&self.sessions).remove(id);
+        lock(&self.held).remove(id);
+        if let Some(n) = lock(&self.live).get_mut(organization_id) {
+            *n = n.saturating_sub(1);
+        }
+        for &call_number in held_calls {
+            let _ = self.events.send(crate::hitl::HitlEvent::Resolved {
+                organization_id: organization_id.to_owned(),
+                session_id: id.to_owned(),
+                call_number,
+                outcome: "closed".into(),
+                operator_id: String::new(),
+            });
+        }
+    }
+
+    /// A store error about session `id`: an unknown session (ended meanwhile, maybe by
+    /// another daemon) is `SESSION_NOT_FOUND`, and the daemon forgets what it cached of it.
+    pub(crate) fn store_refusal(&self, id: &str, e: tollgate_store::StoreError) -> Refusal {
+        match e {
+            tollgate_store::StoreError::NotFound { .. } => {
+                lock(&self.sessions).remove(id);
+                lock(&self.held).remove(id);
+                not_found(id)
+            }
+            other => refuse(ErrorCode::DaemonUnavailable, other.to_string()),
+        }
+    }
+
+    /// `close_session`: the agent ends its session. Audited (a session-closed entry,
+    /// reason `agent`) before the answer; then nothing more is decided on it, it cannot
+    /// be resumed, and it leaves the store, the snapshot and its organization's quota. A
+    /// held call of it is withdrawn with it (operators and waiting agents are told).
+    pub async fn close_session(
+        &self,
+        caller: &Caller,
+        r: sp1::CloseSessionRequest,
+        now: i64,
+    ) -> Result<sp1::CloseSessionResponse, Refusal> {
+        let info = self.agent_session(caller, &r.session_id).await?;
+        let ((remaining, held), durable) = self
+            .store
+            .apply(&r.session_id, move |s: &mut Session| {
+                let held = held_calls(&s.state);
+                let record = ops::close(s, CloseReason::Agent, now);
+                Change::End((record.budget_remaining, held), record.into())
+            })
+            .await
+            .map_err(|e| self.store_refusal(&r.session_id, e))?;
+        let entry = durable
+            .await
+            .map_err(|e| {
+                refuse(
+                    ErrorCode::DaemonUnavailable,
+                    format!("close not durable: {e}"),
+                )
+            })?
+            .ok_or_else(|| refuse(ErrorCode::DaemonUnavailable, "close not journaled"))?;
+        self.forget_session(&r.session_id, &info.organization_id, &held);
+        tracing::info!(session_id = %r.session_id, "session closed by its agent");
+        Ok(sp1::CloseSessionResponse {
+            session_id: r.session_id,
+            audit_entry_id: entry.entry_id.to_string(),
+            budget_remaining_nanos: remaining.0,
+        })
+    }
+
+    /// End every session silent for `limits.session_idle_timeout` as of `now` (audited as
+    /// closed, reason `idle`), except one with a held call still awaiting a human (the
+    /// HITL timeout decides it first). Whether a session is silent is decided inside its
+    /// check-and-apply, so a request that reaches it first keeps it. Returns how many
+    /// ended. `Daemon::run` calls it every second on the embedded store; a fleet does not
+    /// (its daemons do not share liveness: a heartbeat through one daemon is not seen by
+    /// another's sweep).
+    pub async fn close_idle(&self, now: i64) -> usize {
+        let idle =
+            i64::try_from(self.config.limits.session_idle_timeout.as_nanos()).unwrap_or(i64::MAX);
+        if idle == 0 {
+            return 0;
+        }
+        let silent = |s: &Session| {
+            let last = s.last_heartbeat_ns.max(s.state.last_activity_ns);
+            now.saturating_sub(last) >= idle
+                && !s
+                    .state
+                    .pending
+                    .iter()
+                    .chain(&s.state.more_pending)
+                    .any(tollgate_core::transition::is_undecided)
+        };
+        let Ok(sessions) = self.store.list(None).await else {
+            return 0;
+        };
+        let mut ended = 0;
+        for s in sessions.iter().filter(|s| silent(s)) {
+            let id = &s.meta.session_id;
+            let outcome = self
+                .store
+                .apply(id, |s: &mut Session| {
+                    if !silent(s) {
+                        return Change::Keep(None);
+                    }
+                    let held = held_calls(&s.state);
+                    let record = ops::close(s, CloseReason::Idle, now);
+                    Change::End(Some(held), record.into())
+                })
+                .await;
+            let Ok((Some(held), durable)) = outcome else {
+                continue;
+            };
+            if durable.await.is_ok() {
+                self.forget_session(id, &s.meta.organization_id, &held);
+                ended += 1;
+                tracing::info!(session_id = %id, "session ended: idle");
+            }
+        }
+        ended
+    }
+}
+
+/// The call numbers of a session's held calls.
+fn held_calls(s: &SessionState) -> Vec<u64> {
+    s.pending
+        .iter()
+        .chain(&s.more_pending)
+        .map(|p| p.call_number)
+        .collect()
 }
 
 /// What a pre-exec closure decided.
@@ -935,6 +1164,295 @@ mod tests {
         );
         assert!(check_major("1.9.3").is_ok());
         assert!(check_major("").is_err());
+    }
+
+    /// A model of sessions ending, over random orders of register, resume, pre-exec,
+    /// heartbeat, close, idle sweep and the clock moving on, against the real service over
+    /// a memory store with a recording journal: the service agrees with the model at every
+    /// step (who is live, what is refused, what the sweep ends, the organization's quota),
+    /// and at the end the journal's fold holds exactly the live sessions and nothing was
+    /// journaled for a session after its close.
+    mod ending_model {
+        use super::*;
+        use proptest::prelude::*;
+        use std::sync::atomic::{AtomicI64, Ordering};
+        use tollgate_audit::{SessionEvent, SigningKey, Writer, WriterConfig};
+        use tollgate_store::MemoryStore;
+
+        struct TestClock(AtomicI64);
+        impl Clock for TestClock {
+            fn now_ns(&self) -> UnixNanos {
+                self.0.load(Ordering::SeqCst)
+            }
+        }
+
+        const SEC: i64 = 1_000_000_000;
+        const IDLE: i64 = 10 * SEC;
+        const QUOTA: usize = 3;
+
+        #[derive(Debug, Clone)]
+        enum Op {
+            Register,
+            Resume(usize),
+            PreExec(usize),
+            Heartbeat(usize),
+            Close(usize),
+            Sweep,
+            Advance(i64),
+        }
+
+        fn op() -> impl Strategy<Value = Op> {
+            prop_oneof![
+                2 => Just(Op::Register),
+                1 => (0..6usize).prop_map(Op::Resume),
+                3 => (0..6usize).prop_map(Op::PreExec),
+                2 => (0..6usize).prop_map(Op::Heartbeat),
+                2 => (0..6usize).prop_map(Op::Close),
+                2 => Just(Op::Sweep),
+                3 => (0..15i64).prop_map(Op::Advance),
+            ]
+        }
+
+        /// One session as the model sees it.
+        struct Model {
+            id: String,
+            live: bool,
+            last: i64,
+            calls: u64,
+        }
+
+        fn code<T>(r: Result<T, Refusal>) -> Option<ErrorCode> {
+            r.err().map(|e| e.code)
+        }
+
+        fn run(ops: &[Op]) {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            let mut config = DaemonConfig::default();
+            config.limits.session_idle_timeout = std::time::Duration::from_nanos(IDLE as u64);
+            config.limits.heartbeat_interval = std::time::Duration::from_secs(3600);
+            config.limits.registrations_per_second_per_peer = 1_000_000;
+            config.default_guard.max_repeat_calls = 0;
+            config.session_quotas.insert(DEFAULT_ORG.into(), QUOTA);
+            // The real audit writer (fsync off: nothing here is about durability).
+            let dir = tempfile::tempdir().unwrap();
+            let key = SigningKey::from_bytes(&[7; 32]);
+            let mut wc = WriterConfig::new(dir.path().join("audit"));
+            wc.fsync = tollgate_audit::FsyncPolicy::Never;
+            let writer = Arc::new(Writer::open(wc, key.clone()).unwrap().0);
+            let store = MemoryStore::new(100, Some(writer.clone()));
+            let clock = Arc::new(TestClock(AtomicI64::new(1_000 * SEC)));
+            let secrets = [(DEFAULT_ORG.to_owned(), b"0123456789abcdef0123".to_vec())]
+                .into_iter()
+                .collect();
+            let service = Service::new(
+                Arc::new(config),
+                store,
+                writer.clone(),
+                clock.clone(),
+                &secrets,
+                &HashMap::new(),
+            );
+            let caller = Caller::Agent {
+                organization: DEFAULT_ORG.into(),
+                agent: None,
+            };
+            let peer = Peer {
+                uid: 1,
+                ip: None,
+                certificate: None,
+            };
+            let mut model: Vec<Model> = Vec::new();
+            rt.block_on(async {
+                for op in ops {
+                    let now = clock.now_ns();
+                    let live = model.iter().filter(|m| m.live).count();
+                    match op {
+                        Op::Register => {
+                            let r = service
+                                .register(
+                                    &caller,
+                                    sp1::RegisterRequest {
+                                        agent_id: "bot".into(),
+                                        ..Default::default()
+                                    },
+                                    "1.0.0",
+                                    peer,
+                                    now,
+                                )
+                                .await;
+                            if live < QUOTA {
+                                let r = r.unwrap();
+                                model.push(Model {
+                                    id: r.session_id,
+                                    live: true,
+                                    last: now,
+                                    calls: 0,
+                                });
+                            } else {
+                                assert_eq!(code(r), Some(ErrorCode::OrganizationQuotaExceeded));
+                            }
+                        }
+                        Op::Resume(i) | Op::PreExec(i) | Op::Heartbeat(i) | Op::Close(i) => {
+                            let Some(m) = model.get_mut(*i) else { continue };
+                            let id = m.id.clone();
+                            let got = match op {
+                                Op::Resume(_) => code(
+                                    service
+                                        .register(
+                                            &caller,
+                                            sp1::RegisterRequest {
+                                                agent_id: "bot".into(),
+                                                session_id: id.clone(),
+                                                ..Default::default()
+                                            },
+                                            "1.0.0",
+                                            peer,
+                                            now,
+                                        )
+                                        .await,
+                                ),
+                                Op::PreExec(_) => code(
+                                    service
+                                        .pre_exec(
+                                            &caller,
+                                            sp1::PreExecRequest {
+                                                session_id: id.clone(),
+                                                call_number: m.calls + 1,
+                                                tool_name: "t".into(),
+                                                tool_params_hash: vec![7; 32],
+                                                nonce: m.calls + 1,
+                                                ..Default::default()
+                                            },
+                                            now,
+                                        )
+                                        .await,
+                                ),
+                                Op::Heartbeat(_) => code(
+                                    service
+                                        .heartbeat(
+                                            &caller,
+                                            sp1::Heartbeat {
+                                                session_id: id.clone(),
+                                                ..Default::default()
+                                            },
+                                            now,
+                                        )
+                                        .await,
+                                ),
+                                _ => code(
+                                    service
+                                        .close_session(
+                                            &caller,
+                                            sp1::CloseSessionRequest {
+                                                session_id: id.clone(),
+                                            },
+                                            now,
+                                        )
+                                        .await,
+                                ),
+                            };
+                            if m.live {
+                                assert_eq!(got, None, "{op:?} on a live session");
+                                m.last = now;
+                                if matches!(op, Op::PreExec(_)) {
+                                    m.calls += 1;
+                                }
+                                if matches!(op, Op::Close(_)) {
+                                    m.live = false;
+                                }
+                            } else {
+                                assert_eq!(got, Some(ErrorCode::SessionNotFound), "{op:?}");
+                            }
+                        }
+                        Op::Sweep => {
+                            let ended = service.close_idle(now).await;
+                            let mut expected = 0;
+                            for m in model.iter_mut().filter(|m| m.live) {
+                                if now - m.last >= IDLE {
+                                    m.live = false;
+                                    expected += 1;
+                                }
+                            }
+                            assert_eq!(ended, expected);
+                        }
+                        Op::Advance(s) => {
+                            clock.0.fetch_add(s * SEC, Ordering::SeqCst);
+                        }
+                    }
+                    let live = model.iter().filter(|m| m.live).count();
+                    assert_eq!(service.store().len(), live);
+                    assert_eq!(service.live_sessions(DEFAULT_ORG), live);
+                }
+            });
+            writer.shutdown().unwrap();
+            let opts = tollgate_audit::VerifyOptions {
+                trusted_key: Some(key.verifying_key()),
+                ..Default::default()
+            };
+            let mut events = Vec::new();
+            tollgate_audit::verify_paths(&[dir.path().join("audit")], &opts, &mut |e| {
+                if let tollgate_audit::Event::Session(ev) = &e.event {
+                    events.push(ev.clone());
+                }
+            })
+            .unwrap();
+            let mut closed = std::collections::HashSet::new();
+            for e in &events {
+                assert!(
+                    !closed.contains(e.session_id()),
+                    "an entry after a close: {e:?}"
+                );
+                if matches!(e, SessionEvent::Closed(_)) {
+                    closed.insert(e.session_id().to_owned());
+                }
+            }
+            let mut ledger = tollgate_store::Ledger::new();
+            for (i, e) in events.iter().enumerate() {
+                ledger
+                    .fold(
+                        i as u64,
+                        Digest::default(),
+                        None,
+                        &tollgate_audit::Event::Session(e.clone()),
+                    )
+                    .unwrap();
+            }
+            let mut folded: Vec<&String> = ledger.sessions.keys().collect();
+            folded.sort();
+            let mut live: Vec<&String> = model.iter().filter(|m| m.live).map(|m| &m.id).collect();
+            live.sort();
+            assert_eq!(folded, live);
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(64))]
+            #[test]
+            fn sessions_end_as_the_model_says(ops in proptest::collection::vec(op(), 1..60)) {
+                run(&ops);
+            }
+        }
+
+        /// A request that reaches a silent session before the sweep's check-and-apply keeps
+        /// it: the sweep decides silence inside the apply, at its own `now`.
+        #[test]
+        fn a_request_at_the_sweeps_instant_keeps_the_session() {
+            run(&[
+                Op::Register,
+                Op::Advance(10),
+                Op::PreExec(0),
+                Op::Sweep,
+                Op::Advance(9),
+                Op::Sweep,
+                Op::Advance(1),
+                Op::Sweep,
+                Op::PreExec(0),
+                Op::Resume(0),
+                Op::Register,
+            ]);
+        }
     }
 
     #[test]

@@ -63,6 +63,8 @@ pub enum Checked {
     Held {
         /// The held call's nonce.
         nonce: u64,
+        /// The held call's number (what its decision names: several may be held at once).
+        call_number: u64,
         /// Why it was held (`hitl_all_calls`, `budget_threshold`, ...).
         reason: String,
     },
@@ -124,6 +126,7 @@ fn from_guard(
         },
         Verdict::Hitl => Checked::Held {
             nonce: c.nonce,
+            call_number: c.call_number,
             reason: c.decision.reason.as_str().to_owned(),
         },
         Verdict::Deny => Checked::Deny(Denial {
@@ -131,6 +134,7 @@ fn from_guard(
             repeat_count: Some(repeat_limit),
             budget_remaining: Some(c.budget_remaining),
             estimate,
+            note: String::new(),
         }),
     }
 }
@@ -198,18 +202,21 @@ impl Library {
                 repeat_count: None,
                 budget_remaining: None,
                 estimate,
+                note: String::new(),
             })
         })
     }
 
-    /// Record `operator`'s approval of the held call, then re-dispatch it with its nonce:
-    /// the guard releases exactly that call, once.
+    /// Record `operator`'s approval of held call `call_number`, then re-dispatch it with
+    /// its nonce: the guard releases exactly that call, once.
+    #[allow(clippy::too_many_arguments)]
     pub async fn approve(
         &self,
         tool: &str,
         params: Value,
         cost_usd: f64,
         nonce: u64,
+        call_number: u64,
         operator: &str,
     ) -> Checked {
         let guard = self.guard.clone();
@@ -218,12 +225,19 @@ impl Library {
         let estimate = money(cost_usd);
         let limit = self.repeat_limit;
         blocking(move || {
-            if let Err(e) = guard.decide_human(HumanDecision::Approve, None, &operator) {
+            if let Err(e) = guard.decide_human_call(
+                Some(call_number),
+                HumanDecision::Approve,
+                None,
+                &operator,
+                "",
+            ) {
                 return Checked::Deny(Denial {
                     reason: format!("fail_closed:{e}"),
                     repeat_count: None,
                     budget_remaining: None,
                     estimate,
+                    note: String::new(),
                 });
             }
             let c = guard.check_with_nonce(&tool, &params, estimate, nonce);
@@ -236,21 +250,32 @@ impl Library {
                 repeat_count: None,
                 budget_remaining: None,
                 estimate,
+                note: String::new(),
             })
         })
     }
 
-    /// Record `operator`'s refusal of the held call.
-    pub async fn reject(&self, operator: &str) {
+    /// Record `operator`'s refusal of held call `call_number` (that call only: the
+    /// session and its other calls go on).
+    pub async fn reject(&self, call_number: u64, operator: &str) {
         let guard = self.guard.clone();
         let operator = operator.to_owned();
-        blocking(move || guard.decide_human(HumanDecision::Reject, None, &operator)).await;
+        blocking(move || {
+            guard.decide_human_call(
+                Some(call_number),
+                HumanDecision::Reject,
+                None,
+                &operator,
+                "",
+            )
+        })
+        .await;
     }
 
-    /// Expire the held call: nobody answered in time.
-    pub async fn expire(&self) {
+    /// Expire held call `call_number`: nobody answered in time.
+    pub async fn expire(&self, call_number: u64) {
         let guard = self.guard.clone();
-        blocking(move || guard.expire_pending()).await;
+        blocking(move || guard.expire_call(Some(call_number))).await;
     }
 }
 
@@ -321,17 +346,19 @@ impl Daemon {
 
     async fn check(&self, tool: &str, params: Value, cost_usd: f64) -> Checked {
         let estimate = money(cost_usd);
-        let deny = |reason: String, r: Option<&tollgate_proto::sp1::PreExecResponse>| {
-            Checked::Deny(Denial {
-                reason,
-                repeat_count: r.and_then(|r| u32::try_from(r.repeat_count).ok()),
-                budget_remaining: r.map(|r| Money(r.budget_remaining_nanos)),
-                estimate,
-            })
-        };
+        let deny =
+            |reason: String, r: Option<&tollgate_proto::sp1::PreExecResponse>, note: String| {
+                Checked::Deny(Denial {
+                    reason,
+                    repeat_count: r.and_then(|r| u32::try_from(r.repeat_count).ok()),
+                    budget_remaining: r.map(|r| Money(r.budget_remaining_nanos)),
+                    estimate,
+                    note,
+                })
+            };
         let client = match self.client().await {
             Ok(c) => c,
-            Err(e) => return deny(e.reason(), None),
+            Err(e) => return deny(e.reason(), None, String::new()),
         };
         let released = client
             .pre_exec_or_wait(tool, &params, cost_usd, self.wait)
@@ -349,6 +376,7 @@ impl Daemon {
         deny(
             released.verdict.reason.clone(),
             released.verdict.response.as_ref(),
+            released.note.clone(),
         )
     }
 }

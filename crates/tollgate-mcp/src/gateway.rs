@@ -48,8 +48,6 @@ pub struct Core {
     catalog: tokio::sync::Mutex<Option<Arc<Catalog>>>,
     /// Which upstream listed a resource URI last.
     resources: std::sync::Mutex<HashMap<String, usize>>,
-    /// Library mode: one held call at a time (the session holds at most one).
-    hitl: tokio::sync::Mutex<()>,
 }
 
 impl std::fmt::Debug for Core {
@@ -128,7 +126,6 @@ impl Core {
             tools,
             catalog: tokio::sync::Mutex::new(None),
             resources: std::sync::Mutex::new(HashMap::new()),
-            hitl: tokio::sync::Mutex::new(()),
         })
     }
 
@@ -339,6 +336,7 @@ impl Core {
                     repeat_count: None,
                     budget_remaining: None,
                     estimate: money(settings.cost_usd),
+                    note: String::new(),
                 },
             ),
         }
@@ -372,12 +370,19 @@ impl Core {
                     repeat_count: None,
                     budget_remaining: None,
                     estimate: money(cost_usd),
+                    note: String::new(),
                 }),
             };
         };
-        let _one_at_a_time = self.hitl.lock().await;
+        // Several calls may be held at once (the guard's max_held_calls), each asked of
+        // the host's user on its own and decided by its own call number, in any order.
         let first = self.decider.check(tool, params.clone(), cost_usd).await;
-        let Checked::Held { nonce, reason } = first else {
+        let Checked::Held {
+            nonce,
+            call_number,
+            reason,
+        } = first
+        else {
             return first;
         };
         let deny = |reason: &str| {
@@ -386,10 +391,19 @@ impl Core {
                 repeat_count: None,
                 budget_remaining: None,
                 estimate: money(cost_usd),
+                note: String::new(),
             })
         };
-        if reason == "hitl_transition:defer_escalate" {
-            return deny(&reason);
+        if reason == "hitl_transition:defer_escalate"
+            || lib
+                .guard()
+                .state()
+                .transition_of_call(call_number)
+                .is_none()
+        {
+            // Held behind the calls the session already holds (max_held_calls): nothing is
+            // recorded for it, so nobody can decide it; it is not asked about.
+            return deny("hitl_transition:defer_escalate");
         }
         let can_ask = self.config.elicitation
             && context
@@ -398,7 +412,7 @@ impl Core {
                 .contains(&ElicitationMode::Form);
         if !can_ask {
             // Nobody can approve it: the held call expires now, audited.
-            lib.expire().await;
+            lib.expire(call_number).await;
             return deny("hitl:no_approver");
         }
         let ask = ElicitRequestParams::FormElicitationParams {
@@ -419,23 +433,30 @@ impl Core {
         else {
             // The host cancelled the call while its user was asked: the held call is
             // expired (audited) and never runs.
-            lib.expire().await;
+            lib.expire(call_number).await;
             return deny(CANCELLED);
         };
         match answer {
             Ok(r) if r.action == ElicitationAction::Accept => {
-                lib.approve(tool, params, cost_usd, nonce, &self.config.operator_id)
-                    .await
+                lib.approve(
+                    tool,
+                    params,
+                    cost_usd,
+                    nonce,
+                    call_number,
+                    &self.config.operator_id,
+                )
+                .await
             }
             Ok(_) => {
-                lib.reject(&self.config.operator_id).await;
+                lib.reject(call_number, &self.config.operator_id).await;
                 deny("hitl_transition:reject")
             }
             Err(e) => {
                 if !matches!(e, ServiceError::Timeout { .. }) {
                     tracing::warn!("elicitation failed: {e}");
                 }
-                lib.expire().await;
+                lib.expire(call_number).await;
                 deny("fail_closed:hitl_timeout")
             }
         }

@@ -15,6 +15,8 @@ pub struct Denial {
     pub budget_remaining: Option<Money>,
     /// The call's estimated cost.
     pub estimate: Money,
+    /// The note of the human who refused the call (their reasons, for the model), or empty.
+    pub note: String,
 }
 
 fn usd(m: Money) -> String {
@@ -71,7 +73,11 @@ pub fn explain(d: &Denial) -> String {
     }
 }
 
-/// The text of a denied call's tool result: `denied: REASON; WHY. ...`.
+/// The most of a human's note a denial text quotes (the daemon takes at most 1024 bytes).
+pub const MAX_NOTE: usize = 1024;
+
+/// The text of a denied call's tool result: `denied: REASON; WHY. ...`, and, when the
+/// human who refused it left a note, ` The human said: NOTE`.
 pub fn denied(tool: &str, d: &Denial) -> String {
     let advice = match d.reason.as_str() {
         "max_repeat_exceeded" => " Do not repeat it: change the arguments or stop.",
@@ -80,11 +86,21 @@ pub fn denied(tool: &str, d: &Denial) -> String {
         }
         _ => "",
     };
-    format!(
+    let mut text = format!(
         "denied: {}; {}. Tollgate did not run `{tool}`.{advice}",
         d.reason,
         explain(d)
-    )
+    );
+    let note = d.note.trim();
+    if !note.is_empty() {
+        let mut cut = note.len().min(MAX_NOTE);
+        while !note.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        text.push_str(" The human said: ");
+        text.push_str(note.get(..cut).unwrap_or_default());
+    }
+    text
 }
 
 /// The most of a held call's arguments an approval request shows (longer ones are cut,
@@ -126,6 +142,7 @@ mod tests {
             repeat_count: Some(3),
             budget_remaining: Some(Money(250_000_000)),
             estimate: Money(400_000_000),
+            note: String::new(),
         }
     }
 
@@ -139,6 +156,15 @@ mod tests {
         assert!(denied("pay", &d("budget_overrun"))
             .contains("estimated cost ($0.4000) is more than the budget left ($0.2500)"));
         assert!(denied("x", &d("fail_closed:bad_mac")).starts_with("denied: fail_closed:bad_mac; "));
+        let refused = Denial {
+            note: "over the monthly limit".into(),
+            ..d("hitl_transition:reject")
+        };
+        assert_eq!(
+            denied("pay", &refused),
+            "denied: hitl_transition:reject; a human refused this call. Tollgate did not run \
+             `pay`. The human said: over the monthly limit"
+        );
     }
 
     #[test]

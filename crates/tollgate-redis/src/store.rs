@@ -1298,10 +1298,15 @@ impl RedisStore {
                             }
                             (r, Durable::ready())
                         }
-                        Change::Keep(r) | Change::Commit(r, _) => (r, Durable::ready()),
+                        Change::Keep(r) | Change::Commit(r, _) | Change::End(r, _) => {
+                            (r, Durable::ready())
+                        }
                     });
                 }
-                Change::Commit(r, mut event) => {
+                // An end is a commit of the session's TERMINATED state: the script takes
+                // it off the index and expires it (`session_ttl`), and every daemon's
+                // `apply` then answers NotFound (above).
+                Change::Commit(r, mut event) | Change::End(r, mut event) => {
                     if dips_into_holds(view, &s) {
                         // It would spend a refund whose entry is not yet confirmed (a
                         // void would take it back): wait for the holds to go, re-read,
@@ -1399,7 +1404,12 @@ impl RedisStore {
     async fn get_impl(&self, id: &str) -> Result<Option<Session>, StoreError> {
         let mut slot = self.inner.slot(id).lock_owned().await;
         match self.inner.load(&mut slot, id).await {
-            Ok(()) => Ok(slot.view.as_ref().map(|v| v.session.clone())),
+            // An ended session (closed, or its opening voided) is no session.
+            Ok(()) => Ok(slot
+                .view
+                .as_ref()
+                .filter(|v| v.session.state.status != tollgate_core::SessionStatus::Terminated)
+                .map(|v| v.session.clone())),
             Err(StoreError::NotFound { .. }) => Ok(None),
             Err(e) => Err(e),
         }

@@ -520,6 +520,9 @@ fn write_snapshot(db: &Database, ledger: &mut Ledger) -> Result<u64, StoreError>
                 if let Some(s) = ledger.sessions.get(id) {
                     table.insert(id.as_str(), record::encode_session(s).as_slice())?;
                     written += 1;
+                } else {
+                    // Closed since the last snapshot: the snapshot forgets it too.
+                    table.remove(id.as_str())?;
                 }
             }
             let mut table = txn.open_table(BUDGETS)?;

@@ -30,7 +30,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard};
 
 use tollgate_audit::SessionEvent;
-use tollgate_core::{SessionState, UnixNanos};
+use tollgate_core::{SessionState, SessionStatus, UnixNanos};
 
 use crate::durable::{Durable, Journal};
 use crate::ops;
@@ -326,6 +326,9 @@ impl Engine {
             Err(e) => return Err(e),
         };
         let s = lock(&slot).clone();
+        if s.state.status == SessionStatus::Terminated {
+            return Ok(None);
+        }
         self.with_budget(s).map(Some)
     }
 
@@ -350,7 +353,7 @@ impl Engine {
                 .collect();
             for slot in slots {
                 let s = lock(&slot);
-                if keep(&s) {
+                if s.state.status != SessionStatus::Terminated && keep(&s) {
                     out.push(s.clone());
                 }
             }
@@ -392,6 +395,11 @@ impl Engine {
         let (_gate, generation) = self.admit()?;
         let slot = self.slot(id)?;
         let mut session = lock(&slot);
+        if session.state.status == SessionStatus::Terminated {
+            // Ended by a change that held this lock before us; its slot is on its way out
+            // of the map.
+            return Err(StoreError::NotFound { id: id.to_owned() });
+        }
         let bslot = session
             .meta
             .shared_budget_key()
@@ -417,31 +425,91 @@ impl Engine {
         };
         match change {
             Change::Keep(r) | Change::Touch(r) => Ok((r, Durable::ready())),
-            Change::Commit(r, event) => {
-                // INVARIANT (seq-follows-entries), checked: the closure made exactly one
-                // change, through `ops`, to this session.
-                if event.session_seq() != seq.saturating_add(1)
-                    || session.seq != event.session_seq()
-                    || event.session_id() != id
-                    || session.meta.session_id != id
-                    || session.last_call_number < last_call
+            Change::Commit(r, event) => self
+                .commit(
+                    id,
+                    &mut session,
+                    budget.as_deref_mut(),
+                    seq,
+                    last_call,
+                    event,
+                    generation,
+                )
+                .map(|d| (r, d)),
+            Change::End(r, event) => {
+                if !matches!(event, SessionEvent::Closed(_))
+                    || session.state.status != SessionStatus::Terminated
                 {
                     let e = StoreError::Failed {
                         message: format!(
-                            "session `{id}`: a commit did not follow its state (version {seq} to {}, entry {})",
-                            session.seq,
-                            event.session_seq()
+                            "session `{id}`: an end that is not a session-closed entry"
                         ),
                     };
                     self.stop(e.clone());
                     return Err(e);
                 }
-                if let Some(b) = &mut budget {
-                    **b = Budget::of(&session.state);
-                }
-                let durable = self.submit(event, generation);
+                let durable = self.commit(
+                    id,
+                    &mut session,
+                    budget.as_deref_mut(),
+                    seq,
+                    last_call,
+                    event,
+                    generation,
+                )?;
+                drop(budget);
+                drop(session);
+                self.forget(id, &slot);
                 Ok((r, durable))
             }
         }
+    }
+
+    /// Remove session `id`'s slot `slot` from the map (after a change ended it).
+    fn forget(&self, id: &str, slot: &Arc<Slot>) {
+        if let Ok(shard) = self.shard(id) {
+            let mut map = shard.write().unwrap_or_else(PoisonError::into_inner);
+            if map.get(id).is_some_and(|s| Arc::ptr_eq(s, slot)) {
+                map.remove(id);
+                self.count.fetch_sub(1, Ordering::AcqRel);
+            }
+        }
+    }
+
+    /// Check that a commit's `event` follows the session's state (at version `seq`, last
+    /// call `last_call` before the closure), store the shared budget back, and submit it.
+    #[allow(clippy::too_many_arguments)]
+    fn commit(
+        &self,
+        id: &str,
+        session: &mut Session,
+        budget: Option<&mut Budget>,
+        seq: u64,
+        last_call: u64,
+        event: SessionEvent,
+        generation: u64,
+    ) -> Result<Durable, StoreError> {
+        // INVARIANT (seq-follows-entries), checked: the closure made exactly one
+        // change, through `ops`, to this session.
+        if event.session_seq() != seq.saturating_add(1)
+            || session.seq != event.session_seq()
+            || event.session_id() != id
+            || session.meta.session_id != id
+            || session.last_call_number < last_call
+        {
+            let e = StoreError::Failed {
+                message: format!(
+                    "session `{id}`: a commit did not follow its state (version {seq} to {}, entry {})",
+                    session.seq,
+                    event.session_seq()
+                ),
+            };
+            self.stop(e.clone());
+            return Err(e);
+        }
+        if let Some(b) = budget {
+            *b = Budget::of(&session.state);
+        }
+        Ok(self.submit(event, generation))
     }
 }

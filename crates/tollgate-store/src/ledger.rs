@@ -20,7 +20,7 @@ use crate::session::{Budget, BudgetKey, Session};
 /// Sessions and shared budgets as of a chain position.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Ledger {
-    /// Every session, by id.
+    /// Every live session, by id (a closed one is gone).
     pub sessions: HashMap<String, Session>,
     /// Every shared (per-agent, per-organization) budget.
     pub budgets: HashMap<BudgetKey, Budget>,
@@ -164,6 +164,11 @@ impl Ledger {
         if let Some(k) = key {
             self.budgets.insert(k.clone(), Budget::of(&s.state));
             self.dirty_budgets.insert(k);
+        }
+        // INVARIANT (ended-sessions-go): a closed session leaves the fold (and, being
+        // dirty and absent, the next snapshot), so no restart brings it back.
+        if matches!(event, SessionEvent::Closed(_)) {
+            self.sessions.remove(id);
         }
         self.dirty_sessions.insert(id.to_owned());
         Ok(())

@@ -203,6 +203,12 @@ pub enum Change<R> {
     /// store writes it to its journal (and stores the shared budget's amounts back), then
     /// returns `R` with a [`Durable`] for the record.
     Commit(R, tollgate_audit::SessionEvent),
+    /// It ended the session through [`ops::close`], which returned this record (a
+    /// session-closed entry): the store writes it like a commit's, then forgets the
+    /// session. From then on `apply` and `get` answer as for an unknown session (a store
+    /// shared by several daemons answers so on every daemon), and it no longer counts
+    /// against [`StoreOptions::max_sessions`].
+    End(R, tollgate_audit::SessionEvent),
     /// It changed only liveness, which is not durable: `last_heartbeat_ns`,
     /// `state.status` between STALE and its live value, `state.last_activity_ns`. Nothing
     /// is written; a restart gives every session a fresh heartbeat window.

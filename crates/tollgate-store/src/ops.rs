@@ -17,12 +17,13 @@
 use std::sync::Arc;
 
 use tollgate_audit::{
-    CostStatus, DecisionRecord, SessionEvent, SessionRecord, SettlementRecord, VerdictRecord,
+    CloseReason, CloseRecord, CostStatus, DecisionRecord, SessionEvent, SessionRecord,
+    SettlementRecord, VerdictRecord,
 };
 use tollgate_core::transition::HumanDecisionRefused;
 use tollgate_core::{
     apply_decision, apply_post_exec, record_human_decision, Decision, Digest, HumanDecision, Money,
-    Params, Reason, ReportedCost, Successor, ToolCall, UnixNanos, Verdict,
+    Params, Reason, ReportedCost, SessionStatus, Successor, ToolCall, UnixNanos, Verdict,
 };
 
 use crate::session::{Policy, Session, SessionMeta};
@@ -254,6 +255,23 @@ pub fn human_decision(
     ))
 }
 
+/// End `session` for `reason` at `now`: its status becomes TERMINATED, for good. The store
+/// that applies it ([`crate::Change::End`]) then forgets the session, and so does a fold of
+/// the log; a shared budget it spent stays (it is its agent's or organization's).
+pub fn close(session: &mut Session, reason: CloseReason, now: UnixNanos) -> CloseRecord {
+    session.state.status = SessionStatus::Terminated;
+    session.seq = session.seq.saturating_add(1);
+    CloseRecord {
+        timestamp_ns: now,
+        session_id: session.meta.session_id.clone(),
+        agent_id: session.meta.agent_id.clone(),
+        organization_id: session.meta.organization_id.clone(),
+        reason,
+        budget_remaining: session.state.budget_remaining,
+        session_seq: session.seq,
+    }
+}
+
 /// Why a logged entry does not fold onto the state it follows.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum FoldError {
@@ -405,6 +423,7 @@ pub fn replay(session: &mut Session, event: &SessionEvent) -> Result<(), FoldErr
             })?;
             SessionEvent::HumanDecision(r)
         }
+        SessionEvent::Closed(c) => SessionEvent::Closed(close(session, c.reason, c.timestamp_ns)),
     };
     // The shared budget's version comes from the store that wrote the budget, not from
     // the session's state: an input of the entry, like its time.
@@ -418,6 +437,7 @@ fn kind_name(e: &SessionEvent) -> &'static str {
         SessionEvent::Verdict(_) => "verdict",
         SessionEvent::Settled(_) => "settlement",
         SessionEvent::HumanDecision(_) => "human decision",
+        SessionEvent::Closed(_) => "session closing",
     }
 }
 

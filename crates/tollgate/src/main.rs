@@ -43,6 +43,9 @@ enum Command {
     Demo(cmd::demo::Args),
     /// Load generator: throughput and latency percentiles of pre_exec round trips.
     Bench(cmd::bench::Args),
+    /// Soak benchmark: open sessions over time (closed by their agents or ended idle), at
+    /// most a bound live, and report the daemon's memory and snapshot size as it goes.
+    Soak(cmd::soak::Args),
     /// Make a test CA, a server certificate and client certificates for gRPC with mutual
     /// TLS, and the configuration that trusts them.
     Certs(cmd::certs::Args),
@@ -86,6 +89,7 @@ fn main() -> ExitCode {
         Command::Hitl(args) => cmd::hitl::run(&args),
         Command::Demo(args) => cmd::demo::run(&args),
         Command::Bench(args) => cmd::bench::run(&args),
+        Command::Soak(args) => cmd::soak::run(&args),
         Command::Certs(args) => cmd::certs::run(&args),
         Command::Mcp(args) => cmd::mcp::run(&args),
         Command::Policy(args) => cmd::policy::run(&args),

@@ -102,3 +102,54 @@ def test_the_example_runs():
 
     out = run_example("autogen_example.py")
     assert "image of a cat" in out and "budget_overrun" in out
+
+
+def test_a_reject_note_reaches_the_model():
+    guard = tollgate.Guard(hitl_mode="always",
+                           on_hitl=lambda v: tollgate.Decision("reject", operator="bob", note="use the sandbox"))
+    ran = []
+    (r,) = run_turns(make(guard, [tool_call({"q": "prod"})], ran), 1)
+    assert ran == []
+    assert "hitl_transition:reject" in results(r)[0] and "use the sandbox" in results(r)[0]
+
+
+def parallel_calls(args_list):
+    return CreateResult(finish_reason="function_calls",
+                        content=[FunctionCall(id=f"call_{i}", name="search", arguments=json.dumps(a))
+                                 for i, a in enumerate(args_list)],
+                        usage=RequestUsage(prompt_tokens=0, completion_tokens=0), cached=False)
+
+
+def test_several_held_calls_in_one_response_are_each_decided(daemon):
+    """Issue 16 §1, §2, §5, daemon mode: one model response with three tool calls, which
+    AutoGen runs concurrently; each is held and decided by an operator by its call number;
+    the modified one runs with the edited arguments only, the rejected one never, with the
+    operator's note."""
+    import random
+    import threading
+
+    client = tollgate.connect(socket=daemon.socket, secret_file=daemon.secret_file, agent_id="held-bot",
+                              timeout=30)
+    op = tollgate.operator(socket=daemon.socket, secret_file=daemon.operator_secret_file)
+    ran = []
+    agent = make(client, [parallel_calls([{"q": "a"}, {"q": "b"}, {"q": "c"}])], ran)
+    plan = {"a": ("approve", None, ""), "b": ("modify", {"q": "b-edited"}, ""), "c": ("reject", None, "not c")}
+
+    def decide_all():
+        for _ in range(100_000):
+            pending = [p for p in op.pending() if p["session_id"] == client.session_id and p["params"] is not None]
+            if len(pending) == 3:
+                break
+        for p in random.Random(2).sample(pending, len(pending)):
+            d, params, note = plan[p["params"]["q"]]
+            op.decide(client.session_id, d, operator="alice", params=params, note=note,
+                      call_number=p["call_number"])
+
+    t = threading.Thread(target=decide_all)
+    t.start()
+    (r,) = run_turns(agent, 1)
+    t.join()
+    assert sorted(ran) == ["a", "b-edited"], ran
+    out = results(r)
+    assert "results for b-edited" in out and "results for a" in out
+    assert any("not c" in o and "hitl_transition:reject" in o for o in out), out

@@ -131,3 +131,101 @@ def test_the_example_runs():
     out = run_example("crewai_example.py")
     assert "held for a human: delete {'path': '/'}" in out
     assert "delete ran with path=/tmp/build" in out
+
+
+def test_calls_crewai_answers_itself_are_not_charged(hooks_of):
+    """Issue 16 §6: four identical calls in one task. CrewAI runs the body once and
+    answers the next three itself (its "I tried reusing the same input" check); Tollgate
+    counts and charges what ran: one call."""
+    guard = tollgate.Guard(budget_usd=1.0, max_repeat_calls=2)
+    hooks_of(guard, cost=0.01)
+    ran = []
+    seen = run_crew([{"q": "same"}] * 4, ran)
+    assert ran == ["same"]
+    assert guard.calls == 1
+    assert guard.budget_remaining_usd == pytest.approx(0.99)
+    assert not any("max_repeat_exceeded" in s for s in seen)
+    assert not guard.circuit_tripped
+
+
+def test_calls_crewai_answers_from_its_cache_are_not_charged(hooks_of):
+    """Issue 16 §6: CrewAI's tool cache answers a repeat of an earlier call (not the one
+    just before, so its repeated-input check does not fire): not run, not counted, not
+    charged."""
+    guard = tollgate.Guard(budget_usd=1.0, max_repeat_calls=0)
+    hooks_of(guard, cost=0.01)
+    ran = []
+
+    @tool("search")
+    def search(q: str) -> str:
+        """Search the web for q."""
+        ran.append(q)
+        return f"results for {q}"
+
+    steps = [{"q": "a"}, {"q": "b"}, {"q": "a"}, {"q": "b"}]
+    llm = ScriptedLLM(model="scripted", script=list(steps), seen=[])
+    agent = Agent(role="researcher", goal="find", backstory="", llm=llm, tools=[search], max_iter=8, verbose=False)
+    Crew(agents=[agent], tasks=[Task(description="find", expected_output="x", agent=agent)], cache=True,
+         verbose=False).kickoff()
+    assert ran == ["a", "b"]
+    assert guard.calls == 2
+    assert guard.budget_remaining_usd == pytest.approx(0.98)
+
+
+def test_a_reject_note_reaches_the_agent(hooks_of):
+    guard = tollgate.Guard(hitl_mode="always",
+                           on_hitl=lambda v: tollgate.Decision("reject", operator="bob", note="ask the user first"))
+    hooks_of(guard)
+    ran = []
+    seen = run_crew([{"q": "risky"}], ran)
+    assert ran == []
+    assert any("hitl_transition:reject" in s and "ask the user first" in s for s in seen)
+
+
+def test_daemon_mode_an_operators_modify_never_runs_the_original_arguments(hooks_of, daemon):
+    """Issue 16 §2: an operator modifies a held call; the tool body sees the edited
+    arguments only."""
+    import threading
+
+    from conftest import wait_until_held
+
+    client = tollgate.connect(socket=daemon.socket, secret_file=daemon.secret_file, agent_id="held-bot",
+                              timeout=30)
+    op = tollgate.operator(socket=daemon.socket, secret_file=daemon.operator_secret_file)
+    hooks_of(client, hitl_timeout=60)
+
+    def modify_when_held():
+        p = wait_until_held(op, client.session_id)
+        op.decide(client.session_id, "modify", operator="alice", params={"q": "edited"},
+                  call_number=p["call_number"])
+
+    t = threading.Thread(target=modify_when_held)
+    t.start()
+    ran = []
+    run_crew([{"q": "original"}], ran)
+    t.join()
+    assert ran == ["edited"], ran
+
+
+def test_daemon_mode_a_rejects_note_reaches_the_agent(hooks_of, daemon):
+    import threading
+
+    from conftest import wait_until_held
+
+    client = tollgate.connect(socket=daemon.socket, secret_file=daemon.secret_file, agent_id="held-bot",
+                              timeout=30)
+    op = tollgate.operator(socket=daemon.socket, secret_file=daemon.operator_secret_file)
+    hooks_of(client, hitl_timeout=60)
+
+    def reject_when_held():
+        p = wait_until_held(op, client.session_id)
+        op.decide(client.session_id, "reject", operator="alice", note="the budget owner said no",
+                  call_number=p["call_number"])
+
+    t = threading.Thread(target=reject_when_held)
+    t.start()
+    ran = []
+    seen = run_crew([{"q": "x"}], ran)
+    t.join()
+    assert ran == []
+    assert any("the budget owner said no" in s for s in seen), seen

@@ -209,3 +209,118 @@ def test_daemon_mode_an_operators_modify_runs_only_the_edited_arguments(daemon):
     t.join()
     assert ran == ["edited"], ran
     assert tool_messages(result)[-1].content == "results for edited"
+
+
+def make_payer(guard, script, paid, **mw):
+    @tool
+    def pay(i: int) -> str:
+        """Pay invoice i."""
+        paid.append(i)
+        return f"paid {i}"
+
+    return create_agent(ScriptedModel(responses=script), [pay],
+                        middleware=[TollgateMiddleware(guard, **mw)], checkpointer=InMemorySaver())
+
+
+@pytest.mark.parametrize("n", [2, 5, 8])
+def test_several_held_calls_each_get_an_interrupt_and_are_resumed_in_any_order(n):
+    """Issue 16 §1: one model response with n tool calls under HITL. Each call gets its own
+    interrupt (and its own held call in Tollgate); they are resumed a few at a time, in a
+    shuffled order, with approve / modify / reject; each decided call runs exactly once,
+    with the decided arguments, or never, and a reject's note reaches the model."""
+    import random
+
+    guard = tollgate.Guard(hitl_mode="always")
+    paid = []
+    one_turn = AIMessage(content="", tool_calls=[{"name": "pay", "args": {"i": i}, "id": f"c{i}"} for i in range(n)])
+    agent = make_payer(guard, [one_turn, AIMessage(content="done")], paid)
+    cfg = {"configurable": {"thread_id": f"multi-{n}"}}
+    out = agent.invoke({"messages": [("user", "pay them")]}, cfg)
+    interrupts = out["__interrupt__"]
+    assert sorted(i.value["tool_call_id"] for i in interrupts) == sorted(f"c{i}" for i in range(n))
+    assert len({i.value["call_number"] for i in interrupts}) == n
+    assert paid == []
+
+    def decision(i):
+        if i % 3 == 0:
+            return "approve"
+        if i % 3 == 1:
+            return {"decision": "modify", "params": {"i": 100 + i}, "operator": "alice"}
+        return {"decision": "reject", "note": f"not invoice {i}", "operator": "bob"}
+
+    rng = random.Random(n)
+    order = rng.sample(range(n), n)
+    while order:
+        k = rng.randint(1, 3)
+        batch, order = order[:k], order[k:]
+        ids = {i.value["tool_call_id"]: i.id for i in interrupts}
+        out = agent.invoke(Command(resume={ids[f"c{i}"]: decision(i) for i in batch}), cfg)
+        interrupts = out.get("__interrupt__", [])
+        # The calls not resumed yet are still interrupted, nothing else.
+        assert sorted(i.value["tool_call_id"] for i in interrupts) == sorted(f"c{i}" for i in order)
+    assert "__interrupt__" not in out or not out["__interrupt__"]
+    expected = sorted(i if i % 3 == 0 else 100 + i for i in range(n) if i % 3 != 2)
+    assert sorted(paid) == expected, paid
+    by_id = {m.tool_call_id: m for m in tool_messages(out)}
+    for i in range(n):
+        m = by_id[f"c{i}"]
+        if i % 3 == 2:
+            assert m.status == "error" and "hitl_transition:reject" in m.content and f"not invoice {i}" in m.content
+        else:
+            assert m.content == f"paid {i if i % 3 == 0 else 100 + i}"
+    assert not guard.circuit_tripped
+
+
+def test_daemon_mode_several_held_calls_each_wait_for_their_own_decision(daemon):
+    """Issue 16 §1, daemon mode: a model response with four tool calls; the agent's
+    client holds all four at once; an operator decides each by its call number, in a
+    shuffled order; each decided call runs once with the decided arguments, or never."""
+    import random
+    import threading
+
+    held = tollgate.connect(socket=daemon.socket, secret_file=daemon.secret_file, agent_id="held-bot", timeout=30)
+    op = tollgate.operator(socket=daemon.socket, secret_file=daemon.operator_secret_file)
+    paid = []
+    n = 4
+    one_turn = AIMessage(content="", tool_calls=[{"name": "pay", "args": {"i": i}, "id": f"c{i}"} for i in range(n)])
+    agent = make_payer(held, [one_turn, AIMessage(content="done")], paid, hitl_timeout=120)
+    plan = {0: ("approve", None, ""), 1: ("modify", {"i": 101}, ""), 2: ("reject", None, "wrong payee"),
+            3: ("approve", None, "")}
+
+    def decide_all():
+        for _ in range(100_000):
+            pending = [p for p in op.pending() if p["session_id"] == held.session_id and p["params"] is not None]
+            if len(pending) == n:
+                break
+        for p in random.Random(3).sample(pending, len(pending)):
+            d, params, note = plan[p["params"]["i"]]
+            op.decide(held.session_id, d, operator="alice", params=params, note=note, call_number=p["call_number"])
+
+    t = threading.Thread(target=decide_all)
+    t.start()
+    out = run(agent, "multi-daemon")
+    t.join()
+    assert sorted(paid) == [0, 3, 101], paid
+    by_id = {m.tool_call_id: m for m in tool_messages(out)}
+    assert "wrong payee" in by_id["c2"].content and by_id["c2"].status == "error"
+    assert by_id["c1"].content == "paid 101"
+
+
+def test_a_call_held_behind_others_is_refused_not_resolved():
+    """Issue 16 §1: more calls in one response than the session may hold: the extra one is
+    held behind (nothing recorded for it, no human can decide it). The adapter refuses it
+    with a text saying why, instead of interrupting for it (resolving it used to raise and
+    crash the run); the held ones are decided as usual."""
+    guard = tollgate.Guard(hitl_mode="always", max_held_calls=2)
+    paid = []
+    one_turn = AIMessage(content="", tool_calls=[{"name": "pay", "args": {"i": i}, "id": f"c{i}"} for i in range(3)])
+    agent = make_payer(guard, [one_turn, AIMessage(content="done")], paid)
+    cfg = {"configurable": {"thread_id": "behind"}}
+    out = agent.invoke({"messages": [("user", "pay them")]}, cfg)
+    interrupts = out["__interrupt__"]
+    assert len(interrupts) == 2
+    done = agent.invoke(Command(resume={i.id: "approve" for i in interrupts}), cfg)
+    assert len(paid) == 2
+    refused = [m for m in tool_messages(done) if m.status == "error"]
+    assert len(refused) == 1 and "held behind other calls" in refused[0].content
+    assert "Call it again once the others are decided" in refused[0].content

@@ -27,13 +27,14 @@ class ScriptedModel(Model):
     async def get_response(self, *args, **kwargs):
         item = self.script.pop(0) if self.script else "done"
         if isinstance(item, str):
-            out = ResponseOutputMessage(id="m", type="message", role="assistant", status="completed",
-                                        content=[ResponseOutputText(type="output_text", text=item, annotations=[])])
+            out = [ResponseOutputMessage(id="m", type="message", role="assistant", status="completed",
+                                         content=[ResponseOutputText(type="output_text", text=item, annotations=[])])]
         else:
-            call_id, name, args = item
-            out = ResponseFunctionToolCall(id=call_id, call_id=call_id, type="function_call", name=name,
-                                           arguments=json.dumps(args))
-        return ModelResponse(output=[out], usage=Usage(), response_id=None)
+            # One function call, or a list of them: several tool calls in one response.
+            out = [ResponseFunctionToolCall(id=call_id, call_id=call_id, type="function_call", name=name,
+                                            arguments=json.dumps(args))
+                   for call_id, name, args in (item if isinstance(item, list) else [item])]
+        return ModelResponse(output=out, usage=Usage(), response_id=None)
 
     def stream_response(self, *args, **kwargs):
         raise NotImplementedError
@@ -176,3 +177,106 @@ def test_an_operators_modify_never_runs_the_original_arguments(daemon):
     assert paid == [], f"the tool ran with {paid}"
     out = tool_outputs(result)
     assert len(out) == 1 and "changed the arguments" in out[0] and '{"amount":1.0}' in out[0], out
+
+
+def make_payer(guard, script, paid, cost=0.0):
+    @function_tool
+    def pay(i: int) -> str:
+        """Pay invoice i."""
+        paid.append(i)
+        return f"paid {i}"
+
+    tg = TollgateGuardrails(guard, cost=cost)
+    agent = Agent(name="bot", instructions="", model=ScriptedModel(script), tools=[tg.protect(pay)])
+    return agent, tg
+
+
+@pytest.mark.parametrize("n", [2, 6])
+def test_several_held_calls_are_approved_and_rejected_one_by_one(n):
+    """Issue 16 §1: a model response with n tool calls under HITL interrupts the run with
+    n approvals; approving some and rejecting the others (in a shuffled order, with a
+    note) runs each approved call exactly once and no rejected one, and the model reads
+    the human's note."""
+    import random
+
+    guard = tollgate.Guard(hitl_mode="always")
+    paid = []
+    agent, tg = make_payer(guard, [[(f"c{i}", "pay", {"i": i}) for i in range(n)], "done"], paid, cost=0.01)
+    first = Runner.run_sync(agent, "go")
+    assert paid == []
+    items = first.interruptions
+    assert sorted(json.loads(it.raw_item.arguments)["i"] for it in items) == list(range(n))
+    state = first.to_state()
+    for it in random.Random(n).sample(items, len(items)):
+        i = json.loads(it.raw_item.arguments)["i"]
+        if i % 2:
+            tg.reject(state, it, operator="bob", message=f"not invoice {i}")
+        else:
+            tg.approve(state, it, operator="alice")
+    done = Runner.run_sync(agent, state)
+    assert not done.interruptions
+    assert sorted(paid) == [i for i in range(n) if i % 2 == 0]
+    outs = tool_outputs(done)
+    for i in range(n):
+        if i % 2:
+            assert any(f"not invoice {i}" in str(o) for o in outs), outs
+        else:
+            assert f"paid {i}" in outs
+    assert not guard.circuit_tripped
+    # Only what ran was charged; the rejected calls' reservations were given back.
+    assert guard.budget_remaining_usd == pytest.approx(1.0 - 0.01 * len([i for i in range(n) if i % 2 == 0]))
+
+
+def test_daemon_mode_several_held_calls_and_a_rejects_note(daemon):
+    """Issue 16 §1, §5, daemon mode: three tool calls in one response, each waiting for
+    its own operator decision (named by call number); the rejected one never runs and the
+    model reads the operator's note; the modified one never runs with its original
+    arguments."""
+    import random
+    import threading
+
+    client = tollgate.connect(socket=daemon.socket, secret_file=daemon.secret_file, agent_id="held-bot",
+                              timeout=30)
+    op = tollgate.operator(socket=daemon.socket, secret_file=daemon.operator_secret_file)
+    paid = []
+    agent, tg = make_payer(client, [[(f"c{i}", "pay", {"i": i}) for i in range(3)], "done"], paid)
+    tg.hitl_timeout = 120
+    plan = {0: ("approve", None, ""), 1: ("reject", None, "duplicate invoice"), 2: ("modify", {"i": 102}, "")}
+
+    def decide_all():
+        for _ in range(100_000):
+            pending = [p for p in op.pending() if p["session_id"] == client.session_id and p["params"] is not None]
+            if len(pending) == 3:
+                break
+        for p in random.Random(1).sample(pending, len(pending)):
+            d, params, note = plan[p["params"]["i"]]
+            op.decide(client.session_id, d, operator="alice", params=params, note=note,
+                      call_number=p["call_number"])
+
+    t = threading.Thread(target=decide_all)
+    t.start()
+    result = Runner.run_sync(agent, "go")
+    t.join()
+    assert paid == [0], paid
+    outs = [str(o) for o in tool_outputs(result)]
+    assert any("duplicate invoice" in o and "hitl_transition:reject" in o for o in outs), outs
+    assert any("changed the arguments" in o and '{"i":102}' in o for o in outs), outs
+
+
+def test_a_call_held_behind_others_is_refused_not_approved():
+    """Issue 16 §1: three calls in one response, a session that may hold two: the extra
+    one needs no approval (nothing is held for it) and is refused with a text saying why;
+    approving the two held ones runs exactly those."""
+    guard = tollgate.Guard(hitl_mode="always", max_held_calls=2)
+    paid = []
+    agent, tg = make_payer(guard, [[(f"c{i}", "pay", {"i": i}) for i in range(3)], "done"], paid)
+    first = Runner.run_sync(agent, "go")
+    items = first.interruptions
+    assert len(items) == 2
+    state = first.to_state()
+    for it in items:
+        tg.approve(state, it, operator="alice")
+    done = Runner.run_sync(agent, state)
+    outs = [str(o) for o in tool_outputs(first) + tool_outputs(done)]
+    assert len(paid) == 2, (paid, outs)
+    assert any("held behind other calls" in o and "Call it again" in o for o in outs), outs

@@ -15,7 +15,9 @@ DENY raises `ToolDenied`, which AutoGen hands to the model as the tool's error r
 (`tool `search` denied: max_repeat_exceeded`), so the tool body never runs. HITL waits for
 a human: a library-mode `Guard` asks its `on_hitl` handler (no handler: `HeldForHuman`
 is raised, and the model reads that); a daemon-mode `Client` waits for the daemon's
-operator. A human's `modify` runs the tool with the edited arguments.
+operator. A human's `modify` runs the tool with the edited arguments (never the original
+ones); a human's refusal is the tool's error result, with the human's note
+(`tool `pay` denied: hitl_transition:reject (the human's note: over the limit)`).
 """
 
 from __future__ import annotations
@@ -53,12 +55,12 @@ class GuardedTool(BaseTool[BaseModel, Any]):
                        call_id: Optional[str] = None) -> Any:
         params = dict(args)
         cost = _common.estimate(self.cost, self.name, params)
-        verdict, run_params = await _common.acheck_or_wait(self.guard, self.name, params, cost,
-                                                           hitl_timeout=self.hitl_timeout)
+        out = await _common.acheck_or_wait(self.guard, self.name, params, cost, hitl_timeout=self.hitl_timeout)
+        verdict, run_params = out.verdict, out.params
         if not verdict.allowed:
             if verdict.verdict == "HITL":
-                raise HeldForHuman(verdict)
-            raise ToolDenied(verdict)
+                raise HeldForHuman(verdict, out.note)
+            raise ToolDenied(verdict, out.note)
         try:
             result = await self.inner.run_json(run_params, cancellation_token, call_id=call_id)
         except Exception as e:

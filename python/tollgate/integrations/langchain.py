@@ -19,12 +19,20 @@ awrap_tool_call=mw.awrap_tool_call)`.
   interrupt's value is a dict `{"tollgate": "hitl", "tool", "args", "reason",
   "call_number", "tool_call_id"}`. Resume it with `Command(resume=...)` where the value is
   a decision word (`"approve"`, `"reject"`) or a dict `{"decision": "approve" | "reject"
-  | "modify", "params": {...edited args...}, "operator": "alice"}`. An approved call runs
-  as held; a modified one runs with the edited arguments. (A checkpointer is required, as
-  for any interrupt.) Held calls are remembered by tool-call id in this middleware, so
-  the resume must reach the same process.
+  | "modify", "params": {...edited args...}, "operator": "alice", "note": "why"}`. An
+  approved call runs as held; a modified one runs with the edited arguments (never the
+  original ones); a rejected one never runs, and the model's `ToolMessage` carries the
+  note. (A checkpointer is required, as for any interrupt.) Held calls are remembered by
+  tool-call id in this middleware, so the resume must reach the same process.
+- Several tool calls in one model response, all held: each gets its own interrupt
+  (`result["__interrupt__"]` lists them all) and its own held call in Tollgate. Resume
+  them together, `Command(resume={i.id: "approve", j.id: {"decision": "reject", ...}})`,
+  or some now and the rest later, in any order: a call not named in a resume stays
+  interrupted (with the same interrupt id), and each call runs at most once, after its own
+  decision.
 - HITL, daemon mode (`Client`): the call waits for an operator's decision on the daemon
-  (`tollgate hitl decide`, or `tollgate.operator(...)`), up to `hitl_timeout` seconds.
+  (`tollgate hitl decide`, or `tollgate.operator(...)`), up to `hitl_timeout` seconds;
+  an operator's modify runs the edited arguments, a reject's note reaches the model.
 """
 
 from __future__ import annotations
@@ -68,16 +76,18 @@ class TollgateMiddleware(AgentMiddleware):
 
     # -- the decision, shared by the sync and async paths ------------------------------
 
-    def _denied(self, request: Any, verdict: Any) -> ToolMessage:
+    def _denied(self, request: Any, out: _common.Outcome) -> ToolMessage:
         if self.on_deny == "raise":
-            raise ToolDenied(verdict)
+            raise ToolDenied(out.verdict, out.note)
         call = request.tool_call
-        return ToolMessage(content=_common.deny_text(verdict), tool_call_id=call.get("id") or "",
-                           name=call.get("name"), status="error")
+        text = (_common.held_behind_text(out.verdict) if _common.held_behind(self.guard, out.verdict)
+                else _common.deny_text(out.verdict, out.note))
+        return ToolMessage(content=text, tool_call_id=call.get("id") or "", name=call.get("name"), status="error")
 
-    def _interrupt_for_human(self, request: Any, held: Any) -> Any:
-        """Library mode: pause the graph, and once resumed, record the decision and return
-        `(verdict, params)` for the call."""
+    def _interrupt_for_human(self, request: Any, held: Any) -> _common.Outcome:
+        """Library mode: pause the graph, and once resumed, record the decision (on this
+        held call, by its own call number: several may be held at once) and return the
+        outcome for the call."""
         guard = cast(Guard, self.guard)
         call = request.tool_call
         call_id = call.get("id") or ""
@@ -96,10 +106,11 @@ class TollgateMiddleware(AgentMiddleware):
         if isinstance(answer, str):
             answer = {"decision": answer}
         if not isinstance(answer, Mapping) or "decision" not in answer:
-            raise ValueError("resume a Tollgate interrupt with a decision word or {'decision': ..., 'params': ...}")
+            raise ValueError("resume a Tollgate interrupt with a decision word or "
+                             "{'decision': ..., 'params': ..., 'operator': ..., 'note': ...}")
         r = guard.resolve(held, str(answer["decision"]), operator=str(answer.get("operator", "langgraph")),
-                               params=answer.get("params"))
-        return r.verdict, r.params
+                          params=answer.get("params"), note=str(answer.get("note") or ""))
+        return _common.Outcome(r.verdict, r.params, r.decision, r.note)
 
     def _decide(self, request: Any) -> Any:
         call = request.tool_call
@@ -110,9 +121,9 @@ class TollgateMiddleware(AgentMiddleware):
             if held is not None:  # the node re-runs on resume: this call was already held
                 return self._interrupt_for_human(request, held)
             v = self.guard.check(name, args, _common.estimate(self.cost, name, args))
-            if v.verdict == "HITL":
+            if v.verdict == "HITL" and not _common.held_behind(self.guard, v):
                 return self._interrupt_for_human(request, v)
-            return v, args
+            return _common.Outcome(v, args)
         return _common.check_or_wait(self.guard, name, args, _common.estimate(self.cost, name, args),
                                      hitl_timeout=self.hitl_timeout)
 
@@ -125,9 +136,9 @@ class TollgateMiddleware(AgentMiddleware):
             if held is not None:
                 return self._interrupt_for_human(request, held)
             v = await self.guard.acheck(name, args, _common.estimate(self.cost, name, args))
-            if v.verdict == "HITL":
+            if v.verdict == "HITL" and not _common.held_behind(self.guard, v):
                 return self._interrupt_for_human(request, v)
-            return v, args
+            return _common.Outcome(v, args)
         return await _common.acheck_or_wait(self.guard, name, args, _common.estimate(self.cost, name, args),
                                             hitl_timeout=self.hitl_timeout)
 
@@ -141,9 +152,10 @@ class TollgateMiddleware(AgentMiddleware):
 
     def wrap_tool_call(self, request: Any, handler: Callable[[Any], Any]) -> Any:
         """Check the call; run it only on ALLOW; settle it after."""
-        verdict, params = self._decide(request)
+        out = self._decide(request)
+        verdict, params = out.verdict, out.params
         if not verdict.allowed:
-            return self._denied(request, verdict)
+            return self._denied(request, out)
         try:
             result = handler(self._with_args(request, params))
         except Exception as e:
@@ -154,9 +166,10 @@ class TollgateMiddleware(AgentMiddleware):
 
     async def awrap_tool_call(self, request: Any, handler: Callable[[Any], Awaitable[Any]]) -> Any:
         """`wrap_tool_call` for async agents (`ainvoke`, `astream`)."""
-        verdict, params = await self._adecide(request)
+        out = await self._adecide(request)
+        verdict, params = out.verdict, out.params
         if not verdict.allowed:
-            return self._denied(request, verdict)
+            return self._denied(request, out)
         try:
             result = await handler(self._with_args(request, params))
         except Exception as e:

@@ -89,7 +89,7 @@ class TollgateGuardrails:
             with self._lock:
                 known = self._verdicts.get(call_id)
             if known is not None:
-                return bool(known.verdict == "HITL")
+                return bool(known.verdict == "HITL" and not _common.held_behind(self.guard, known))
             return await self._first_check(call_id, tool, params)
 
         return needs_approval
@@ -98,7 +98,9 @@ class TollgateGuardrails:
         v = await self.guard.acheck(tool, params, _common.estimate(self.cost, tool, params))
         with self._lock:
             self._verdicts[call_id] = v
-        return bool(v.verdict == "HITL")
+        # A call held behind others has no held call of its own to approve: it needs no
+        # approval, and the input guardrail refuses it.
+        return bool(v.verdict == "HITL" and not _common.held_behind(self.guard, v))
 
     def approve(self, state: RunState, item: ToolApprovalItem, *, operator: str = "openai-agents") -> None:
         """Approve a held call in the SDK and name its `operator` for Tollgate's log."""
@@ -108,38 +110,45 @@ class TollgateGuardrails:
 
     def reject(self, state: RunState, item: ToolApprovalItem, *, operator: str = "openai-agents",
                message: Optional[str] = None) -> None:
-        """Reject a held call in the SDK and record the rejection in Tollgate."""
+        """Reject a held call in the SDK and record the rejection in Tollgate, with
+        `message` (the human's reasons) as the decision's note; the model reads the
+        message with the refusal."""
         call_id = _call_id_of(item)
         with self._lock:
             held = self._verdicts.pop(call_id, None)
         if held is not None and held.verdict == "HITL" and isinstance(self.guard, Guard):
-            self.guard.resolve(held, "reject", operator=operator)
-        state.reject(item, rejection_message=message or f"Tollgate: `{item.tool_name}` was rejected by {operator}")
+            self.guard.resolve(held, "reject", operator=operator, note=(message or "")[:1024])
+        text = f"Tollgate: `{item.tool_name}` was rejected by {operator}"
+        if message:
+            text += f": {message}"
+        state.reject(item, rejection_message=text)
 
     async def _before(self, data: ToolInputGuardrailData) -> ToolGuardrailFunctionOutput:
         ctx = data.context
         call_id = ctx.tool_call_id
         tool = ctx.tool_name
         args = _common.args_dict(ctx.tool_arguments)
+        note = ""
         with self._lock:
             v = self._verdicts.get(call_id)
             operator = self._operators.pop(call_id, "openai-agents")
         cost = _common.estimate(self.cost, tool, args if isinstance(args, dict) else {})
         if v is None:  # needs_approval was not wired (or daemon mode): decide now
             if isinstance(self.guard, Client):
-                v, released = await _common.acheck_or_wait(self.guard, tool, args, cost, hitl_timeout=self.hitl_timeout)
-                if v.allowed and v.reason == "hitl_transition:modify_successor":
+                out = await _common.acheck_or_wait(self.guard, tool, args, cost, hitl_timeout=self.hitl_timeout)
+                v = out.verdict
+                if out.modified or (v.allowed and v.reason == "hitl_transition:modify_successor"):
                     # An operator changed the arguments, and a guardrail cannot change what
                     # the SDK runs: refuse, never run the original ones, and tell the model.
-                    await self.guard.asettle(v, None, error="not run: the framework cannot run edited arguments")
-                    text = (f"A human changed the arguments of `{tool}` to {_common.json_text(released)}; "
-                            "Tollgate did not run it with the original ones. Call it again with the changed "
-                            "arguments if they are what you want.")
+                    await self.guard.asettle(v, 0.0, error="not run: the framework cannot run edited arguments")
                     return ToolGuardrailFunctionOutput.reject_content(
-                        text, output_info={"tollgate": "hitl_transition:modify_not_runnable"})
+                        _common.modified_text(tool, out.params, out.note),
+                        output_info={"tollgate": "hitl_transition:modify_not_runnable"})
+                note = out.note
             else:
                 v = await self.guard.acheck(tool, args, cost)
-        elif v.verdict == "HITL" and isinstance(self.guard, Guard):
+                note = ""
+        elif v.verdict == "HITL" and isinstance(self.guard, Guard) and not _common.held_behind(self.guard, v):
             # The tool only executes after the SDK's approval: release it in Tollgate.
             v = self.guard.resolve(v, "approve", operator=operator).verdict
         with self._lock:
@@ -148,7 +157,8 @@ class TollgateGuardrails:
             return ToolGuardrailFunctionOutput.allow(output_info={"tollgate": v.reason})
         with self._lock:
             self._verdicts.pop(call_id, None)
-        return ToolGuardrailFunctionOutput.reject_content(_common.deny_text(v), output_info={"tollgate": v.reason})
+        text = _common.held_behind_text(v) if _common.held_behind(self.guard, v) else _common.deny_text(v, note)
+        return ToolGuardrailFunctionOutput.reject_content(text, output_info={"tollgate": v.reason})
 
     async def _after(self, data: ToolOutputGuardrailData) -> ToolGuardrailFunctionOutput:
         with self._lock:

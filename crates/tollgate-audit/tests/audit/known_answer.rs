@@ -7,8 +7,8 @@ use ed25519_dalek::SigningKey;
 use tollgate_audit::format::{self, FileHeader, Position};
 use tollgate_audit::verify::verify_visit;
 use tollgate_audit::{
-    keys, CostStatus, DecisionRecord, Event, KeyId, SessionEvent, SessionRecord, SettlementRecord,
-    VerdictRecord, VoidRecord,
+    keys, CloseReason, CloseRecord, CostStatus, DecisionRecord, Event, KeyId, SessionEvent,
+    SessionRecord, SettlementRecord, VerdictRecord, VoidRecord,
 };
 use tollgate_core::{BudgetScope, DenyReason, Digest, HumanDecision, Money, Reason, Verdict};
 use uuid::Uuid;
@@ -440,6 +440,79 @@ fn version_4_is_reproduced_byte_for_byte() {
     assert!(format::parse_record_version(3, first).is_err());
 }
 
+/// Version 5: the first four records of the version-4 file (opened, verdict, settlement,
+/// human decision), then the session's end (kind 8), then the recovery and the hand-over.
+fn v5_events() -> Vec<(i64, &'static str, Event)> {
+    let v4 = v4_events();
+    let mut events: Vec<_> = v4.iter().take(4).cloned().collect();
+    events.push((
+        T0 + 4_000_000,
+        "0192f7c8-0004-7000-8000-000000000004",
+        Event::Session(SessionEvent::Closed(CloseRecord {
+            timestamp_ns: T0 + 4_000_000,
+            session_id: "s1".into(),
+            agent_id: "a1".into(),
+            organization_id: "o1".into(),
+            reason: CloseReason::Agent,
+            budget_remaining: Money(7_499_000_000),
+            session_seq: 5,
+        })),
+    ));
+    events.extend(v4.into_iter().skip(5));
+    events
+}
+
+#[test]
+fn version_5_is_reproduced_byte_for_byte() {
+    let events = v5_events();
+    let stored = check_stored("known-answer-v5.log", &build_file(5, &events));
+    let mut seen = Vec::new();
+    let s = verify_visit(
+        &[("known-answer-v5.log", &stored)],
+        &opts(&key(1)),
+        &mut |e| {
+            seen.push(e.clone());
+        },
+    )
+    .unwrap();
+    assert_eq!(s.entries, 7);
+    assert_eq!(u16::from_be_bytes([stored[8], stored[9]]), 5);
+    let kinds: Vec<u8> = seen.iter().map(|e| e.event.kind()).collect();
+    assert_eq!(kinds, [4, 1, 5, 6, 8, 3, 2]);
+    for (e, (ts, id, ev)) in seen.iter().zip(&events) {
+        assert_eq!(&e.event, ev);
+        assert_eq!(e.timestamp_ns, *ts);
+        assert_eq!(e.entry_id.to_string(), *id);
+    }
+    let digest = format::sha256(&stored).to_string();
+    assert!(
+        doc().contains(&digest),
+        "docs lack the v5 known answer's SHA-256 {digest}"
+    );
+    // The session-closed record, byte for byte, as the doc lists it.
+    let off: usize = (0..4).fold(format::HEADER_LEN, |off, _| {
+        off + format::parse_record_version(5, &stored[off..]).unwrap().1
+    });
+    let (_, n) = format::parse_record_version(5, &stored[off..]).unwrap();
+    assert_eq!(doc_block("closed-record-v5"), hex(&stored[off..off + n]));
+    // Kind 8 does not exist in version 4: the same record is refused there.
+    assert!(format::parse_record_version(4, &stored[off..]).is_err());
+}
+
+#[test]
+fn version_5_refuses_a_close_that_is_a_sessions_first_entry() {
+    let close = Event::Session(SessionEvent::Closed(CloseRecord {
+        timestamp_ns: T0,
+        session_id: "s1".into(),
+        agent_id: "a".into(),
+        organization_id: "o".into(),
+        reason: CloseReason::Idle,
+        budget_remaining: Money::ZERO,
+        session_seq: 1,
+    }));
+    assert!(format::check_event(&close, 5).is_err());
+}
+
 #[test]
 fn version_4_refuses_a_void_whose_budget_fields_disagree() {
     let void = |budget_version, before, revert_version| {
@@ -543,6 +616,7 @@ fn record_hashes_are_documented() {
         "known-answer-v1.log",
         "known-answer-v3.log",
         "known-answer-v4.log",
+        "known-answer-v5.log",
     ] {
         let bytes = std::fs::read(data_path(name)).unwrap();
         let version = u16::from_be_bytes([bytes[8], bytes[9]]);

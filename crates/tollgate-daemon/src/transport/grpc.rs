@@ -154,6 +154,7 @@ pub async fn bind(
     settings: &GrpcSettings,
     clients: &BTreeMap<String, GrpcClientRules>,
     organizations: &[crate::config::Organization],
+    enrollment: &BTreeMap<String, crate::config::Enrollment>,
 ) -> Result<GrpcListener, GrpcError> {
     if let Some(unknown) = clients
         .keys()
@@ -167,7 +168,7 @@ pub async fn bind(
         path: settings.key.clone(),
         message: e.to_string(),
     })?;
-    let identities = Arc::new(ClientIdentities::new(clients)?);
+    let identities = Arc::new(ClientIdentities::new(clients)?.with_enrollment(enrollment));
     let mut tls = rustls::ServerConfig::builder_with_provider(provider())
         .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
         .map_err(|e| GrpcError::Tls(e.to_string()))?
@@ -294,6 +295,9 @@ struct OrgRules {
 #[derive(Debug)]
 pub struct ClientIdentities {
     orgs: Vec<OrgRules>,
+    /// The organizations that require enrollment, each with its enrolled agents: a
+    /// certificate of one of them must name an enrolled agent, or the handshake fails.
+    enrolled_only: HashMap<String, std::collections::BTreeSet<String>>,
     pins: HashMap<[u8; 32], String>,
     any_ca: Option<Arc<dyn ClientCertVerifier>>,
     algorithms: WebPkiSupportedAlgorithms,
@@ -318,6 +322,10 @@ pub enum Unmapped {
     /// The certificate names an agent whose id breaks the id rule.
     #[error("the client certificate names agent `{0}`, which is not a valid agent id")]
     BadAgentId(String),
+    /// Its organization requires enrollment, and the certificate names no agent, or one
+    /// that is not enrolled.
+    #[error("organization `{0}` requires enrolled agents, and the client certificate names {1}")]
+    NotEnrolled(String, String),
 }
 
 /// Who a client certificate is: an organization's agent, named by the certificate or not.
@@ -407,6 +415,7 @@ impl ClientIdentities {
         };
         Ok(ClientIdentities {
             orgs,
+            enrolled_only: HashMap::new(),
             pins,
             any_ca,
             algorithms: provider().signature_verification_algorithms,
@@ -456,18 +465,55 @@ impl ClientIdentities {
 }
 
 impl ClientIdentities {
+    /// Refuse, in the handshake, every certificate of an organization that requires
+    /// enrollment unless it names one of its enrolled agents (`spiffe://ORG/AGENT`).
+    pub fn with_enrollment(
+        mut self,
+        enrollment: &BTreeMap<String, crate::config::Enrollment>,
+    ) -> ClientIdentities {
+        self.enrolled_only = enrollment
+            .iter()
+            .filter(|(_, e)| e.required)
+            .map(|(org, e)| (org.clone(), e.agents.keys().cloned().collect()))
+            .collect();
+        self
+    }
+
     /// The organization and, when the certificate names one, the agent whose certificate
     /// `chain` is (leaf first), as of `now`. The agent is named by a URI subject
     /// alternative name `spiffe://ORG/AGENT`, `ORG` being the organization the certificate
-    /// maps to; two different agents, or an agent id outside the id rule, refuse it.
+    /// maps to; two different agents, or an agent id outside the id rule, refuse it, and so
+    /// does a certificate of an organization that requires enrollment naming no enrolled
+    /// agent.
     pub fn identity_of(
         &self,
         chain: &[CertificateDer<'_>],
         now: UnixTime,
     ) -> Result<CertIdentity, Unmapped> {
-        let organization = self.organization_of(chain, now)?;
-        let leaf = chain.first().ok_or(Unmapped::NoCertificate)?;
+        let (leaf, intermediates) = chain.split_first().ok_or(Unmapped::NoCertificate)?;
+        self.identity_of_parts(leaf, intermediates, now)
+    }
+
+    fn identity_of_parts(
+        &self,
+        leaf: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        now: UnixTime,
+    ) -> Result<CertIdentity, Unmapped> {
+        let organization = self.organization_of_parts(leaf, intermediates, now)?;
         let agent = agent_named(&organization, &subject_alt_names(leaf))?;
+        if let Some(enrolled) = self.enrolled_only.get(&organization) {
+            match &agent {
+                Some(a) if enrolled.contains(a) => {}
+                Some(a) => {
+                    return Err(Unmapped::NotEnrolled(
+                        organization,
+                        format!("agent `{a}`, which is not enrolled"),
+                    ))
+                }
+                None => return Err(Unmapped::NotEnrolled(organization, "no agent".into())),
+            }
+        }
         Ok(CertIdentity {
             organization,
             agent,
@@ -565,9 +611,10 @@ impl ClientCertVerifier for ClientIdentities {
             }
         }
         // Valid is not enough: the certificate must be exactly one organization's agent
-        // (path-length and CA constraints included), or the handshake fails and nothing
-        // its peer sends is read.
-        match self.organization_of_parts(end_entity, intermediates, now) {
+        // (path-length and CA constraints included), name at most one agent with a valid
+        // id, and, where its organization requires enrollment, name an enrolled one; or
+        // the handshake fails and nothing its peer sends is read.
+        match self.identity_of_parts(end_entity, intermediates, now) {
             Ok(_) => Ok(ClientCertVerified::assertion()),
             Err(why) => {
                 tracing::warn!("gRPC client certificate refused: {why}");
@@ -611,6 +658,8 @@ pub struct ConnInfo {
     /// The earliest `notAfter` of the chain it presented (Unix seconds): past it, the
     /// connection is no longer served.
     pub not_after: Option<i64>,
+    /// The SHA-256 of its client certificate (the peer, for registration limits).
+    pub fingerprint: Option<[u8; 32]>,
     /// Its share of request bytes being received ([`MAX_IN_FLIGHT_BYTES_PER_CONNECTION`]).
     budget: Arc<Semaphore>,
 }
@@ -757,6 +806,9 @@ async fn accept(
                 return;
             }
             let not_after = chain.and_then(chain_not_after);
+            let fingerprint = chain
+                .and_then(|c| c.first())
+                .map(|leaf| sha2::Sha256::digest(leaf.as_ref()).into());
             let Ok(permit) = permits.try_acquire_owned() else {
                 tracing::warn!(%remote, "gRPC connection refused: {authenticated} connections open");
                 return;
@@ -771,6 +823,7 @@ async fn accept(
                 remote,
                 identity: Arc::new(identity),
                 not_after,
+                fingerprint,
                 budget: Arc::new(Semaphore::new(MAX_IN_FLIGHT_BYTES_PER_CONNECTION)),
             };
             let _ = out
@@ -1001,9 +1054,12 @@ fn caller<T>(req: &Request<T>) -> Result<(Caller, Peer), Status> {
         .extensions()
         .get::<ConnInfo>()
         .ok_or_else(|| unauthenticated(Unmapped::NoCertificate.to_string()))?;
+    // Registrations are limited per organization and certificate, not per address:
+    // agents behind one address (a NAT, a proxy) are different peers.
     let peer = Peer {
         uid: 0,
         ip: Some(info.remote.ip()),
+        certificate: info.fingerprint,
     };
     if info.expired(unix_now_secs()) {
         return Err(unauthenticated("the client certificate has expired".into()));
@@ -1113,6 +1169,19 @@ impl<S: SessionStore> ShackleDaemon for Grpc<S> {
         let (caller, _) = caller(&req)?;
         self.service
             .await_decision(&caller, req.into_inner())
+            .await
+            .map(Response::new)
+            .map_err(status)
+    }
+
+    async fn close_session(
+        &self,
+        req: Request<sp1::CloseSessionRequest>,
+    ) -> Result<Response<sp1::CloseSessionResponse>, Status> {
+        let (caller, _) = caller(&req)?;
+        let now = self.service.now();
+        self.service
+            .close_session(&caller, req.into_inner(), now)
             .await
             .map(Response::new)
             .map_err(status)

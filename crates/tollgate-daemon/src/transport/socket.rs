@@ -123,6 +123,7 @@ async fn connection<S: SessionStore>(
     let peer = Peer {
         uid: stream.peer_cred().map(|c| c.uid()).unwrap_or(0),
         ip: None,
+        certificate: None,
     };
     let mut standing = Standing::Pending(slot);
     let mut deadline = tokio::time::Instant::now() + limits.auth_timeout;
@@ -467,6 +468,7 @@ async fn keys_for<S: SessionStore>(
         Some(Payload::HitlDecide(r)) => owner(service, &r.session_id).await?,
         Some(Payload::HeldParams(r)) => owner(service, &r.session_id).await?,
         Some(Payload::AwaitDecision(r)) => owner(service, &r.session_id).await?,
+        Some(Payload::CloseSession(r)) => owner(service, &r.session_id).await?,
         Some(_) => {
             return Err(refuse(
                 ErrorCode::InvalidRequest,
@@ -583,6 +585,9 @@ async fn dispatch<S: SessionStore>(
         }
         Some(Payload::HeldParams(r)) => {
             Payload::HeldParamsAck(service.held_params(caller, r).await?)
+        }
+        Some(Payload::CloseSession(r)) => {
+            Payload::CloseSessionResponse(service.close_session(caller, r, now).await?)
         }
         Some(Payload::AwaitDecision(r)) => {
             Payload::AwaitDecisionResponse(service.await_decision(caller, r).await?)

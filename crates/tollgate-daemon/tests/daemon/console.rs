@@ -20,7 +20,7 @@ use tollgate_core::json as tjson;
 use tollgate_proto::sp1::{self, envelope::Payload};
 
 use crate::control::{agent_request, control_config, digest, held_call, ALICE};
-use crate::{session_events, start, SECRET};
+use crate::{session_events, start, Running, SECRET};
 
 fn on_path(names: &[&str]) -> Option<PathBuf> {
     let path = std::env::var_os("PATH")?;
@@ -209,6 +209,34 @@ impl Browser {
         self.post(&format!("element/{e}/click"), json!({})).await;
     }
 
+    /// Key presses sent to whatever has the focus, as a user types them (WebDriver
+    /// actions: the caret stays where the page has it).
+    async fn keys(&self, text: &str) {
+        let mut actions = Vec::new();
+        for ch in text.chars() {
+            actions.push(json!({"type": "keyDown", "value": ch.to_string()}));
+            actions.push(json!({"type": "keyUp", "value": ch.to_string()}));
+        }
+        self.post(
+            "actions",
+            json!({"actions": [{"type": "key", "id": "keyboard", "actions": actions}]}),
+        )
+        .await;
+    }
+
+    /// Open the console at `addr` and sign in as `token`, with the keyboard.
+    async fn sign_in(&self, addr: SocketAddr, token: &str) {
+        self.post("url", json!({"url": format!("http://{addr}/")}))
+            .await;
+        self.type_into("#token", &format!("{token}\u{E007}")).await;
+        self.until(
+            "the signed-in operator",
+            "return document.getElementById('status').textContent === 'live'",
+            json!([]),
+        )
+        .await;
+    }
+
     async fn screenshot(&self, to: &Path) {
         let b64 = self.get("screenshot").await;
         let png = base64::engine::general_purpose::STANDARD
@@ -229,8 +257,9 @@ impl Browser {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_operator_edits_and_approves_a_held_call_in_the_browser() {
+/// Chromium and chromedriver, or `None` (the test is skipped) when they are not on the
+/// PATH, unless `TOLLGATE_REQUIRE_CHROMIUM=1`.
+fn browser_binaries() -> Option<(PathBuf, PathBuf)> {
     let required = std::env::var("TOLLGATE_REQUIRE_CHROMIUM").is_ok_and(|v| v == "1");
     let (Some(chromium), Some(chromedriver)) = (
         on_path(&["chromium", "chromium-browser", "google-chrome"]),
@@ -242,6 +271,14 @@ async fn an_operator_edits_and_approves_a_held_call_in_the_browser() {
              (Debian: apt-get install chromium chromium-driver)"
         );
         eprintln!("skipped: chromium and chromedriver are not on the PATH (apt-get install chromium chromium-driver)");
+        return None;
+    };
+    Some((chromium, chromedriver))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_edits_and_approves_a_held_call_in_the_browser() {
+    let Some((chromium, chromedriver)) = browser_binaries() else {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
@@ -471,4 +508,473 @@ async fn an_operator_edits_and_approves_a_held_call_in_the_browser() {
         held_png.display(),
         decided_png.display()
     );
+}
+
+/// A free loopback port, for a control plane that must come back on the same address.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// The control configuration in `dir` with the control plane on `port`.
+fn configured(dir: &Path, port: u16) -> tollgate_daemon::DaemonConfig {
+    let mut c = control_config(dir);
+    if let Some(ctl) = c.control.as_mut() {
+        ctl.listen = ([127, 0, 0, 1], port).into();
+    }
+    c
+}
+
+/// Hold call `call_number` (tool `deploy`, nonce `nonce`) of `agent`'s session (agent
+/// `reviewed`: HITL always) and show operators its params.
+async fn hold(
+    d: &Running,
+    agent: &tollgate_client::DaemonClient,
+    call_number: u64,
+    nonce: u64,
+    params: &str,
+) {
+    let p = tjson::parse_str(params).unwrap();
+    let v = agent
+        .pre_exec_request(sp1::PreExecRequest {
+            session_id: agent.session_id().to_owned(),
+            call_number,
+            tool_name: "deploy".into(),
+            tool_params_hash: digest(&p),
+            estimated_cost_usd: 0.25,
+            nonce,
+            ..Default::default()
+        })
+        .await;
+    assert_eq!(v.verdict, tollgate_core::Verdict::Hitl, "{v:?}");
+    assert_eq!(v.call_number, call_number, "{v:?}");
+    let ack = agent_request(
+        &d.socket,
+        SECRET,
+        Payload::HeldParams(sp1::HeldParams {
+            session_id: agent.session_id().to_owned(),
+            call_number,
+            params_json: params.to_owned(),
+        }),
+    )
+    .await;
+    assert!(matches!(ack, Payload::HeldParamsAck(_)), "{ack:?}");
+}
+
+/// The CSS selector of the card of held call `call` of session `sid`.
+fn card_of(sid: &str, call: u64) -> String {
+    format!(".card[data-session=\"{sid}\"][data-call=\"{call}\"]")
+}
+
+/// The call numbers of the cards shown, and of those offering an enabled or disabled
+/// decision button (Approve, Reject, Defer, Escalate, Approve edited), as JSON.
+const CARDS: &str = "return Array.from(document.querySelectorAll('#held .card')).map((c) => \
+     ({ call: c.dataset.call, session: c.dataset.session, \
+        buttons: c.querySelectorAll('button.decide').length, \
+        text: c.innerText }))";
+
+/// The held calls of the organization over the socket, by call number.
+async fn listed(socket: &Path) -> Vec<u64> {
+    let op = crate::operator(socket).await;
+    let mut calls: Vec<u64> = op
+        .hitl_list()
+        .await
+        .unwrap()
+        .iter()
+        .map(|p| p.transition.as_ref().unwrap().call_number)
+        .collect();
+    calls.sort_unstable();
+    calls
+}
+
+/// Issue 16 §4: a call decided with `tollgate hitl decide` (an operator over the socket,
+/// as the CLI does) is never offered decision buttons again: not live on the open page, not
+/// after a reload, not after a daemon restart; the page says who decided it; a fresh
+/// `hitl_list` lists only the call still waiting, before and after the restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_decided_elsewhere_is_never_offered_again_after_a_reload_or_a_restart() {
+    let Some((chromium, chromedriver)) = browser_binaries() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let d = start(configured(dir.path(), port)).await;
+    let addr = d.control.unwrap();
+
+    // Four parallel calls of one session, all held.
+    let agent = crate::connect(&d.socket, "reviewed").await;
+    let sid = agent.session_id().to_owned();
+    for n in 1..=5u64 {
+        hold(&d, &agent, n, 1000 + n, &format!(r#"{{"i":{n}}}"#)).await;
+    }
+    let b = Browser::start(&chromium, &chromedriver, dir.path()).await;
+    b.sign_in(addr, ALICE).await;
+    b.until(
+        "a card for each of the five held calls of the session",
+        "return [1,2,3,4,5].every((n) => document.querySelector(arguments[0] + '[data-call=\"' + n + '\"]'))",
+        json!([format!(".card[data-session=\"{sid}\"]")]),
+    )
+    .await;
+    // Alice starts working on call 2: a note typed, not sent.
+    b.type_into(&format!("{} input.note", card_of(&sid, 2)), "looking")
+        .await;
+
+    // bob decides calls 1 to 3 from the command line.
+    let cli = operator_as(&d.socket).await;
+    for (n, word) in [(1u64, "approve"), (2, "reject"), (3, "modify")] {
+        decide(&cli, &sid, n, word).await;
+    }
+    assert_eq!(
+        listed(&d.socket).await,
+        vec![4, 5],
+        "hitl_list after the decisions"
+    );
+
+    // Live: calls 1 and 3 leave; call 2, which alice was working on, stays on screen as
+    // decided, saying by whom, with no decision button; calls 4 and 5 are still offered.
+    let live = b
+        .until(
+            "calls 1 and 3 to leave and call 2 to show bob's reject",
+            &format!(
+                "const cards = (function () {{ {CARDS} }})(); \
+                 const two = cards.find((c) => c.call === '2'); \
+                 return cards.length === 3 && two && two.buttons === 0 \
+                 && two.text.includes('cli-bob') && cards"
+            ),
+            json!([]),
+        )
+        .await;
+    assert!(
+        live.to_string().contains("Rejected by cli-bob"),
+        "the decided card says who decided: {live}"
+    );
+    let stable = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target");
+    std::fs::create_dir_all(&stable).unwrap();
+    b.screenshot(&stable.join("console-screenshot-decided-elsewhere.png"))
+        .await;
+    // Dismissed, it leaves.
+    b.click(&format!("{} button.dismiss", card_of(&sid, 2)))
+        .await;
+    b.until(
+        "the dismissed card to leave",
+        "return !document.querySelector(arguments[0])",
+        json!([card_of(&sid, 2)]),
+    )
+    .await;
+    for n in ["4", "5"] {
+        let c = live
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["call"] == n)
+            .unwrap_or_else(|| panic!("call {n} is not shown: {live}"));
+        assert_eq!(c["buttons"], 5, "{live}");
+    }
+
+    // A reload: only calls 4 and 5 are offered; the recent decisions say who decided the
+    // others.
+    b.sign_in(addr, ALICE).await;
+    b.until(
+        "calls 4 and 5",
+        "return document.querySelector(arguments[0]) && document.querySelector(arguments[1])",
+        json!([card_of(&sid, 4), card_of(&sid, 5)]),
+    )
+    .await;
+    let recent = b
+        .until(
+            "the recent decisions",
+            "const t = document.getElementById('recent').innerText; return t.includes('modify') && t",
+            json!([]),
+        )
+        .await;
+    for want in [
+        "approve by cli-bob",
+        "reject by cli-bob",
+        "modify by cli-bob",
+    ] {
+        assert!(recent.as_str().unwrap().contains(want), "{recent}");
+    }
+    let shown = b.js(CARDS, json!([])).await;
+    let calls: Vec<(String, u64)> = shown
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            (
+                c["call"].as_str().unwrap().to_owned(),
+                c["buttons"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        calls,
+        vec![("4".to_owned(), 5), ("5".to_owned(), 5)],
+        "after a reload: {shown}"
+    );
+    // Alice defers call 5 from the page (two calls wait: the page names the call). It stays
+    // offered, saying who deferred it: a deferred call still waits for a decision.
+    let five = card_of(&sid, 5);
+    b.type_into(&format!("{five} input.note"), "ask finance first")
+        .await;
+    b.click(&format!("{five} button[data-decision=defer]"))
+        .await;
+    b.until(
+        "call 5 deferred by alice, still offered",
+        "const c = document.querySelector(arguments[0]); \
+         return c && c.innerText.includes('deferred by alice') \
+         && c.querySelectorAll('button.decide').length === 5 && c.innerText",
+        json!([five]),
+    )
+    .await;
+    assert_eq!(
+        listed(&d.socket).await,
+        vec![4, 5],
+        "a deferred call still waits"
+    );
+
+    // The daemon restarts under the open page, and bob rejects call 5 as soon as it is
+    // back (before or after the page reconnects: the page must end up the same).
+    drop(agent);
+    drop(cli);
+    d.stop().await;
+    b.until(
+        "the page to notice the daemon is gone",
+        "return document.getElementById('status').textContent.includes('reconnecting')",
+        json!([]),
+    )
+    .await;
+    let d = start(configured(dir.path(), port)).await;
+    let cli = operator_as(&d.socket).await;
+    decide(&cli, &sid, 5, "reject").await;
+    assert_eq!(
+        listed(&d.socket).await,
+        vec![4],
+        "hitl_list after the restart"
+    );
+    // Call 4 is offered (its arguments unknown until resent); call 5 is not: gone, or, if
+    // alice was still on it, shown decided with no decision button.
+    let shown = b
+        .until(
+            "call 4 alone offered after the restart",
+            &format!(
+                "const four = document.querySelector(arguments[0]); \
+                 const cards = (function () {{ {CARDS} }})(); \
+                 return four && four.querySelector('.unknown') \
+                 && document.getElementById('status').textContent === 'live' \
+                 && cards.every((c) => c.call === '4' || c.buttons === 0) && cards"
+            ),
+            json!([card_of(&sid, 4)]),
+        )
+        .await;
+    for c in shown.as_array().unwrap() {
+        if c["call"] == "4" {
+            assert_eq!(c["buttons"], 5, "after the restart: {shown}");
+        } else {
+            assert_eq!(c["call"], "5", "after the restart: {shown}");
+            let text = c["text"].as_str().unwrap();
+            assert!(
+                text.contains("Rejected by cli-bob") || text.contains("No longer waiting"),
+                "after the restart: {shown}"
+            );
+        }
+    }
+    // And a reload after the restart: call 4 alone.
+    b.sign_in(addr, ALICE).await;
+    b.until(
+        "call 4 after the restart and a reload",
+        "return document.querySelector(arguments[0])",
+        json!([card_of(&sid, 4)]),
+    )
+    .await;
+    let shown = b.js(CARDS, json!([])).await;
+    let cards = shown.as_array().unwrap();
+    assert_eq!(cards.len(), 1, "after the restart and a reload: {shown}");
+    assert_eq!(cards[0]["call"], "4", "{shown}");
+    assert_eq!(cards[0]["buttons"], 5, "{shown}");
+    b.close().await;
+    d.stop().await;
+}
+
+/// An operator connection over the socket, as `tollgate hitl decide` makes it.
+async fn operator_as(socket: &Path) -> tollgate_client::DaemonClient {
+    crate::operator(socket).await
+}
+
+/// `tollgate hitl decide SESSION WORD --call N --operator cli-bob --note ...`, as the CLI
+/// sends it.
+async fn decide(cli: &tollgate_client::DaemonClient, sid: &str, n: u64, word: &str) {
+    cli.hitl_decide(sp1::HitlDecideRequest {
+        session_id: sid.to_owned(),
+        call_number: n,
+        decision: word.into(),
+        operator_id: "cli-bob".into(),
+        note: format!("bob's {word}"),
+        successor_params_json: if word == "modify" {
+            r#"{"i":30}"#.into()
+        } else {
+            String::new()
+        },
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+}
+
+/// Put the caret of card `card`'s arguments box at `offset`, focused, as a click there
+/// would.
+const CARET_AT: &str = "const a = document.querySelector(arguments[0] + ' textarea.args'); \
+     a.focus(); a.setSelectionRange(arguments[1], arguments[1]); return a.value";
+
+/// What the focused element is and holds: the card it is in, its value and caret.
+const FOCUSED: &str = "const a = document.activeElement; const c = a && a.closest('.card'); \
+     return { session: c && c.dataset.session, call: c && c.dataset.call, \
+              cls: a && a.className, value: a && a.value, caret: a && a.selectionStart }";
+
+/// Issue 16 §4: a push (a new held call arriving) never disturbs an edit in progress: the
+/// operator types at offset 2 of an arguments box, a new call is held and pushed, the
+/// operator types again, and both keys are where the caret was, one after the other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_push_keeps_the_caret_and_the_typed_text_of_an_edit() {
+    let Some((chromium, chromedriver)) = browser_binaries() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let d = start(configured(dir.path(), 0)).await;
+    let addr = d.control.unwrap();
+    let first = crate::connect(&d.socket, "reviewed").await;
+    let sid = first.session_id().to_owned();
+    hold(&d, &first, 1, 501, r#"{"amount":90,"to":"acme-supplies"}"#).await;
+
+    let b = Browser::start(&chromium, &chromedriver, dir.path()).await;
+    b.sign_in(addr, ALICE).await;
+    let card = card_of(&sid, 1);
+    b.until(
+        "the held call's arguments",
+        "const c = document.querySelector(arguments[0]); return c && c.querySelector('textarea.args').value",
+        json!([card]),
+    )
+    .await;
+    let original = b.js(CARET_AT, json!([card, 2])).await;
+    let original = original.as_str().unwrap().to_owned();
+    assert!(original.starts_with("{\n  \"amount\""), "{original}");
+    b.keys("x").await;
+
+    // A new call is held in another session, and one more in this one: both are pushed.
+    let second = crate::connect(&d.socket, "reviewed").await;
+    hold(&d, &second, 1, 502, r#"{"amount":5}"#).await;
+    hold(&d, &first, 2, 503, r#"{"amount":7}"#).await;
+    b.until(
+        "both new calls on the page",
+        "return document.querySelector(arguments[0]) && document.querySelector(arguments[1])",
+        json!([card_of(second.session_id(), 1), card_of(&sid, 2)]),
+    )
+    .await;
+    b.keys("y").await;
+
+    // And a push that updates the very card being edited: bob defers it from the command
+    // line (it still waits; the card says so), and the agent sends its params again.
+    let cli = operator_as(&d.socket).await;
+    decide(&cli, &sid, 1, "defer").await;
+    let resent = agent_request(
+        &d.socket,
+        SECRET,
+        Payload::HeldParams(sp1::HeldParams {
+            session_id: sid.clone(),
+            call_number: 1,
+            params_json: r#"{"amount":90,"to":"acme-supplies"}"#.into(),
+        }),
+    )
+    .await;
+    assert!(matches!(resent, Payload::HeldParamsAck(_)), "{resent:?}");
+    b.until(
+        "the card being edited to say bob deferred it",
+        "return document.querySelector(arguments[0]).innerText.includes('deferred by cli-bob')",
+        json!([card]),
+    )
+    .await;
+    b.keys("z").await;
+
+    let focused = b.js(FOCUSED, json!([])).await;
+    let want = format!("{}xyz{}", &original[..2], &original[2..]);
+    assert_eq!(focused["value"], json!(want), "{focused}");
+    assert_eq!(focused["caret"], json!(5), "{focused}");
+    assert_eq!(focused["session"], json!(sid), "{focused}");
+    assert_eq!(focused["call"], json!("1"), "{focused}");
+    let value = b
+        .js(
+            "return document.querySelector(arguments[0] + ' textarea.args').value",
+            json!([card]),
+        )
+        .await;
+    assert_eq!(value, json!(want));
+    b.close().await;
+    drop((first, second));
+    d.stop().await;
+}
+
+/// Issue 16 §4: an inline error on a card (edited arguments that are not JSON) stays, with
+/// the edit and the note, when a push arrives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_push_keeps_an_inline_error() {
+    let Some((chromium, chromedriver)) = browser_binaries() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let d = start(configured(dir.path(), 0)).await;
+    let addr = d.control.unwrap();
+    let first = crate::connect(&d.socket, "reviewed").await;
+    let sid = first.session_id().to_owned();
+    hold(&d, &first, 1, 601, r#"{"amount":90}"#).await;
+
+    let b = Browser::start(&chromium, &chromedriver, dir.path()).await;
+    b.sign_in(addr, ALICE).await;
+    let card = card_of(&sid, 1);
+    b.until(
+        "the held call's arguments",
+        "const c = document.querySelector(arguments[0]); return c && c.querySelector('textarea.args').value",
+        json!([card]),
+    )
+    .await;
+    // Break the JSON, write a note, try to approve the edit: an inline error.
+    b.js(CARET_AT, json!([card, 0])).await;
+    b.keys("!").await;
+    b.type_into(&format!("{card} input.note"), "one dollar, not ninety")
+        .await;
+    b.click(&format!("{card} button[data-decision=modify]"))
+        .await;
+    let error = b
+        .until(
+            "the inline error",
+            "const m = document.querySelector(arguments[0] + ' .msg.err'); return m && m.textContent",
+            json!([card]),
+        )
+        .await;
+    assert!(error.as_str().unwrap().contains("not JSON"), "{error}");
+
+    // A new call is held and pushed.
+    let second = crate::connect(&d.socket, "reviewed").await;
+    hold(&d, &second, 1, 602, r#"{"amount":5}"#).await;
+    b.until(
+        "the new call on the page",
+        "return document.querySelector(arguments[0])",
+        json!([card_of(second.session_id(), 1)]),
+    )
+    .await;
+    let after = b
+        .js(
+            "const c = document.querySelector(arguments[0]); const m = c.querySelector('.msg.err'); \
+             return { inline: m && m.textContent, args: c.querySelector('textarea.args').value, \
+                      note: c.querySelector('input.note').value }",
+            json!([card]),
+        )
+        .await;
+    assert_eq!(after["inline"], error, "{after}");
+    assert!(after["args"].as_str().unwrap().starts_with("!{"), "{after}");
+    assert_eq!(after["note"], "one dollar, not ninety", "{after}");
+    b.close().await;
+    drop((first, second));
+    d.stop().await;
 }

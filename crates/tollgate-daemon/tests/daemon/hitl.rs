@@ -369,6 +369,8 @@ async fn nine_parallel_held_calls_on_one_client_each_get_their_own_decision() {
     }
     for task in tasks {
         let (i, r) = task.await.unwrap();
+        // Each waiting call gets its own decision's note with it (issue 16 §5).
+        assert_eq!(r.note, format!("call {i}"), "{i}: {r:?}");
         match i % 3 {
             0 => {
                 assert!(r.allowed(), "{i}: {r:?}");

@@ -11,12 +11,14 @@
 mod bounds;
 mod console;
 mod control;
+mod ending;
 mod flows;
 mod grpc;
 mod hitl;
 mod hostile;
 mod identity;
 mod lifecycle;
+mod policy;
 mod settlement;
 
 use std::path::{Path, PathBuf};

@@ -332,3 +332,96 @@ async fn a_held_call_the_host_cancels_never_runs_even_if_approved_later() {
     assert!(kit.invocations().is_empty(), "{:?}", kit.invocations());
     d.stop().await;
 }
+
+/// Issue 16 §2: an operator modifies a held call; the upstream runs the edited arguments
+/// only (the host's own are never forwarded).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operators_modify_runs_only_the_edited_arguments() {
+    let data = tempfile::tempdir().unwrap();
+    let d = daemon(data.path(), true).await;
+    let kit = daemon_kit(&d.socket, "");
+    let s = start(&kit.config(), Host::default()).await;
+    let call = tokio::spawn(async move {
+        let r = s.ok("add", json!({"a": 1, "b": 1})).await;
+        (s, r)
+    });
+    let op = operator(&d.socket).await;
+    let held = held_with_params(&op).await;
+    op.hitl_decide(sp1::HitlDecideRequest {
+        session_id: held.session_id.clone(),
+        call_number: held.transition.as_ref().unwrap().call_number,
+        decision: "modify".into(),
+        operator_id: "alice".into(),
+        successor_params_json: r#"{"a":40,"b":2}"#.into(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let (s, r) = call.await.unwrap();
+    assert_eq!(text(&r), "42", "the edited arguments ran, not the host's");
+    assert_eq!(kit.invocations(), ["add"]);
+    s.close().await;
+    d.stop().await;
+}
+
+/// Issue 16 §5: a reject's note reaches the model with the refusal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rejects_note_reaches_the_model() {
+    let data = tempfile::tempdir().unwrap();
+    let d = daemon(data.path(), true).await;
+    let kit = daemon_kit(&d.socket, "");
+    let s = start(&kit.config(), Host::default()).await;
+    let call = tokio::spawn(async move {
+        let r = s.ok("add", json!({"a": 7})).await;
+        (s, r)
+    });
+    let op = operator(&d.socket).await;
+    let held = held_with_params(&op).await;
+    op.hitl_decide(sp1::HitlDecideRequest {
+        session_id: held.session_id.clone(),
+        call_number: held.transition.as_ref().unwrap().call_number,
+        decision: "reject".into(),
+        operator_id: "alice".into(),
+        note: "use the staging account".into(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let (s, r) = call.await.unwrap();
+    assert_eq!(
+        text(&r),
+        "denied: hitl_transition:reject; a human refused this call. Tollgate did not run `add`. \
+         The human said: use the staging account"
+    );
+    assert!(kit.invocations().is_empty());
+    // One refusal refuses that call only: the next one is held for a human in turn.
+    let next = tokio::spawn(async move {
+        let r = s.ok("add", json!({"a": 8})).await;
+        (s, r)
+    });
+    let again = loop {
+        let p = op.hitl_list().await.unwrap();
+        if let Some(h) = p.into_iter().find(|p| {
+            p.params_known
+                && p.transition.as_ref().unwrap().call_number != 1
+                && p.params_json.contains('8')
+        }) {
+            break h;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    op.hitl_decide(sp1::HitlDecideRequest {
+        session_id: again.session_id.clone(),
+        call_number: again.transition.as_ref().unwrap().call_number,
+        decision: "approve".into(),
+        operator_id: "alice".into(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let (s, r) = next.await.unwrap();
+    assert_eq!(text(&r), "8");
+    assert_eq!(kit.invocations(), ["add"]);
+    s.close().await;
+    d.stop().await;
+}

@@ -134,3 +134,205 @@ async fn without_elicitation_a_held_call_is_denied_with_a_clear_text() {
         [(HumanDecision::Expire, "tollgate".into())]
     );
 }
+
+/// The `a` argument of the call an approval request is about, if it has one.
+fn the_i_of(message: &str) -> Option<i64> {
+    let start = message.find(r#""a":"#)? + 4;
+    message[start..]
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect::<String>()
+        .parse()
+        .ok()
+}
+
+/// Issue 16 §1: the host sends five calls at once; the gateway asks its user about all
+/// five before any is decided (each held call on its own), the user answers them newest
+/// first, accepting the even ones; each accepted call runs exactly once with its own
+/// arguments, no declined one runs, and the session is not tripped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn several_calls_held_at_once_are_each_asked_and_decided_in_any_order() {
+    let kit = kit(60);
+    let host = Host {
+        elicitation: true,
+        answer_by: Some(|m| {
+            if the_i_of(m).is_none_or(|i| i % 2 == 0) {
+                ElicitationAction::Accept
+            } else {
+                ElicitationAction::Decline
+            }
+        }),
+        hold_until: 5,
+        ..Host::default()
+    };
+    let asked = host.asked.clone();
+    let s = std::sync::Arc::new(start(&kit.config(), host).await);
+    let calls: Vec<_> = (0..5)
+        .map(|i| {
+            let s = s.clone();
+            tokio::spawn(async move { (i, s.ok("add", json!({"a": i, "b": 100})).await) })
+        })
+        .collect();
+    let mut answers = Vec::new();
+    for c in calls {
+        answers.push(c.await.unwrap());
+    }
+    assert_eq!(asked.lock().unwrap().len(), 5, "every call was asked about");
+    for (i, r) in &answers {
+        if i % 2 == 0 {
+            assert_eq!(text(r), (i + 100).to_string(), "call {i}");
+        } else {
+            assert!(
+                text(r).starts_with("denied: hitl_transition:reject; a human refused"),
+                "call {i}: {}",
+                text(r)
+            );
+        }
+    }
+    assert_eq!(kit.invocations(), ["add", "add", "add"]);
+    // Each decision named its own call; nothing else was recorded.
+    let mut decided: Vec<_> = decisions(&kit).into_iter().map(|(d, _)| d).collect();
+    decided.sort_by_key(|d| format!("{d:?}"));
+    assert_eq!(
+        decided,
+        [
+            HumanDecision::Approve,
+            HumanDecision::Approve,
+            HumanDecision::Approve,
+            HumanDecision::Reject,
+            HumanDecision::Reject
+        ]
+    );
+    // The session goes on: a later call is asked about and runs.
+    let later = s.ok("echo", json!({"text": "still here"})).await;
+    assert_eq!(text(&later), r#"{"text":"still here"}"#);
+    std::sync::Arc::into_inner(s).unwrap().close().await;
+}
+
+/// Issue 16 §3: one human refusal refuses that call only. The next calls run, in the same
+/// session (one session-opened entry), with the budget spent only by what ran, and the
+/// refusal's text names what happened while later results are the tools' own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_refusal_does_not_trip_the_session() {
+    let kit = refusing_kit("");
+    let host = Host {
+        elicitation: true,
+        answer_by: Some(|m| {
+            if m.contains(r#""a":1,"#) {
+                ElicitationAction::Decline
+            } else {
+                ElicitationAction::Accept
+            }
+        }),
+        ..Host::default()
+    };
+    let s = start(&kit.config(), host).await;
+    let refused = s.ok("add", json!({"a": 1, "b": 1})).await;
+    assert_eq!(
+        text(&refused),
+        "denied: hitl_transition:reject; a human refused this call. Tollgate did not run `add`."
+    );
+    assert_eq!(text(&s.ok("add", json!({"a": 2, "b": 3})).await), "5");
+    assert_eq!(text(&s.ok("add", json!({"a": 4, "b": 5})).await), "9");
+    s.close().await;
+    assert_eq!(kit.invocations(), ["add", "add"]);
+    let events = kit.audited();
+    let opened = events
+        .iter()
+        .filter(|e| matches!(e, SessionEvent::Opened(_)))
+        .count();
+    assert_eq!(opened, 1, "one session throughout");
+    let last_budget = events
+        .iter()
+        .filter_map(|e| match e {
+            SessionEvent::Settled(r) => Some(r.budget_after),
+            _ => None,
+        })
+        .next_back()
+        .unwrap();
+    // $1 less the two calls that ran at $0.02 each (the refused call's reservation was
+    // given back).
+    assert_eq!(last_budget, tollgate_core::Money(960_000_000));
+    assert!(!reasons(&kit).contains(&Reason::CircuitOpen));
+}
+
+/// A library-mode gateway asking its host's user about every call (add costs $0.02 of $1),
+/// with `extra` in `[guard]`.
+fn refusing_kit(extra: &str) -> Kit {
+    let kit = Kit::new(&format!(
+        "[gateway]\nhitl_timeout_secs = 30\noperator_id = \"desk-user\"\n\
+         [guard]\nhitl_mode = \"always\"\nbudget_usd = 1.0\n{extra}\n\
+         [library]\naudit_dir = \"audit\"\naudit_key = \"audit.key\"\n\
+         [tools.kit.add]\ncost_usd = 0.02\n"
+    ));
+    kit.make_audit_key();
+    kit
+}
+
+/// The strict setting (`max_held_calls = 1`, SP/1.0.1's single held call): a refusal is
+/// the end of the session, as the specification has it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_max_held_calls_1_a_refusal_trips_the_session() {
+    let kit = refusing_kit("max_held_calls = 1");
+    let host = Host {
+        elicitation: true,
+        answer_by: Some(|m| {
+            if m.contains(r#""a":1,"#) {
+                ElicitationAction::Decline
+            } else {
+                ElicitationAction::Accept
+            }
+        }),
+        ..Host::default()
+    };
+    let s = start(&kit.config(), host).await;
+    let refused = s.ok("add", json!({"a": 1, "b": 1})).await;
+    assert!(text(&refused).starts_with("denied: hitl_transition:reject;"));
+    let next = s.ok("add", json!({"a": 2, "b": 3})).await;
+    assert!(denied(&next), "{}", text(&next));
+    let after = s.ok("add", json!({"a": 4, "b": 5})).await;
+    assert!(
+        text(&after).starts_with("denied: circuit_open;"),
+        "{}",
+        text(&after)
+    );
+    s.close().await;
+    assert!(kit.invocations().is_empty());
+}
+
+/// Issue 16 §1: more calls at once than the session may hold (`max_held_calls = 2`): the
+/// extra one is held behind (nothing recorded for it), so it is denied without its user
+/// being asked; the two held ones are asked and run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_held_behind_others_is_denied_without_asking() {
+    let kit = refusing_kit("max_held_calls = 2");
+    let host = Host {
+        elicitation: true,
+        answer: Some(ElicitationAction::Accept),
+        hold_until: 2,
+        ..Host::default()
+    };
+    let asked = host.asked.clone();
+    let s = std::sync::Arc::new(start(&kit.config(), host).await);
+    let calls: Vec<_> = (0..3)
+        .map(|i| {
+            let s = s.clone();
+            tokio::spawn(async move { s.ok("add", json!({"a": i, "b": 10})).await })
+        })
+        .collect();
+    let mut texts = Vec::new();
+    for c in calls {
+        texts.push(text(&c.await.unwrap()));
+    }
+    assert_eq!(asked.lock().unwrap().len(), 2, "{texts:?}");
+    assert_eq!(
+        texts
+            .iter()
+            .filter(|t| t.starts_with("denied: hitl_transition:defer_escalate;"))
+            .count(),
+        1,
+        "{texts:?}"
+    );
+    assert_eq!(kit.invocations(), ["add", "add"]);
+    std::sync::Arc::into_inner(s).unwrap().close().await;
+}

@@ -121,6 +121,13 @@ pub struct Host {
     pub asked: Arc<Mutex<Vec<String>>>,
     /// The progress messages it was sent.
     pub progress: Arc<Mutex<Vec<String>>>,
+    /// How to answer each request, by its message (instead of `answer`).
+    pub answer_by: Option<fn(&str) -> ElicitationAction>,
+    /// Answer nothing until this many requests are open at once, then answer them
+    /// newest first (0: answer each at once).
+    pub hold_until: usize,
+    /// The requests open now, and the order they came in (for `hold_until`).
+    pub open: Arc<(Mutex<Vec<usize>>, tokio::sync::Notify)>,
 }
 
 impl Default for Host {
@@ -131,6 +138,9 @@ impl Default for Host {
             version: ProtocolVersion::V_2025_11_25,
             asked: Arc::default(),
             progress: Arc::default(),
+            answer_by: None,
+            hold_until: 0,
+            open: Arc::default(),
         }
     }
 }
@@ -162,8 +172,38 @@ impl ClientHandler for Host {
         request: ElicitRequestParams,
         _: RequestContext<RoleClient>,
     ) -> Result<ElicitResult, ErrorData> {
-        if let ElicitRequestParams::FormElicitationParams { message, .. } = request {
-            self.asked.lock().unwrap().push(message);
+        let message = match request {
+            ElicitRequestParams::FormElicitationParams { message, .. } => message,
+            _ => String::new(),
+        };
+        let me = {
+            let mut asked = self.asked.lock().unwrap();
+            asked.push(message.clone());
+            asked.len()
+        };
+        if self.hold_until > 0 {
+            // Wait until `hold_until` requests are open, then answer the newest open one
+            // first: the gateway must have asked about every call before any is decided,
+            // and decisions come in the reverse order.
+            let (open, changed) = &*self.open;
+            open.lock().unwrap().push(me);
+            changed.notify_waiters();
+            loop {
+                let notified = changed.notified();
+                {
+                    let open = open.lock().unwrap();
+                    let all_asked = self.asked.lock().unwrap().len() >= self.hold_until;
+                    if all_asked && open.last() == Some(&me) {
+                        break;
+                    }
+                }
+                notified.await;
+            }
+            open.lock().unwrap().retain(|n| *n != me);
+            changed.notify_waiters();
+        }
+        if let Some(by) = self.answer_by {
+            return Ok(ElicitResult::new(by(&message)));
         }
         match &self.answer {
             Some(a) => Ok(ElicitResult::new(a.clone())),

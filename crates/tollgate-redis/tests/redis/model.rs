@@ -590,7 +590,7 @@ impl World {
                 SessionEvent::Verdict(v) => (v.budget_before.0, v.budget_after.0),
                 SessionEvent::Settled(st) => (st.budget_before.0, st.budget_after.0),
                 SessionEvent::Opened(o) => (o.budget_before.0, o.budget_before.0),
-                SessionEvent::HumanDecision(_) => continue,
+                SessionEvent::HumanDecision(_) | SessionEvent::Closed(_) => continue,
             };
             taken += before - after;
             if e.budget_version() != 0 {
@@ -697,6 +697,7 @@ impl World {
                             SessionEvent::Verdict(v) => v.budget_before,
                             SessionEvent::Settled(st) => st.budget_before,
                             SessionEvent::HumanDecision(h) => h.budget_remaining,
+                            SessionEvent::Closed(c) => c.budget_remaining,
                             SessionEvent::Opened(o) => o.budget_before,
                         };
                         ops::replay(&mut folded, &e).unwrap();

@@ -385,6 +385,7 @@ pub fn pre_exec_remaining(
         Change::Commit(d, e) => Change::Commit((d, s.state.budget_remaining), e),
         Change::Keep(d) => Change::Keep((d, s.state.budget_remaining)),
         Change::Touch(d) => Change::Touch((d, s.state.budget_remaining)),
+        Change::End(d, e) => Change::End((d, s.state.budget_remaining), e),
     }
 }
 
@@ -407,7 +408,7 @@ pub fn fold_budget(book: &Book, org: &str, initial: i64) -> (u64, i64) {
             SessionEvent::Verdict(v) => (&v.organization_id, v.budget_before.0, v.budget_after.0),
             SessionEvent::Settled(s) => (&s.organization_id, s.budget_before.0, s.budget_after.0),
             SessionEvent::Opened(s) => (&s.organization_id, s.budget_before.0, s.budget_before.0),
-            SessionEvent::HumanDecision(_) => continue,
+            SessionEvent::HumanDecision(_) | SessionEvent::Closed(_) => continue,
         };
         if o != org {
             continue;

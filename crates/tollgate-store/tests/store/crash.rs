@@ -263,7 +263,7 @@ fn reconcile(dir: &Path) -> HashMap<String, Money> {
                 (&v.session_id, v.budget_before, v.budget_after)
             }
             SessionEvent::Settled(s) => (&s.session_id, s.budget_before, s.budget_after),
-            SessionEvent::HumanDecision(_) => return,
+            SessionEvent::HumanDecision(_) | SessionEvent::Closed(_) => return,
         };
         let key = budget_of(sid, &scope_of);
         let r = running.get_mut(&key).unwrap();

@@ -12,6 +12,7 @@
 
 mod basics;
 mod crash;
+mod ending;
 mod fold;
 mod persist;
 mod recover;

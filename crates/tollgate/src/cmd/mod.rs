@@ -14,3 +14,4 @@ pub mod migrate;
 pub mod operator_token;
 pub mod policy;
 pub mod serve;
+pub mod soak;

@@ -170,6 +170,9 @@ fn fold_and_reconcile(dir: &Path) -> Ledger {
                 SessionEvent::HumanDecision(h) => {
                     (Some(&h.session_id), h.budget_remaining, h.budget_remaining)
                 }
+                SessionEvent::Closed(c) => {
+                    (Some(&c.session_id), c.budget_remaining, c.budget_remaining)
+                }
             };
             if let Some(sid) = sid {
                 let r = running.get_mut(&budget_of[sid]).unwrap();

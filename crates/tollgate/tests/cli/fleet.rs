@@ -80,6 +80,28 @@ impl Fleet {
         sweep_secs: u64,
         limits: &str,
     ) -> Fleet {
+        let extra = Extra {
+            limits,
+            ..Extra::default()
+        };
+        Fleet::start_extra(root, redis_url, urls, pg_url, budget_usd, sweep_secs, extra)
+    }
+
+    /// As `start_with`, with `extra` configuration in each daemon's file.
+    fn start_extra(
+        root: &Path,
+        redis_url: &str,
+        urls: &[String],
+        pg_url: &str,
+        budget_usd: f64,
+        sweep_secs: u64,
+        extra: Extra<'_>,
+    ) -> Fleet {
+        let Extra {
+            limits,
+            guards,
+            acme,
+        } = extra;
         let prefix = unique("tgfleet");
         let schema = unique("fleet");
         let mut f = Fleet {
@@ -122,11 +144,13 @@ max_repeat_calls = 0
 
 [guard.agents.reviewed]
 hitl_mode = "always"
+{guards}
 
 [[organization]]
 id = "acme"
 secret = "{SECRET}"
 operator_secret = "fleet-test-operators-secret-0123456789"
+{acme}
 
 [[organization]]
 id = "beta"
@@ -221,6 +245,17 @@ impl Drop for Fleet {
         })
         .join();
     }
+}
+
+/// Configuration added to each daemon's file by `Fleet::start_extra`.
+#[derive(Default, Clone, Copy)]
+struct Extra<'a> {
+    /// Keys of `[limits]`.
+    limits: &'a str,
+    /// Tables after `[guard.agents.reviewed]`.
+    guards: &'a str,
+    /// Keys and `[[organization.agent]]` tables of organization acme.
+    acme: &'a str,
 }
 
 /// What the agents saw.
@@ -489,7 +524,7 @@ async fn read_chains(url: &str, schema: &str, org: &str) -> Chains {
                     o.budget_before.0,
                     o.budget_before.0,
                 )),
-                SessionEvent::HumanDecision(_) => None,
+                SessionEvent::HumanDecision(_) | SessionEvent::Closed(_) => None,
             };
             if let Some((o, before, after)) = named {
                 if o == org {
@@ -1243,4 +1278,237 @@ fn a_registration_racing_a_spend_on_another_daemon_never_overspends() {
         assert_eq!(left, 10 * USD - chains.taken);
         assert_eq!(left, 4 * USD);
     });
+}
+
+const PA_SECRET: &str = "pa's own fleet secret, nobody else's";
+const OTHER_SECRET: &str = "other's own fleet secret, nobody else's";
+
+/// Issue 15 §3 in a fleet: enrollment holds on every daemon of one Redis. An enrolled
+/// agent registered with the organization's secret or with another agent's secret is
+/// refused by each daemon; an id that is not enrolled cannot mint a fresh `per_agent`
+/// budget on any of them; a session resumed through another daemon keeps its
+/// authenticated agent (and only that agent's credential resumes it); and the
+/// `per_agent` budget follows the authenticated id across daemons.
+#[test]
+fn enrolled_agents_are_who_they_say_on_every_daemon_of_a_fleet() {
+    const USD: i64 = 1_000_000_000;
+    let tmp = tempfile::tempdir().unwrap();
+    let urls = vec![SHARED_REDIS.to_owned(); DAEMONS];
+    let extra = Extra {
+        guards: "[guard.agents.pa]\nbudget_usd = 1.0\nbudget_scope = \"per_agent\"\n",
+        acme: &format!(
+            "require_enrollment = true\n\
+             [[organization.agent]]\nid = \"pa\"\nsecret = \"{PA_SECRET}\"\n\
+             [[organization.agent]]\nid = \"other\"\nsecret = \"{OTHER_SECRET}\"\n"
+        ),
+        ..Extra::default()
+    };
+    let mut fleet = Fleet::start_extra(tmp.path(), SHARED_REDIS, &urls, SHARED_PG, 2.0, 1, extra);
+    let cfg = |daemon: usize, secret: &str, agent: &str| {
+        let mut c = fleet.client_config(daemon, "acme", 0);
+        c.secret = secret.as_bytes().to_vec();
+        c.agent_id = agent.into();
+        c
+    };
+    let refused = |r: Result<DaemonClient, tollgate_client::ClientError>, what: &str| match r {
+        Ok(c) => panic!(
+            "{what}: registered as {}",
+            c.registration().state.as_ref().unwrap().agent_id
+        ),
+        Err(tollgate_client::ClientError::Refused { code, .. }) => {
+            assert_eq!(code, sp1::ErrorCode::AuthenticationFailed, "{what}")
+        }
+        Err(e) => panic!("{what}: {e}"),
+    };
+    let rt = rt();
+    rt.block_on(async {
+        let p = tollgate_core::json::parse_str("{}").unwrap();
+        for d in 0..DAEMONS {
+            // The enrolled id with the organization's secret, or another agent's.
+            for secret in [SECRET, OTHER_SECRET] {
+                refused(
+                    DaemonClient::connect(cfg(d, secret, "pa")).await,
+                    &format!("pa on {d}"),
+                );
+            }
+            // New ids, with any secret: no fresh per_agent budget on any daemon.
+            for secret in [SECRET, PA_SECRET, OTHER_SECRET] {
+                refused(
+                    DaemonClient::connect(cfg(d, secret, "pa-0")).await,
+                    &format!("pa-0 on {d}"),
+                );
+            }
+        }
+        // pa on daemon 0, with its own secret: its own guard (1 USD, per_agent).
+        let pa = DaemonClient::connect(cfg(0, PA_SECRET, "pa"))
+            .await
+            .unwrap();
+        assert_eq!(
+            pa.registration()
+                .active_config
+                .as_ref()
+                .unwrap()
+                .budget_nanos,
+            USD
+        );
+        let v = pa.pre_exec("t", &p, 0.4).await;
+        assert!(v.allowed(), "{v:?}");
+        let session = pa.session_id().to_owned();
+        // Resumed on daemon 1 by pa's own secret only; it is still pa's session.
+        for (d, secret, agent) in [
+            (1, SECRET, "pa"),
+            (2, OTHER_SECRET, "pa"),
+            (1, OTHER_SECRET, "other"),
+        ] {
+            assert!(
+                DaemonClient::resume(cfg(d, secret, agent), &session)
+                    .await
+                    .is_err(),
+                "pa's session resumed on daemon {d} as {agent} with another credential"
+            );
+        }
+        let resumed = DaemonClient::resume(cfg(1, PA_SECRET, "pa"), &session)
+            .await
+            .unwrap();
+        assert!(resumed.registration().resumed);
+        let state = resumed.registration().state.clone().unwrap();
+        assert_eq!(
+            (state.agent_id.as_str(), state.organization_id.as_str()),
+            ("pa", "acme")
+        );
+        // Another enrolled agent on daemon 2 cannot read or act on pa's session.
+        let other = DaemonClient::connect(cfg(2, OTHER_SECRET, "other"))
+            .await
+            .unwrap();
+        assert!(other.state_of(&session).await.is_err());
+        // pa's one dollar follows pa across daemons: 0.4 through daemon 1 (0.2 left), then
+        // a new session of pa through daemon 2 starts with what is left and cannot spend 0.4.
+        let v = resumed.pre_exec("t", &p, 0.4).await;
+        assert!(v.allowed(), "{v:?}");
+        assert_eq!(v.response.as_ref().unwrap().budget_remaining_nanos, USD / 5);
+        let pa2 = DaemonClient::connect(cfg(2, PA_SECRET, "pa"))
+            .await
+            .unwrap();
+        let st = pa2.registration().state.clone().unwrap();
+        assert_eq!(st.budget_remaining_nanos, USD / 5, "{st:?}");
+        let v = pa2.pre_exec("t", &p, 0.4).await;
+        assert_eq!(v.verdict, Verdict::Deny, "{v:?}");
+        // other runs under the default guard (the organization's 2 USD), untouched by pa's.
+        let v = other.pre_exec("t", &p, 1.5).await;
+        assert!(v.allowed(), "{v:?}");
+    });
+    fleet.stop_all();
+    // Only the authenticated agents opened sessions, in all the chains (verified).
+    let mut opened = Vec::new();
+    rt.block_on(async {
+        let settings = tollgate_pg::PgSettings::new(&fleet.pg_url).with_schema(&fleet.schema);
+        let client = tollgate_pg::connect(&settings).await.unwrap();
+        let reports = tollgate_pg::verify(&client, &fleet.schema, None, &[], &mut |_, e| {
+            if let Event::Session(SessionEvent::Opened(o)) = &e.event {
+                opened.push(o.agent_id.clone());
+            }
+        })
+        .await
+        .unwrap();
+        assert!(
+            reports.iter().all(|r| r.result.is_ok()),
+            "a chain does not verify"
+        );
+    });
+    opened.sort();
+    assert_eq!(opened, ["other", "pa", "pa"]);
+}
+
+/// Issue 17 §4 in a fleet: a session closed through one daemon is gone on every daemon
+/// (no decision, no resume, no state), its close is in that daemon's chain as the
+/// session's last entry, and it leaves Redis's index of live sessions at once.
+#[test]
+fn a_session_closed_through_one_daemon_is_gone_on_every_daemon() {
+    let tmp = tempfile::tempdir().unwrap();
+    let fleet = Fleet::start(tmp.path(), SHARED_REDIS, SHARED_PG);
+    let rt = rt();
+    let session = rt.block_on(async {
+        let p = tollgate_core::json::parse_str("{}").unwrap();
+        let agent = DaemonClient::connect(fleet.client_config(0, "acme", 1))
+            .await
+            .unwrap();
+        assert!(agent.pre_exec("t", &p, 0.01).await.allowed());
+        let id = agent.session_id().to_owned();
+        // Every daemon knows the session (and caches it).
+        for d in 1..DAEMONS {
+            let other = DaemonClient::connect(fleet.client_config(d, "acme", 2))
+                .await
+                .unwrap();
+            other.state_of(&id).await.unwrap();
+        }
+        let closer = DaemonClient::resume(fleet.client_config(1, "acme", 1), &id)
+            .await
+            .unwrap();
+        closer.close().await.unwrap();
+        let v = agent.pre_exec("t", &p, 0.01).await;
+        assert_eq!(v.verdict, Verdict::Deny, "{v:?}");
+        for d in 0..DAEMONS {
+            let e = DaemonClient::resume(fleet.client_config(d, "acme", 1), &id)
+                .await
+                .unwrap_err();
+            assert!(
+                matches!(
+                    e,
+                    tollgate_client::ClientError::Refused {
+                        code: sp1::ErrorCode::SessionNotFound,
+                        ..
+                    }
+                ),
+                "daemon {d}: {e}"
+            );
+            let other = DaemonClient::connect(fleet.client_config(d, "acme", 3))
+                .await
+                .unwrap();
+            assert!(
+                other.state_of(&id).await.is_err(),
+                "daemon {d} still shows it"
+            );
+        }
+        id
+    });
+    // Off Redis's index of live sessions.
+    let mut c = redis::Client::open(SHARED_REDIS)
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{}*", fleet.prefix))
+        .query(&mut c)
+        .unwrap();
+    for k in keys {
+        let kind: String = redis::cmd("TYPE").arg(&k).query(&mut c).unwrap();
+        if kind == "set" {
+            let member: bool = redis::cmd("SISMEMBER")
+                .arg(&k)
+                .arg(&session)
+                .query(&mut c)
+                .unwrap();
+            assert!(!member, "{k} still lists the closed session");
+        }
+    }
+    // The close is the session's last entry, in daemon 1's chain.
+    let mut mine = Vec::new();
+    rt.block_on(async {
+        let settings = tollgate_pg::PgSettings::new(&fleet.pg_url).with_schema(&fleet.schema);
+        let client = tollgate_pg::connect(&settings).await.unwrap();
+        tollgate_pg::verify(&client, &fleet.schema, None, &[], &mut |_, e| {
+            if let Event::Session(ev) = &e.event {
+                if ev.session_id() == session {
+                    mine.push(ev.clone());
+                }
+            }
+        })
+        .await
+        .unwrap();
+    });
+    mine.sort_by_key(SessionEvent::session_seq);
+    assert!(
+        matches!(mine.last(), Some(SessionEvent::Closed(_))),
+        "{mine:?}"
+    );
 }
