@@ -13,12 +13,12 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::unix::OwnedWriteHalf;
 use tokio::net::UnixStream;
 use tokio::sync::{oneshot, Mutex};
-use tollgate_core::json::Value;
+use tollgate_core::json::{self, Value};
 use tollgate_core::{Digest, Params};
 use tollgate_proto::auth::{self, Unverified};
 use tollgate_proto::frame::{self, HEADER_LEN};
 use tollgate_proto::sp1::{self, envelope::Payload, Envelope};
-use tollgate_proto::{MessageKey, SUPPORTED_VERSIONS};
+use tollgate_proto::{MessageKey, MAX_TOOL_PARAMS_BYTES, SUPPORTED_VERSIONS};
 
 use crate::util::{now_ns, random_nonce};
 
@@ -525,6 +525,13 @@ impl DaemonClient {
             Ok(d) => (d, false),
             Err(_) => (Digest::default(), true),
         };
+        // The params themselves, for the daemon's policies (docs/protocol.md §4.3.1): their
+        // canonical form, the bytes the hash covers; not sent beyond the bound (a call a
+        // policy reads the arguments of is then refused, never decided without them).
+        let tool_params = match json::to_canonical_vec(params) {
+            Ok(bytes) if !noncanonical && bytes.len() <= MAX_TOOL_PARAMS_BYTES => bytes,
+            _ => Vec::new(),
+        };
         sp1::PreExecRequest {
             session_id: self.session_id.clone(),
             call_number,
@@ -536,6 +543,7 @@ impl DaemonClient {
             tags: HashMap::new(),
             params_noncanonical: noncanonical,
             params_opaque_context: classified.has_opaque_context(),
+            tool_params,
         }
     }
 

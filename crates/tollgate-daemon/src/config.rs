@@ -63,6 +63,8 @@ struct File {
     organizations: Vec<OrgSection>,
     #[serde(default)]
     guard: GuardSection,
+    // --- policies (crate::policy) ---
+    policy: Option<PolicySection>,
     // --- gRPC binding (transport/grpc) ---
     #[serde(default)]
     grpc: GrpcSection,
@@ -198,6 +200,56 @@ enum TimeValue {
     Toml(toml::value::Datetime),
 }
 // --- end control plane: file sections ---
+
+/// `[policy]`: the Cedar policy set (docs/policy.md).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PolicySection {
+    files: Vec<PathBuf>,
+    default: Option<String>,
+    schema: Option<PathBuf>,
+    trip_on_refusal: Option<bool>,
+}
+
+/// The `[policy]` section: where the Cedar policy set comes from (the daemon loads it at
+/// start, with `tollgate-policy`'s loader: `crate::policy`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PolicySettings {
+    /// The policy files, in set order (relative paths resolved against the configuration
+    /// file's directory).
+    pub files: Vec<PathBuf>,
+    /// What happens to a call no `permit` matches.
+    pub default: tollgate_policy::DefaultEffect,
+    /// The schema, if any.
+    pub schema: Option<PathBuf>,
+    /// Whether a policy's DENY trips the session's circuit (default: no).
+    pub trip_on_refusal: bool,
+}
+
+fn policy_settings(s: PolicySection, base: &Path) -> Result<PolicySettings, ConfigError> {
+    if s.files.is_empty() {
+        return Err(bad(
+            "policy.files",
+            "names no file; remove [policy] to run without policies",
+        ));
+    }
+    let resolve = |p: PathBuf| if p.is_relative() { base.join(p) } else { p };
+    Ok(PolicySettings {
+        files: s.files.into_iter().map(resolve).collect(),
+        default: match s.default.as_deref() {
+            None | Some("allow") => tollgate_policy::DefaultEffect::Allow,
+            Some("deny") => tollgate_policy::DefaultEffect::Deny,
+            Some(other) => {
+                return Err(bad(
+                    "policy.default",
+                    format!("`{other}` is not allow or deny"),
+                ))
+            }
+        },
+        schema: s.schema.map(resolve),
+        trip_on_refusal: s.trip_on_refusal.unwrap_or(false),
+    })
+}
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -604,6 +656,8 @@ pub struct DaemonConfig {
     pub default_guard: GuardConfig,
     /// Per-agent guards (complete configs: the default with the agent's keys applied).
     pub agent_guards: BTreeMap<String, GuardConfig>,
+    /// The Cedar policy set (`[policy]`); `None`, the default: no policies.
+    pub policy: Option<PolicySettings>,
     // --- gRPC binding (transport/grpc) ---
     /// The gRPC binding (`[grpc]`): `None`, the default, leaves it off.
     pub grpc: Option<GrpcSettings>,
@@ -639,6 +693,7 @@ impl Default for DaemonConfig {
             }],
             default_guard: default_guard(),
             agent_guards: BTreeMap::new(),
+            policy: None,
             grpc: None,
             grpc_clients: BTreeMap::new(),
             control: None,
@@ -912,6 +967,7 @@ impl DaemonConfig {
             let g = guard(table, &c.default_guard, &format!("guard.agents.{agent}"))?;
             c.agent_guards.insert(agent.clone(), g);
         }
+        c.policy = file.policy.map(|s| policy_settings(s, base)).transpose()?;
         c.control = file.control.map(|s| control(s, base)).transpose()?;
         c.operators = operators(file.operators, &c.organizations)?;
         if matches!(c.state.backend, StateBackend::Redis(_)) {

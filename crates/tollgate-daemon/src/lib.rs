@@ -30,6 +30,7 @@ mod fleet;
 pub mod hitl;
 pub mod metrics;
 pub mod operators;
+pub mod policy;
 pub mod ratelimit;
 pub mod service;
 pub mod transport;
@@ -126,6 +127,10 @@ pub enum DaemonError {
     /// The descriptor limit leaves no room for connections.
     #[error(transparent)]
     Descriptors(#[from] descriptors::TooFew),
+    /// The `[policy]` set cannot be read or does not load (or, for now, loads: see
+    /// [`policy`]).
+    #[error(transparent)]
+    Policy(#[from] policy::PolicyError),
 }
 
 fn io(what: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> DaemonError {
@@ -226,6 +231,11 @@ impl Daemon {
     /// a crashed daemon is replaced; a live one is an error.
     pub async fn start(config: DaemonConfig) -> Result<Daemon, DaemonError> {
         let config = Arc::new(config);
+        // A bad policy set never starts a daemon (nor, until the service enforces
+        // policies, a good one: `policy::check_at_start`).
+        if let Some(p) = &config.policy {
+            policy::check_at_start(p)?;
+        }
         let data = &config.data_dir;
         prepare_data_dir(data)?;
 

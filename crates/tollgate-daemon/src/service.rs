@@ -550,9 +550,15 @@ impl<S: SessionStore> Service<S> {
         }
         let rng = random_unit();
         let stale_after = self.stale_after_ns();
+        // Params sent beside their hash must be the params hashed: else the client lied,
+        // and the call is malformed input (a DENY that trips the circuit).
+        let lied = crate::policy::sent_params(&r)? == crate::policy::SentParams::Mismatch;
         // The call is read from the request once, outside the session lock; the closure
         // borrows it.
-        let call = to_call(&r);
+        let mut call = to_call(&r);
+        if lied {
+            call.params = Params::unreadable();
+        }
         let digest = call.params.canonical_digest().ok();
         let call_number = r.call_number;
         let (outcome, durable) = self
@@ -647,7 +653,11 @@ impl<S: SessionStore> Service<S> {
             call_number: r.call_number,
             verdict: convert::verdict(d.verdict) as i32,
             deny_reason: convert::deny_reason(d.deny_reason) as i32,
-            human_readable_reason: explain(&d),
+            human_readable_reason: if lied && d.reason == Reason::MalformedInput {
+                "tool_params do not hash to tool_params_hash".to_owned()
+            } else {
+                explain(&d)
+            },
             budget_remaining_usd: decided.after.to_usd(),
             repeat_count: i32::try_from(decided.repeat).unwrap_or(i32::MAX),
             daemon_time_ns: now,

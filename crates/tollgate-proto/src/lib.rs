@@ -59,5 +59,9 @@ pub mod frame;
 pub use auth::{MessageKey, Verified};
 pub use frame::{FrameDecoder, FrameError, MAX_FRAME_LEN};
 
+/// The largest `PreExecRequest.tool_params` (the call's params as JSON) a daemon accepts,
+/// in bytes; a client does not send larger params (docs/protocol.md §4.3.1).
+pub const MAX_TOOL_PARAMS_BYTES: usize = 64 * 1024;
+
 /// The protocol versions this implementation speaks, newest first.
 pub const SUPPORTED_VERSIONS: &[&str] = &["1.0.0"];

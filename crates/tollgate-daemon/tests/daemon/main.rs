@@ -18,6 +18,7 @@ mod hitl;
 mod hostile;
 mod identity;
 mod lifecycle;
+mod policy;
 mod settlement;
 
 use std::path::{Path, PathBuf};

@@ -53,19 +53,10 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     }
 }
 
-/// A file's text as a [`Source`] named by its path as given: at most
-/// [`tollgate_policy::load::MAX_FILE_BYTES`] + 1 bytes are read (the loader then reports
-/// the file as too large), and text that is not UTF-8 is an error.
+/// A file's text as a [`Source`], read as the daemon reads its `[policy]` files
+/// ([`tollgate_daemon::policy::read_source`]: bounded, UTF-8).
 pub fn read_source(path: &Path) -> anyhow::Result<Source> {
-    use std::io::Read as _;
-    let limit = u64::try_from(tollgate_policy::load::MAX_FILE_BYTES).unwrap_or(u64::MAX);
-    let mut bytes = Vec::new();
-    std::fs::File::open(path)
-        .and_then(|f| f.take(limit.saturating_add(1)).read_to_end(&mut bytes))
-        .map_err(|e| anyhow::anyhow!("cannot read `{}`: {e}", path.display()))?;
-    let text = String::from_utf8(bytes)
-        .map_err(|e| anyhow::anyhow!("`{}` is not UTF-8 text: {e}", path.display()))?;
-    Ok(Source::new(path.display().to_string(), text))
+    tollgate_daemon::policy::read_source(path).map_err(|e| anyhow::anyhow!(e))
 }
 
 fn check(args: &CheckArgs) -> anyhow::Result<ExitCode> {
