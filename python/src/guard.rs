@@ -369,6 +369,20 @@ impl PyGuard {
         })
     }
 
+    /// Whether `held` (a `HITL` verdict from this guard) is held now, waiting for a
+    /// human's decision: False for a call **held behind** others (the session already held
+    /// `max_held_calls`, so nothing was recorded for it and `resolve` refuses it), and for
+    /// one already decided.
+    fn is_waiting(&self, held: &Bound<'_, Verdict>) -> bool {
+        let held = held.get();
+        held.verdict == "HITL"
+            && self
+                .inner
+                .state()
+                .transition_of_call(held.call_number)
+                .is_some_and(tollgate_core::transition::is_undecided)
+    }
+
     /// The budget left now, in dollars.
     #[getter]
     fn budget_remaining_usd(&self) -> f64 {

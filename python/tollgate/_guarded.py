@@ -257,7 +257,7 @@ class Guard(_native.Guard, _Decorating):
         v = self.check(tool, params, cost)
         if v.allowed:
             return v, params
-        if v.verdict == "HITL" and self._on_hitl is not None:
+        if v.verdict == "HITL" and self._on_hitl is not None and self.is_waiting(v):
             r = self.ask_human(v)
             if r.allowed:
                 return r.verdict, r.params
@@ -269,7 +269,7 @@ class Guard(_native.Guard, _Decorating):
         v = await self.acheck(tool, params, cost)
         if v.allowed:
             return v, params
-        if v.verdict == "HITL" and self._on_hitl is not None:
+        if v.verdict == "HITL" and self._on_hitl is not None and self.is_waiting(v):
             r = await self.aask_human(v)
             if r.allowed:
                 return r.verdict, r.params

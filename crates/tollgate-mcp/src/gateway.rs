@@ -394,8 +394,16 @@ impl Core {
                 note: String::new(),
             })
         };
-        if reason == "hitl_transition:defer_escalate" {
-            return deny(&reason);
+        if reason == "hitl_transition:defer_escalate"
+            || lib
+                .guard()
+                .state()
+                .transition_of_call(call_number)
+                .is_none()
+        {
+            // Held behind the calls the session already holds (max_held_calls): nothing is
+            // recorded for it, so nobody can decide it; it is not asked about.
+            return deny("hitl_transition:defer_escalate");
         }
         let can_ask = self.config.elicitation
             && context

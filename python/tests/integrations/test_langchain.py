@@ -304,3 +304,23 @@ def test_daemon_mode_several_held_calls_each_wait_for_their_own_decision(daemon)
     by_id = {m.tool_call_id: m for m in tool_messages(out)}
     assert "wrong payee" in by_id["c2"].content and by_id["c2"].status == "error"
     assert by_id["c1"].content == "paid 101"
+
+
+def test_a_call_held_behind_others_is_refused_not_resolved():
+    """Issue 16 §1: more calls in one response than the session may hold: the extra one is
+    held behind (nothing recorded for it, no human can decide it). The adapter refuses it
+    with a text saying why, instead of interrupting for it (resolving it used to raise and
+    crash the run); the held ones are decided as usual."""
+    guard = tollgate.Guard(hitl_mode="always", max_held_calls=2)
+    paid = []
+    one_turn = AIMessage(content="", tool_calls=[{"name": "pay", "args": {"i": i}, "id": f"c{i}"} for i in range(3)])
+    agent = make_payer(guard, [one_turn, AIMessage(content="done")], paid)
+    cfg = {"configurable": {"thread_id": "behind"}}
+    out = agent.invoke({"messages": [("user", "pay them")]}, cfg)
+    interrupts = out["__interrupt__"]
+    assert len(interrupts) == 2
+    done = agent.invoke(Command(resume={i.id: "approve" for i in interrupts}), cfg)
+    assert len(paid) == 2
+    refused = [m for m in tool_messages(done) if m.status == "error"]
+    assert len(refused) == 1 and "held behind other calls" in refused[0].content
+    assert "Call it again once the others are decided" in refused[0].content

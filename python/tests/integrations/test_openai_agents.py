@@ -261,3 +261,22 @@ def test_daemon_mode_several_held_calls_and_a_rejects_note(daemon):
     outs = [str(o) for o in tool_outputs(result)]
     assert any("duplicate invoice" in o and "hitl_transition:reject" in o for o in outs), outs
     assert any("changed the arguments" in o and '{"i":102}' in o for o in outs), outs
+
+
+def test_a_call_held_behind_others_is_refused_not_approved():
+    """Issue 16 §1: three calls in one response, a session that may hold two: the extra
+    one needs no approval (nothing is held for it) and is refused with a text saying why;
+    approving the two held ones runs exactly those."""
+    guard = tollgate.Guard(hitl_mode="always", max_held_calls=2)
+    paid = []
+    agent, tg = make_payer(guard, [[(f"c{i}", "pay", {"i": i}) for i in range(3)], "done"], paid)
+    first = Runner.run_sync(agent, "go")
+    items = first.interruptions
+    assert len(items) == 2
+    state = first.to_state()
+    for it in items:
+        tg.approve(state, it, operator="alice")
+    done = Runner.run_sync(agent, state)
+    outs = [str(o) for o in tool_outputs(first) + tool_outputs(done)]
+    assert len(paid) == 2, (paid, outs)
+    assert any("held behind other calls" in o and "Call it again" in o for o in outs), outs

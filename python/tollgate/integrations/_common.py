@@ -58,6 +58,22 @@ def modified_text(tool: str, params: Any, note: str = "") -> str:
     return text
 
 
+def held_behind(guard: Any, verdict: Any) -> bool:
+    """Whether a library-mode HITL verdict is for a call **held behind** others: the
+    session already holds as many calls as it may (`max_held_calls`), so nothing is
+    recorded for this one and no human can decide it. The adapters refuse it (the model
+    may call again once the others are decided) instead of asking about it. (A daemon
+    `Client`'s `check_or_wait` dispatches such a call again until it is held.)"""
+    return bool(verdict.verdict == "HITL" and isinstance(guard, Guard) and not guard.is_waiting(verdict))
+
+
+def held_behind_text(verdict: Any) -> str:
+    """The message a model reads for a call held behind others (not run)."""
+    return (f"Tollgate did not run `{verdict.tool}`: held behind other calls waiting for a human "
+            f"({verdict.reason}; the session already holds as many as it may). Call it again once the others "
+            "are decided.")
+
+
 class Outcome(NamedTuple):
     """What deciding a call (and waiting for a human, if it was held) came to: `verdict`
     (run only if `verdict.allowed`), `params` (what to run it with: a human's `modify`
@@ -87,7 +103,7 @@ def check_or_wait(guard: Union[Guard, Client], tool: str, args: Any, cost: float
         return _outcome(guard.check_or_wait(tool, args, cost, timeout=hitl_timeout,
                                             share_params=guard._share(tool, args)))
     v = guard.check(tool, args, cost)
-    if v.verdict == "HITL" and guard._on_hitl is not None:
+    if v.verdict == "HITL" and guard._on_hitl is not None and not held_behind(guard, v):
         return _outcome(guard.ask_human(v))
     return Outcome(v, args)
 
@@ -99,7 +115,7 @@ async def acheck_or_wait(guard: Union[Guard, Client], tool: str, args: Any, cost
         return _outcome(await guard.acheck_or_wait(tool, args, cost, timeout=hitl_timeout,
                                                    share_params=guard._share(tool, args)))
     v = await guard.acheck(tool, args, cost)
-    if v.verdict == "HITL" and guard._on_hitl is not None:
+    if v.verdict == "HITL" and guard._on_hitl is not None and not held_behind(guard, v):
         return _outcome(await guard.aask_human(v))
     return Outcome(v, args)
 

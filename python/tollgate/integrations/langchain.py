@@ -80,8 +80,9 @@ class TollgateMiddleware(AgentMiddleware):
         if self.on_deny == "raise":
             raise ToolDenied(out.verdict, out.note)
         call = request.tool_call
-        return ToolMessage(content=_common.deny_text(out.verdict, out.note), tool_call_id=call.get("id") or "",
-                           name=call.get("name"), status="error")
+        text = (_common.held_behind_text(out.verdict) if _common.held_behind(self.guard, out.verdict)
+                else _common.deny_text(out.verdict, out.note))
+        return ToolMessage(content=text, tool_call_id=call.get("id") or "", name=call.get("name"), status="error")
 
     def _interrupt_for_human(self, request: Any, held: Any) -> _common.Outcome:
         """Library mode: pause the graph, and once resumed, record the decision (on this
@@ -120,7 +121,7 @@ class TollgateMiddleware(AgentMiddleware):
             if held is not None:  # the node re-runs on resume: this call was already held
                 return self._interrupt_for_human(request, held)
             v = self.guard.check(name, args, _common.estimate(self.cost, name, args))
-            if v.verdict == "HITL":
+            if v.verdict == "HITL" and not _common.held_behind(self.guard, v):
                 return self._interrupt_for_human(request, v)
             return _common.Outcome(v, args)
         return _common.check_or_wait(self.guard, name, args, _common.estimate(self.cost, name, args),
@@ -135,7 +136,7 @@ class TollgateMiddleware(AgentMiddleware):
             if held is not None:
                 return self._interrupt_for_human(request, held)
             v = await self.guard.acheck(name, args, _common.estimate(self.cost, name, args))
-            if v.verdict == "HITL":
+            if v.verdict == "HITL" and not _common.held_behind(self.guard, v):
                 return self._interrupt_for_human(request, v)
             return _common.Outcome(v, args)
         return await _common.acheck_or_wait(self.guard, name, args, _common.estimate(self.cost, name, args),

@@ -89,7 +89,7 @@ class TollgateGuardrails:
             with self._lock:
                 known = self._verdicts.get(call_id)
             if known is not None:
-                return bool(known.verdict == "HITL")
+                return bool(known.verdict == "HITL" and not _common.held_behind(self.guard, known))
             return await self._first_check(call_id, tool, params)
 
         return needs_approval
@@ -98,7 +98,9 @@ class TollgateGuardrails:
         v = await self.guard.acheck(tool, params, _common.estimate(self.cost, tool, params))
         with self._lock:
             self._verdicts[call_id] = v
-        return bool(v.verdict == "HITL")
+        # A call held behind others has no held call of its own to approve: it needs no
+        # approval, and the input guardrail refuses it.
+        return bool(v.verdict == "HITL" and not _common.held_behind(self.guard, v))
 
     def approve(self, state: RunState, item: ToolApprovalItem, *, operator: str = "openai-agents") -> None:
         """Approve a held call in the SDK and name its `operator` for Tollgate's log."""
@@ -146,7 +148,7 @@ class TollgateGuardrails:
             else:
                 v = await self.guard.acheck(tool, args, cost)
                 note = ""
-        elif v.verdict == "HITL" and isinstance(self.guard, Guard):
+        elif v.verdict == "HITL" and isinstance(self.guard, Guard) and not _common.held_behind(self.guard, v):
             # The tool only executes after the SDK's approval: release it in Tollgate.
             v = self.guard.resolve(v, "approve", operator=operator).verdict
         with self._lock:
@@ -155,7 +157,8 @@ class TollgateGuardrails:
             return ToolGuardrailFunctionOutput.allow(output_info={"tollgate": v.reason})
         with self._lock:
             self._verdicts.pop(call_id, None)
-        return ToolGuardrailFunctionOutput.reject_content(_common.deny_text(v, note), output_info={"tollgate": v.reason})
+        text = _common.held_behind_text(v) if _common.held_behind(self.guard, v) else _common.deny_text(v, note)
+        return ToolGuardrailFunctionOutput.reject_content(text, output_info={"tollgate": v.reason})
 
     async def _after(self, data: ToolOutputGuardrailData) -> ToolGuardrailFunctionOutput:
         with self._lock:

@@ -299,3 +299,40 @@ async fn with_max_held_calls_1_a_refusal_trips_the_session() {
     s.close().await;
     assert!(kit.invocations().is_empty());
 }
+
+/// Issue 16 §1: more calls at once than the session may hold (`max_held_calls = 2`): the
+/// extra one is held behind (nothing recorded for it), so it is denied without its user
+/// being asked; the two held ones are asked and run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_held_behind_others_is_denied_without_asking() {
+    let kit = refusing_kit("max_held_calls = 2");
+    let host = Host {
+        elicitation: true,
+        answer: Some(ElicitationAction::Accept),
+        hold_until: 2,
+        ..Host::default()
+    };
+    let asked = host.asked.clone();
+    let s = std::sync::Arc::new(start(&kit.config(), host).await);
+    let calls: Vec<_> = (0..3)
+        .map(|i| {
+            let s = s.clone();
+            tokio::spawn(async move { s.ok("add", json!({"a": i, "b": 10})).await })
+        })
+        .collect();
+    let mut texts = Vec::new();
+    for c in calls {
+        texts.push(text(&c.await.unwrap()));
+    }
+    assert_eq!(asked.lock().unwrap().len(), 2, "{texts:?}");
+    assert_eq!(
+        texts
+            .iter()
+            .filter(|t| t.starts_with("denied: hitl_transition:defer_escalate;"))
+            .count(),
+        1,
+        "{texts:?}"
+    );
+    assert_eq!(kit.invocations(), ["add", "add"]);
+    std::sync::Arc::into_inner(s).unwrap().close().await;
+}
