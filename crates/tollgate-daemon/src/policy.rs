@@ -1,7 +1,7 @@
 //! The daemon's side of Cedar policies (issue 18): the `[policy]` set loaded at start, and
 //! the call's params on the wire (`PreExecRequest.tool_params`, docs/protocol.md §4.3.1).
 //!
-//! Loading and validation are `tollgate-policy`'s ([`tollgate_policy::load`]), the same
+//! Loading and validation are `tollgate-policy`'s ([`tollgate_policy::load()`]), the same
 //! loader and the same `file:line:col` messages as `tollgate policy check`; this module
 //! only reads the files, bounded.
 //!

@@ -1369,3 +1369,34 @@ async fn enrolled_agents_over_grpc_get_their_own_guard_and_nobody_else_does() {
         .count();
     assert_eq!(opened, 1);
 }
+
+/// Issue 17 §4 over gRPC: `CloseSession` ends the session (audited), and every later rpc
+/// about it is `NOT_FOUND`: the same core as the socket's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_closes_its_session_over_grpc() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = start_both(dir.path()).await;
+    let cfg = || {
+        ClientConfig::grpc(
+            b.pki.client(b.grpc, Some(b.pki.acme_agent())),
+            crate::ORG,
+            "research-bot",
+        )
+    };
+    let agent = DaemonClient::connect(cfg()).await.unwrap();
+    let p = json::parse_str("{}").unwrap();
+    assert!(agent.pre_exec("t", &p, 0.1).await.allowed());
+    let closed = agent.close().await.unwrap();
+    assert_eq!(closed.session_id, agent.session_id());
+    assert_eq!(agent.pre_exec("t", &p, 0.1).await.verdict, Verdict::Deny);
+    let e = DaemonClient::resume(cfg(), agent.session_id())
+        .await
+        .unwrap_err();
+    assert_eq!(e.reason(), "fail_closed:session_not_found", "{e}");
+    b.daemon.stop().await;
+    let last = session_events(dir.path()).pop().unwrap();
+    assert!(
+        matches!(&last, tollgate_audit::SessionEvent::Closed(c) if c.session_id == closed.session_id),
+        "{last:?}"
+    );
+}

@@ -54,6 +54,8 @@ fn an_ended_session_leaves_the_store_the_snapshot_and_the_fold() {
         create(&store, s).unwrap();
         block_on(pre_exec(&store, id, call(1)).unwrap().1).unwrap();
     }
+    // A snapshot holds all three; then a1 ends.
+    store.snapshot().unwrap();
     block_on(end(&store, "a1", 20_000).unwrap()).unwrap();
     assert_eq!(store.get_sync("a1").unwrap(), None);
     assert_eq!(store.len(), 2);
@@ -65,7 +67,7 @@ fn an_ended_session_leaves_the_store_the_snapshot_and_the_fold() {
         end(&store, "a1", 20_001),
         Err(StoreError::NotFound { .. })
     ));
-    // The snapshot is written with a1 gone; s1 ends after it (the log holds that end).
+    // The next snapshot is written with a1 gone; s1 ends after it (the log holds that end).
     store.snapshot().unwrap();
     block_on(end(&store, "s1", 20_002).unwrap()).unwrap();
     close(&writer, &store);

@@ -1,10 +1,12 @@
 //! `tollgate soak`: the session-churn soak benchmark (issue 17 §4). It starts `tollgate
 //! serve` in its own process (this binary, a generated configuration in a temporary
-//! directory), then opens `--sessions` sessions over time, never more than `--live` at
-//! once: each session registers, makes `--calls` pre_exec calls, and is then closed by its
-//! agent (`CloseSession`), except one in `--abandon` of them, which is left silent for the
-//! daemon's idle sweep to end (`--idle-secs`; its place among the live ones is held until
-//! then). Every `--every` sessions it prints one row: sessions opened so far, the rate,
+//! directory), then opens `--sessions` sessions over time, keeping up to `--live` of them
+//! open and never more: each session registers and makes `--calls` pre_exec calls, then
+//! stays open until the pool is full and it is the oldest, when it is ended to make room:
+//! closed by its agent (`CloseSession`), or, one in `--abandon`, left silent for the
+//! daemon's idle sweep to end (`--idle-secs`; its place is held until then). Every `--every` sessions it prints one row: sessions opened so far, the rate,
+//! the sessions live then (opened and not yet closed or idle-ended, as the load generator
+//! counts them: never above `--live`),
 //! the daemon's resident memory (`VmRSS` of its process), the snapshot file's size
 //! (`state.redb`) and the audit log's. Memory and snapshot size should stay flat, bounded
 //! by the live sessions, while the audit log (the record of every session) grows.
@@ -12,10 +14,11 @@
 //! What it does not do: check verdicts (a DENY is counted, not an error), or time
 //! anything but the rows' rates.
 
+use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitCode, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
@@ -42,8 +45,9 @@ pub struct Args {
     /// One session in this many is abandoned (left to the idle sweep); 0: none.
     #[arg(long, default_value_t = 20)]
     abandon: u64,
-    /// The daemon's `session_idle_timeout_secs`.
-    #[arg(long, default_value_t = 2)]
+    /// The daemon's `session_idle_timeout_secs` (above the time a session waits in the
+    /// pool, or the daemon ends pooled sessions too: their closes then fail).
+    #[arg(long, default_value_t = 30)]
     idle_secs: u64,
     /// Print a row every this many sessions.
     #[arg(long, default_value_t = 20_000)]
@@ -92,7 +96,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
              budget_usd = 1000000.0\n\
              max_repeat_calls = 0\n",
             live = args.live,
-            conns = args.concurrency.saturating_mul(2).max(64),
+            conns = args.live.saturating_mul(2).saturating_add(512),
             idle = args.idle_secs,
         ),
     )
@@ -153,6 +157,8 @@ async fn drive(
     let done = Arc::new(AtomicU64::new(0));
     let denied = Arc::new(AtomicU64::new(0));
     let failed = Arc::new(AtomicU64::new(0));
+    let first_failure: Arc<Mutex<Option<String>>> = Arc::default();
+    let pool: Arc<Mutex<VecDeque<Open>>> = Arc::default();
     let started = Instant::now();
     let deadline = (args.max_secs > 0).then(|| started + Duration::from_secs(args.max_secs));
     outln!(
@@ -163,7 +169,7 @@ async fn drive(
         "{:>10} {:>10} {:>9} {:>12} {:>14} {:>14}",
         "sessions",
         "per_sec",
-        "live_max",
+        "live",
         "rss_kib",
         "snapshot_bytes",
         "audit_bytes"
@@ -176,7 +182,7 @@ async fn drive(
             "{:>10} {:>10.0} {:>9} {:>12} {:>14} {:>14}",
             n,
             rate,
-            args.live,
+            args.live.saturating_sub(live.available_permits()),
             rss_kib(pid),
             size_of(&data.join("state.redb")),
             size_of(&data.join("audit")),
@@ -185,13 +191,16 @@ async fn drive(
     row(0, Instant::now(), 0);
     let mut workers = Vec::new();
     for _ in 0..args.concurrency {
-        let (live, next, done, denied, failed) = (
+        let (pool, live, next, done, denied, failed, first) = (
+            pool.clone(),
             live.clone(),
             next.clone(),
             done.clone(),
             denied.clone(),
             failed.clone(),
+            first_failure.clone(),
         );
+        let fail = Failures { failed, first };
         let mut cfg = ClientConfig::new(socket, ORG, secret, "soak-agent");
         cfg.timeout = Duration::from_secs(10);
         let (total, calls, abandon, idle) =
@@ -205,15 +214,29 @@ async fn drive(
                 if n >= total {
                     return;
                 }
-                let Ok(permit) = live.clone().acquire_owned().await else {
-                    return;
+                // A place among the live sessions: a free one, or the oldest's.
+                let permit = loop {
+                    if let Ok(p) = live.clone().try_acquire_owned() {
+                        break p;
+                    }
+                    let oldest = pool
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .pop_front();
+                    match oldest {
+                        Some(old) => retire(old, idle, &fail).await,
+                        None => match live.clone().acquire_owned().await {
+                            Ok(p) => break p,
+                            Err(_) => return,
+                        },
+                    }
                 };
                 let mut cfg = cfg.clone();
                 cfg.agent_id = format!("soak-{}", n % 64);
                 let client = match DaemonClient::connect(cfg).await {
                     Ok(c) => c,
-                    Err(_) => {
-                        failed.fetch_add(1, Ordering::Relaxed);
+                    Err(e) => {
+                        fail.note(format!("register: {e}"));
                         continue;
                     }
                 };
@@ -223,19 +246,14 @@ async fn drive(
                         denied.fetch_add(1, Ordering::Relaxed);
                     }
                 }
-                if abandon > 0 && n % abandon == abandon - 1 {
-                    // Left silent: its place is held until the idle sweep has ended it.
-                    drop(client);
-                    tokio::spawn(async move {
-                        tokio::time::sleep(Duration::from_secs(idle + 2)).await;
-                        drop(permit);
+                let abandoned = abandon > 0 && n % abandon == abandon - 1;
+                pool.lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .push_back(Open {
+                        client,
+                        permit,
+                        abandoned,
                     });
-                } else {
-                    if client.close().await.is_err() {
-                        failed.fetch_add(1, Ordering::Relaxed);
-                    }
-                    drop(permit);
-                }
                 done.fetch_add(1, Ordering::Relaxed);
             }
         }));
@@ -261,6 +279,19 @@ async fn drive(
     if n > last_row {
         row(n, at, last_row);
     }
+    // End what is still open the same way.
+    let fail = Failures {
+        failed: failed.clone(),
+        first: first_failure.clone(),
+    };
+    loop {
+        let oldest = pool
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .pop_front();
+        let Some(old) = oldest else { break };
+        retire(old, args.idle_secs, &fail).await;
+    }
     // The abandoned ones end by the idle sweep: wait for it, then the last row.
     tokio::time::sleep(Duration::from_secs(args.idle_secs + 3)).await;
     row(n, Instant::now(), n);
@@ -270,7 +301,60 @@ async fn drive(
         denied.load(Ordering::Relaxed),
         failed.load(Ordering::Relaxed)
     );
+    if let Some(e) = first_failure
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .take()
+    {
+        outln!("soak: the first failure: {e}");
+    }
     Ok(())
+}
+
+/// An open session of the pool, holding its place among the live ones.
+struct Open {
+    client: DaemonClient,
+    permit: tokio::sync::OwnedSemaphorePermit,
+    abandoned: bool,
+}
+
+/// Failures counted, the first one kept.
+#[derive(Clone)]
+struct Failures {
+    failed: Arc<AtomicU64>,
+    first: Arc<Mutex<Option<String>>>,
+}
+
+impl Failures {
+    fn note(&self, e: String) {
+        self.failed.fetch_add(1, Ordering::Relaxed);
+        self.first
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get_or_insert(e);
+    }
+}
+
+/// End an open session: closed by its agent (its place is free at once), or abandoned
+/// (its place is held until the daemon's idle sweep has ended it).
+async fn retire(open: Open, idle_secs: u64, fail: &Failures) {
+    let Open {
+        client,
+        permit,
+        abandoned,
+    } = open;
+    if abandoned {
+        drop(client);
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs(idle_secs + 2)).await;
+            drop(permit);
+        });
+    } else {
+        if let Err(e) = client.close().await {
+            fail.note(format!("close: {e}"));
+        }
+        drop(permit);
+    }
 }
 
 fn spawn(config: &Path, data: &Path, log: &Path) -> anyhow::Result<Child> {

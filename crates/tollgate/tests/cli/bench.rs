@@ -371,3 +371,39 @@ fn grpc_sends_the_load_over_mutual_tls() {
         ["transport: Unix socket (one connection per session)"]
     );
 }
+
+/// `tollgate soak` end to end, small: every session opened is ended (closed by its agent,
+/// or idle), none fails, and the live ones never pass the bound it reports.
+#[test]
+fn soak_opens_and_ends_sessions_within_the_live_bound() {
+    let o = tollgate(&[
+        "soak",
+        "--sessions",
+        "60",
+        "--live",
+        "8",
+        "--concurrency",
+        "4",
+        "--abandon",
+        "5",
+        "--idle-secs",
+        "2",
+        "--every",
+        "20",
+    ]);
+    let out = ok(&o);
+    assert!(
+        out.contains("soak: 60 sessions in") && out.contains("0 calls denied, 0 requests failed"),
+        "{out}"
+    );
+    // Every row's live column is within the bound.
+    for row in out.lines().filter(|l| {
+        l.split_whitespace().count() == 6
+            && l.split_whitespace()
+                .next()
+                .is_some_and(|w| w.parse::<u64>().is_ok())
+    }) {
+        let live: u64 = row.split_whitespace().nth(2).unwrap().parse().unwrap();
+        assert!(live <= 8, "{row}");
+    }
+}
