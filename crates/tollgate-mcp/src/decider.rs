@@ -135,6 +135,7 @@ fn from_guard(
             budget_remaining: Some(c.budget_remaining),
             estimate,
             note: String::new(),
+            refused_earlier: false,
         }),
     }
 }
@@ -193,7 +194,15 @@ impl Library {
         let limit = self.repeat_limit;
         blocking(move || {
             let c = guard.check(&tool, &params, estimate);
-            from_guard(c, params, limit, estimate)
+            match from_guard(c, params, limit, estimate) {
+                // A first dispatch was never held, so nobody was asked about it: a reject
+                // here is of an earlier call (one held call per session, SP/1.0.1 §3.6).
+                Checked::Deny(mut d) if d.reason == "hitl_transition:reject" => {
+                    d.refused_earlier = true;
+                    Checked::Deny(d)
+                }
+                checked => checked,
+            }
         })
         .await
         .unwrap_or_else(|| {
@@ -203,6 +212,7 @@ impl Library {
                 budget_remaining: None,
                 estimate,
                 note: String::new(),
+                refused_earlier: false,
             })
         })
     }
@@ -238,6 +248,7 @@ impl Library {
                     budget_remaining: None,
                     estimate,
                     note: String::new(),
+                    refused_earlier: false,
                 });
             }
             let c = guard.check_with_nonce(&tool, &params, estimate, nonce);
@@ -251,6 +262,7 @@ impl Library {
                 budget_remaining: None,
                 estimate,
                 note: String::new(),
+                refused_earlier: false,
             })
         })
     }
@@ -354,6 +366,7 @@ impl Daemon {
                     budget_remaining: r.map(|r| Money(r.budget_remaining_nanos)),
                     estimate,
                     note,
+                    refused_earlier: false,
                 })
             };
         let client = match self.client().await {
@@ -373,11 +386,21 @@ impl Daemon {
             // The connection is gone: the next call reconnects and resumes the session.
             self.forget().await;
         }
-        deny(
-            released.verdict.reason.clone(),
+        let reason = released.verdict.reason.clone();
+        let refused_earlier = reason == "hitl_transition:reject" && released.decision.is_empty();
+        match deny(
+            reason,
             released.verdict.response.as_ref(),
             released.note.clone(),
-        )
+        ) {
+            // No human decided this call (`decision` is empty): the reject is of an earlier
+            // one (one held call per session, SP/1.0.1 §3.6).
+            Checked::Deny(mut d) => {
+                d.refused_earlier = refused_earlier;
+                Checked::Deny(d)
+            }
+            checked => checked,
+        }
     }
 }
 

@@ -337,6 +337,7 @@ impl Core {
                     budget_remaining: None,
                     estimate: money(settings.cost_usd),
                     note: String::new(),
+                    refused_earlier: false,
                 },
             ),
         }
@@ -371,6 +372,7 @@ impl Core {
                     budget_remaining: None,
                     estimate: money(cost_usd),
                     note: String::new(),
+                    refused_earlier: false,
                 }),
             };
         };
@@ -392,6 +394,7 @@ impl Core {
                 budget_remaining: None,
                 estimate: money(cost_usd),
                 note: String::new(),
+                refused_earlier: false,
             })
         };
         if reason == "hitl_transition:defer_escalate"

@@ -17,6 +17,10 @@ pub struct Denial {
     pub estimate: Money,
     /// The note of the human who refused the call (their reasons, for the model), or empty.
     pub note: String,
+    /// For `hitl_transition:reject`: the refusal was of an earlier call, not of this one
+    /// (with one held call per session, `max_held_calls = 1`, SP/1.0.1 §3.6 refuses the
+    /// call after a refusal, though nobody was asked about it).
+    pub refused_earlier: bool,
 }
 
 fn usd(m: Money) -> String {
@@ -52,6 +56,12 @@ pub fn explain(d: &Denial) -> String {
         }
         "policy_violation:duplicate_nonce" | "policy_violation:duplicate_resume_no_effect" => {
             "the call was a replay".into()
+        }
+        "hitl_transition:reject" if d.refused_earlier => {
+            "nobody was asked about this call: a human refused an earlier call in this \
+             session, and with one held call per session (max_held_calls = 1) that trips the \
+             circuit breaker"
+                .into()
         }
         "hitl_transition:reject" => "a human refused this call".into(),
         "hitl_transition:defer_escalate" => "another call is waiting for a human's decision".into(),
@@ -143,6 +153,7 @@ mod tests {
             budget_remaining: Some(Money(250_000_000)),
             estimate: Money(400_000_000),
             note: String::new(),
+            refused_earlier: false,
         }
     }
 

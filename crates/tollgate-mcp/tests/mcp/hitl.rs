@@ -290,6 +290,17 @@ async fn with_max_held_calls_1_a_refusal_trips_the_session() {
     assert!(text(&refused).starts_with("denied: hitl_transition:reject;"));
     let next = s.ok("add", json!({"a": 2, "b": 3})).await;
     assert!(denied(&next), "{}", text(&next));
+    // Nobody was asked about this call: its text must not say a human refused it.
+    assert!(
+        text(&next).starts_with("denied: hitl_transition:reject; nobody was asked about this call"),
+        "{}",
+        text(&next)
+    );
+    assert!(
+        !text(&next).contains("a human refused this call"),
+        "{}",
+        text(&next)
+    );
     let after = s.ok("add", json!({"a": 4, "b": 5})).await;
     assert!(
         text(&after).starts_with("denied: circuit_open;"),
