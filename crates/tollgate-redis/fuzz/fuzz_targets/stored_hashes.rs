@@ -1,14 +1,20 @@
-//! Arbitrary bytes into everything the store decodes of what it reads back from Redis: an
-//! unconfirmed change's marker, and a session hash with its budget hash (the hash's fields
-//! are the input split at 0xff bytes into names and values). None may panic.
+//! Arbitrary bytes into everything the store decodes of what it reads back from Redis: a
+//! stored session record (either form: `TGS2` binary or JSON), an unconfirmed change's
+//! marker (with and without its `p:<seq>` record), and a session hash with its budget hash
+//! (the hash's fields are the input split at 0xff bytes into names and values). None may
+//! panic.
 
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use tollgate_redis::cas::{budget_from_fields, view_from_fields, Bounds, Fields, Marker};
+use tollgate_redis::cas::{
+    budget_from_fields, decode_stored, view_from_fields, Bounds, Fields, Marker,
+};
 
 fuzz_target!(|data: &[u8]| {
-    let _ = Marker::decode(data, 1 << 21);
+    let _ = decode_stored(data, 1 << 20, 0);
+    let _ = Marker::decode(data, 1 << 21, None);
+    let _ = Marker::decode(data, 1 << 21, Some(data));
     let mut parts = data.split(|b| *b == 0xff);
     let mut fields = Fields::new();
     while let (Some(name), Some(value)) = (parts.next(), parts.next()) {
