@@ -69,19 +69,9 @@ pub const DAEMON_VERSION: &str = env!("CARGO_PKG_VERSION");
 pub struct Peer {
     /// The peer's uid (Unix sockets), or 0 when unknown.
     pub uid: u32,
-    /// The peer's IP address (network transports: gRPC), `None` on the Unix socket.
-    /// Informational: never a rate-limit key (agents behind one address are many peers).
-    pub ip: Option<std::net::IpAddr>,
     /// The SHA-256 of the peer's client certificate (gRPC): its identity, the key its
     /// registrations are limited by there. `None` on the Unix socket.
     pub certificate: Option<[u8; 32]>,
-}
-
-impl Peer {
-    /// The part of a peer that names it for rate limits: uid and certificate, not IP.
-    fn limit_key(self) -> Peer {
-        Peer { ip: None, ..self }
-    }
 }
 
 /// The daemon's clock: the sole time authority.
@@ -427,9 +417,7 @@ impl<S: SessionStore> Service<S> {
         self.authorize_agent(caller, &org, &r.agent_id)?;
         // Limited per organization and peer, once the caller is known to be the
         // organization's: one organization's burst cannot spend another's allowance.
-        if let Err(wait) =
-            lock(&self.register_limits).check(&(org.clone(), peer.limit_key()), Instant::now())
-        {
+        if let Err(wait) = lock(&self.register_limits).check(&(org.clone(), peer), Instant::now()) {
             return Err(Refusal {
                 code: ErrorCode::RateLimited,
                 message: format!("too many registrations from this peer for organization `{org}`"),
@@ -1261,7 +1249,6 @@ mod tests {
             };
             let peer = Peer {
                 uid: 1,
-                ip: None,
                 certificate: None,
             };
             let mut model: Vec<Model> = Vec::new();

@@ -1058,7 +1058,6 @@ fn caller<T>(req: &Request<T>) -> Result<(Caller, Peer), Status> {
     // agents behind one address (a NAT, a proxy) are different peers.
     let peer = Peer {
         uid: 0,
-        ip: Some(info.remote.ip()),
         certificate: info.fingerprint,
     };
     if info.expired(unix_now_secs()) {

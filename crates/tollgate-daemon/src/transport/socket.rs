@@ -122,7 +122,6 @@ async fn connection<S: SessionStore>(
     let _open = crate::metrics::connection_opened("socket");
     let peer = Peer {
         uid: stream.peer_cred().map(|c| c.uid()).unwrap_or(0),
-        ip: None,
         certificate: None,
     };
     let mut standing = Standing::Pending(slot);
