@@ -829,8 +829,7 @@ impl<S: SessionStore> Service<S> {
     /// organization's quota.
     fn forget_session(&self, id: &str, organization_id: &str, held_calls: &[u64]) {
         // Called exactly once per session: after the change that ended it.
-        lock(&self.sessions).remove(id);
-        lock(&self.held).remove(id);
+        self.forget_cached(id);
         if let Some(n) = lock(&self.live).get_mut(organization_id) {
             *n = n.saturating_sub(1);
         }
@@ -850,12 +849,18 @@ impl<S: SessionStore> Service<S> {
     pub(crate) fn store_refusal(&self, id: &str, e: tollgate_store::StoreError) -> Refusal {
         match e {
             tollgate_store::StoreError::NotFound { .. } => {
-                lock(&self.sessions).remove(id);
-                lock(&self.held).remove(id);
+                self.forget_cached(id);
                 not_found(id)
             }
             other => refuse(ErrorCode::DaemonUnavailable, other.to_string()),
         }
+    }
+
+    /// Drop what this daemon caches of session `id`: its identity and its held calls'
+    /// params.
+    fn forget_cached(&self, id: &str) {
+        lock(&self.sessions).remove(id);
+        lock(&self.held).remove(id);
     }
 
     /// `close_session`: the agent ends its session. Audited (a session-closed entry,
