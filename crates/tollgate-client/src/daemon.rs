@@ -13,7 +13,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::unix::OwnedWriteHalf;
 use tokio::net::UnixStream;
 use tokio::sync::{oneshot, Mutex};
-use tollgate_core::json::{self, Value};
+use tollgate_core::json::Value;
 use tollgate_core::{Digest, Params};
 use tollgate_proto::auth::{self, Unverified};
 use tollgate_proto::frame::{self, HEADER_LEN};
@@ -520,18 +520,18 @@ impl DaemonClient {
         estimated_cost_usd: f64,
     ) -> sp1::PreExecRequest {
         let call_number = self.next_call_number();
-        let classified = Params::json(params);
+        // The params themselves, for the daemon's policies (docs/protocol.md §4.3.1): their
+        // canonical form, the bytes the hash covers (written once, then hashed); not sent
+        // beyond the bound (a call a policy reads the arguments of is then refused, never
+        // decided without them).
+        let (classified, canonical) = Params::json_with_canonical(params);
         let (hash, noncanonical) = match classified.canonical_digest() {
             Ok(d) => (d, false),
             Err(_) => (Digest::default(), true),
         };
-        // The params themselves, for the daemon's policies (docs/protocol.md §4.3.1): their
-        // canonical form, the bytes the hash covers; not sent beyond the bound (a call a
-        // policy reads the arguments of is then refused, never decided without them).
-        let tool_params = match json::to_canonical_vec(params) {
-            Ok(bytes) if !noncanonical && bytes.len() <= MAX_TOOL_PARAMS_BYTES => bytes,
-            _ => Vec::new(),
-        };
+        let tool_params = canonical
+            .filter(|bytes| bytes.len() <= MAX_TOOL_PARAMS_BYTES)
+            .unwrap_or_default();
         sp1::PreExecRequest {
             session_id: self.session_id.clone(),
             call_number,

@@ -80,6 +80,38 @@ impl Params {
         }
     }
 
+    /// [`Params::json`], also returning the canonical bytes the digest hashes (`None`
+    /// when the params cannot be canonicalized): written once, then hashed, for a client
+    /// that sends the params beside their hash.
+    pub fn json_with_canonical(value: &Value) -> (Params, Option<Vec<u8>>) {
+        if let Err(e) = check_canonicalizable(value) {
+            return (
+                Params {
+                    digest: Err(e),
+                    opaque: false,
+                },
+                None,
+            );
+        }
+        match json::to_canonical_vec(value) {
+            Ok(bytes) => (
+                Params {
+                    digest: Ok(Digest::of(&bytes)),
+                    opaque: has_opaque_context(value, 0),
+                },
+                Some(bytes),
+            ),
+            // Ruled out by check_canonicalizable, like in `Params::json`.
+            Err(_) => (
+                Params {
+                    digest: Err(NonCanonical::NonFiniteNumber),
+                    opaque: false,
+                },
+                None,
+            ),
+        }
+    }
+
     /// Params known only by their canonical hash (the daemon's case: agents send the hash,
     /// never the arguments). Opaque-context detection is then the agent library's duty.
     pub const fn digest(digest: Digest) -> Params {
@@ -253,6 +285,32 @@ mod tests {
             classify("{\"x\":[1e999]}").canonical_digest(),
             Err(NonCanonical::NonFiniteNumber)
         );
+    }
+
+    #[test]
+    fn json_with_canonical_agrees_with_json() {
+        for text in [
+            r#"{"to":"x","amount":100.50,"ctx":"opaque"}"#,
+            r#"{"a":[1,{"b":null}],"é":"\u00e9"}"#,
+            "[1]",
+            r#"{"a":{"__noncanonical__":true}}"#,
+            "{\"x\":[1e999]}",
+        ] {
+            let v = json::parse_str(text).unwrap();
+            let (p, bytes) = Params::json_with_canonical(&v);
+            assert_eq!(p, Params::json(&v), "{text}");
+            match p.canonical_digest() {
+                Ok(d) => {
+                    let b = bytes.expect(text);
+                    assert_eq!(b, json::to_canonical_vec(&v).unwrap(), "{text}");
+                    assert_eq!(Digest::of(&b), d, "{text}");
+                }
+                Err(_) => assert_eq!(bytes, None, "{text}"),
+            }
+        }
+        let (p, bytes) = Params::json_with_canonical(&nested(65));
+        assert_eq!(p.canonical_digest(), Err(NonCanonical::TooDeep));
+        assert_eq!(bytes, None);
     }
 
     #[test]
