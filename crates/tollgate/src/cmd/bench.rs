@@ -680,43 +680,63 @@ async fn in_process(plan: &Plan, own: &OwnDaemon) -> anyhow::Result<Report> {
 
 /// A `tollgate serve` child process. Dropped while running (an error on the way), it is
 /// killed and reaped, never left behind.
+/// (`tollgate soak` starts its daemon with it too.)
 #[derive(Debug)]
-struct Serve {
+pub(crate) struct Serve {
     child: Child,
     log: PathBuf,
 }
 
 impl Serve {
-    /// Start this binary as `tollgate serve --config <file> --data-dir <dir>`, its standard
-    /// output and error into `serve.log` (a file, so a chatty daemon never blocks on a
-    /// pipe nobody reads).
+    /// [`Serve::start`] with `own`'s files, at the daemon's default log level.
     fn spawn(own: &OwnDaemon) -> anyhow::Result<Serve> {
+        Serve::start(&own.config_file, &own.data_dir, &own.log, None)
+    }
+
+    /// Start this binary as `tollgate serve --config <config_file> --data-dir <data_dir>`,
+    /// its standard output and error into `log` (a file, so a chatty daemon never blocks
+    /// on a pipe nobody reads); `rust_log`, if given, is its `RUST_LOG`.
+    pub(crate) fn start(
+        config_file: &Path,
+        data_dir: &Path,
+        log: &Path,
+        rust_log: Option<&str>,
+    ) -> anyhow::Result<Serve> {
         let exe = std::env::current_exe().context("finding the tollgate binary")?;
-        let log =
-            File::create(&own.log).with_context(|| format!("creating {}", own.log.display()))?;
-        let child = Command::new(&exe)
+        let out = File::create(log).with_context(|| format!("creating {}", log.display()))?;
+        let mut command = Command::new(&exe);
+        command
             .arg("serve")
             .arg("--config")
-            .arg(&own.config_file)
+            .arg(config_file)
             .arg("--data-dir")
-            .arg(&own.data_dir)
+            .arg(data_dir)
             // Plain text in the log, so an error can show it.
             .env("NO_COLOR", "1")
             .stdin(Stdio::null())
-            .stdout(log.try_clone().context("duplicating the log handle")?)
-            .stderr(log)
+            .stdout(out.try_clone().context("duplicating the log handle")?)
+            .stderr(out);
+        if let Some(level) = rust_log {
+            command.env("RUST_LOG", level);
+        }
+        let child = command
             .spawn()
             .with_context(|| format!("starting `{} serve`", exe.display()))?;
         Ok(Serve {
             child,
-            log: own.log.clone(),
+            log: log.to_owned(),
         })
+    }
+
+    /// The daemon's process id.
+    pub(crate) fn id(&self) -> u32 {
+        self.child.id()
     }
 
     /// Wait until `socket` accepts a connection. An error if the child exits first, or
     /// does not listen within [`LISTEN_TIMEOUT`] (then it is killed); either way its
     /// output is shown.
-    fn wait_listening(&mut self, socket: &Path) -> anyhow::Result<()> {
+    pub(crate) fn wait_listening(&mut self, socket: &Path) -> anyhow::Result<()> {
         let started = Instant::now();
         loop {
             if let Some(status) = self.child.try_wait().context("waiting for the daemon")? {
@@ -771,7 +791,7 @@ impl Serve {
     /// SIGTERM (with the `kill` command: no `unsafe` here), then wait for a clean exit,
     /// at most [`STOP_TIMEOUT`]. A daemon that exits with a failure, cannot be signalled
     /// or does not stop in time is an error (the last two after SIGKILL).
-    fn stop(&mut self) -> anyhow::Result<()> {
+    pub(crate) fn stop(&mut self) -> anyhow::Result<()> {
         let pid = self.child.id();
         let sent = Command::new("kill")
             .args(["-TERM", &pid.to_string()])

@@ -15,8 +15,8 @@
 //! anything but the rows' rates.
 
 use std::collections::VecDeque;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitCode, Stdio};
+use std::path::Path;
+use std::process::ExitCode;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -24,6 +24,8 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use tollgate_client::{ClientConfig, DaemonClient};
 use tollgate_core::json::Value;
+
+use super::bench::Serve;
 
 const ORG: &str = "soak";
 
@@ -104,9 +106,9 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     let data = root.join("data");
     let socket = data.join("tollgate.sock");
     let log = root.join("serve.log");
-    let mut serve = spawn(&config, &data, &log)?;
+    let mut serve = Serve::start(&config, &data, &log, Some("warn"))?;
     let outcome = (|| {
-        wait_listening(&mut serve, &socket, &log)?;
+        serve.wait_listening(&socket)?;
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
@@ -114,7 +116,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
             .context("starting the runtime")?;
         rt.block_on(drive(args, &socket, &secret, serve.id(), &data))
     })();
-    let stopped = stop(&mut serve);
+    let stopped = serve.stop();
     if args.keep {
         outln!("kept {}", dir.keep().display());
     }
@@ -156,8 +158,10 @@ async fn drive(
     let next = Arc::new(AtomicU64::new(0));
     let done = Arc::new(AtomicU64::new(0));
     let denied = Arc::new(AtomicU64::new(0));
-    let failed = Arc::new(AtomicU64::new(0));
-    let first_failure: Arc<Mutex<Option<String>>> = Arc::default();
+    let failures = Failures {
+        failed: Arc::new(AtomicU64::new(0)),
+        first: Arc::default(),
+    };
     let pool: Arc<Mutex<VecDeque<Open>>> = Arc::default();
     let started = Instant::now();
     let deadline = (args.max_secs > 0).then(|| started + Duration::from_secs(args.max_secs));
@@ -191,16 +195,14 @@ async fn drive(
     row(0, Instant::now(), 0);
     let mut workers = Vec::new();
     for _ in 0..args.concurrency {
-        let (pool, live, next, done, denied, failed, first) = (
+        let (pool, live, next, done, denied, fail) = (
             pool.clone(),
             live.clone(),
             next.clone(),
             done.clone(),
             denied.clone(),
-            failed.clone(),
-            first_failure.clone(),
+            failures.clone(),
         );
-        let fail = Failures { failed, first };
         let mut cfg = ClientConfig::new(socket, ORG, secret, "soak-agent");
         cfg.timeout = Duration::from_secs(10);
         let (total, calls, abandon, idle) =
@@ -280,17 +282,13 @@ async fn drive(
         row(n, at, last_row);
     }
     // End what is still open the same way.
-    let fail = Failures {
-        failed: failed.clone(),
-        first: first_failure.clone(),
-    };
     loop {
         let oldest = pool
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .pop_front();
         let Some(old) = oldest else { break };
-        retire(old, args.idle_secs, &fail).await;
+        retire(old, args.idle_secs, &failures).await;
     }
     // The abandoned ones end by the idle sweep: wait for it, then the last row.
     tokio::time::sleep(Duration::from_secs(args.idle_secs + 3)).await;
@@ -299,9 +297,10 @@ async fn drive(
         "soak: {n} sessions in {:.1} s; {} calls denied, {} requests failed",
         started.elapsed().as_secs_f64(),
         denied.load(Ordering::Relaxed),
-        failed.load(Ordering::Relaxed)
+        failures.failed.load(Ordering::Relaxed)
     );
-    if let Some(e) = first_failure
+    if let Some(e) = failures
+        .first
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
         .take()
@@ -354,64 +353,5 @@ async fn retire(open: Open, idle_secs: u64, fail: &Failures) {
             fail.note(format!("close: {e}"));
         }
         drop(permit);
-    }
-}
-
-fn spawn(config: &Path, data: &Path, log: &Path) -> anyhow::Result<Child> {
-    let exe = std::env::current_exe().context("finding the tollgate binary")?;
-    let out = std::fs::File::create(log).with_context(|| format!("creating {}", log.display()))?;
-    Command::new(&exe)
-        .arg("serve")
-        .arg("--config")
-        .arg(config)
-        .arg("--data-dir")
-        .arg(data)
-        .env("NO_COLOR", "1")
-        .env("RUST_LOG", "warn")
-        .stdin(Stdio::null())
-        .stdout(out.try_clone().context("duplicating the log handle")?)
-        .stderr(out)
-        .spawn()
-        .with_context(|| format!("starting `{} serve`", exe.display()))
-}
-
-fn wait_listening(child: &mut Child, socket: &PathBuf, log: &Path) -> anyhow::Result<()> {
-    let started = Instant::now();
-    loop {
-        if let Some(status) = child.try_wait().context("waiting for the daemon")? {
-            anyhow::bail!(
-                "`tollgate serve` exited ({status}); its output:\n{}",
-                std::fs::read_to_string(log).unwrap_or_default()
-            );
-        }
-        if std::os::unix::net::UnixStream::connect(socket).is_ok() {
-            return Ok(());
-        }
-        anyhow::ensure!(
-            started.elapsed() < Duration::from_secs(30),
-            "`tollgate serve` did not listen within 30 s"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-fn stop(child: &mut Child) -> anyhow::Result<()> {
-    let pid = child.id().to_string();
-    let _ = Command::new("kill")
-        .args(["-TERM", &pid])
-        .stdin(Stdio::null())
-        .status();
-    let started = Instant::now();
-    loop {
-        if let Some(status) = child.try_wait().context("waiting for the daemon")? {
-            anyhow::ensure!(status.success(), "`tollgate serve` stopped with {status}");
-            return Ok(());
-        }
-        if started.elapsed() > Duration::from_secs(30) {
-            let _ = child.kill();
-            let _ = child.wait();
-            anyhow::bail!("`tollgate serve` did not stop within 30 s of SIGTERM (killed)");
-        }
-        std::thread::sleep(Duration::from_millis(20));
     }
 }
