@@ -709,7 +709,7 @@ impl Inner {
         match self.cas(&[], &planned.request, "settle").await {
             Ok(CasReply::Done { sv, bv }) => {
                 let wrote_budget = planned.request.budget_blob.is_some();
-                let v = after_done(&view, planned, sv, bv);
+                let v = after_done(view, planned, sv, bv);
                 if let (Some(cache), Some(b), true) = (budget, v.budget, wrote_budget) {
                     *cache = Some((b.0, b.1, v.holds.clone()));
                 }
@@ -943,7 +943,7 @@ impl Inner {
             Ok(CasReply::Done { sv, bv }) => {
                 let wrote_budget = planned.request.budget_blob.is_some();
                 match slot.view.take() {
-                    Some(base) => Ok((after_done(&base, planned, sv, bv), wrote_budget)),
+                    Some(base) => Ok((after_done(base, planned, sv, bv), wrote_budget)),
                     // create of a session with its own budget: no view before
                     None => Ok((
                         View {
