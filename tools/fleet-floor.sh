@@ -17,7 +17,6 @@ tick=$(getconf CLK_TCK)
 . "$(dirname "$0")/lib/cpu.sh"
 
 redis_pid=$(pgrep -o -x redis-server)
-if [ "${SKIP_REDIS:-0}" = 1 ]; then :; fi
 blob=$(head -c "$record" /dev/zero | tr '\0' x)
 lua="local v = tonumber(redis.call('HGET', KEYS[1], 'v') or '0')
 local b = redis.call('HGET', KEYS[1], 'b') or ''
@@ -66,9 +65,8 @@ pgfile=$(mktemp)
 pg_sampler_start "$pgfile"
 out=$(pgbench -n -U postgres -h 127.0.0.1 -c 3 -j 1 -T 10 -f /tmp/tgfloor.sql test 2>&1)
 pg_sampler_stop
-p0=0
-p1=$(cat "$pgfile"); rm -f "$pgfile"
+pg=$(cat "$pgfile"); rm -f "$pgfile"
 tx=$(echo "$out" | awk '/number of transactions actually processed/ {print $NF}' | cut -d/ -f1)
 psql -qAt -U postgres -h 127.0.0.1 -d test -c "DROP SCHEMA tgfloor CASCADE" 2>/dev/null
 rows=$((tx * batch))
-echo "postgres: $rows entries in $tx statements of $batch in 10 s ($((rows / 10)) entries/s, 3 writers): $(echo "($p1 - $p0) / $tick * 1000000 / $rows" | bc -l | xargs printf '%.1f') us of CPU per entry (every postgres process: WAL writer and checkpointer included)"
+echo "postgres: $rows entries in $tx statements of $batch in 10 s ($((rows / 10)) entries/s, 3 writers): $(echo "$pg / $tick * 1000000 / $rows" | bc -l | xargs printf '%.1f') us of CPU per entry (every postgres process: WAL writer and checkpointer included)"
