@@ -20,9 +20,9 @@ pgfile=$(mktemp)
 timefile=$(mktemp)
 trap 'rm -f "$out" "$pgfile" "$timefile"' EXIT
 
-cpu_of() { awk '{print $14+$15}' "/proc/$1/stat" 2>/dev/null || echo 0; }
+# shellcheck source=tools/lib/cpu.sh
+. "$(dirname "$0")/lib/cpu.sh"
 redis_pid=$(pgrep -o -x redis-server || true)
-pg_total() { local t=0 p; for p in $(pgrep -u postgres || true); do t=$((t + $(cpu_of "$p"))); done; echo "$t"; }
 # What the servers spend without this bench (other clients of a shared machine), over
 # ${IDLE:-5} s before it: subtracted, pro rata, from their figures ("net").
 idle=${IDLE:-5}
@@ -36,29 +36,13 @@ pi1=$(pg_total)
 r0=$ri1
 start=$(date +%s.%N)
 
-(
-    declare -A first last
-    for p in $(pgrep -u postgres || true); do first[$p]=$(cpu_of "$p"); done
-    while :; do
-        for p in $(pgrep -u postgres || true); do
-            c=$(cpu_of "$p")
-            [ -z "${first[$p]:-}" ] && first[$p]=0
-            last[$p]=$c
-        done
-        t=0
-        for p in "${!last[@]}"; do t=$((t + last[$p] - first[$p])); done
-        echo "$t" >"$pgfile"
-        sleep 0.2
-    done
-) &
-sampler=$!
+pg_sampler_start "$pgfile"
 
 TIMEFORMAT='%U %S'
 { time "$bin" bench "$@" >"$out"; } 2>"$timefile"
 wall=$(echo "$(date +%s.%N) - $start" | bc)
 sleep 0.3
-kill "$sampler" 2>/dev/null || true
-wait "$sampler" 2>/dev/null || true
+pg_sampler_stop
 cat "$out"
 r1=0
 [ -n "$redis_pid" ] && r1=$(cpu_of "$redis_pid")

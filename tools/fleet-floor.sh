@@ -13,11 +13,10 @@ set -euo pipefail
 record=${1:-9000}
 batch=${2:-20}
 tick=$(getconf CLK_TCK)
-cpu_of() { awk '{print $14+$15}' "/proc/$1/stat" 2>/dev/null || echo 0; }
-pg_total() { local t=0 p; for p in $(pgrep -u postgres || true); do t=$((t + $(cpu_of "$p"))); done; echo "$t"; }
+# shellcheck source=tools/lib/cpu.sh
+. "$(dirname "$0")/lib/cpu.sh"
 
 redis_pid=$(pgrep -o -x redis-server)
-if [ "${SKIP_REDIS:-0}" = 1 ]; then :; fi
 blob=$(head -c "$record" /dev/zero | tr '\0' x)
 lua="local v = tonumber(redis.call('HGET', KEYS[1], 'v') or '0')
 local b = redis.call('HGET', KEYS[1], 'b') or ''
@@ -63,27 +62,11 @@ SELECT 's' || (:b * $batch + g), 1, 'entry', 'c' || :c, :b * $batch + g FROM gen
 SQL
 # Sample every postgres process while pgbench runs (its backends exit with it).
 pgfile=$(mktemp)
-(
-    declare -A first last
-    for p in $(pgrep -u postgres || true); do first[$p]=$(cpu_of "$p"); done
-    while :; do
-        for p in $(pgrep -u postgres || true); do
-            c=$(cpu_of "$p")
-            [ -z "${first[$p]:-}" ] && first[$p]=0
-            last[$p]=$c
-        done
-        t=0
-        for p in "${!last[@]}"; do t=$((t + last[$p] - first[$p])); done
-        echo "$t" >"$pgfile"
-        sleep 0.2
-    done
-) &
-sampler=$!
+pg_sampler_start "$pgfile"
 out=$(pgbench -n -U postgres -h 127.0.0.1 -c 3 -j 1 -T 10 -f /tmp/tgfloor.sql test 2>&1)
-kill "$sampler"; wait "$sampler" 2>/dev/null || true
-p0=0
-p1=$(cat "$pgfile"); rm -f "$pgfile"
+pg_sampler_stop
+pg=$(cat "$pgfile"); rm -f "$pgfile"
 tx=$(echo "$out" | awk '/number of transactions actually processed/ {print $NF}' | cut -d/ -f1)
 psql -qAt -U postgres -h 127.0.0.1 -d test -c "DROP SCHEMA tgfloor CASCADE" 2>/dev/null
 rows=$((tx * batch))
-echo "postgres: $rows entries in $tx statements of $batch in 10 s ($((rows / 10)) entries/s, 3 writers): $(echo "($p1 - $p0) / $tick * 1000000 / $rows" | bc -l | xargs printf '%.1f') us of CPU per entry (every postgres process: WAL writer and checkpointer included)"
+echo "postgres: $rows entries in $tx statements of $batch in 10 s ($((rows / 10)) entries/s, 3 writers): $(echo "$pg / $tick * 1000000 / $rows" | bc -l | xargs printf '%.1f') us of CPU per entry (every postgres process: WAL writer and checkpointer included)"

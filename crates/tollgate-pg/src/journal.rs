@@ -539,7 +539,8 @@ struct Task {
     chain_id: String,
     chainer: Chainer,
     client: Option<Client>,
-    /// The batch statement, prepared on `client` (dropped with it).
+    /// The batch statement, prepared on `client` when first needed; reset by `reconnect`,
+    /// which alone replaces `client` (nothing uses it while `client` is `None`).
     insert: Option<tokio_postgres::Statement>,
     shared: Arc<Shared>,
     rx: mpsc::Receiver<Msg>,
@@ -654,7 +655,6 @@ impl Task {
         // journal was idle): replace it before the batch rather than fail the batch.
         if self.client.as_ref().is_some_and(Client::is_closed) {
             self.client = None;
-            self.insert = None;
             if let Err(e) = self.reconnect(None).await {
                 self.shared.failed_batches.fetch_add(1, Ordering::Relaxed);
                 self.shared.fail(e.to_string());
@@ -799,7 +799,6 @@ impl Task {
     /// and not written again: the head is the stored tail.
     async fn recover(&mut self, signed_first: Option<(u64, Digest)>) {
         self.client = None;
-        self.insert = None;
         let mut wait = self.settings.reconnect_min;
         loop {
             // Shutting down: stop trying (what is queued fails; see `finish`).

@@ -859,9 +859,11 @@ pub fn after_join(
     Ok((view, record.into()))
 }
 
-/// The view after `planned` was written (`Done { sv, bv }`).
-pub fn after_done(view: &View, planned: Planned, sv: u64, bv: u64) -> View {
-    let mut markers = view.markers.clone();
+/// The view after `planned` was written (`Done { sv, bv }`), from the `view` it was
+/// planned on (consumed: its markers, each with the record before it, are moved, not
+/// copied).
+pub fn after_done(view: View, planned: Planned, sv: u64, bv: u64) -> View {
+    let mut markers = view.markers;
     for seq in &planned.request.drop {
         markers.remove(seq);
     }
@@ -874,7 +876,7 @@ pub fn after_done(view: &View, planned: Planned, sv: u64, bv: u64) -> View {
         (Some(_), Some(_)) => Some((bv, Budget::of(&planned.session.state))),
         (b, _) => b,
     };
-    let mut holds = view.holds.clone();
+    let mut holds = view.holds;
     for h in &planned.request.drop_holds {
         holds.remove(h);
     }
@@ -884,7 +886,7 @@ pub fn after_done(view: &View, planned: Planned, sv: u64, bv: u64) -> View {
     let settling = if planned.request.release.is_some() {
         None
     } else {
-        view.settling.clone()
+        view.settling
     };
     View {
         sv,

@@ -20,9 +20,9 @@ use tollgate_store::{
 
 use crate::cas::{
     after_done, after_join, budget_from_fields, check_markers, dips_into_holds, hold_field,
-    marker_field, plan_commit, plan_open, plan_revert, settle_needs_budget, settling_parts,
-    settling_value, view_from_fields, void_budget, Bounds, CasReply, CasRequest, Fields, Holds,
-    MarkerAction, Planned, View, MARKER_FIELD, MAX_FIELDS, PREV_FIELD,
+    marker_field, plan_commit, plan_open, plan_revert, prev_field, settle_needs_budget,
+    settling_parts, settling_value, view_from_fields, void_budget, Bounds, CasReply, CasRequest,
+    Fields, Holds, MarkerAction, Planned, View, MAX_FIELDS,
 };
 use crate::keys::Keys;
 use crate::script::{keys_and_args, settle_keys_and_args, SettleRequest, CAS_LUA};
@@ -202,7 +202,6 @@ enum Confirm {
         id: String,
         seq: u64,
         session_key: String,
-        field: String,
         member: String,
         /// The budget hash and the change's hold on it (a refund), if any.
         hold: Option<(String, String)>,
@@ -710,7 +709,7 @@ impl Inner {
         match self.cas(&[], &planned.request, "settle").await {
             Ok(CasReply::Done { sv, bv }) => {
                 let wrote_budget = planned.request.budget_blob.is_some();
-                let v = after_done(&view, planned, sv, bv);
+                let v = after_done(view, planned, sv, bv);
                 if let (Some(cache), Some(b), true) = (budget, v.budget, wrote_budget) {
                     *cache = Some((b.0, b.1, v.holds.clone()));
                 }
@@ -849,7 +848,6 @@ impl Inner {
                     let _ = inner.confirm_tx.send(Confirm::Marker {
                         seq,
                         session_key: inner.keys.session(&group, &id),
-                        field: marker_field(seq),
                         member: Keys::member(&group, &id, seq),
                         hold: held.then(|| (inner.keys.budget(&group), hold_field(&id, seq))),
                         id,
@@ -945,7 +943,7 @@ impl Inner {
             Ok(CasReply::Done { sv, bv }) => {
                 let wrote_budget = planned.request.budget_blob.is_some();
                 match slot.view.take() {
-                    Some(base) => Ok((after_done(&base, planned, sv, bv), wrote_budget)),
+                    Some(base) => Ok((after_done(base, planned, sv, bv), wrote_budget)),
                     // create of a session with its own budget: no view before
                     None => Ok((
                         View {
@@ -1515,20 +1513,17 @@ async fn confirmer(inner: Arc<Inner>, mut rx: mpsc::UnboundedReceiver<Confirm>) 
             match c {
                 Confirm::Marker { id, seq, .. } if inner.dropped_since(id, *seq) => {}
                 Confirm::Marker {
+                    seq,
                     session_key,
-                    field,
                     member,
                     hold,
                     ..
                 } => {
-                    // The marker and the record before it (`p:<seq>`).
+                    // The marker and the record before it.
                     p.cmd("HDEL")
                         .arg(session_key)
-                        .arg(field)
-                        .arg(format!(
-                            "{PREV_FIELD}{}",
-                            field.get(MARKER_FIELD.len()..).unwrap_or("")
-                        ))
+                        .arg(marker_field(*seq))
+                        .arg(prev_field(*seq))
                         .ignore();
                     if let Some((budget_key, h)) = hold {
                         // The refund's entry is committed: it may be spent now.

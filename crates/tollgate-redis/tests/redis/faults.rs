@@ -11,8 +11,8 @@ use tollgate_core::{Money, Verdict};
 use tollgate_store::{BudgetKey, SessionStore, StoreError};
 
 use crate::support::{
-    cleanup, create, markers, options, org_session, pre_exec, prefix, store, Book, Claim,
-    TestJournal, COMMIT_THEN_HANG, HANG, REDIS,
+    cleanup, create, hash_fields, markers, options, org_session, pre_exec, prefix, store,
+    unconfirmed, Book, Claim, TestJournal, COMMIT_THEN_HANG, HANG, REDIS,
 };
 
 /// A daemon writes an ALLOW to Redis, then dies with its journal in `mode`; another
@@ -374,23 +374,8 @@ async fn only_the_unconfirmed_change_is_marked_and_indexed_with_the_record_it_re
     // An idle session whose changes are all confirmed: the confirmer took every marker,
     // record before and index member off.
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let fields: Vec<String> = redis::cmd("HKEYS")
-        .arg(&key)
-        .query_async(&mut c)
-        .await
-        .unwrap();
-    assert!(
-        fields.iter().all(|f| matches!(f.as_str(), "v" | "b" | "d")),
-        "{fields:?}"
-    );
-    let members: Vec<String> = redis::cmd("ZRANGE")
-        .arg(format!("{p}:unconfirmed"))
-        .arg(0)
-        .arg(-1)
-        .query_async(&mut c)
-        .await
-        .unwrap();
-    assert!(members.is_empty(), "{members:?}");
+    assert_eq!(hash_fields(&key).await, ["b", "d", "v"]);
+    assert_eq!(unconfirmed(&p).await, Vec::<String>::new());
     // The record as it stands at version 5 (the opening and four decisions).
     let before: Vec<u8> = redis::cmd("HGET")
         .arg(&key)
@@ -399,20 +384,13 @@ async fn only_the_unconfirmed_change_is_marked_and_indexed_with_the_record_it_re
         .await
         .unwrap();
     ja.mode.store(HANG, Ordering::SeqCst);
+    // Written (the script and the index's ZADD) before pre_exec returns; never confirmed.
     let (_, durable) = pre_exec(&a, "x1", 5, 10).await.unwrap();
-    // Time for the confirmer (it waits a few ms before it looks).
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    let fields: Vec<String> = redis::cmd("HKEYS")
-        .arg(&key)
-        .query_async(&mut c)
-        .await
-        .unwrap();
-    let mut extra: Vec<&String> = fields
-        .iter()
-        .filter(|f| !matches!(f.as_str(), "v" | "b" | "d"))
-        .collect();
-    extra.sort();
-    assert_eq!(extra, vec!["p:6", "u:6"], "fields of the session hash");
+    assert_eq!(
+        hash_fields(&key).await,
+        ["b", "d", "p:6", "u:6", "v"],
+        "fields of the session hash"
+    );
     let prev: Vec<u8> = redis::cmd("HGET")
         .arg(&key)
         .arg("p:6")
@@ -422,14 +400,7 @@ async fn only_the_unconfirmed_change_is_marked_and_indexed_with_the_record_it_re
     assert_eq!(prev, before, "p:6 is the record change 6 replaced");
     let decoded = tollgate_redis::cas::decode_stored(&prev, 1 << 20, 0).unwrap();
     assert_eq!(decoded.seq, 5);
-    let members: Vec<String> = redis::cmd("ZRANGE")
-        .arg(format!("{p}:unconfirmed"))
-        .arg(0)
-        .arg(-1)
-        .query_async(&mut c)
-        .await
-        .unwrap();
-    assert_eq!(members, vec!["o:org-x\x1fx1\x1f6".to_owned()]);
+    assert_eq!(unconfirmed(&p).await, ["o:org-x\x1fx1\x1f6"]);
     drop(durable);
     drop(a);
     cleanup(&p).await;

@@ -305,7 +305,7 @@ impl World {
         match self.send(d, id, &planned) {
             Some(CasReply::Done { sv, bv }) => {
                 let wrote = planned.request.budget_blob.is_some();
-                let next = after_done(view, planned, sv, bv);
+                let next = after_done(view.clone(), planned, sv, bv);
                 self.daemons[d].remember(&next, wrote);
                 self.daemons[d].cache.insert(id.to_owned(), next);
             }
@@ -386,7 +386,7 @@ impl World {
                     Some(CasReply::Done { sv, bv }) => {
                         // Written: the entry goes to the journal (committed later).
                         let wrote = planned.request.budget_blob.is_some();
-                        let next = after_done(&view, planned, sv, bv);
+                        let next = after_done(view, planned, sv, bv);
                         self.daemons[d].in_flight.push_back(event);
                         self.daemons[d].remember(&next, wrote);
                         self.daemons[d].cache.insert(id.to_owned(), next);

@@ -259,16 +259,37 @@ pub async fn wait_confirmed(session_key: &str) {
     }
 }
 
-/// The marker fields of a session hash.
-pub async fn markers(session_key: &str) -> Vec<String> {
+/// The field names of a hash, sorted.
+pub async fn hash_fields(key: &str) -> Vec<String> {
     let client = redis::Client::open(REDIS).unwrap();
     let mut c = client.get_multiplexed_async_connection().await.unwrap();
-    let fields: Vec<String> = redis::cmd("HKEYS")
-        .arg(session_key)
+    let mut fields: Vec<String> = redis::cmd("HKEYS")
+        .arg(key)
         .query_async(&mut c)
         .await
         .unwrap();
-    fields.into_iter().filter(|f| f.starts_with("u:")).collect()
+    fields.sort();
+    fields
+}
+
+/// The marker fields of a session hash.
+pub async fn markers(session_key: &str) -> Vec<String> {
+    let mut fields = hash_fields(session_key).await;
+    fields.retain(|f| f.starts_with("u:"));
+    fields
+}
+
+/// The members of the unconfirmed index of key prefix `prefix`, lowest score first.
+pub async fn unconfirmed(prefix: &str) -> Vec<String> {
+    let client = redis::Client::open(REDIS).unwrap();
+    let mut c = client.get_multiplexed_async_connection().await.unwrap();
+    redis::cmd("ZRANGE")
+        .arg(format!("{prefix}:unconfirmed"))
+        .arg(0)
+        .arg(-1)
+        .query_async(&mut c)
+        .await
+        .unwrap()
 }
 
 /// Every test that uses Redis holds it to read; the one that flushes Redis's scripts holds
