@@ -46,6 +46,7 @@ fn record(i: u64) -> VerdictRecord {
         config_digest: Some(Digest([9; 32])),
         session_seq: i + 1,
         budget_version: 0,
+        policy: None,
     }
 }
 

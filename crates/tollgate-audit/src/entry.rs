@@ -2,6 +2,7 @@
 //! session's state), the system events the writer adds itself, and the decoded entry as
 //! the verifier sees it.
 
+use tollgate_core::labels::Label;
 use tollgate_core::{BudgetScope, DenyReason, Digest, HumanDecision, Money, Reason, Verdict};
 use uuid::Uuid;
 
@@ -58,6 +59,225 @@ pub struct VerdictRecord {
     /// Format version 4: the version of the shared budget this change wrote (see
     /// [`SessionEvent::budget_version`]); 0 when it wrote none.
     pub budget_version: u64,
+    /// Format version 6: what the daemon's policy set made of the call; `None` when no
+    /// set was in force (and in older versions). When the note says the policy decided,
+    /// `reason` is [`Reason::PolicyDeny`] or [`Reason::PolicyHold`] and the reason on
+    /// the wire is [`PolicyNote::reason`].
+    pub policy: Option<PolicyNote>,
+}
+
+/// What a policy set made of one call (format version 6): the verdict entry's policy
+/// note.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PolicyNote {
+    /// The digest of the set that evaluated the call (`tollgate_policy::Policies::digest`).
+    pub set_digest: Digest,
+    /// The policies' effect.
+    pub effect: PolicyEffect,
+    /// The policy the effect names: the deciding one, or for an ALLOW the first
+    /// matching permit. Present exactly for the effects that name one
+    /// ([`PolicyEffect::names_policy`]).
+    pub policy_id: Option<String>,
+    /// Whether the effect decided the verdict (its reason is the policy's); else the
+    /// guards' verdict and reason stand.
+    pub decided: bool,
+    /// Whether this policy DENY tripped the session's circuit (the daemon's
+    /// `trip_on_refusal`). A policy DENY that does not trip changes no state.
+    pub tripped: bool,
+    /// The flow labels this ALLOW attached to the session (those it did not carry yet,
+    /// in label order): the session's labels are the union over its ALLOWs.
+    pub labels: Vec<Label>,
+}
+
+/// The effect of a policy set on a call, as a verdict entry records it (one byte).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PolicyEffect {
+    /// No policy decided (default allow and no permit matched).
+    Pass,
+    /// A permit matched; the guards decided.
+    Permit,
+    /// A `@hitl` permit matched.
+    Hitl,
+    /// A `forbid` matched.
+    Forbid,
+    /// A policy failed to evaluate.
+    Error,
+    /// A policy reads `context.args` and no params were sent.
+    ParamsRequired,
+    /// A policy reads an argument that has no Cedar value.
+    Unrepresentable,
+    /// The permits' labels would pass the session's bound.
+    LabelLimit,
+    /// Default deny, and no permit matched.
+    DefaultDeny,
+    /// The guards decided before the policies were consulted (rules 1-3, or a refused
+    /// human transition).
+    NotEvaluated,
+}
+
+impl PolicyEffect {
+    /// Every effect, in code order.
+    pub const ALL: [PolicyEffect; 10] = [
+        PolicyEffect::Pass,
+        PolicyEffect::Permit,
+        PolicyEffect::Hitl,
+        PolicyEffect::Forbid,
+        PolicyEffect::Error,
+        PolicyEffect::ParamsRequired,
+        PolicyEffect::Unrepresentable,
+        PolicyEffect::LabelLimit,
+        PolicyEffect::DefaultDeny,
+        PolicyEffect::NotEvaluated,
+    ];
+
+    /// The byte in the record: 0 to 9.
+    pub const fn code(self) -> u8 {
+        match self {
+            PolicyEffect::Pass => 0,
+            PolicyEffect::Permit => 1,
+            PolicyEffect::Hitl => 2,
+            PolicyEffect::Forbid => 3,
+            PolicyEffect::Error => 4,
+            PolicyEffect::ParamsRequired => 5,
+            PolicyEffect::Unrepresentable => 6,
+            PolicyEffect::LabelLimit => 7,
+            PolicyEffect::DefaultDeny => 8,
+            PolicyEffect::NotEvaluated => 9,
+        }
+    }
+
+    /// The effect of a code, if any.
+    pub const fn from_code(c: u8) -> Option<PolicyEffect> {
+        match c {
+            0 => Some(PolicyEffect::Pass),
+            1 => Some(PolicyEffect::Permit),
+            2 => Some(PolicyEffect::Hitl),
+            3 => Some(PolicyEffect::Forbid),
+            4 => Some(PolicyEffect::Error),
+            5 => Some(PolicyEffect::ParamsRequired),
+            6 => Some(PolicyEffect::Unrepresentable),
+            7 => Some(PolicyEffect::LabelLimit),
+            8 => Some(PolicyEffect::DefaultDeny),
+            9 => Some(PolicyEffect::NotEvaluated),
+            _ => None,
+        }
+    }
+
+    /// The effect's word in exports: `pass`, `permit`, `hitl`, `forbid`, `error`,
+    /// `params_required`, `unrepresentable`, `label_limit`, `default_deny`,
+    /// `not_evaluated`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            PolicyEffect::Pass => "pass",
+            PolicyEffect::Permit => "permit",
+            PolicyEffect::Hitl => "hitl",
+            PolicyEffect::Forbid => "forbid",
+            PolicyEffect::Error => "error",
+            PolicyEffect::ParamsRequired => "params_required",
+            PolicyEffect::Unrepresentable => "unrepresentable",
+            PolicyEffect::LabelLimit => "label_limit",
+            PolicyEffect::DefaultDeny => "default_deny",
+            PolicyEffect::NotEvaluated => "not_evaluated",
+        }
+    }
+
+    /// Whether the effect names a policy (permit, hold, and every refusal but the
+    /// default's).
+    pub const fn names_policy(self) -> bool {
+        matches!(
+            self,
+            PolicyEffect::Permit
+                | PolicyEffect::Hitl
+                | PolicyEffect::Forbid
+                | PolicyEffect::Error
+                | PolicyEffect::ParamsRequired
+                | PolicyEffect::Unrepresentable
+                | PolicyEffect::LabelLimit
+        )
+    }
+
+    /// Whether the effect refuses the call.
+    pub const fn refuses(self) -> bool {
+        matches!(
+            self,
+            PolicyEffect::Forbid
+                | PolicyEffect::Error
+                | PolicyEffect::ParamsRequired
+                | PolicyEffect::Unrepresentable
+                | PolicyEffect::LabelLimit
+                | PolicyEffect::DefaultDeny
+        )
+    }
+}
+
+impl PolicyNote {
+    /// The reason string the verdict was sent with when the policy decided it:
+    /// `policy:<id>` (a forbid, a hold), `policy_error:<id>`,
+    /// `policy_params_required:<id>`, `policy_unrepresentable:<id>`,
+    /// `policy_label_limit:<id>`, `policy_default_deny`. `None` when the guards'
+    /// reason stands.
+    pub fn reason(&self) -> Option<String> {
+        if !self.decided {
+            return None;
+        }
+        let id = self.policy_id.as_deref().unwrap_or_default();
+        Some(match self.effect {
+            PolicyEffect::Forbid | PolicyEffect::Hitl => format!("policy:{id}"),
+            PolicyEffect::Error => format!("policy_error:{id}"),
+            PolicyEffect::ParamsRequired => format!("policy_params_required:{id}"),
+            PolicyEffect::Unrepresentable => format!("policy_unrepresentable:{id}"),
+            PolicyEffect::LabelLimit => format!("policy_label_limit:{id}"),
+            PolicyEffect::DefaultDeny => "policy_default_deny".to_owned(),
+            PolicyEffect::Pass | PolicyEffect::Permit | PolicyEffect::NotEvaluated => return None,
+        })
+    }
+}
+
+/// Why a policy-set entry (record kind 9) was written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PolicySetCause {
+    /// The daemon started with the set.
+    Start,
+    /// The set was reloaded (SIGHUP, `tollgate policy reload`).
+    Reload,
+}
+
+impl PolicySetCause {
+    /// `start` or `reload`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            PolicySetCause::Start => "start",
+            PolicySetCause::Reload => "reload",
+        }
+    }
+
+    /// The cause a word names.
+    pub fn from_word(w: &str) -> Option<PolicySetCause> {
+        match w {
+            "start" => Some(PolicySetCause::Start),
+            "reload" => Some(PolicySetCause::Reload),
+            _ => None,
+        }
+    }
+}
+
+/// The policy set in force from this entry on (record kind 9, format version 6): every
+/// later verdict of every session is evaluated with it (each verdict's policy note
+/// names the digest of the set that evaluated it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PolicySetRecord {
+    /// Daemon time of the change.
+    pub timestamp_ns: i64,
+    /// The set's digest (`tollgate_policy::Policies::digest`: files, schema, default).
+    pub digest: Digest,
+    /// How many policies the set holds.
+    pub policies: u32,
+    /// Whether a call no permit matches is refused (`default = "deny"`).
+    pub default_deny: bool,
+    /// Whether a policy's refusal trips the session's circuit.
+    pub trip_on_refusal: bool,
+    /// Why the entry was written.
+    pub cause: PolicySetCause,
 }
 
 /// A session was opened (record kind 4): everything needed to rebuild its starting state.
@@ -88,6 +308,9 @@ pub struct SessionRecord {
     /// Format version 4: the version of the shared budget this opening wrote (1 when it
     /// created the budget); 0 when it wrote none (it joined a budget, or has its own).
     pub budget_version: u64,
+    /// Format version 6: the digest of the policy set in force when the session opened;
+    /// `None` when none was (and in older versions).
+    pub policy_set: Option<Digest>,
 }
 
 /// How the cost an agent reported after a call was read.
@@ -447,6 +670,8 @@ pub enum Event {
     /// A change's place in its session's history is void (record kind 7, format
     /// version 3 only).
     Void(VoidRecord),
+    /// The policy set in force from here on (record kind 9, format version 6).
+    PolicySet(PolicySetRecord),
 }
 
 impl Event {
@@ -457,17 +682,19 @@ impl Event {
             Event::KeyHandover { .. } => 2,
             Event::Recovery { .. } => 3,
             Event::Void(_) => 7,
+            Event::PolicySet(_) => 9,
         }
     }
 
     /// A short name for the kind: `session_opened`, `verdict`, `settlement`,
-    /// `human_decision`, `key_handover`, `recovery`, `void`.
+    /// `human_decision`, `key_handover`, `recovery`, `void`, `policy_set`.
     pub const fn kind_name(&self) -> &'static str {
         match self {
             Event::Session(e) => e.kind_name(),
             Event::KeyHandover { .. } => "key_handover",
             Event::Recovery { .. } => "recovery",
             Event::Void(_) => "void",
+            Event::PolicySet(_) => "policy_set",
         }
     }
 
@@ -475,8 +702,17 @@ impl Event {
     pub const fn as_session(&self) -> Option<&SessionEvent> {
         match self {
             Event::Session(e) => Some(e),
-            Event::KeyHandover { .. } | Event::Recovery { .. } | Event::Void(_) => None,
+            Event::KeyHandover { .. }
+            | Event::Recovery { .. }
+            | Event::Void(_)
+            | Event::PolicySet(_) => None,
         }
+    }
+}
+
+impl From<PolicySetRecord> for Event {
+    fn from(r: PolicySetRecord) -> Self {
+        Event::PolicySet(r)
     }
 }
 

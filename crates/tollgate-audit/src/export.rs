@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 
 use tollgate_core::{Digest, Money, Verdict};
 
-use crate::entry::{AuditEntry, Event, SessionEvent};
+use crate::entry::{AuditEntry, Event, SessionEvent, VerdictRecord};
 use crate::files::rfc3339;
 use crate::keys::{hex, KeyId};
 
@@ -44,7 +44,7 @@ impl Filter {
             Event::Void(v) => {
                 self.session.as_ref().is_none_or(|s| *s == v.session_id) && self.verdict.is_none()
             }
-            Event::KeyHandover { .. } | Event::Recovery { .. } => {
+            Event::KeyHandover { .. } | Event::Recovery { .. } | Event::PolicySet(_) => {
                 self.session.is_none() && self.verdict.is_none()
             }
         }
@@ -106,6 +106,17 @@ pub const COLUMNS: &[&str] = &[
     "recovery_moved_to",
     "void_chain_id",
     "revert_version",
+    "policy_set",
+    "policy_effect",
+    "policy_id",
+    "policy_decided",
+    "policy_tripped",
+    "policy_reason",
+    "labels",
+    "policies",
+    "default_deny",
+    "trip_on_refusal",
+    "policy_cause",
     "key_id",
     "prev_hash",
     "signature",
@@ -155,6 +166,27 @@ fn cells(e: &AuditEntry, chain_id: Option<&str>) -> Vec<Cell> {
             row.push(("budget_version", n(&ev.budget_version())));
         }
     }
+    if let Event::Session(SessionEvent::Verdict(VerdictRecord {
+        policy: Some(p), ..
+    })) = &e.event
+    {
+        row.extend([
+            ("policy_set", digest(&p.set_digest)),
+            ("policy_effect", t(p.effect.as_str())),
+            ("policy_id", p.policy_id.as_deref().map_or(Cell::Null, t)),
+            ("policy_decided", Cell::Bool(p.decided)),
+            ("policy_tripped", Cell::Bool(p.tripped)),
+            ("policy_reason", p.reason().as_deref().map_or(Cell::Null, t)),
+            (
+                "labels",
+                t(&p.labels
+                    .iter()
+                    .map(tollgate_core::labels::Label::as_str)
+                    .collect::<Vec<_>>()
+                    .join(",")),
+            ),
+        ]);
+    }
     match &e.event {
         Event::Session(SessionEvent::Verdict(v)) => row.extend([
             ("call_number", n(&v.call_number)),
@@ -180,7 +212,18 @@ fn cells(e: &AuditEntry, chain_id: Option<&str>) -> Vec<Cell> {
                 v.config_digest.as_ref().map_or(Cell::Null, digest),
             ),
         ]),
+        Event::PolicySet(p) => row.extend([
+            ("policy_set", digest(&p.digest)),
+            ("policies", n(&p.policies)),
+            ("default_deny", Cell::Bool(p.default_deny)),
+            ("trip_on_refusal", Cell::Bool(p.trip_on_refusal)),
+            ("policy_cause", t(p.cause.as_str())),
+        ]),
         Event::Session(SessionEvent::Opened(o)) => row.extend([
+            (
+                "policy_set",
+                o.policy_set.as_ref().map_or(Cell::Null, digest),
+            ),
             ("budget_before_usd", usd(o.budget_before)),
             ("config_digest", digest(&o.config_digest)),
             ("budget_scope", t(o.budget_scope.as_str())),

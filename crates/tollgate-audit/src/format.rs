@@ -4,26 +4,29 @@
 
 use ed25519_dalek::{Signer, SigningKey, VerifyingKey};
 use sha2::{Digest as _, Sha256};
-use tollgate_core::{Digest, HumanDecision, Money, Reason};
+use tollgate_core::labels::{Label, MAX_LABELS};
+use tollgate_core::{Digest, HumanDecision, Money, Reason, Verdict};
 use uuid::Uuid;
 
 use crate::entry::{
-    self, AuditEntry, CloseRecord, CostStatus, DecisionRecord, Event, SessionEvent, SessionRecord,
-    SettlementRecord, VerdictRecord, VoidRecord,
+    self, AuditEntry, CloseRecord, CostStatus, DecisionRecord, Event, PolicyEffect, PolicyNote,
+    PolicySetCause, PolicySetRecord, SessionEvent, SessionRecord, SettlementRecord, VerdictRecord,
+    VoidRecord,
 };
 use crate::keys::KeyId;
 
 /// The first 8 bytes of every log file.
 pub const MAGIC: [u8; 8] = *b"TGAUDIT\0";
 /// The format version the writers (the file writer and the PostgreSQL sink) write.
-pub const FORMAT_VERSION: u16 = 5;
+pub const FORMAT_VERSION: u16 = 6;
 /// The newest format version this crate reads and can encode.
-pub const NEWEST_VERSION: u16 = 5;
+pub const NEWEST_VERSION: u16 = 6;
 /// The oldest format version this crate reads. Version 1 has record kinds 1-3 and a
 /// verdict payload without `session_seq`; version 2 adds kinds 4-6 and `session_seq`;
 /// version 3 adds kind 7 (void); version 4 appends fields to the payloads of kinds 1, 4,
 /// 5 and 7 (the shared budget's version; docs/audit-format.md, "Version 4"); version 5
-/// adds kind 8 (session closed; "Version 5").
+/// adds kind 8 (session closed; "Version 5"); version 6 appends a policy note to kind 1
+/// and the policy set's digest to kind 4, and adds kind 9 (policy set; "Version 6").
 ///
 /// Adding to version 4: append the field at the end of its kind's payload in
 /// `encode_record_version` and `parse_fields` (the blocks marked "version 4"), state its
@@ -409,6 +412,13 @@ pub fn encode_record_version(
             b.extend_from_slice(&sha256.0);
             put_str(&mut b, "moved_to", moved_to)?;
         }
+        Event::PolicySet(p) => {
+            b.extend_from_slice(&p.digest.0);
+            b.extend_from_slice(&p.policies.to_be_bytes());
+            put_u8(&mut b, u8::from(p.default_deny));
+            put_u8(&mut b, u8::from(p.trip_on_refusal));
+            put_str(&mut b, "cause", p.cause.as_str())?;
+        }
         Event::Void(v) => {
             put_str(&mut b, "session_id", &v.session_id)?;
             put_u64(&mut b, v.session_seq);
@@ -450,6 +460,7 @@ pub const fn kind_in_version(kind: u8, version: u16) -> bool {
         4..=6 => version >= 2,
         7 => version >= 3,
         8 => version >= 5,
+        9 => version >= 6,
         _ => false,
     }
 }
@@ -507,6 +518,26 @@ fn encode_verdict(b: &mut Vec<u8>, v: &VerdictRecord, version: u16) -> Result<()
         // Version 4, appended in this order.
         put_u64(b, v.budget_version);
     }
+    if version >= 6 {
+        // Version 6: the policy note.
+        match &v.policy {
+            None => b.push(0),
+            Some(n) => {
+                b.push(1);
+                b.extend_from_slice(&n.set_digest.0);
+                put_u8(b, n.effect.code());
+                put_opt_str(b, "policy_id", n.policy_id.as_deref())?;
+                put_u8(b, u8::from(n.decided));
+                put_u8(b, u8::from(n.tripped));
+                let count = u8::try_from(n.labels.len())
+                    .map_err(|_| EncodeError::Invalid("more than 32 labels"))?;
+                put_u8(b, count);
+                for l in &n.labels {
+                    put_str(b, "label", l.as_str())?;
+                }
+            }
+        }
+    }
     Ok(())
 }
 
@@ -523,6 +554,16 @@ fn encode_opened(b: &mut Vec<u8>, o: &SessionRecord, version: u16) -> Result<(),
     if version >= 4 {
         // Version 4, appended in this order.
         put_u64(b, o.budget_version);
+    }
+    if version >= 6 {
+        // Version 6: the policy set in force.
+        match &o.policy_set {
+            None => b.push(0),
+            Some(d) => {
+                b.push(1);
+                b.extend_from_slice(&d.0);
+            }
+        }
     }
     Ok(())
 }
@@ -627,7 +668,7 @@ pub fn check_event(event: &Event, version: u16) -> Result<(), &'static str> {
                     return Err("operator_id on a verdict that releases no human-approved call");
                 }
             }
-            Ok(())
+            check_policy_note(v, version)
         }
         Event::Session(SessionEvent::Opened(o)) => {
             if o.session_seq != 1 {
@@ -635,6 +676,9 @@ pub fn check_event(event: &Event, version: u16) -> Result<(), &'static str> {
             }
             if sha256(o.config.as_bytes()) != o.config_digest {
                 return Err("config_digest is not the SHA-256 of config");
+            }
+            if version < 6 && o.policy_set.is_some() {
+                return Err("a policy set digest before format version 6");
             }
             Ok(())
         }
@@ -672,7 +716,7 @@ pub fn check_event(event: &Event, version: u16) -> Result<(), &'static str> {
             Some(_) => Ok(()),
             None => Err("hand-over names an invalid public key"),
         },
-        Event::Recovery { .. } => Ok(()),
+        Event::Recovery { .. } | Event::PolicySet(_) => Ok(()),
         Event::Void(v) => {
             if v.session_seq == 0 {
                 return Err("session_seq is 0");
@@ -698,6 +742,54 @@ pub fn check_event(event: &Event, version: u16) -> Result<(), &'static str> {
             Ok(())
         }
     }
+}
+
+/// The rules on a verdict's policy note (format version 6), and on the two reasons a
+/// policy's verdict is applied with.
+fn check_policy_note(v: &VerdictRecord, version: u16) -> Result<(), &'static str> {
+    let Some(n) = &v.policy else {
+        if v.reason.is_policy() {
+            return Err("a policy reason on a verdict without a policy note");
+        }
+        return Ok(());
+    };
+    if version < 6 {
+        return Err("a policy note before format version 6");
+    }
+    if n.effect.names_policy() != n.policy_id.is_some() {
+        return Err(
+            "policy_id present for an effect that names no policy, or absent for one that does",
+        );
+    }
+    if n.decided {
+        let ok = match v.verdict {
+            Verdict::Deny => n.effect.refuses() && v.reason == Reason::PolicyDeny,
+            Verdict::Hitl => n.effect == PolicyEffect::Hitl && v.reason == Reason::PolicyHold,
+            Verdict::Allow => false,
+        };
+        if !ok {
+            return Err("a policy-decided verdict whose verdict, effect and reason disagree");
+        }
+    } else if n.effect.refuses() || v.reason.is_policy() {
+        return Err("a policy refusal or reason on a verdict the policy did not decide");
+    }
+    if n.tripped && !(n.decided && v.verdict == Verdict::Deny) {
+        return Err("tripped on a verdict that is not a policy DENY");
+    }
+    if !n.labels.is_empty() {
+        if v.verdict != Verdict::Allow
+            || !matches!(n.effect, PolicyEffect::Pass | PolicyEffect::Permit)
+        {
+            return Err("labels on a verdict that is not an ALLOW a policy let through");
+        }
+        if n.labels.len() > MAX_LABELS {
+            return Err("more than 32 labels");
+        }
+        if n.labels.windows(2).any(|w| matches!(w, [a, b] if a >= b)) {
+            return Err("labels not strictly increasing");
+        }
+    }
+    Ok(())
 }
 
 /// Parse the record that starts at the beginning of `bytes` (which may run on to the end
@@ -830,7 +922,8 @@ fn parse_fields(version: u16, c: &mut Cur<'_>) -> Parsed<AuditEntry> {
         5 => parse_settlement(c, timestamp_ns, version)?,
         6 => parse_decision(c, timestamp_ns)?,
         7 => parse_void(c, timestamp_ns, version)?,
-        _ => parse_closed(c, timestamp_ns)?,
+        8 => parse_closed(c, timestamp_ns)?,
+        _ => parse_policy_set(c, timestamp_ns)?,
     };
     let prev_hash = Digest(c.arr()?);
     let signature = c.arr()?;
@@ -909,7 +1002,45 @@ fn parse_verdict(c: &mut Cur<'_>, timestamp_ns: i64, version: u16) -> Parsed<Ver
     let session_seq = if version >= 2 { c.u64()? } else { 0 };
     // Version 4, appended in this order.
     let budget_version = v4_u64(c, version)?;
+    // Version 6: the policy note.
+    let note = if version >= 6 && flag(c, "bad policy note presence flag")? {
+        let set_digest = Digest(c.arr()?);
+        let effect = c.u8()?;
+        let policy_id = match flag(c, "bad policy_id presence flag")? {
+            false => None,
+            true => Some(c.str()?),
+        };
+        let decided = c.u8()?;
+        let tripped = c.u8()?;
+        let count = c.u8()?;
+        if usize::from(count) > MAX_LABELS {
+            return Err(Stop::Malformed("more than 32 labels"));
+        }
+        let mut labels = Vec::with_capacity(usize::from(count));
+        for _ in 0..count {
+            labels.push(c.str()?);
+        }
+        Some((set_digest, effect, policy_id, decided, tripped, labels))
+    } else {
+        None
+    };
     Ok((|| {
+        let policy = match note {
+            None => None,
+            Some((set_digest, effect, policy_id, decided, tripped, labels)) => Some(PolicyNote {
+                set_digest,
+                effect: PolicyEffect::from_code(effect).ok_or("unknown policy effect code")?,
+                policy_id: policy_id.map(utf8).transpose()?,
+                decided: bool_value(decided, "bad decided flag")?,
+                tripped: bool_value(tripped, "bad tripped flag")?,
+                labels: labels
+                    .into_iter()
+                    .map(|l| {
+                        utf8(l).and_then(|t| Label::parse(&t).map_err(|_| "label is not a label"))
+                    })
+                    .collect::<Result<Vec<_>, _>>()?,
+            }),
+        };
         Ok(VerdictRecord {
             timestamp_ns,
             session_id: utf8(session_id)?,
@@ -932,6 +1063,7 @@ fn parse_verdict(c: &mut Cur<'_>, timestamp_ns: i64, version: u16) -> Parsed<Ver
             config_digest,
             session_seq,
             budget_version,
+            policy,
         })
     })())
 }
@@ -957,6 +1089,12 @@ fn parse_opened(c: &mut Cur<'_>, timestamp_ns: i64, version: u16) -> Parsed<Even
     let session_seq = c.u64()?;
     // Version 4, appended in this order.
     let budget_version = v4_u64(c, version)?;
+    // Version 6: the policy set in force.
+    let policy_set = if version >= 6 && flag(c, "bad policy_set presence flag")? {
+        Some(Digest(c.arr()?))
+    } else {
+        None
+    };
     Ok((|| {
         Ok(Event::Session(SessionEvent::Opened(SessionRecord {
             timestamp_ns,
@@ -970,6 +1108,7 @@ fn parse_opened(c: &mut Cur<'_>, timestamp_ns: i64, version: u16) -> Parsed<Even
             config: utf8_text(config)?,
             session_seq,
             budget_version,
+            policy_set,
         })))
     })())
 }
@@ -1082,6 +1221,25 @@ fn parse_closed(c: &mut Cur<'_>, timestamp_ns: i64) -> Parsed<Event> {
             budget_remaining,
             session_seq,
         })))
+    })())
+}
+
+fn parse_policy_set(c: &mut Cur<'_>, timestamp_ns: i64) -> Parsed<Event> {
+    let digest = Digest(c.arr()?);
+    let policies = c.u32()?;
+    let default_deny = c.u8()?;
+    let trip = c.u8()?;
+    let cause = c.str()?;
+    Ok((|| {
+        Ok(Event::PolicySet(PolicySetRecord {
+            timestamp_ns,
+            digest,
+            policies,
+            default_deny: bool_value(default_deny, "bad default_deny flag")?,
+            trip_on_refusal: bool_value(trip, "bad trip_on_refusal flag")?,
+            cause: PolicySetCause::from_word(&utf8(cause)?)
+                .ok_or("cause of a policy-set entry is not start or reload")?,
+        }))
     })())
 }
 

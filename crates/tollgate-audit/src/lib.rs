@@ -53,8 +53,9 @@ pub use checkpoint::Checkpoint;
 pub use completion::{pair as pending_pair, Completer, Pending};
 pub use ed25519_dalek::{SigningKey, VerifyingKey};
 pub use entry::{
-    AuditEntry, CloseReason, CloseRecord, CostStatus, DecisionRecord, Event, SessionEvent,
-    SessionRecord, SettlementRecord, VerdictRecord, VoidRecord,
+    AuditEntry, CloseReason, CloseRecord, CostStatus, DecisionRecord, Event, PolicyEffect,
+    PolicyNote, PolicySetCause, PolicySetRecord, SessionEvent, SessionRecord, SettlementRecord,
+    VerdictRecord, VoidRecord,
 };
 pub use keys::KeyId;
 pub use tail::{read_tail, TailEnd, TailError};

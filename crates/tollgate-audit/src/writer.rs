@@ -491,6 +491,14 @@ impl Writer {
         self.send(|c| Msg::Entry(Box::new(Event::Session(event)), ts, Some(generation), c))
     }
 
+    /// Submit a policy-set entry (record kind 9): the set in force from here on, at the
+    /// daemon's start or after a reload. Like a session event, it takes its place in the
+    /// chain in submission order, and its completion says when it is durable.
+    pub fn submit_policy_set(&self, record: crate::entry::PolicySetRecord) -> Pending<Appended> {
+        let ts = record.timestamp_ns;
+        self.send(|c| Msg::Entry(Box::new(Event::PolicySet(record)), ts, None, c))
+    }
+
     /// The generation the writer takes entries at, or why it refuses them now. Cheap (two
     /// atomic loads): for every change a store makes.
     pub fn generation(&self) -> Result<u64, String> {

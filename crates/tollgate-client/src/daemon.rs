@@ -764,6 +764,22 @@ impl DaemonClient {
         }
     }
 
+    /// Ask the daemon to reload its `[policy]` set (operator use): the set now in force,
+    /// or the daemon's refusal (the set in force stays).
+    pub async fn policy_reload(&self) -> Result<sp1::PolicyReloadResponse, ClientError> {
+        match self
+            .request(Payload::PolicyReload(sp1::PolicyReloadRequest {
+                organization_id: self.config.organization_id.clone(),
+            }))
+            .await?
+        {
+            Payload::PolicyReloadResponse(r) => Ok(r),
+            _ => Err(ClientError::Malformed(
+                "expected a policy reload response".into(),
+            )),
+        }
+    }
+
     /// Record a human decision on a session's pending transition (operator use).
     pub async fn hitl_decide(
         &self,

@@ -91,16 +91,7 @@ fn apply_allow(
         decision.reason,
         Reason::TransitionApprove | Reason::TransitionModifySuccessor
     ) {
-        // Single use: the release is spent the moment it is granted.
-        if config.parallel_holds() && call.nonce.is_some() {
-            state.take_transition_for_nonce(call.nonce);
-        } else {
-            state.pending = None;
-            state.more_pending.clear();
-        }
-        if state.pending.is_none() {
-            state.status = SessionStatus::Active;
-        }
+        spend_release(config, state, call);
     }
     state.total_calls = state.total_calls.saturating_add(1);
     if let Some(n) = call.nonce {
@@ -168,6 +159,23 @@ fn apply_allow(
                 state.budget_spent = state.budget_spent.saturating_add(old.deducted);
             }
         }
+    }
+}
+
+/// Spend the human approval `call` is released by (an approve, or a modify's successor):
+/// single use, it is gone the moment it is granted, and the session resumes when nothing
+/// else is held. The ALLOW of a release does this; so does a policy's refusal of a
+/// released call (issue 18: the approval was used, the call refused), which changes
+/// nothing else.
+pub fn spend_release(config: &GuardConfig, state: &mut SessionState, call: &ToolCall<'_>) {
+    if config.parallel_holds() && call.nonce.is_some() {
+        state.take_transition_for_nonce(call.nonce);
+    } else {
+        state.pending = None;
+        state.more_pending.clear();
+    }
+    if state.pending.is_none() {
+        state.status = SessionStatus::Active;
     }
 }
 

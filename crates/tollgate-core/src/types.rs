@@ -132,6 +132,12 @@ reasons! {
     GlobalLimit = "global_limit" => Deny,
     /// Extension: the session's wall-clock timeout has passed.
     Timeout = "timeout" => Deny,
+    /// A policy refused the call (issue 18; the reason on the wire names the policy,
+    /// `policy:<id>`, and the audit entry's policy note says which and why). What a
+    /// refusal that trips the circuit records as the trip's reason.
+    PolicyDeny = "policy_deny" => Deny,
+    /// A policy's `@hitl` permit held the call for a human (the wire names the policy).
+    PolicyHold = "policy_hold" => Hitl,
 }
 
 /// Text that names no reason.
@@ -146,6 +152,12 @@ impl fmt::Display for Reason {
 }
 
 impl Reason {
+    /// Whether this is one of the two reasons a policy's verdict is applied with
+    /// ([`Reason::PolicyDeny`], [`Reason::PolicyHold`]); `decide` never returns them.
+    pub const fn is_policy(self) -> bool {
+        matches!(self, Reason::PolicyDeny | Reason::PolicyHold)
+    }
+
     /// The coarse deny reason of the wire protocol (the seed's list) for a DENY with this
     /// reason; `None` for reasons that are not denials.
     pub const fn deny_reason(self) -> Option<DenyReason> {
@@ -165,14 +177,16 @@ impl Reason {
             | Reason::TransitionNonceMismatch
             | Reason::TransitionDigestMismatch
             | Reason::TransitionUnboundAuthorization
-            | Reason::TransitionUnknownDecision => DenyReason::PolicyViolation,
+            | Reason::TransitionUnknownDecision
+            | Reason::PolicyDeny => DenyReason::PolicyViolation,
             Reason::WithinThresholds
             | Reason::TransitionApprove
             | Reason::TransitionModifySuccessor
             | Reason::TransitionDeferEscalate
             | Reason::HitlAllCalls
             | Reason::BudgetThreshold
-            | Reason::OpaqueContext => return None,
+            | Reason::OpaqueContext
+            | Reason::PolicyHold => return None,
         })
     }
 }
@@ -409,7 +423,7 @@ mod tests {
             assert_eq!(r.as_str().parse::<Reason>().unwrap(), *r);
             assert_eq!(r.as_str(), r.as_str().to_lowercase());
         }
-        assert_eq!(Reason::ALL.len(), 24);
+        assert_eq!(Reason::ALL.len(), 26);
         assert!("CIRCUIT_OPEN".parse::<Reason>().is_err());
     }
 

@@ -127,7 +127,7 @@ pub enum DaemonError {
     /// The descriptor limit leaves no room for connections.
     #[error(transparent)]
     Descriptors(#[from] descriptors::TooFew),
-    /// The `[policy]` set cannot be read or does not load (or, for now, loads: see
+    /// The `[policy]` set cannot be read, does not load, or cannot be recorded (see
     /// [`policy`]).
     #[error(transparent)]
     Policy(#[from] policy::PolicyError),
@@ -165,6 +165,9 @@ pub struct Daemon {
     descriptors: descriptors::Budget,
     /// The file audit log's writer (embedded mode), whose health is watched.
     writer: Option<Arc<tollgate_audit::Writer>>,
+    /// SIGHUP, with `[policy]`: each reloads the policy set. Installed at start, before
+    /// the socket exists, so a SIGHUP sent once it answers never kills the daemon.
+    hangup: Option<tokio::signal::unix::Signal>,
 }
 
 impl std::fmt::Debug for Daemon {
@@ -231,11 +234,28 @@ impl Daemon {
     /// a crashed daemon is replaced; a live one is an error.
     pub async fn start(config: DaemonConfig) -> Result<Daemon, DaemonError> {
         let config = Arc::new(config);
-        // A bad policy set never starts a daemon (nor, until the service enforces
-        // policies, a good one: `policy::check_at_start`).
-        if let Some(p) = &config.policy {
-            policy::check_at_start(p)?;
+        // A bad policy set never starts a daemon; a good one is recorded in the audit log
+        // (a policy-set entry) before the first call is decided.
+        let policies = config.policy.as_ref().map(policy::enforced).transpose()?;
+        if policies.is_some()
+            && matches!(
+                (&config.state.backend, &config.audit.sink),
+                (
+                    config::StateBackend::Redis(_),
+                    config::AuditSink::Postgres(_)
+                )
+            )
+        {
+            return Err(policy::PolicyError::Fleet.into());
         }
+        let hangup = match &policies {
+            Some(_) => Some(
+                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).map_err(
+                    |e| policy::PolicyError::Read(format!("installing the SIGHUP handler: {e}")),
+                )?,
+            ),
+            None => None,
+        };
         let data = &config.data_dir;
         prepare_data_dir(data)?;
 
@@ -332,9 +352,15 @@ impl Daemon {
             &secrets,
             &operator_secrets,
         ));
+        if let Some(set) = policies {
+            service
+                .install_policies(set, tollgate_audit::PolicySetCause::Start)
+                .await?;
+        }
         let mut d =
             Daemon::bind_transports(config, Core::Embedded(service), socket, Vec::new()).await?;
         d.writer = Some(audit);
+        d.hangup = hangup;
         Ok(d)
     }
 
@@ -406,6 +432,7 @@ impl Daemon {
             chain_id: None,
             descriptors: budget,
             writer: None,
+            hangup: None,
         })
     }
 
@@ -475,17 +502,38 @@ impl Daemon {
             chain_id: _,
             descriptors,
             writer,
+            hangup,
         } = self;
         let caps = (descriptors.socket, descriptors.grpc.unwrap_or(0));
         let watch = writer.map(|w| tokio::spawn(watch_audit(w)));
         match core {
             Core::Embedded(service) => {
+                let reload = hangup.map(|mut hup| {
+                    let service = service.clone();
+                    tokio::spawn(async move {
+                        while hup.recv().await.is_some() {
+                            match service.reload_policies().await {
+                                Ok(set) => tracing::info!(
+                                    digest = %set.policies.digest(),
+                                    policies = set.policies.len(),
+                                    "SIGHUP: policy set reloaded"
+                                ),
+                                Err(e) => tracing::error!(
+                                    "SIGHUP: policy reload refused, the set in force stays: {e}"
+                                ),
+                            }
+                        }
+                    })
+                });
                 let r = run_core(
                     config, listener, service, socket, grpc, control, caps, shutdown,
                 )
                 .await;
                 if let Some(w) = watch {
                     w.abort();
+                }
+                if let Some(t) = reload {
+                    t.abort();
                 }
                 r
             }

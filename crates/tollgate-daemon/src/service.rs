@@ -3,20 +3,23 @@
 //! Every transport (`crate::transport`) authenticates its peer first and names it as a
 //! [`Caller`]; then it calls the one handler for the request here, so decisions, state,
 //! audit and errors are the same whichever way a request came. Every verdict is decided by
-//! `tollgate_core::decide`, applied to the store atomically through `tollgate_store::ops`,
-//! and returned only once its audit entry (the one durable record of the change) is
-//! durable.
+//! `tollgate_core::decide`, or, while a policy set is in force, by
+//! `tollgate_policy::compose::decide` (the guards and the policies together; with no set
+//! the verdict is exactly the guards'), applied to the store atomically through
+//! `tollgate_store::ops`, and returned only once its audit entry (the one durable record
+//! of the change) is durable.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::Instant;
 
-use tollgate_audit::CloseReason;
+use tollgate_audit::{CloseReason, PolicySetCause, PolicySetRecord};
 use tollgate_core::signals::has_error_signal;
 use tollgate_core::{
     decide, Decision, Digest, Money, Params, Reason, SessionState, SessionStatus, ToolCall,
     UnixNanos,
 };
+use tollgate_policy::compose::{self, Enforced, Input};
 use tollgate_proto::sp1::{self, ErrorCode};
 use tollgate_proto::{MessageKey, SUPPORTED_VERSIONS};
 use tollgate_store::{ops, Change, Policy, Session, SessionMeta, SessionStore};
@@ -33,6 +36,12 @@ pub trait AuditSink: Send + Sync + std::fmt::Debug + 'static {
     fn stats(&self) -> tollgate_audit::Stats;
     /// Write out everything accepted, then refuse more. Idempotent.
     fn shutdown(&self) -> Result<(), tollgate_audit::WriteError>;
+    /// Write a policy-set entry (record kind 9, audit format version 6); the handle
+    /// completes once it is durable. `Err` when this sink cannot record one.
+    fn policy_set(
+        &self,
+        record: PolicySetRecord,
+    ) -> Result<tollgate_audit::Pending<tollgate_audit::Appended>, String>;
 }
 
 impl AuditSink for tollgate_audit::Writer {
@@ -43,6 +52,13 @@ impl AuditSink for tollgate_audit::Writer {
     fn shutdown(&self) -> Result<(), tollgate_audit::WriteError> {
         tollgate_audit::Writer::shutdown(self)
     }
+
+    fn policy_set(
+        &self,
+        record: PolicySetRecord,
+    ) -> Result<tollgate_audit::Pending<tollgate_audit::Appended>, String> {
+        Ok(self.submit_policy_set(record))
+    }
 }
 
 impl AuditSink for tollgate_pg::PgJournal {
@@ -52,6 +68,13 @@ impl AuditSink for tollgate_pg::PgJournal {
 
     fn shutdown(&self) -> Result<(), tollgate_audit::WriteError> {
         tollgate_pg::PgJournal::shutdown(self)
+    }
+
+    fn policy_set(
+        &self,
+        _record: PolicySetRecord,
+    ) -> Result<tollgate_audit::Pending<tollgate_audit::Appended>, String> {
+        Err("a PostgreSQL chain (format version 5) cannot record a policy set".to_owned())
     }
 }
 
@@ -162,6 +185,11 @@ pub struct Service<S> {
     pub(crate) held: Mutex<crate::hitl::HeldMap>,
     /// HITL events for operators' consoles and waiting agents.
     pub(crate) events: tokio::sync::broadcast::Sender<crate::hitl::HitlEvent>,
+    /// The policy set in force (`[policy]`), if any: every call reads it once, so a
+    /// reload decides every session's next call.
+    policies: RwLock<Option<Arc<Enforced>>>,
+    /// Reloads one at a time (each reads the files, records the set, then swaps it in).
+    reloading: tokio::sync::Mutex<()>,
 }
 
 impl<S> std::fmt::Debug for Service<S> {
@@ -247,7 +275,83 @@ impl<S: SessionStore> Service<S> {
             live: Mutex::new(HashMap::new()),
             held: Mutex::new(HashMap::new()),
             events: tokio::sync::broadcast::channel(1024).0,
+            policies: RwLock::new(None),
+            reloading: tokio::sync::Mutex::new(()),
         }
+    }
+
+    /// `PolicyReload`: an operator asks the daemon to reload its `[policy]` set
+    /// ([`Service::reload_policies`]). Refused for agents; a set that does not load is
+    /// `INVALID_REQUEST` with the loader's findings, and the set in force stays.
+    pub async fn policy_reload(
+        &self,
+        caller: &Caller,
+    ) -> Result<sp1::PolicyReloadResponse, Refusal> {
+        if !matches!(caller, Caller::Operator { .. }) {
+            return Err(refuse(
+                ErrorCode::AuthenticationFailed,
+                "only an operator may reload the policy set",
+            ));
+        }
+        match self.reload_policies().await {
+            Ok(set) => Ok(sp1::PolicyReloadResponse {
+                digest: set.policies.digest().to_string(),
+                policies: u32::try_from(set.policies.len()).unwrap_or(u32::MAX),
+            }),
+            Err(e @ crate::policy::PolicyError::NotRecorded { .. }) => {
+                Err(refuse(ErrorCode::DaemonUnavailable, e.to_string()))
+            }
+            Err(e) => Err(refuse(ErrorCode::InvalidRequest, e.to_string())),
+        }
+    }
+
+    /// The policy set in force, if any.
+    pub fn policies(&self) -> Option<Arc<Enforced>> {
+        self.policies
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Put `set` in force after recording it (a policy-set entry of `cause`, durable
+    /// before the set decides anything). On error nothing changes.
+    pub async fn install_policies(
+        &self,
+        set: Enforced,
+        cause: PolicySetCause,
+    ) -> Result<(), crate::policy::PolicyError> {
+        let record = crate::policy::set_record(&set, cause, self.now());
+        let digest = record.digest;
+        let not_recorded =
+            |message: String| crate::policy::PolicyError::NotRecorded { digest, message };
+        self.audit
+            .policy_set(record)
+            .map_err(not_recorded)?
+            .await
+            .map_err(|e| not_recorded(e.to_string()))?;
+        *self
+            .policies
+            .write()
+            .unwrap_or_else(PoisonError::into_inner) = Some(Arc::new(set));
+        tracing::info!(%digest, ?cause, "policy set in force");
+        Ok(())
+    }
+
+    /// Reload `[policy]` (SIGHUP, `tollgate policy reload`): read and load the same files
+    /// again; a set that does not load, or cannot be recorded, is refused and the set in
+    /// force stays. A set that loads is recorded and decides every session's next call.
+    /// Returns the set now in force.
+    pub async fn reload_policies(&self) -> Result<Arc<Enforced>, crate::policy::PolicyError> {
+        let Some(settings) = self.config.policy.clone() else {
+            return Err(crate::policy::PolicyError::NotConfigured);
+        };
+        let _one = self.reloading.lock().await;
+        let set = tokio::task::spawn_blocking(move || crate::policy::enforced(&settings))
+            .await
+            .map_err(|e| crate::policy::PolicyError::Read(e.to_string()))??;
+        self.install_policies(set, PolicySetCause::Reload).await?;
+        self.policies()
+            .ok_or(crate::policy::PolicyError::NotConfigured)
     }
 
     /// The daemon's clock reading.
@@ -477,7 +581,20 @@ impl<S: SessionStore> Service<S> {
             budget_scope: policy.config.budget_scope,
             created_at_ns: now,
         };
-        let session = Session::new(meta, policy.clone(), now);
+        let mut session = Session::new(meta, policy.clone(), now);
+        if let Some(set) = self.policies() {
+            if set
+                .policies
+                .actor(&org, &r.agent_id, tollgate_policy::LOCAL_UPSTREAM)
+                .is_none()
+            {
+                return Err(refuse(
+                    ErrorCode::InvalidRequest,
+                    "organization and agent ids are too long for the policies' principal",
+                ));
+            }
+            session.policy_set = Some(set.policies.digest());
+        }
         let info = info_for(&session);
         let place = self.reserve_place(&org)?;
         let (state, durable) = self.store.create(session, now).await.map_err(|e| match e {
@@ -539,12 +656,28 @@ impl<S: SessionStore> Service<S> {
         let rng = random_unit();
         let stale_after = self.stale_after_ns();
         // Params sent beside their hash must be the params hashed: else the client lied,
-        // and the call is malformed input (a DENY that trips the circuit).
-        let lied = crate::policy::sent_params(&r)? == crate::policy::SentParams::Mismatch;
+        // and the call is malformed input (a DENY that trips the circuit). Parsed once:
+        // the policies read them as `context.args`.
+        let (lied, args) = match crate::policy::sent_params(&r)? {
+            crate::policy::SentParams::Mismatch => (true, None),
+            crate::policy::SentParams::Match(v) => (false, Some(v)),
+            crate::policy::SentParams::None => (false, None),
+        };
+        // The set in force for this call (a reload decides the next one), and the
+        // session's principal in it (built outside the session lock).
+        let enforced = self.policies();
+        let actor = enforced.as_ref().and_then(|e| {
+            e.policies.actor(
+                &info.organization_id,
+                &info.agent_id,
+                tollgate_policy::LOCAL_UPSTREAM,
+            )
+        });
         // The call is read from the request once, outside the session lock; the closure
         // borrows it.
         let mut call = to_call(&r);
-        if lied {
+        if lied || (enforced.is_some() && actor.is_none()) {
+            // Ids too long for a principal: fail closed (registration refuses them).
             call.params = Params::unreadable();
         }
         let digest = call.params.canonical_digest().ok();
@@ -566,19 +699,48 @@ impl<S: SessionStore> Service<S> {
                     return Change::Keep(Err(PreExecRefusal::CallNumber(s.last_call_number)));
                 }
                 let repeat = s.state.repeat_count_for(call.tool_name, digest);
-                let d = decide(&s.policy.config, &s.state, &call, now, rng);
+                let (d, note, hold) = match (&enforced, &actor) {
+                    (Some(set), Some(actor)) => {
+                        let c = compose::decide(
+                            &s.policy.config,
+                            Some(set),
+                            &s.state,
+                            &call,
+                            Input {
+                                actor,
+                                args: args.as_ref(),
+                                labels: &s.labels,
+                            },
+                            now,
+                            rng,
+                        );
+                        let note = crate::policy::note(&c, set.policies.digest());
+                        (c.applied(), Some(note), c.hold_message().map(str::to_owned))
+                    }
+                    _ => (
+                        decide(&s.policy.config, &s.state, &call, now, rng),
+                        None,
+                        None,
+                    ),
+                };
                 // The held call a release spends (its own number, for consoles and the
                 // daemon's record of its params).
                 let released = s
                     .state
                     .answering_transition(s.policy.config.parallel_holds(), call.nonce)
                     .map_or(call_number, |p| p.call_number);
-                let record = ops::verdict(s, &call, &d, call_number, now);
+                let record = ops::verdict_with(s, &call, &d, note, call_number, now);
                 let decided = Decided {
                     decision: d,
                     after: record.budget_after,
                     repeat,
                     released,
+                    policy_reason: record.policy.as_ref().and_then(|n| n.reason()),
+                    policy_text: record
+                        .policy
+                        .as_ref()
+                        .filter(|n| n.decided)
+                        .map(|n| crate::policy::explain(n, hold.as_deref())),
                 };
                 Change::Commit(Ok(decided), record.into())
             })
@@ -612,13 +774,14 @@ impl<S: SessionStore> Service<S> {
             .ok_or_else(|| refuse(ErrorCode::DaemonUnavailable, "verdict not journaled"))?;
         let d = decided.decision;
         crate::metrics::verdict(d.verdict, d.reason);
+        let released_by_human = matches!(
+            d.reason,
+            Reason::TransitionApprove | Reason::TransitionModifySuccessor
+        );
         if d.verdict == tollgate_core::Verdict::Hitl {
             self.announce_held(&info, &r.session_id, r.call_number)
                 .await;
-        } else if matches!(
-            d.reason,
-            Reason::TransitionApprove | Reason::TransitionModifySuccessor
-        ) {
+        } else if released_by_human {
             {
                 let mut held = lock(&self.held);
                 if let Some(calls) = held.get_mut(&r.session_id) {
@@ -643,6 +806,8 @@ impl<S: SessionStore> Service<S> {
             deny_reason: convert::deny_reason(d.deny_reason) as i32,
             human_readable_reason: if lied && d.reason == Reason::MalformedInput {
                 "tool_params do not hash to tool_params_hash".to_owned()
+            } else if let Some(text) = decided.policy_text {
+                text
             } else {
                 explain(&d)
             },
@@ -650,7 +815,11 @@ impl<S: SessionStore> Service<S> {
             repeat_count: i32::try_from(decided.repeat).unwrap_or(i32::MAX),
             daemon_time_ns: now,
             probabilistic_deny: d.probabilistic,
-            reason: d.reason.as_str().to_owned(),
+            // A policy's verdict names the policy (`policy:<id>`, ...), as its audit
+            // entry's note does.
+            reason: decided
+                .policy_reason
+                .unwrap_or_else(|| d.reason.as_str().to_owned()),
             budget_remaining_nanos: decided.after.0,
             audit_entry_id: entry.entry_id.to_string(),
         })
@@ -964,13 +1133,17 @@ fn held_calls(s: &SessionState) -> Vec<u64> {
 }
 
 /// What a pre-exec closure decided.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct Decided {
     decision: Decision,
     after: Money,
     repeat: u32,
     /// The held call a release spent (else the call's own number).
     released: u64,
+    /// The reason string of a verdict a policy decided (`policy:<id>`, ...).
+    policy_reason: Option<String>,
+    /// Its explanation for people.
+    policy_text: Option<String>,
 }
 
 pub(crate) fn not_found(id: &str) -> Refusal {
@@ -1063,6 +1236,8 @@ fn explain(d: &Decision) -> String {
         Reason::WindowExceeded => "too many calls of this tool in the current window",
         Reason::GlobalLimit => "the session's call limit is reached",
         Reason::Timeout => "the session's time limit has passed",
+        Reason::PolicyDeny => "refused by a policy",
+        Reason::PolicyHold => "a policy holds this call for a human",
     };
     what.to_owned()
 }

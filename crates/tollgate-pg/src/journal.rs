@@ -21,11 +21,12 @@ use crate::conn::{check_schema, connect, lock_key, PgSettings};
 use crate::schema::{quoted, SCHEMA_VERSION};
 use crate::PgError;
 
-/// The format version of the records of a chain registered now (version 4: record kind
-/// 7, void, and the shared budget's version in the entries that write it). A chain
-/// registered earlier keeps the version its signed header names (3): its records go on
-/// in that version.
-pub const CHAIN_FORMAT_VERSION: u16 = format::FORMAT_VERSION;
+/// The format version of the records of a chain registered now (version 5: record kind
+/// 7, void, the shared budget's version in the entries that write it, and kind 8,
+/// session closed). A chain registered earlier keeps the version its signed header names
+/// (3 or 4): its records go on in that version. Version 6 (policy notes, kind 9) is not
+/// written here: a fleet does not enforce policies yet, so its entries carry none.
+pub const CHAIN_FORMAT_VERSION: u16 = 5;
 
 /// The longest chain id, in bytes.
 pub const MAX_CHAIN_ID_BYTES: usize = 256;

@@ -22,7 +22,8 @@
 
 use tollgate_core::labels::{Label, LabelSet};
 use tollgate_core::{
-    decide as guards, Decision, GuardConfig, Reason, SessionState, ToolCall, UnixNanos, Verdict,
+    decide as guards, Decision, DenyReason, GuardConfig, Reason, SessionState, ToolCall, UnixNanos,
+    Verdict,
 };
 
 use crate::{Actor, Call, Effect, Policies, SessionView};
@@ -80,6 +81,40 @@ impl Composed {
     /// The policy that decided, or (for an ALLOW) the permit that let it through.
     pub fn policy_id(&self) -> Option<&crate::PolicyId> {
         self.policy.as_ref().and_then(Effect::policy)
+    }
+
+    /// The decision a runtime applies to the session's state for this verdict: the
+    /// guards' when they decided; for a policy's DENY, `policy_deny` (deny reason
+    /// `POLICY_VIOLATION`), applied only when it [trips](Composed::trips) (a refusal
+    /// that does not trip changes no state); for a policy's HITL, `policy_hold`. The
+    /// reason on the wire is [`Composed::reason`].
+    pub fn applied(&self) -> Decision {
+        if !self.policy_decided {
+            return self.guards;
+        }
+        match self.verdict {
+            Verdict::Deny => Decision {
+                verdict: Verdict::Deny,
+                deny_reason: Some(DenyReason::PolicyViolation),
+                reason: Reason::PolicyDeny,
+                probabilistic: false,
+            },
+            Verdict::Hitl => Decision {
+                verdict: Verdict::Hitl,
+                deny_reason: None,
+                reason: Reason::PolicyHold,
+                probabilistic: false,
+            },
+            Verdict::Allow => self.guards,
+        }
+    }
+
+    /// The `@hitl("...")` text of the permit that held the call, if a policy held it.
+    pub fn hold_message(&self) -> Option<&str> {
+        match &self.policy {
+            Some(Effect::Hitl { message, .. }) if self.policy_decided => Some(message),
+            _ => None,
+        }
     }
 
     fn guards_only(d: Decision) -> Composed {

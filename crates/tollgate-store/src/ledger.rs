@@ -112,7 +112,9 @@ impl Ledger {
                 .apply(e)
                 .map_err(|source| LedgerError::Fold { index, source })?,
             Event::KeyHandover { new_public_key } => self.key = Some(*new_public_key),
-            Event::Recovery { .. } => {}
+            // The policy set in force (format version 6) changes no session's state: each
+            // verdict's own entry carries what the set made of it.
+            Event::Recovery { .. } | Event::PolicySet(_) => {}
             // A void (format version 3) is written only by journals that settle changes
             // of a shared state (the PostgreSQL sink); the embedded store's log never
             // holds one, and a log that did would not be this store's to replay.

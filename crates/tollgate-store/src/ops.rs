@@ -17,7 +17,7 @@
 use std::sync::Arc;
 
 use tollgate_audit::{
-    CloseReason, CloseRecord, CostStatus, DecisionRecord, SessionEvent, SessionRecord,
+    CloseReason, CloseRecord, CostStatus, DecisionRecord, PolicyNote, SessionEvent, SessionRecord,
     SettlementRecord, VerdictRecord,
 };
 use tollgate_core::transition::HumanDecisionRefused;
@@ -29,6 +29,7 @@ use tollgate_core::{
 use crate::session::{Policy, Session, SessionMeta};
 
 /// Open `session` (at version 0, with its starting budget already loaded): version 1.
+/// The record names the policy set in force ([`Session::policy_set`], format version 6).
 pub fn open(session: &mut Session, now: UnixNanos) -> SessionRecord {
     session.seq = session.seq.saturating_add(1);
     SessionRecord {
@@ -44,6 +45,7 @@ pub fn open(session: &mut Session, now: UnixNanos) -> SessionRecord {
         session_seq: session.seq,
         // The store that writes the shared budget sets it (`set_budget_version`).
         budget_version: 0,
+        policy_set: session.policy_set,
     }
 }
 
@@ -56,6 +58,28 @@ pub fn verdict(
     session: &mut Session,
     call: &ToolCall<'_>,
     decision: &Decision,
+    call_number: u64,
+    now: UnixNanos,
+) -> VerdictRecord {
+    verdict_with(session, call, decision, None, call_number, now)
+}
+
+/// [`verdict`] for a call a policy set evaluated (issue 18), with its note (format
+/// version 6). What the note changes:
+///
+/// - a policy's DENY that does not trip (`decided`, not `tripped`) changes no state but
+///   the session's last activity: no circuit trip, no nonce, no count (the agent is told
+///   no and may go on with its other tools); only when it refuses a call a human's
+///   approval released is that approval spent (single use);
+/// - a policy's DENY that trips, and a policy's HITL, are applied like the guards' (the
+///   decision's reason is [`Reason::PolicyDeny`] or [`Reason::PolicyHold`]);
+/// - an ALLOW adds the note's labels to the session's (the record keeps those it
+///   actually added, so a log whose labels would pass the bound does not fold).
+pub fn verdict_with(
+    session: &mut Session,
+    call: &ToolCall<'_>,
+    decision: &Decision,
+    policy: Option<PolicyNote>,
     call_number: u64,
     now: UnixNanos,
 ) -> VerdictRecord {
@@ -77,14 +101,50 @@ pub fn verdict(
     } else {
         None
     };
-    apply_decision(
-        &session.policy.config,
-        &mut session.state,
-        call,
-        decision,
-        call_number,
-        now,
-    );
+    let mut policy = policy;
+    let spares = decision.verdict == Verdict::Deny
+        && policy.as_ref().is_some_and(|n| n.decided && !n.tripped);
+    if spares {
+        // INVARIANT (policy-refusal-spares): a policy's refusal that does not trip
+        // changes nothing the guards read, except that a call a human's approval released
+        // spends that approval (single use; the guards' rule 4, which comes before the
+        // policies, says whether it is one: a pure function of the state and the call).
+        let g = tollgate_core::decide(&session.policy.config, &session.state, call, now, 1.0);
+        if matches!(
+            g.reason,
+            Reason::TransitionApprove | Reason::TransitionModifySuccessor
+        ) {
+            tollgate_core::transition::spend_release(
+                &session.policy.config,
+                &mut session.state,
+                call,
+            );
+        }
+        session.state.last_activity_ns = now;
+    } else {
+        apply_decision(
+            &session.policy.config,
+            &mut session.state,
+            call,
+            decision,
+            call_number,
+            now,
+        );
+    }
+    if let Some(n) = policy.as_mut() {
+        let added = if decision.verdict == Verdict::Allow {
+            session.labels.missing(&n.labels)
+        } else {
+            Vec::new()
+        };
+        match session.labels.with(&added) {
+            Ok(labels) => {
+                session.labels = labels;
+                n.labels = added;
+            }
+            Err(_) => n.labels = Vec::new(),
+        }
+    }
     session.last_call_number = session.last_call_number.max(call_number);
     session.seq = session.seq.saturating_add(1);
     VerdictRecord {
@@ -108,6 +168,7 @@ pub fn verdict(
         session_seq: session.seq,
         // The store that writes the shared budget sets it (`set_budget_version`).
         budget_version: 0,
+        policy,
     }
 }
 
@@ -331,7 +392,9 @@ pub fn session_from_record(r: &SessionRecord) -> Result<Session, FoldError> {
         budget_scope: r.budget_scope,
         created_at_ns: r.timestamp_ns,
     };
-    Ok(Session::new(meta, Arc::new(policy), r.timestamp_ns))
+    let mut s = Session::new(meta, Arc::new(policy), r.timestamp_ns);
+    s.policy_set = r.policy_set;
+    Ok(s)
 }
 
 /// After [`open`] on a session rebuilt by [`session_from_record`]: the regenerated record
@@ -380,10 +443,11 @@ pub fn replay(session: &mut Session, event: &SessionEvent) -> Result<(), FoldErr
                 reason: v.reason,
                 probabilistic: v.probabilistic,
             };
-            SessionEvent::Verdict(verdict(
+            SessionEvent::Verdict(verdict_with(
                 session,
                 &call,
                 &decision,
+                v.policy.clone(),
                 v.call_number,
                 v.timestamp_ns,
             ))

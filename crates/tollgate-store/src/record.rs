@@ -4,10 +4,17 @@
 //! ```text
 //! session  {"v":2,"session_id":..,"agent_id":..,"organization_id":..,
 //!           "budget_scope":"per_agent","created_at_ns":..,"policy":"{guard json}",
-//!           "last_call_number":..,"seq":..,"state":{state_codec}}
+//!           "last_call_number":..,"seq":..,"state":{state_codec}
+//!           [,"labels":["customer-data",..]][,"policy_set":"<hex digest>"]}
 //! budget   {"v":2,"initial":..,"remaining":..,"spent":..}
 //! key      ["agent","org-1","agent-7"] | ["organization","org-1"] | ["session","s-1"]
 //! ```
+//!
+//! `labels` (the session's flow labels, issue 18) is written only when the session has
+//! some: a strictly increasing list of at most 32 labels; a record without it has none, so
+//! the records of sessions without labels are what they were before labels existed.
+//! `policy_set` (the digest of the policy set in force when the session opened) likewise
+//! only when there was one.
 //!
 //! A session's state is bounded by its policy (the nonce window, the reservation cap), so
 //! a record is small whatever the session's history; the embedded store writes records
@@ -17,8 +24,9 @@
 use std::collections::BTreeMap;
 
 use tollgate_core::json::{self, Limits, Number, Value};
+use tollgate_core::labels::{Label, LabelSet, MAX_LABELS};
 use tollgate_core::state_codec;
-use tollgate_core::{BudgetScope, Money};
+use tollgate_core::{BudgetScope, Digest, Money};
 
 use std::sync::Arc;
 
@@ -96,6 +104,15 @@ fn session_value(s: &Session) -> Value {
     put("last_call_number", uint(s.last_call_number));
     put("seq", uint(s.seq));
     put("state", state_codec::to_value(&s.state));
+    if !s.labels.is_empty() {
+        put(
+            "labels",
+            Value::Array(s.labels.iter().map(|l| Value::from(l.as_str())).collect()),
+        );
+    }
+    if let Some(d) = &s.policy_set {
+        put("policy_set", Value::from(d.to_string().as_str()));
+    }
     Value::Object(m)
 }
 
@@ -110,7 +127,34 @@ const SESSION_KEYS: &[&str] = &[
     "last_call_number",
     "seq",
     "state",
+    "labels",
+    "policy_set",
 ];
+
+/// A record's `labels`: absent (none), or a non-empty, strictly increasing list of at most
+/// [`MAX_LABELS`] labels.
+fn labels_of(v: Option<&Value>) -> Result<LabelSet, RecordError> {
+    let Some(v) = v else {
+        return Ok(LabelSet::new());
+    };
+    let bad = RecordError::Invalid("labels");
+    let items = v.as_array().ok_or(bad.clone())?;
+    if items.is_empty() || items.len() > MAX_LABELS {
+        return Err(bad);
+    }
+    let mut labels = Vec::with_capacity(items.len());
+    for item in items {
+        let l = item
+            .as_str()
+            .and_then(|t| Label::parse(t).ok())
+            .ok_or(bad.clone())?;
+        if labels.last().is_some_and(|p: &Label| *p >= l) {
+            return Err(bad);
+        }
+        labels.push(l);
+    }
+    LabelSet::new().with(&labels).map_err(|_| bad)
+}
 
 /// Decode a session record of at most `max_bytes`; its heartbeat is set to `now`.
 pub fn decode_session(bytes: &[u8], max_bytes: usize, now: i64) -> Result<Session, RecordError> {
@@ -145,6 +189,15 @@ pub fn decode_session(bytes: &[u8], max_bytes: usize, now: i64) -> Result<Sessio
         seq: u64_of("seq")?,
         last_heartbeat_ns: now,
         state: state_codec::from_value(get("state")?)?,
+        labels: labels_of(m.get("labels"))?,
+        policy_set: match m.get("policy_set") {
+            None => None,
+            Some(v) => Some(
+                v.as_str()
+                    .and_then(|t| Digest::from_hex(t).ok().filter(|d| d.to_string() == t))
+                    .ok_or(RecordError::Invalid("policy_set"))?,
+            ),
+        },
     })
 }
 
@@ -265,6 +318,44 @@ mod tests {
             "the heartbeat is not recorded"
         );
         assert!(decode_session(&bytes, bytes.len() - 1, 0).is_err());
+    }
+
+    #[test]
+    fn labels_and_the_policy_set_round_trip_and_are_strict() {
+        let plain = encode_session(&session());
+        let mut s = session();
+        s.labels = LabelSet::new()
+            .with(&[
+                Label::parse("pii").unwrap(),
+                Label::parse("customer-data").unwrap(),
+            ])
+            .unwrap();
+        s.policy_set = Some(Digest([0xab; 32]));
+        let bytes = encode_session(&s);
+        assert_eq!(decode_session(&bytes, 1 << 20, -1).unwrap(), s);
+        let text = String::from_utf8(bytes).unwrap();
+        assert!(
+            text.contains(r#""labels":["customer-data","pii"]"#),
+            "{text}"
+        );
+        // A session without either writes neither key: its record is as before.
+        assert!(!String::from_utf8(plain).unwrap().contains("labels"));
+        for bad in [
+            text.replace(r#"["customer-data","pii"]"#, r#"["pii","customer-data"]"#),
+            text.replace(r#"["customer-data","pii"]"#, r#"["pii","pii"]"#),
+            text.replace(r#"["customer-data","pii"]"#, "[]"),
+            text.replace(r#"["customer-data","pii"]"#, r#"["not a label"]"#),
+            text.replace(&"ab".repeat(32), &"AB".repeat(32)),
+        ] {
+            assert_ne!(bad, text);
+            assert!(decode_session(bad.as_bytes(), 1 << 20, 0).is_err(), "{bad}");
+        }
+        let many: Vec<String> = (0..=MAX_LABELS).map(|i| format!("\"l{i:02}\"")).collect();
+        let too_many = text.replace(
+            r#"["customer-data","pii"]"#,
+            &format!("[{}]", many.join(",")),
+        );
+        assert!(decode_session(too_many.as_bytes(), 1 << 20, 0).is_err());
     }
 
     #[test]

@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use tollgate_core::labels::LabelSet;
 use tollgate_core::{json, BudgetScope, Digest, GuardConfig, Money, SessionState, UnixNanos};
 
 use crate::StoreError;
@@ -142,6 +143,16 @@ pub struct Session {
     /// The last heartbeat (or registration), for stale detection. Not durable: a restart
     /// gives every session a fresh heartbeat window.
     pub last_heartbeat_ns: UnixNanos,
+    /// The session's flow labels (issue 18): the union of the labels its ALLOWed calls'
+    /// permits attached, each recorded in that verdict's audit entry, so they are the
+    /// fold of the log like the rest of the state. Only grow; at most
+    /// [`tollgate_core::labels::MAX_LABELS`].
+    pub labels: LabelSet,
+    /// The digest of the policy set in force when the session was opened (format
+    /// version 6: its session-opened entry records it); `None` when none was. Set before
+    /// the store opens the session; informational after (each verdict's entry names the
+    /// set that evaluated it).
+    pub policy_set: Option<Digest>,
 }
 
 impl Session {
@@ -155,6 +166,8 @@ impl Session {
             last_call_number: 0,
             seq: 0,
             last_heartbeat_ns: now,
+            labels: LabelSet::new(),
+            policy_set: None,
         }
     }
 

@@ -70,6 +70,7 @@ pub fn record(i: u64) -> VerdictRecord {
         config_digest: Some(Digest([0xab; 32])),
         session_seq: i + 1,
         budget_version: 0,
+        policy: None,
     }
 }
 

@@ -7,9 +7,11 @@ use ed25519_dalek::SigningKey;
 use tollgate_audit::format::{self, FileHeader, Position};
 use tollgate_audit::verify::verify_visit;
 use tollgate_audit::{
-    keys, CloseReason, CloseRecord, CostStatus, DecisionRecord, Event, KeyId, SessionEvent,
-    SessionRecord, SettlementRecord, VerdictRecord, VoidRecord,
+    keys, CloseReason, CloseRecord, CostStatus, DecisionRecord, Event, KeyId, PolicyEffect,
+    PolicyNote, PolicySetCause, PolicySetRecord, SessionEvent, SessionRecord, SettlementRecord,
+    VerdictRecord, VoidRecord,
 };
+use tollgate_core::labels::Label;
 use tollgate_core::{BudgetScope, DenyReason, Digest, HumanDecision, Money, Reason, Verdict};
 use uuid::Uuid;
 
@@ -86,6 +88,7 @@ fn build_v1() -> Vec<u8> {
         config_digest: None,
         session_seq: 0,
         budget_version: 0,
+        policy: None,
     };
     let r1 = VerdictRecord {
         timestamp_ns: T0 + 1_000_000,
@@ -135,6 +138,7 @@ fn v2_events() -> Vec<(i64, &'static str, Event)> {
         config: CONFIG.into(),
         session_seq: 1,
         budget_version: 0,
+        policy_set: None,
     };
     let verdict = VerdictRecord {
         timestamp_ns: T0 + 1_000_000,
@@ -156,6 +160,7 @@ fn v2_events() -> Vec<(i64, &'static str, Event)> {
         config_digest: Some(config_digest),
         session_seq: 2,
         budget_version: 0,
+        policy: None,
     };
     let settled = SettlementRecord {
         timestamp_ns: T0 + 2_000_000,
@@ -499,6 +504,243 @@ fn version_5_is_reproduced_byte_for_byte() {
     assert!(format::parse_record_version(4, &stored[off..]).is_err());
 }
 
+/// Version 6: the policy set in force at start (kind 9), the session opened under it
+/// (record 0 of the version-5 file with the set's digest), an ALLOW a permit let through
+/// that attaches a flow label, a forbid's DENY that does not trip, a reload (kind 9), and
+/// a `@hitl` permit's HITL under the new set.
+fn v6_events() -> Vec<(i64, &'static str, Event)> {
+    let set_a = format::sha256(b"policy set a");
+    let set_b = format::sha256(b"policy set b");
+    let v5 = v5_events();
+    let ids = [
+        "0192f7c8-0000-7000-8000-000000000000",
+        "0192f7c8-0001-7000-8000-000000000001",
+        "0192f7c8-0002-7000-8000-000000000002",
+        "0192f7c8-0003-7000-8000-000000000003",
+        "0192f7c8-0004-7000-8000-000000000004",
+        "0192f7c8-0005-7000-8000-000000000005",
+    ];
+    let at = |n: i64| T0 + n * 1_000_000;
+    let Event::Session(SessionEvent::Opened(mut opened)) = v5[0].2.clone() else {
+        unreachable!()
+    };
+    opened.timestamp_ns = at(1);
+    opened.policy_set = Some(set_a);
+    let Event::Session(SessionEvent::Verdict(mut allow)) = v5[1].2.clone() else {
+        unreachable!()
+    };
+    allow.timestamp_ns = at(2);
+    allow.tool_name = "read_customer".into();
+    allow.policy = Some(PolicyNote {
+        set_digest: set_a,
+        effect: PolicyEffect::Permit,
+        policy_id: Some("reads-customers".into()),
+        decided: false,
+        tripped: false,
+        labels: vec![Label::parse("customer-data").unwrap()],
+    });
+    let deny = VerdictRecord {
+        timestamp_ns: at(3),
+        call_number: 2,
+        tool_name: "send_email".into(),
+        params_hash: format::sha256(br#"{"to":"x@elsewhere.example"}"#),
+        verdict: Verdict::Deny,
+        deny_reason: Some(DenyReason::PolicyViolation),
+        reason: Reason::PolicyDeny,
+        budget_before: Money(7_498_500_000),
+        budget_after: Money(7_498_500_000),
+        nonce: 8,
+        session_seq: 3,
+        budget_version: 0,
+        policy: Some(PolicyNote {
+            set_digest: set_a,
+            effect: PolicyEffect::Forbid,
+            policy_id: Some("no-mail-out-after-customers".into()),
+            decided: true,
+            tripped: false,
+            labels: Vec::new(),
+        }),
+        ..allow.clone()
+    };
+    let hold = VerdictRecord {
+        timestamp_ns: at(5),
+        call_number: 3,
+        tool_name: "pay".into(),
+        params_hash: format::sha256(br#"{"amount":250.5}"#),
+        verdict: Verdict::Hitl,
+        deny_reason: None,
+        reason: Reason::PolicyHold,
+        nonce: 9,
+        session_seq: 4,
+        policy: Some(PolicyNote {
+            set_digest: set_b,
+            effect: PolicyEffect::Hitl,
+            policy_id: Some("big-pay".into()),
+            decided: true,
+            tripped: false,
+            labels: Vec::new(),
+        }),
+        ..deny.clone()
+    };
+    let set = |n: i64, digest, policies, default_deny, trip_on_refusal, cause| {
+        Event::PolicySet(PolicySetRecord {
+            timestamp_ns: at(n),
+            digest,
+            policies,
+            default_deny,
+            trip_on_refusal,
+            cause,
+        })
+    };
+    vec![
+        (
+            at(0),
+            ids[0],
+            set(0, set_a, 3, false, false, PolicySetCause::Start),
+        ),
+        (at(1), ids[1], opened.into()),
+        (at(2), ids[2], allow.into()),
+        (at(3), ids[3], deny.into()),
+        (
+            at(4),
+            ids[4],
+            set(4, set_b, 4, true, true, PolicySetCause::Reload),
+        ),
+        (at(5), ids[5], hold.into()),
+    ]
+}
+
+#[test]
+fn version_6_is_reproduced_byte_for_byte() {
+    let events = v6_events();
+    let stored = check_stored("known-answer-v6.log", &build_file(6, &events));
+    let mut seen = Vec::new();
+    let s = verify_visit(
+        &[("known-answer-v6.log", &stored)],
+        &opts(&key(1)),
+        &mut |e| {
+            seen.push(e.clone());
+        },
+    )
+    .unwrap();
+    assert_eq!(s.entries, 6);
+    assert_eq!(u16::from_be_bytes([stored[8], stored[9]]), 6);
+    let kinds: Vec<u8> = seen.iter().map(|e| e.event.kind()).collect();
+    assert_eq!(kinds, [9, 4, 1, 1, 9, 1]);
+    for (e, (ts, id, ev)) in seen.iter().zip(&events) {
+        assert_eq!(&e.event, ev);
+        assert_eq!(e.timestamp_ns, *ts);
+        assert_eq!(e.entry_id.to_string(), *id);
+    }
+    // The reasons on the wire, from the notes alone.
+    let reasons: Vec<Option<String>> = seen
+        .iter()
+        .filter_map(|e| match &e.event {
+            Event::Session(SessionEvent::Verdict(v)) => Some(v.policy.as_ref().unwrap().reason()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        reasons,
+        [
+            None,
+            Some("policy:no-mail-out-after-customers".to_owned()),
+            Some("policy:big-pay".to_owned())
+        ]
+    );
+    let digest = format::sha256(&stored).to_string();
+    assert!(
+        doc().contains(&digest),
+        "docs lack the v6 known answer's SHA-256 {digest}"
+    );
+    // The policy DENY and the reload, byte for byte, as the doc lists them.
+    let offsets: Vec<usize> = (0..6)
+        .scan(format::HEADER_LEN, |off, _| {
+            let here = *off;
+            *off += format::parse_record_version(6, &stored[here..]).unwrap().1;
+            Some(here)
+        })
+        .collect();
+    let record = |i: usize| {
+        let (_, n) = format::parse_record_version(6, &stored[offsets[i]..]).unwrap();
+        &stored[offsets[i]..offsets[i] + n]
+    };
+    assert_eq!(doc_block("policy-deny-record-v6"), hex(record(3)));
+    assert_eq!(doc_block("policy-set-record-v6"), hex(record(4)));
+    // Kind 9 does not exist in version 5, and a policy note cannot be written there.
+    assert!(format::parse_record_version(5, record(4)).is_err());
+    assert!(build_file_result(5, &events[3..4]).is_err());
+}
+
+#[test]
+fn version_6_refuses_policy_notes_that_disagree_with_their_verdict() {
+    let Event::Session(SessionEvent::Verdict(deny)) = v6_events()[3].2.clone() else {
+        unreachable!()
+    };
+    let ok = |v: &VerdictRecord| format::check_event(&Event::from(v.clone()), 6);
+    assert!(ok(&deny).is_ok());
+    let note = deny.policy.clone().unwrap();
+    let with = |f: &dyn Fn(&mut VerdictRecord)| {
+        let mut v = deny.clone();
+        f(&mut v);
+        v
+    };
+    // A policy reason without a note, and a note whose verdict is not its effect's.
+    assert!(ok(&with(&|v| v.policy = None)).is_err());
+    assert!(ok(&with(&|v| v.verdict = Verdict::Allow)).is_err());
+    assert!(ok(&with(&|v| v.reason = Reason::BudgetOverrun)).is_err());
+    // A forbid names its policy; the default deny names none.
+    assert!(ok(&with(&|v| v.policy = Some(PolicyNote {
+        policy_id: None,
+        ..note.clone()
+    })))
+    .is_err());
+    assert!(ok(&with(&|v| {
+        v.policy = Some(PolicyNote {
+            effect: PolicyEffect::DefaultDeny,
+            ..note.clone()
+        })
+    }))
+    .is_err());
+    // Labels only on an ALLOW; tripped only on a policy DENY.
+    let label = Label::parse("pii").unwrap();
+    assert!(ok(&with(&|v| {
+        v.policy = Some(PolicyNote {
+            labels: vec![label.clone()],
+            ..note.clone()
+        })
+    }))
+    .is_err());
+    assert!(ok(&with(&|v| {
+        v.policy = Some(PolicyNote {
+            tripped: true,
+            ..note.clone()
+        })
+    }))
+    .is_ok());
+    assert!(ok(&with(&|v| {
+        v.policy = Some(PolicyNote {
+            tripped: true,
+            decided: false,
+            effect: PolicyEffect::Permit,
+            ..note.clone()
+        });
+        v.reason = Reason::WithinThresholds;
+        v.verdict = Verdict::Allow;
+        v.deny_reason = None;
+    }))
+    .is_err());
+    // Labels out of order.
+    let Event::Session(SessionEvent::Verdict(allow)) = v6_events()[2].2.clone() else {
+        unreachable!()
+    };
+    let mut two = allow.clone();
+    two.policy.as_mut().unwrap().labels =
+        vec![Label::parse("b").unwrap(), Label::parse("a").unwrap()];
+    assert!(ok(&two).is_err());
+    assert!(ok(&allow).is_ok());
+}
+
 #[test]
 fn version_5_refuses_a_close_that_is_a_sessions_first_entry() {
     let close = Event::Session(SessionEvent::Closed(CloseRecord {
@@ -617,6 +859,7 @@ fn record_hashes_are_documented() {
         "known-answer-v3.log",
         "known-answer-v4.log",
         "known-answer-v5.log",
+        "known-answer-v6.log",
     ] {
         let bytes = std::fs::read(data_path(name)).unwrap();
         let version = u16::from_be_bytes([bytes[8], bytes[9]]);

@@ -56,7 +56,10 @@ fn arb_record() -> impl Strategy<Value = VerdictRecord> {
                     DenyReason::Timeout,
                 ][i]
             }),
-            reason: Reason::ALL[b.3],
+            // The two policy reasons need a policy note (format version 6).
+            reason: Some(Reason::ALL[b.3])
+                .filter(|r| !r.is_policy())
+                .unwrap_or(Reason::WithinThresholds),
             probabilistic: b.4,
             budget_before: Money(c.0),
             budget_after: Money(c.1),
@@ -71,6 +74,7 @@ fn arb_record() -> impl Strategy<Value = VerdictRecord> {
             config_digest: c.5.map(Digest),
             session_seq: c.4 | 1,
             budget_version: c.4.rotate_left(17),
+            policy: None,
         })
 }
 
@@ -96,6 +100,7 @@ fn arb_opened() -> impl Strategy<Value = SessionRecord> {
             session_seq: 1,
             budget_version: b.0.unsigned_abs(),
             config: b.2,
+            policy_set: None,
         })
 }
 

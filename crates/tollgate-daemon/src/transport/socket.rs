@@ -444,7 +444,9 @@ async fn keys_for<S: SessionStore>(
         Either,
     }
     let who = match &env.payload {
-        Some(Payload::HitlList(_) | Payload::HitlDecide(_)) => Who::Operator,
+        Some(Payload::HitlList(_) | Payload::HitlDecide(_) | Payload::PolicyReload(_)) => {
+            Who::Operator
+        }
         Some(Payload::GetSessionState(_)) => Who::Either,
         _ => Who::Agent,
     };
@@ -460,6 +462,7 @@ async fn keys_for<S: SessionStore>(
     let (org, agent) = match &env.payload {
         Some(Payload::Register(r)) => (or_default(&r.organization_id), Some(r.agent_id.clone())),
         Some(Payload::HitlList(r)) => (or_default(&r.organization_id), None),
+        Some(Payload::PolicyReload(r)) => (or_default(&r.organization_id), None),
         Some(Payload::PreExec(r)) => owner(service, &r.session_id).await?,
         Some(Payload::PostExec(r)) => owner(service, &r.session_id).await?,
         Some(Payload::Heartbeat(r)) => owner(service, &r.session_id).await?,
@@ -581,6 +584,9 @@ async fn dispatch<S: SessionStore>(
         }
         Some(Payload::HitlDecide(r)) => {
             Payload::HitlDecideResponse(service.hitl_decide(caller, r, now).await?)
+        }
+        Some(Payload::PolicyReload(_)) => {
+            Payload::PolicyReloadResponse(service.policy_reload(caller).await?)
         }
         Some(Payload::HeldParams(r)) => {
             Payload::HeldParamsAck(service.held_params(caller, r).await?)

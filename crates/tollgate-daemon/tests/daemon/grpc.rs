@@ -60,7 +60,7 @@ impl Ca {
 }
 
 /// Certificates for one test: the server's, two organizations' CAs, and a stranger CA.
-struct Pki {
+pub(crate) struct Pki {
     dir: PathBuf,
     server_ca: Ca,
     acme: Ca,
@@ -126,7 +126,11 @@ impl Pki {
     }
 
     /// A gRPC client configuration for `addr` with this certificate (or none).
-    fn client(&self, addr: std::net::SocketAddr, identity: Option<(String, String)>) -> GrpcConfig {
+    pub(crate) fn client(
+        &self,
+        addr: std::net::SocketAddr,
+        identity: Option<(String, String)>,
+    ) -> GrpcConfig {
         GrpcConfig {
             address: addr.to_string(),
             server_name: "localhost".into(),
@@ -135,21 +139,27 @@ impl Pki {
         }
     }
 
-    fn acme_agent(&self) -> (String, String) {
+    pub(crate) fn acme_agent(&self) -> (String, String) {
         self.acme.issue(&["bot1.agents.acme.example"], &[], false)
     }
 }
 
 /// A daemon with the gRPC binding on, and its PKI.
-struct Both {
-    daemon: Running,
-    grpc: std::net::SocketAddr,
-    pki: Pki,
+pub(crate) struct Both {
+    pub(crate) daemon: Running,
+    pub(crate) grpc: std::net::SocketAddr,
+    pub(crate) pki: Pki,
 }
 
 async fn start_both(dir: &Path) -> Both {
+    start_both_with(dir, |_| {}).await
+}
+
+/// [`start_both`], the configuration changed by `change` first.
+pub(crate) async fn start_both_with(dir: &Path, change: impl FnOnce(&mut DaemonConfig)) -> Both {
     let pki = Pki::new(dir);
-    let cfg = pki.daemon_config(dir);
+    let mut cfg = pki.daemon_config(dir);
+    change(&mut cfg);
     let daemon = tollgate_daemon::Daemon::start(cfg).await.unwrap();
     let grpc = daemon.grpc_addr().unwrap();
     assert_ne!(grpc.port(), 0);
@@ -163,13 +173,13 @@ async fn start_both(dir: &Path) -> Both {
 
 /// One way to reach the daemon, for running the same flow over either.
 #[derive(Clone)]
-enum Via {
+pub(crate) enum Via {
     Socket(PathBuf),
     Grpc(GrpcConfig),
 }
 
 impl Via {
-    fn config(&self, agent: &str) -> ClientConfig {
+    pub(crate) fn config(&self, agent: &str) -> ClientConfig {
         let mut c = match self {
             Via::Socket(socket) => crate::client_config(socket, agent),
             Via::Grpc(g) => ClientConfig::grpc(g.clone(), crate::ORG, agent),
@@ -178,7 +188,7 @@ impl Via {
         c
     }
 
-    async fn connect(&self, agent: &str) -> DaemonClient {
+    pub(crate) async fn connect(&self, agent: &str) -> DaemonClient {
         DaemonClient::connect(self.config(agent)).await.unwrap()
     }
 }

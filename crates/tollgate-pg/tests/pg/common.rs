@@ -94,6 +94,7 @@ pub fn verdict(session: &str, seq: u64) -> SessionEvent {
         config_digest: None,
         session_seq: seq,
         budget_version: 0,
+        policy: None,
     })
 }
 

@@ -5,7 +5,7 @@ use tollgate_core::json::Value;
 use tollgate_core::labels::LabelSet;
 use tollgate_core::{
     apply_decision, decide as guards, record_human_decision, Decision, GuardConfig, HitlMode,
-    HumanDecision, Money, Params, Reason, SessionState, ToolCall, Verdict,
+    HumanDecision, Money, Params, SessionState, ToolCall, Verdict,
 };
 use tollgate_policy::compose::{decide, Enforced, Input};
 use tollgate_policy::{DefaultEffect, Policies};
@@ -88,24 +88,9 @@ impl Run<'_> {
     }
 }
 
-/// The decision a runtime applies for `c`: the guards' when they decided; otherwise one
-/// with the composed verdict. (The core has no policy reasons yet, so the reason stored
-/// with a policy's hold or trip here is a stand-in; the verdict is what the tests read.)
+/// The decision a runtime applies for `c` (what the daemon applies too).
 fn applied(c: &tollgate_policy::compose::Composed) -> Decision {
-    if c.verdict == c.guards.verdict {
-        return c.guards;
-    }
-    let reason = match c.verdict {
-        Verdict::Hitl => Reason::HitlAllCalls,
-        Verdict::Deny => Reason::CircuitOpen,
-        Verdict::Allow => Reason::WithinThresholds,
-    };
-    Decision {
-        verdict: c.verdict,
-        reason,
-        deny_reason: None,
-        probabilistic: false,
-    }
+    c.applied()
 }
 
 fn run(config: GuardConfig, policy: Option<&Enforced>) -> Run<'_> {

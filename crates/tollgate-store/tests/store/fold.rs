@@ -310,3 +310,159 @@ fn a_record_that_does_not_follow_from_its_inputs_is_refused() {
         Err(LedgerError::Gap { .. })
     ));
 }
+
+/// Policy notes (audit format version 6) fold too: an ALLOW's labels become the
+/// session's (only those it did not carry), a policy DENY that does not trip changes
+/// nothing, one that trips trips; and a note whose labels do not follow from the state
+/// is refused.
+#[test]
+fn policy_notes_fold_labels_and_refusals_that_do_not_trip() {
+    use tollgate_audit::{PolicyEffect, PolicyNote};
+    use tollgate_core::labels::Label;
+    use tollgate_core::{Decision, DenyReason, Params, Reason, ToolCall, Verdict};
+
+    let journal = Arc::new(Recorder::default());
+    let store = MemoryStore::new(100, Some(journal.clone()));
+    let config = GuardConfig {
+        budget: Money(10_000),
+        ..GuardConfig::default()
+    };
+    let s = Session::new(
+        meta("p1", "agent", BudgetScope::PerSession),
+        Arc::new(Policy::new(config)),
+        1_000,
+    );
+    create(&store, s).unwrap();
+    let note = |effect, id: &str, decided, tripped, labels: &[&str]| PolicyNote {
+        set_digest: Digest([9; 32]),
+        effect,
+        policy_id: Some(id.to_owned()),
+        decided,
+        tripped,
+        labels: labels.iter().map(|l| Label::parse(l).unwrap()).collect(),
+    };
+    let allow = Decision {
+        verdict: Verdict::Allow,
+        deny_reason: None,
+        reason: Reason::WithinThresholds,
+        probabilistic: false,
+    };
+    let deny = Decision {
+        verdict: Verdict::Deny,
+        deny_reason: Some(DenyReason::PolicyViolation),
+        reason: Reason::PolicyDeny,
+        probabilistic: false,
+    };
+    let step = |n: u64, tool: &'static str, decision: Decision, note: PolicyNote| {
+        let (labels, d) = block_on(store.apply("p1", move |s: &mut Session| {
+            let call = ToolCall {
+                nonce: Some(n),
+                estimated_cost: Money(10),
+                ..ToolCall::new(tool, Params::digest(Digest([n as u8; 32])))
+            };
+            let r = ops::verdict_with(s, &call, &decision, Some(note.clone()), n, 2_000 + n as i64);
+            let labels: Vec<String> = r
+                .policy
+                .as_ref()
+                .unwrap()
+                .labels
+                .iter()
+                .map(|l| l.as_str().to_owned())
+                .collect();
+            Change::Commit(labels, r.into())
+        }))
+        .unwrap();
+        block_on(d).unwrap();
+        labels
+    };
+    let live = || store.get_sync("p1").unwrap().unwrap();
+
+    let added = step(
+        1,
+        "crm",
+        allow,
+        note(
+            PolicyEffect::Permit,
+            "reads",
+            false,
+            false,
+            &["customer-data"],
+        ),
+    );
+    assert_eq!(added, ["customer-data"]);
+    let before = live();
+    step(
+        2,
+        "mail",
+        deny,
+        note(PolicyEffect::Forbid, "no-mail", true, false, &[]),
+    );
+    let after = live();
+    assert!(!after.state.circuit_tripped);
+    assert_eq!(
+        (
+            after.state.total_calls,
+            after.state.budget_remaining,
+            &after.state.seen_nonces
+        ),
+        (
+            before.state.total_calls,
+            before.state.budget_remaining,
+            &before.state.seen_nonces
+        ),
+        "a refusal that does not trip changed the state"
+    );
+    // Labels already carried are not recorded again.
+    let added = step(
+        3,
+        "crm",
+        allow,
+        note(
+            PolicyEffect::Permit,
+            "reads",
+            false,
+            false,
+            &["customer-data", "pii"],
+        ),
+    );
+    assert_eq!(added, ["pii"]);
+    step(
+        4,
+        "shell",
+        deny,
+        note(PolicyEffect::Forbid, "no-shell", true, true, &[]),
+    );
+    let end = live();
+    assert!(end.state.circuit_tripped);
+    assert_eq!(end.state.circuit_trip_reason, Some(Reason::PolicyDeny));
+    assert_eq!(
+        end.labels.iter().map(|l| l.as_str()).collect::<Vec<_>>(),
+        ["customer-data", "pii"]
+    );
+    assert_same(&store, &journal.fold());
+
+    // A logged ALLOW that claims a label the session already carried does not follow.
+    let mut events = journal.0.lock().unwrap().clone();
+    if let SessionEvent::Verdict(v) = &mut events[3] {
+        v.policy.as_mut().unwrap().labels = vec![
+            Label::parse("customer-data").unwrap(),
+            Label::parse("pii").unwrap(),
+        ];
+    }
+    let mut l = Ledger::new();
+    let folded: Result<(), LedgerError> = events.iter().enumerate().try_for_each(|(i, e)| {
+        l.fold(
+            i as u64,
+            Digest::default(),
+            None,
+            &Event::Session(e.clone()),
+        )
+    });
+    assert!(matches!(
+        folded.unwrap_err(),
+        LedgerError::Fold {
+            source: FoldError::Diverged { .. },
+            ..
+        }
+    ));
+}

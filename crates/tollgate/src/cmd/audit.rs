@@ -476,6 +476,7 @@ fn demo_write(a: &DemoWriteArgs) -> anyhow::Result<ExitCode> {
             // Each demo session's version: s0, s1, s2 take turns.
             session_seq: i / 3 + 1,
             budget_version: 0,
+            policy: None,
         };
         pending.push(w.submit(rec));
         if pending.len() as u64 >= a.pipeline.max(1) {

@@ -34,6 +34,12 @@
 //! Every session heartbeats (`--heartbeat-ms`), as a long-running agent must: a session
 //! that misses its heartbeats is STALE and refused.
 //!
+//! `--policies N` gives the bench's own daemon a `[policy]` set of N Cedar policies
+//! ([`policy_set`]: rules on the bench's tool that read its arguments and attach a label,
+//! global rules, and per-tool rules on other tools, as a team writes them); with
+//! `--compare-policies` the bench runs twice, each time with a fresh daemon, without a
+//! set and then with it, and reports the second's throughput as a share of the first's.
+//!
 //! What it does not do: retry, or stop on a DENY. Every verdict, a fail-closed one
 //! included, is a call; DENYs are counted and the first one's reason printed.
 
@@ -128,6 +134,14 @@ pub struct Args {
     #[arg(long, value_name = "MS", default_value_t = 10_000,
           value_parser = clap::value_parser!(u64).range(1..))]
     pub heartbeat_ms: u64,
+    /// For the daemon the bench starts: a `[policy]` set of this many generated Cedar
+    /// policies (0: none).
+    #[arg(long, value_name = "N", default_value_t = 0, conflicts_with_all = ["socket", "redis"])]
+    pub policies: usize,
+    /// Run twice, side by side: the bench's own daemon without a policy set, then a fresh
+    /// one with `--policies N`; report both and the ratio of their throughputs.
+    #[arg(long, requires = "policies")]
+    pub compare_policies: bool,
 }
 
 /// The organization of the daemon the bench starts.
@@ -179,15 +193,51 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     if args.daemons > 1 || args.redis.is_some() {
         return fleet(&rt, &plan, dir.path(), args);
     }
-    let own = OwnDaemon::prepare(dir.path(), args, None)?;
+    if args.compare_policies {
+        anyhow::ensure!(
+            args.policies > 0,
+            "--compare-policies needs --policies N (N > 0)"
+        );
+        let without = own_run(&rt, &plan, &dir.path().join("without"), args, 0)?;
+        let with = own_run(&rt, &plan, &dir.path().join("with"), args, args.policies)?;
+        let share = if without > 0.0 {
+            with / without * 100.0
+        } else {
+            0.0
+        };
+        outln!(
+            "policies: {with:.0} pre_exec/s with {} policies, {without:.0} without: {share:.1}% of the throughput without",
+            args.policies
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
+    own_run(&rt, &plan, dir.path(), args, args.policies)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// One run against the bench's own daemon in `dir`, with a set of `policies` policies
+/// (0: none); returns its throughput.
+fn own_run(
+    rt: &tokio::runtime::Runtime,
+    plan: &Plan,
+    dir: &Path,
+    args: &Args,
+    policies: usize,
+) -> anyhow::Result<f64> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let own = OwnDaemon::prepare_with(dir, args, None, policies)?;
     let how = if args.fsync == "batch" {
         "each verdict signed, audited and fsync'd before the reply"
     } else {
         "each verdict signed and audited; no fsync"
     };
-    if args.in_process {
-        let report = rt.block_on(in_process(&plan, &own))?;
-        report.print(&plan, how);
+    if policies > 0 {
+        outln!("policy set: {policies} Cedar policies (`tollgate bench --policies {policies}`)");
+    } else if args.compare_policies {
+        outln!("policy set: none");
+    }
+    let report = if args.in_process {
+        rt.block_on(in_process(plan, &own))?
     } else {
         let mut serve = Serve::spawn(&own)?;
         serve.wait_listening(&own.config.socket_path())?;
@@ -198,12 +248,46 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
             "mode: separate process: `tollgate serve` (pid {}), started by the bench",
             serve.child.id()
         );
-        let report = rt.block_on(load(&plan, &own.target()));
+        let report = rt.block_on(load(plan, &own.target()));
         let stopped = serve.stop();
-        report?.print(&plan, how);
+        let report = report?;
         stopped?;
+        report
+    };
+    report.print(plan, how);
+    Ok(report.throughput())
+}
+
+/// `n` Cedar policies for the bench's daemon (default allow): on the bench's tool, a
+/// forbid that reads its argument (never true) and a permit that attaches a label; two
+/// global rules (a forbid by tool name pattern, a hold under budget pressure, which the
+/// bench's zero budget never reaches); the rest per-tool rules on other tools (forbids
+/// with argument conditions, allow-lists of commands, holds after a label, labelled
+/// permits), so the set is indexed as a real one is.
+fn policy_set(n: usize) -> String {
+    let mut out = String::new();
+    let fixed = [
+        format!("@id(\"bench-no-negative\") forbid (principal, action == Action::\"{TOOL}\", resource) when {{ context.args has i && context.args.i < 0 }};\n"),
+        format!("@id(\"bench-searched\") @label(\"searched\") permit (principal, action == Action::\"{TOOL}\", resource);\n"),
+        "@id(\"no-danger\") forbid (principal, action, resource) when { context.tool like \"danger_*\" };\n".to_owned(),
+        "@id(\"low-budget\") @hitl permit (principal, action == Action::\"pay\", resource) when { context.session.budget_fraction.lessThan(decimal(\"0.05\")) };\n".to_owned(),
+    ];
+    for f in fixed.iter().take(n) {
+        out.push_str(f);
     }
-    Ok(ExitCode::SUCCESS)
+    let rest = n.saturating_sub(fixed.len());
+    let tools = (rest / 4).max(1);
+    for i in 0..rest {
+        let t = i % tools;
+        let text = match i / tools % 4 {
+            0 => format!("@id(\"p{i}\") forbid (principal, action == Action::\"tool{t}\", resource) when {{ context.args.amount.greaterThan(decimal(\"1{t}.5\")) }};\n"),
+            1 => format!("@id(\"p{i}\") forbid (principal, action == Action::\"tool{t}\", resource) unless {{ [\"ls\", \"cat\", \"grep\"].contains(context.args.command) }};\n"),
+            2 => format!("@id(\"p{i}\") @hitl permit (principal, action == Action::\"tool{t}\", resource) when {{ context.session.labels.contains(\"customer-data\") && !(context.args.to like \"*@acme.example\") }};\n"),
+            _ => format!("@id(\"p{i}\") @label(\"touched-{t}\") permit (principal, action == Action::\"tool{t}\", resource);\n"),
+        };
+        out.push_str(&text);
+    }
+    out
 }
 
 /// What the load generator does, from the arguments, checked.
@@ -353,6 +437,17 @@ impl OwnDaemon {
         args: &Args,
         fleet: Option<(u16, &str, &str)>,
     ) -> anyhow::Result<OwnDaemon> {
+        OwnDaemon::prepare_with(dir, args, fleet, 0)
+    }
+
+    /// [`OwnDaemon::prepare`] with a policy set of `policies` policies (0: none), written
+    /// to `<dir>/policies.cedar`.
+    fn prepare_with(
+        dir: &Path,
+        args: &Args,
+        fleet: Option<(u16, &str, &str)>,
+        policies: usize,
+    ) -> anyhow::Result<OwnDaemon> {
         // A random secret, mode 0600, in <dir>/secrets/bench.secret (shared by a fleet).
         let secret = tollgate_daemon::org_secret(dir, ORG)?;
         let n = fleet.map_or(String::new(), |(i, _, _)| format!("-{i}"));
@@ -362,11 +457,17 @@ impl OwnDaemon {
         } else {
             None
         };
-        let text = config_text(
+        let mut text = config_text(
             args,
             pki.as_ref(),
             fleet.map(|(_, state, sink)| (state, sink)),
         );
+        if policies > 0 {
+            let file = dir.join("policies.cedar");
+            std::fs::write(&file, policy_set(policies))
+                .with_context(|| format!("writing {}", file.display()))?;
+            text.push_str("\n[policy]\nfiles = [\"policies.cedar\"]\n");
+        }
         if fleet.is_some() {
             // A fleet's organizations name both secrets, the same on every daemon.
             tollgate_daemon::org_secret(dir, &format!("{ORG}.operator"))?;
@@ -1073,6 +1174,16 @@ impl Report {
         }
         report.latencies.sort_unstable();
         report
+    }
+
+    /// Calls per second over the run.
+    fn throughput(&self) -> f64 {
+        let secs = self.elapsed.as_secs_f64();
+        if secs > 0.0 {
+            self.latencies.len() as f64 / secs
+        } else {
+            0.0
+        }
     }
 
     fn print(&self, plan: &Plan, how: &str) {

@@ -69,7 +69,8 @@ pub enum Args {
     },
 }
 
-async fn connect(c: &Conn) -> anyhow::Result<DaemonClient> {
+/// An operator's connection to the daemon (`tollgate policy reload` uses it too).
+pub async fn connect(c: &Conn) -> anyhow::Result<DaemonClient> {
     let socket = c
         .socket
         .clone()

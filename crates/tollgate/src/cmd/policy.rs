@@ -1,5 +1,7 @@
 //! `tollgate policy check`: load a Cedar policy set exactly as the daemon would, without
-//! starting anything, and print every finding.
+//! starting anything, and print every finding. `tollgate policy reload`: ask a running
+//! daemon to reload its `[policy]` set (over its socket, sealed with an organization's
+//! operator secret, like `tollgate hitl`; SIGHUP does the same).
 //!
 //! All loading and validation lives in `tollgate-policy`; this module reads the files
 //! (bounded), prints the findings (`file:line:col: error[code]: message`, then a help line)
@@ -23,6 +25,13 @@ enum PolicyCommand {
     /// Parse and validate policy files; print each finding and, when the set loads, its
     /// size and digest.
     Check(CheckArgs),
+    /// Ask the running daemon to read its `[policy]` files again (as SIGHUP does): the
+    /// new set decides every session's next call; a set that does not load is refused
+    /// and the one in force stays. Prints the digest now in force.
+    Reload {
+        #[command(flatten)]
+        conn: crate::cmd::hitl::Conn,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -50,7 +59,28 @@ struct CheckArgs {
 pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     match &args.command {
         PolicyCommand::Check(a) => check(a),
+        PolicyCommand::Reload { conn } => reload(conn),
     }
+}
+
+fn reload(conn: &crate::cmd::hitl::Conn) -> anyhow::Result<ExitCode> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async {
+        let client = crate::cmd::hitl::connect(conn).await?;
+        match client.policy_reload().await {
+            Ok(r) => {
+                outln!("reloaded: {} policies, digest {}", r.policies, r.digest);
+                Ok(ExitCode::SUCCESS)
+            }
+            Err(tollgate_client::ClientError::Refused { message, .. }) => {
+                errln!("tollgate: reload refused, the set in force stays:\n{message}");
+                Ok(ExitCode::from(1))
+            }
+            Err(e) => Err(e.into()),
+        }
+    })
 }
 
 /// A file's text as a [`Source`], read as the daemon reads its `[policy]` files

@@ -56,7 +56,7 @@ impl Serve {
         }
     }
 
-    fn client_config(&self, agent: &str) -> ClientConfig {
+    pub(crate) fn client_config(&self, agent: &str) -> ClientConfig {
         let secret = std::fs::read_to_string(self.dir.join("secrets/default.secret")).unwrap();
         let mut c = ClientConfig::new(
             self.dir.join("tollgate.sock"),

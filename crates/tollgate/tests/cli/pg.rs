@@ -66,6 +66,7 @@ fn verdict(seq: u64) -> tollgate_audit::SessionEvent {
         config_digest: None,
         session_seq: seq,
         budget_version: 0,
+        policy: None,
     })
 }
 
