@@ -643,6 +643,9 @@ impl From<DecisionRecord> for SessionEvent {
 }
 
 /// What an entry records.
+// Nearly every entry is a session event, the large variant (a verdict with its policy
+// note): boxing it would allocate for every entry to save space in the rare small ones.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Event {
     /// A change of a session's state (record kinds 4, 1, 5, 6).
