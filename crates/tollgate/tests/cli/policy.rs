@@ -77,23 +77,24 @@ fn unreadable_files_exit_2() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("not UTF-8"));
 }
 
-/// `tollgate serve` with `[policy]`, reloaded by SIGHUP and by `tollgate policy reload`:
-/// each new set decides the session's next call; a bad set is refused (the CLI names the
-/// file and line and exits 1) and the one in force stays; the daemon survives every
-/// SIGHUP; the log records the start and each reload that loaded.
+/// `tollgate serve` with `[policy]`: a forbidden tool is DENYed naming the policy
+/// (`policy:<id>`) and the session goes on with its other tools; reloaded by SIGHUP and by
+/// `tollgate policy reload`, each new set decides the same session's next call; a bad set
+/// is refused (the CLI names the file and line and exits 1) and the one in force stays;
+/// the daemon survives every SIGHUP. `tollgate audit verify` and `export` on the log show
+/// the start and each reload that loaded (policy-set entries), and each verdict a policy
+/// decided names its policy and the digest of the set that decided it.
 #[test]
-fn sighup_and_policy_reload_apply_from_the_next_call_and_keep_the_old_set_on_error() {
+fn serve_enforces_and_reloads_its_policy_set_and_the_log_says_which_set_decided() {
     use std::time::{Duration, Instant};
     use tollgate_client::DaemonClient;
-    use tollgate_core::json;
+    use tollgate_core::{json, Verdict};
 
     let dir = tempfile::tempdir().unwrap();
     let rules = dir.path().join("rules.cedar");
-    std::fs::write(
-        &rules,
-        "@id(\"no-shell\") forbid (principal, action == Action::\"shell\", resource);\n",
-    )
-    .unwrap();
+    let no_shell = "@id(\"no-shell\") forbid (principal, action == Action::\"shell\", resource);\n";
+    let no_pay = "@id(\"no-pay\") forbid (principal, action == Action::\"pay\", resource);\n";
+    std::fs::write(&rules, no_shell).unwrap();
     let config = dir.path().join("tollgate.toml");
     std::fs::write(&config, "[policy]\nfiles = [\"rules.cedar\"]\n").unwrap();
     let data = dir.path().join("data");
@@ -109,20 +110,24 @@ fn sighup_and_policy_reload_apply_from_the_next_call_and_keep_the_old_set_on_err
         .unwrap();
     // Every call's params differ, so the guards' repeat limit never decides.
     let n = std::cell::Cell::new(0u32);
-    let reason = |c: &DaemonClient| {
+    let call = |tool: &str| {
         n.set(n.get() + 1);
-        let pay = json::parse_str(&format!(r#"{{"amount":{}}}"#, n.get())).unwrap();
-        rt.block_on(c.pre_exec("pay", &pay, 0.0)).reason
+        let args = json::parse_str(&format!(r#"{{"amount":{}}}"#, n.get())).unwrap();
+        let v = rt.block_on(client.pre_exec(tool, &args, 0.0));
+        assert!(v.error.is_none(), "{v:?}");
+        (v.verdict, v.reason)
     };
-    assert_eq!(reason(&client), "within_thresholds");
+    let allowed = (Verdict::Allow, "within_thresholds".to_owned());
+    // The set at start: `shell` is refused, naming the policy; the refusal does not trip
+    // the circuit, so the session's other tools go on.
+    assert_eq!(call("pay"), allowed);
+    assert_eq!(call("shell"), (Verdict::Deny, "policy:no-shell".to_owned()));
+    assert_eq!(call("pay"), allowed);
+    assert_eq!(call("shell"), (Verdict::Deny, "policy:no-shell".to_owned()));
 
-    // SIGHUP with a stricter set: in force from a next call (the reload is asynchronous
-    // to the signal, so the test asks until it is).
-    std::fs::write(
-        &rules,
-        "@id(\"no-pay\") forbid (principal, action == Action::\"pay\", resource);\n",
-    )
-    .unwrap();
+    // SIGHUP with another set: in force from the same session's next call (the reload is
+    // asynchronous to the signal, so the test asks until it is).
+    std::fs::write(&rules, no_pay).unwrap();
     let hup = |pid: u32| {
         assert!(std::process::Command::new("kill")
             .args(["-HUP", &pid.to_string()])
@@ -133,17 +138,18 @@ fn sighup_and_policy_reload_apply_from_the_next_call_and_keep_the_old_set_on_err
     hup(serve.child.id());
     let t = Instant::now();
     loop {
-        let r = reason(&client);
-        if r == "policy:no-pay" {
+        let r = call("pay");
+        if r == (Verdict::Deny, "policy:no-pay".to_owned()) {
             break;
         }
-        assert_eq!(r, "within_thresholds");
+        assert_eq!(r, allowed);
         assert!(
             t.elapsed() < Duration::from_secs(20),
             "SIGHUP did not reload"
         );
         std::thread::sleep(Duration::from_millis(50));
     }
+    assert_eq!(call("shell"), allowed);
 
     // A bad set: refused by SIGHUP and by the CLI; the set in force stays.
     std::fs::write(&rules, "permit (principal, action, resource)\nwhen {\n").unwrap();
@@ -155,37 +161,113 @@ fn sighup_and_policy_reload_apply_from_the_next_call_and_keep_the_old_set_on_err
         "{}",
         text(&o)
     );
-    assert_eq!(reason(&client), "policy:no-pay");
+    assert_eq!(call("pay"), (Verdict::Deny, "policy:no-pay".to_owned()));
+    assert_eq!(call("shell"), allowed);
 
-    // The CLI reload of a good set.
-    std::fs::write(
-        &rules,
-        "@id(\"no-shell\") forbid (principal, action == Action::\"shell\", resource);\n",
-    )
-    .unwrap();
+    // The CLI reload of a good set: in force from the next call, with its digest.
+    std::fs::write(&rules, no_shell).unwrap();
     let o = tollgate(&["policy", "reload", "--data-dir", s(&data)]);
     assert_eq!(code(&o), 0, "{}", text(&o));
-    assert!(
-        stdout(&o).starts_with("reloaded: 1 policies, digest "),
-        "{}",
-        stdout(&o)
-    );
-    assert_eq!(reason(&client), "within_thresholds");
+    let out = stdout(&o);
+    assert!(out.starts_with("reloaded: 1 policies, digest "), "{out}");
+    let reloaded_digest = out.trim_end().rsplit(' ').next().unwrap().to_owned();
+    assert_eq!(reloaded_digest.len(), 64, "{out}");
+    assert_eq!(call("pay"), allowed);
+    assert_eq!(call("shell"), (Verdict::Deny, "policy:no-shell".to_owned()));
     drop(client);
     assert!(serve.terminate().success());
 
-    // The log: the start and the two reloads that loaded, nothing for the bad set.
-    let mut causes = Vec::new();
-    let public = std::fs::read_to_string(data.join("audit.pub")).unwrap();
-    let opts = tollgate_audit::VerifyOptions {
-        trusted_key: Some(tollgate_audit::keys::parse_public_key(&public).unwrap()),
-        ..Default::default()
-    };
-    tollgate_audit::verify_paths(&[data.join("audit")], &opts, &mut |e| {
-        if let tollgate_audit::Event::PolicySet(p) = &e.event {
-            causes.push(p.cause.as_str());
+    // The log, as an auditor reads it with the CLI.
+    let public = data.join("audit.pub");
+    let log = data.join("audit");
+    let o = tollgate(&["audit", "verify", "--key", s(&public), s(&log)]);
+    assert_eq!(code(&o), 0, "{}", text(&o));
+    let o = tollgate(&[
+        "audit",
+        "export",
+        "--format",
+        "jsonl",
+        "--key",
+        s(&public),
+        s(&log),
+    ]);
+    assert_eq!(code(&o), 0, "{}", text(&o));
+    let rows: Vec<json::Value> = stdout(&o)
+        .lines()
+        .map(|l| json::parse_str(l).unwrap())
+        .collect();
+    let field = |r: &json::Value, k: &str| -> Option<String> {
+        match r.get(k)? {
+            json::Value::String(t) => Some(t.clone()),
+            json::Value::Bool(b) => Some(b.to_string()),
+            json::Value::Null => None,
+            other => Some(format!("{other:?}")),
         }
-    })
-    .unwrap();
-    assert_eq!(causes, ["start", "reload", "reload"]);
+    };
+    let kind = |r: &json::Value| field(r, "kind").unwrap();
+    // The start and the two reloads that loaded, nothing for the bad set; the start's
+    // set and the CLI reload's are the same files, so the same digest.
+    let sets: Vec<(String, String)> = rows
+        .iter()
+        .filter(|r| kind(r) == "policy_set")
+        .map(|r| {
+            (
+                field(r, "policy_cause").unwrap(),
+                field(r, "policy_set").unwrap(),
+            )
+        })
+        .collect();
+    let causes: Vec<&str> = sets.iter().map(|(c, _)| c.as_str()).collect();
+    assert_eq!(causes, ["start", "reload", "reload"], "{sets:?}");
+    assert_eq!(sets[0].1, sets[2].1);
+    assert_ne!(sets[0].1, sets[1].1);
+    assert_eq!(sets[2].1, reloaded_digest);
+    // The session opened under the start's set.
+    let opened: Vec<&json::Value> = rows
+        .iter()
+        .filter(|r| kind(r) == "session_opened")
+        .collect();
+    assert_eq!(opened.len(), 1);
+    assert_eq!(field(opened[0], "policy_set").as_ref(), Some(&sets[0].1));
+    // Each verdict names the set that evaluated it (the one of the last policy-set entry
+    // before it), and each refusal its policy.
+    let mut in_force = None;
+    let mut refusals = Vec::new();
+    let mut verdicts = 0;
+    for r in &rows {
+        match kind(r).as_str() {
+            "policy_set" => in_force = field(r, "policy_set"),
+            "verdict" => {
+                verdicts += 1;
+                assert_eq!(field(r, "policy_set"), in_force, "{r:?}");
+                if field(r, "verdict").as_deref() == Some("DENY") {
+                    assert_eq!(field(r, "policy_effect").as_deref(), Some("forbid"));
+                    assert_eq!(field(r, "policy_decided").as_deref(), Some("true"));
+                    assert_eq!(field(r, "policy_tripped").as_deref(), Some("false"));
+                    refusals.push((
+                        field(r, "tool_name").unwrap(),
+                        field(r, "policy_reason").unwrap(),
+                    ));
+                } else {
+                    assert_eq!(field(r, "policy_reason"), None, "{r:?}");
+                }
+            }
+            _ => {}
+        }
+    }
+    assert_eq!(verdicts, n.get() as usize);
+    let names: Vec<(&str, &str)> = refusals
+        .iter()
+        .map(|(t, r)| (t.as_str(), r.as_str()))
+        .collect();
+    assert_eq!(
+        names,
+        [
+            ("shell", "policy:no-shell"),
+            ("shell", "policy:no-shell"),
+            ("pay", "policy:no-pay"),
+            ("pay", "policy:no-pay"),
+            ("shell", "policy:no-shell"),
+        ]
+    );
 }
