@@ -107,6 +107,24 @@ pub(crate) async fn open(
             warnings.push(w);
         }
     }
+    // A daemon of a fleet counts only the sessions it opened itself since it started: it
+    // misses the other daemons' sessions and never hears of those Redis expired, so a
+    // quota kept from that count would refuse an organization too early on one daemon and
+    // too late on another, and leak places until a restart. It is not enforced, and said so.
+    let mut config = config;
+    if !config.session_quotas.is_empty() {
+        let orgs: Vec<&str> = config.session_quotas.keys().map(String::as_str).collect();
+        let w = format!(
+            "[[organization]] max_sessions is not enforced in a fleet (organizations {}): \
+             each daemon sees only the sessions it opened, not the other daemons' nor those \
+             Redis expired; bound an organization with its registration rate limits and \
+             the sessions' TTL instead (see docs/fleet.md)",
+            orgs.join(", ")
+        );
+        tracing::warn!("{w}");
+        warnings.push(w);
+        Arc::make_mut(&mut config).session_quotas.clear();
+    }
     let service = Arc::new(Service::new(
         config,
         store,

@@ -162,6 +162,9 @@ pub struct Service<S> {
     pub(crate) held: Mutex<crate::hitl::HeldMap>,
     /// HITL events for operators' consoles and waiting agents.
     pub(crate) events: tokio::sync::broadcast::Sender<crate::hitl::HitlEvent>,
+    /// The recent part of the audit log, indexed for consoles (sessions' last calls, the
+    /// decisions' history), and agents' stated purposes.
+    pub(crate) activity: Arc<crate::activity::Activity>,
 }
 
 impl<S> std::fmt::Debug for Service<S> {
@@ -247,6 +250,25 @@ impl<S: SessionStore> Service<S> {
             live: Mutex::new(HashMap::new()),
             held: Mutex::new(HashMap::new()),
             events: tokio::sync::broadcast::channel(1024).0,
+            activity: Arc::new(crate::activity::Activity::unavailable()),
+        }
+    }
+
+    /// The service, with `activity` as its index of the audit log (fed by the caller: the
+    /// log's tail at start, then the writer's tap).
+    pub fn with_activity(mut self, activity: Arc<crate::activity::Activity>) -> Service<S> {
+        self.activity = activity;
+        self
+    }
+
+    /// The configuration key of the guard a session of `agent` was opened under, by the
+    /// guard's digest: `[guard.agents.AGENT]`, `[guard.default]`, or neither (the
+    /// configuration changed since).
+    pub(crate) fn guard_key(&self, agent: &str, digest: &Digest) -> Option<String> {
+        match self.agent_policies.get(agent) {
+            Some(p) if p.digest == *digest => Some(format!("[guard.agents.{agent}]")),
+            None if self.default_policy.digest == *digest => Some("[guard.default]".into()),
+            _ => None,
         }
     }
 
@@ -447,6 +469,9 @@ impl<S: SessionStore> Service<S> {
                 })
                 .await
                 .map_err(|e| self.store_refusal(&r.session_id, e))?;
+            if let Some(p) = r.metadata.get("purpose") {
+                self.activity.set_purpose(&r.session_id, p);
+            }
             let id = convert::Identity {
                 session_id: &r.session_id,
                 agent_id: &info.agent_id,
@@ -490,6 +515,9 @@ impl<S: SessionStore> Service<S> {
         durable.await.map_err(store_err)?;
         place.keep();
         lock(&self.sessions).insert(session_id.clone(), info);
+        if let Some(p) = r.metadata.get("purpose") {
+            self.activity.set_purpose(&session_id, p);
+        }
         tracing::info!(%session_id, agent = %r.agent_id, %org, "session registered");
         let id = convert::Identity {
             session_id: &session_id,
@@ -613,6 +641,10 @@ impl<S: SessionStore> Service<S> {
         let d = decided.decision;
         crate::metrics::verdict(d.verdict, d.reason);
         if d.verdict == tollgate_core::Verdict::Hitl {
+            if let Some(p) = r.tags.get("purpose") {
+                self.activity
+                    .set_call_purpose(&r.session_id, r.call_number, p);
+            }
             self.announce_held(&info, &r.session_id, r.call_number)
                 .await;
         } else if matches!(

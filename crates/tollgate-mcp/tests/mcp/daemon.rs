@@ -25,9 +25,9 @@ struct Running {
     task: tokio::task::JoinHandle<Result<(), tollgate_daemon::DaemonError>>,
 }
 
-/// A daemon whose agent `mcp-gateway` has HITL always (`hitl`) or a repeat limit of 3.
-async fn daemon(dir: &Path, hitl: bool) -> Running {
-    let mut c = DaemonConfig {
+/// The organization `acme` with its agents' and operators' secrets, in `dir`.
+fn acme(dir: &Path) -> DaemonConfig {
+    DaemonConfig {
         data_dir: dir.to_owned(),
         organizations: vec![Organization {
             id: ORG.into(),
@@ -35,7 +35,12 @@ async fn daemon(dir: &Path, hitl: bool) -> Running {
             operator_secret: Some(OPERATOR_SECRET.to_vec()),
         }],
         ..DaemonConfig::default()
-    };
+    }
+}
+
+/// A daemon whose agent `mcp-gateway` has HITL always (`hitl`) or a repeat limit of 3.
+async fn daemon(dir: &Path, hitl: bool) -> Running {
+    let mut c = acme(dir);
     let mut g = c.default_guard.clone();
     g.budget = Money::from_usd(10.0).unwrap();
     g.max_repeat_calls = 3;
@@ -43,20 +48,25 @@ async fn daemon(dir: &Path, hitl: bool) -> Running {
         g.hitl_mode = tollgate_core::HitlMode::Always;
     }
     c.agent_guards.insert("mcp-gateway".into(), g);
-    let d = Daemon::start(c).await.unwrap();
-    let socket = d.socket().to_owned();
-    let (tx, rx) = oneshot::channel::<()>();
-    let task = tokio::spawn(d.run(async {
-        let _ = rx.await;
-    }));
-    Running {
-        socket,
-        stop: Some(tx),
-        task,
-    }
+    Running::start(c).await
 }
 
 impl Running {
+    /// A daemon of `config`, serving until [`Running::stop`].
+    async fn start(config: DaemonConfig) -> Running {
+        let d = Daemon::start(config).await.unwrap();
+        let socket = d.socket().to_owned();
+        let (tx, rx) = oneshot::channel::<()>();
+        let task = tokio::spawn(d.run(async {
+            let _ = rx.await;
+        }));
+        Running {
+            socket,
+            stop: Some(tx),
+            task,
+        }
+    }
+
     async fn stop(mut self) {
         if let Some(s) = self.stop.take() {
             let _ = s.send(());
@@ -80,15 +90,35 @@ async fn operator(socket: &Path) -> DaemonClient {
     DaemonClient::operator(c).await.unwrap()
 }
 
-/// The first held call whose params the gateway has shown to operators (polled: each
-/// poll is a round trip, no timing threshold).
-async fn held_with_params(op: &DaemonClient) -> sp1::HitlPending {
+/// The first held call that `pick` takes (polled: each poll is a round trip, no timing
+/// threshold).
+async fn held_where(
+    op: &DaemonClient,
+    pick: impl Fn(&sp1::HitlPending) -> bool,
+) -> sp1::HitlPending {
     loop {
         let p = op.hitl_list().await.unwrap();
-        if let Some(h) = p.into_iter().find(|p| p.params_known) {
+        if let Some(h) = p.into_iter().find(&pick) {
             return h;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The first held call whose params the gateway has shown to operators.
+async fn held_with_params(op: &DaemonClient) -> sp1::HitlPending {
+    held_where(op, |p| p.params_known).await
+}
+
+/// Operator `alice`'s `decision` on the held call `held` (add a note or successor params
+/// with struct update syntax).
+fn decision(held: &sp1::HitlPending, decision: &str) -> sp1::HitlDecideRequest {
+    sp1::HitlDecideRequest {
+        session_id: held.session_id.clone(),
+        call_number: held.transition.as_ref().unwrap().call_number,
+        decision: decision.into(),
+        operator_id: "alice".into(),
+        ..Default::default()
     }
 }
 
@@ -113,14 +143,7 @@ async fn a_held_call_waits_for_an_operator_then_runs() {
         kit.invocations().is_empty(),
         "nothing runs before the human decides"
     );
-    op.hitl_decide(sp1::HitlDecideRequest {
-        session_id: held.session_id.clone(),
-        decision: "approve".into(),
-        operator_id: "alice".into(),
-        ..Default::default()
-    })
-    .await
-    .unwrap();
+    op.hitl_decide(decision(held, "approve")).await.unwrap();
     let (s, r) = tokio::time::timeout(Duration::from_secs(20), call)
         .await
         .expect("the host's call completes once approved")
@@ -142,20 +165,8 @@ async fn a_rejected_held_call_is_denied() {
         (s, r)
     });
     let op = operator(&d.socket).await;
-    let held = loop {
-        if let Some(p) = op.hitl_list().await.unwrap().into_iter().next() {
-            break p;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
-    op.hitl_decide(sp1::HitlDecideRequest {
-        session_id: held.session_id.clone(),
-        decision: "reject".into(),
-        operator_id: "alice".into(),
-        ..Default::default()
-    })
-    .await
-    .unwrap();
+    let held = held_where(&op, |_| true).await;
+    op.hitl_decide(decision(&held, "reject")).await.unwrap();
     let (s, r) = call.await.unwrap();
     assert!(
         text(&r).starts_with("denied: hitl_transition:reject;"),
@@ -239,15 +250,7 @@ async fn a_restarted_daemon_resumes_the_same_session() {
 async fn the_gateway_uses_an_enrolled_agents_own_secret() {
     const AGENT_SECRET: &[u8] = b"the gateway agent's own secret";
     let data = tempfile::tempdir().unwrap();
-    let mut c = DaemonConfig {
-        data_dir: data.path().to_owned(),
-        organizations: vec![Organization {
-            id: ORG.into(),
-            secret: Some(SECRET.to_vec()),
-            operator_secret: Some(OPERATOR_SECRET.to_vec()),
-        }],
-        ..DaemonConfig::default()
-    };
+    let mut c = acme(data.path());
     c.enrollment.insert(
         ORG.into(),
         tollgate_daemon::config::Enrollment {
@@ -257,17 +260,7 @@ async fn the_gateway_uses_an_enrolled_agents_own_secret() {
                 .collect(),
         },
     );
-    let d = Daemon::start(c).await.unwrap();
-    let socket = d.socket().to_owned();
-    let (tx, rx) = oneshot::channel::<()>();
-    let task = tokio::spawn(d.run(async {
-        let _ = rx.await;
-    }));
-    let d = Running {
-        socket,
-        stop: Some(tx),
-        task,
-    };
+    let d = Running::start(c).await;
 
     let kit = daemon_kit(&d.socket, "");
     std::fs::write(kit.dir.path().join("agents.secret"), AGENT_SECRET).unwrap();
@@ -314,14 +307,7 @@ async fn a_held_call_the_host_cancels_never_runs_even_if_approved_later() {
     // Give the gateway the cancellation before the operator decides: the next request on
     // the host's connection is answered only after the notification was read.
     let _ = s.client.list_all_tools().await.unwrap();
-    let _ = op
-        .hitl_decide(sp1::HitlDecideRequest {
-            session_id: held.session_id.clone(),
-            decision: "approve".into(),
-            operator_id: "alice".into(),
-            ..Default::default()
-        })
-        .await;
+    let _ = op.hitl_decide(decision(&held, "approve")).await;
     // Nothing re-dispatches it. A gateway still waiting on the call would run it within
     // milliseconds of the approval; watch the upstream's log for two seconds.
     for _ in 0..40 {
@@ -348,12 +334,8 @@ async fn an_operators_modify_runs_only_the_edited_arguments() {
     let op = operator(&d.socket).await;
     let held = held_with_params(&op).await;
     op.hitl_decide(sp1::HitlDecideRequest {
-        session_id: held.session_id.clone(),
-        call_number: held.transition.as_ref().unwrap().call_number,
-        decision: "modify".into(),
-        operator_id: "alice".into(),
         successor_params_json: r#"{"a":40,"b":2}"#.into(),
-        ..Default::default()
+        ..decision(&held, "modify")
     })
     .await
     .unwrap();
@@ -378,12 +360,8 @@ async fn a_rejects_note_reaches_the_model() {
     let op = operator(&d.socket).await;
     let held = held_with_params(&op).await;
     op.hitl_decide(sp1::HitlDecideRequest {
-        session_id: held.session_id.clone(),
-        call_number: held.transition.as_ref().unwrap().call_number,
-        decision: "reject".into(),
-        operator_id: "alice".into(),
         note: "use the staging account".into(),
-        ..Default::default()
+        ..decision(&held, "reject")
     })
     .await
     .unwrap();
@@ -399,26 +377,13 @@ async fn a_rejects_note_reaches_the_model() {
         let r = s.ok("add", json!({"a": 8})).await;
         (s, r)
     });
-    let again = loop {
-        let p = op.hitl_list().await.unwrap();
-        if let Some(h) = p.into_iter().find(|p| {
-            p.params_known
-                && p.transition.as_ref().unwrap().call_number != 1
-                && p.params_json.contains('8')
-        }) {
-            break h;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
-    op.hitl_decide(sp1::HitlDecideRequest {
-        session_id: again.session_id.clone(),
-        call_number: again.transition.as_ref().unwrap().call_number,
-        decision: "approve".into(),
-        operator_id: "alice".into(),
-        ..Default::default()
+    let again = held_where(&op, |p| {
+        p.params_known
+            && p.transition.as_ref().unwrap().call_number != 1
+            && p.params_json.contains('8')
     })
-    .await
-    .unwrap();
+    .await;
+    op.hitl_decide(decision(&again, "approve")).await.unwrap();
     let (s, r) = next.await.unwrap();
     assert_eq!(text(&r), "8");
     assert_eq!(kit.invocations(), ["add"]);

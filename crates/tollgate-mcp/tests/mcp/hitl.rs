@@ -215,18 +215,7 @@ async fn several_calls_held_at_once_are_each_asked_and_decided_in_any_order() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_refusal_does_not_trip_the_session() {
     let kit = refusing_kit("");
-    let host = Host {
-        elicitation: true,
-        answer_by: Some(|m| {
-            if m.contains(r#""a":1,"#) {
-                ElicitationAction::Decline
-            } else {
-                ElicitationAction::Accept
-            }
-        }),
-        ..Host::default()
-    };
-    let s = start(&kit.config(), host).await;
+    let s = start(&kit.config(), declines_a_1()).await;
     let refused = s.ok("add", json!({"a": 1, "b": 1})).await;
     assert_eq!(
         text(&refused),
@@ -256,6 +245,21 @@ async fn one_refusal_does_not_trip_the_session() {
     assert!(!reasons(&kit).contains(&Reason::CircuitOpen));
 }
 
+/// A host whose user declines the calls with `"a":1` and accepts every other.
+fn declines_a_1() -> Host {
+    Host {
+        elicitation: true,
+        answer_by: Some(|m| {
+            if m.contains(r#""a":1,"#) {
+                ElicitationAction::Decline
+            } else {
+                ElicitationAction::Accept
+            }
+        }),
+        ..Host::default()
+    }
+}
+
 /// A library-mode gateway asking its host's user about every call (add costs $0.02 of $1),
 /// with `extra` in `[guard]`.
 fn refusing_kit(extra: &str) -> Kit {
@@ -274,18 +278,7 @@ fn refusing_kit(extra: &str) -> Kit {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_max_held_calls_1_a_refusal_trips_the_session() {
     let kit = refusing_kit("max_held_calls = 1");
-    let host = Host {
-        elicitation: true,
-        answer_by: Some(|m| {
-            if m.contains(r#""a":1,"#) {
-                ElicitationAction::Decline
-            } else {
-                ElicitationAction::Accept
-            }
-        }),
-        ..Host::default()
-    };
-    let s = start(&kit.config(), host).await;
+    let s = start(&kit.config(), declines_a_1()).await;
     let refused = s.ok("add", json!({"a": 1, "b": 1})).await;
     assert!(text(&refused).starts_with("denied: hitl_transition:reject;"));
     let next = s.ok("add", json!({"a": 2, "b": 3})).await;

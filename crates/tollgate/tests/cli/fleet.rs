@@ -1505,3 +1505,41 @@ fn a_session_closed_through_one_daemon_is_gone_on_every_daemon() {
         "{mine:?}"
     );
 }
+
+#[test]
+fn a_fleet_warns_that_organization_quotas_are_not_enforced_and_serves_past_them() {
+    // Each daemon would count only the sessions it opened itself: acme's quota of 1 would
+    // let a second session in through another daemon and, once Redis expired a session,
+    // keep its place taken until a restart. A fleet does not pretend: every daemon says at
+    // start that the quota is not enforced, and serves past it.
+    let tmp = tempfile::tempdir().unwrap();
+    let urls = vec![SHARED_REDIS.to_owned(); DAEMONS];
+    let extra = Extra {
+        acme: "max_sessions = 1\n",
+        ..Extra::default()
+    };
+    let mut fleet = Fleet::start_extra(tmp.path(), SHARED_REDIS, &urls, SHARED_PG, 2.0, 1, extra);
+    for (i, d) in fleet.daemons.iter_mut().enumerate() {
+        let banner = d.as_mut().unwrap().banner();
+        assert!(
+            banner.contains(
+                "WARNING: [[organization]] max_sessions is not enforced in a fleet \
+                 (organizations acme)"
+            ),
+            "daemon {i}: {banner}"
+        );
+    }
+    rt().block_on(async {
+        let p = tollgate_core::json::parse_str("{}").unwrap();
+        let mut open = Vec::new();
+        // Two of acme's sessions through one daemon (its own count alone would refuse the
+        // second), a third through another.
+        for (daemon, agent) in [(0, 1), (0, 2), (1, 3)] {
+            let c = DaemonClient::connect(fleet.client_config(daemon, "acme", agent))
+                .await
+                .unwrap_or_else(|e| panic!("daemon {daemon}, agent {agent}: {e}"));
+            assert!(c.pre_exec("t", &p, 0.01).await.allowed());
+            open.push(c);
+        }
+    });
+}
