@@ -719,16 +719,14 @@ impl DaemonClient {
                 }
                 #[allow(clippy::cast_precision_loss)]
                 let local = c.last_remaining.load(Ordering::Relaxed) as f64 / 1e9;
-                match c.heartbeat(local).await {
-                    Err(ClientError::Refused {
-                        code: sp1::ErrorCode::SessionNotFound,
-                        ..
-                    }) => {
-                        *ended = true;
-                        return;
-                    }
-                    // A missed heartbeat is not fatal here: calls fail closed on their own.
-                    Ok(_) | Err(_) => {}
+                // A missed heartbeat is not fatal here: calls fail closed on their own.
+                if let Err(ClientError::Refused {
+                    code: sp1::ErrorCode::SessionNotFound,
+                    ..
+                }) = c.heartbeat(local).await
+                {
+                    *ended = true;
+                    return;
                 }
             }
         })

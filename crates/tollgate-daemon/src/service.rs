@@ -1551,11 +1551,8 @@ mod tests {
                 std::future::ready(self.count(self.inner.list_sync(org)))
             }
 
-            fn pending_hitl(
-                &self,
-                org: Option<&str>,
-            ) -> impl Future<Output = Result<Vec<Session>, StoreError>> + Send {
-                async move { self.count(self.inner.pending_hitl(org).await) }
+            async fn pending_hitl(&self, org: Option<&str>) -> Result<Vec<Session>, StoreError> {
+                self.count(self.inner.pending_hitl(org).await)
             }
 
             fn budget(

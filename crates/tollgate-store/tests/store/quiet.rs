@@ -117,7 +117,8 @@ fn run(ops_list: &[Op]) {
             Op::Heartbeat(i, delta) => {
                 if let Some(id) = &live[i] {
                     let at = now + delta;
-                    block_on(store.apply(id, move |s| {
+                    // A touch is not journaled: nothing to wait for.
+                    let ((), _touched) = block_on(store.apply(id, move |s| {
                         s.last_heartbeat_ns = at;
                         Change::Touch(())
                     }))
@@ -132,7 +133,7 @@ fn run(ops_list: &[Op]) {
                         args_digest: Digest([1; 32]),
                     });
                     let at = now;
-                    block_on(store.apply(id, move |s| {
+                    let ((), d) = block_on(store.apply(id, move |s| {
                         match ops::human_decision(
                             s,
                             None,
@@ -147,16 +148,19 @@ fn run(ops_list: &[Op]) {
                         }
                     }))
                     .unwrap();
+                    block_on(d).unwrap();
                 }
             }
             Op::Expire(i) => {
                 if let Some(id) = &live[i] {
                     let at = now;
-                    block_on(store.apply(id, move |s| match ops::expire(s, None, at) {
-                        Ok(r) => Change::Commit((), r.into()),
-                        Err(_) => Change::Keep(()),
-                    }))
-                    .unwrap();
+                    let ((), d) =
+                        block_on(store.apply(id, move |s| match ops::expire(s, None, at) {
+                            Ok(r) => Change::Commit((), r.into()),
+                            Err(_) => Change::Keep(()),
+                        }))
+                        .unwrap();
+                    block_on(d).unwrap();
                 }
             }
             Op::End(i) => {
@@ -225,11 +229,12 @@ fn a_held_call_leaves_the_index_until_it_is_decided() {
         .pending
         .is_some());
     assert_eq!(store.quiet_sync(i64::MAX).unwrap(), Vec::<String>::new());
-    block_on(store.apply(&id, |s| {
+    let ((), d) = block_on(store.apply(&id, |s| {
         let r = ops::expire(s, None, 9_000).unwrap();
         Change::Commit((), r.into())
     }))
     .unwrap();
+    block_on(d).unwrap();
     let last = store.get_sync(&id).unwrap().unwrap().quiet_since().unwrap();
     assert_eq!(store.quiet_sync(last - 1).unwrap(), Vec::<String>::new());
     assert_eq!(store.quiet_sync(last).unwrap(), vec![id]);
@@ -251,11 +256,12 @@ fn a_reopened_store_indexes_what_it_loads() {
     }
     assert_eq!(store.quiet_sync(999).unwrap(), Vec::<String>::new());
     assert_eq!(store.quiet_sync(1_000).unwrap().len(), 3);
-    block_on(store.apply("s5-1", |s| {
+    let ((), d) = block_on(store.apply("s5-1", |s| {
         let r = ops::close(s, CloseReason::Agent, 1_100);
         Change::End((), r.into())
     }))
     .unwrap();
+    block_on(d).unwrap();
     store.snapshot().unwrap();
     close(&writer, &store);
     // `open_embedded` opens at time 2,000.
