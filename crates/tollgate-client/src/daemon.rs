@@ -180,6 +180,11 @@ pub struct DaemonClient {
     last_remaining: std::sync::atomic::AtomicI64,
     /// The gRPC link, when the config asks for gRPC (then `writer` is `None`).
     grpc: Option<crate::grpc::GrpcLink>,
+    /// Whether the session has ended for this client (`close` was called, or a heartbeat
+    /// was answered `SESSION_NOT_FOUND`): background heartbeats stop. A background
+    /// heartbeat holds the lock while it is in flight, and `close` sets the flag under
+    /// it, so none is sent after the close.
+    ended: Mutex<bool>,
 }
 
 impl std::fmt::Debug for DaemonClient {
@@ -248,6 +253,7 @@ impl DaemonClient {
             last_remaining: std::sync::atomic::AtomicI64::new(0),
             config,
             grpc,
+            ended: Mutex::new(false),
         };
         let Some(session_id) = session_id else {
             return Ok(client);
@@ -278,6 +284,7 @@ impl DaemonClient {
             last_remaining: std::sync::atomic::AtomicI64::new(0),
             config: self.config.clone(),
             grpc: None,
+            ended: Mutex::new(false),
         }))
     }
 
@@ -693,8 +700,11 @@ impl DaemonClient {
     }
 
     /// Heartbeat every `interval` in the background, reporting the last budget the daemon
-    /// told this client, until the client is dropped. The daemon marks a session that
-    /// misses three intervals STALE and refuses its calls until it heartbeats again.
+    /// told this client, until the session ends for this client ([`DaemonClient::close`],
+    /// or a heartbeat answered `SESSION_NOT_FOUND`: the session was closed elsewhere or
+    /// ended idle, and cannot come back) or the client is dropped; the task then returns.
+    /// The daemon marks a session that misses three intervals STALE and refuses its calls
+    /// until it heartbeats again.
     pub fn spawn_heartbeats(self: &Arc<Self>, interval: Duration) -> tokio::task::JoinHandle<()> {
         let weak = Arc::downgrade(self);
         tokio::spawn(async move {
@@ -703,11 +713,20 @@ impl DaemonClient {
             loop {
                 tick.tick().await;
                 let Some(c) = weak.upgrade() else { return };
+                let mut ended = c.ended.lock().await;
+                if *ended {
+                    return;
+                }
                 #[allow(clippy::cast_precision_loss)]
                 let local = c.last_remaining.load(Ordering::Relaxed) as f64 / 1e9;
-                if let Err(e) = c.heartbeat(local).await {
-                    // A missed heartbeat is not fatal here: calls fail closed on their own.
-                    let _ = e;
+                // A missed heartbeat is not fatal here: calls fail closed on their own.
+                if let Err(ClientError::Refused {
+                    code: sp1::ErrorCode::SessionNotFound,
+                    ..
+                }) = c.heartbeat(local).await
+                {
+                    *ended = true;
+                    return;
                 }
             }
         })
@@ -720,8 +739,13 @@ impl DaemonClient {
 
     /// End this client's session (`CloseSession`): the daemon audits it as closed,
     /// decides nothing more on it and forgets it; it cannot be resumed. Every later call
-    /// of this client is refused (`SESSION_NOT_FOUND`, a DENY).
+    /// of this client is refused (`SESSION_NOT_FOUND`, a DENY). Background heartbeats
+    /// ([`DaemonClient::spawn_heartbeats`]) stop first (a heartbeat in flight is answered
+    /// before the close is sent), whether or not the close then succeeds: an agent that
+    /// ends its session does not keep it alive, and if the close is lost the session is
+    /// left for the daemon's idle sweep.
     pub async fn close(&self) -> Result<sp1::CloseSessionResponse, ClientError> {
+        *self.ended.lock().await = true;
         let id = self.session_id.clone();
         match self
             .request(Payload::CloseSession(sp1::CloseSessionRequest {

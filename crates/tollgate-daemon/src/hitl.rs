@@ -279,6 +279,11 @@ impl<S: SessionStore> Service<S> {
             params_known: held.is_some(),
             params_json: held.unwrap_or_default(),
             budget_remaining_nanos: s.state.budget_remaining.0,
+            held_explanation: self.held_explanation(s, p),
+            purpose: self
+                .activity
+                .purpose(&s.meta.session_id, p.call_number)
+                .unwrap_or_default(),
         }
     }
 
@@ -455,6 +460,15 @@ impl<S: SessionStore> Service<S> {
             .map_err(|e| refuse(ErrorCode::DaemonUnavailable, e.to_string()))?
             .ok_or_else(|| refuse(ErrorCode::DaemonUnavailable, "decision not journaled"))?;
         tracing::info!(session = %r.session_id, operator = %operator_id, decision = %word, "human decision recorded");
+        if let Some(json) = &successor_json {
+            // For the consoles' history: what the modify changed, while this daemon knows.
+            let original = lock(&self.held)
+                .get(&r.session_id)
+                .and_then(|calls| calls.get(&call_number))
+                .and_then(|h| h.params_json.clone());
+            self.activity
+                .keep_change(&r.session_id, call_number, original, json.clone());
+        }
         if !r.note.is_empty() {
             // For an agent waiting on another daemon sharing the store.
             self.publish_held(&r.session_id).await;

@@ -23,6 +23,7 @@
     )
 )]
 
+pub mod activity;
 pub mod config;
 pub mod convert;
 pub mod descriptors;
@@ -320,12 +321,23 @@ impl Daemon {
         // entry to the store (the tap), and the store folds the log at open.
         let verifying_key = signing_key.verifying_key();
         let (tap, tap_rx) = tollgate_store::tap();
-        let (audit, report) = tollgate_audit::Writer::open_with_tap(wc, signing_key, tap.into_fn())
-            .map_err(|source| DaemonError::AuditOpen {
-                path: audit_dir.clone(),
-                source: Box::new(source),
+        // The consoles' index of the log is fed by the same tap, before the store.
+        let activity = Arc::new(activity::Activity::from_log());
+        let mut to_store = tap.into_fn();
+        let indexed = activity.clone();
+        let tap: tollgate_audit::Tap = Box::new(move |batch| {
+            indexed.feed(&batch);
+            to_store(batch);
+        });
+        let (audit, report) =
+            tollgate_audit::Writer::open_with_tap(wc, signing_key, tap).map_err(|source| {
+                DaemonError::AuditOpen {
+                    path: audit_dir.clone(),
+                    source: Box::new(source),
+                }
             })?;
         tracing::info!(?report, "audit log open");
+        activity.load(&audit_dir, report.next_index);
         let audit = Arc::new(audit);
 
         let (store, store_report) = EmbeddedStore::open(
@@ -344,14 +356,17 @@ impl Daemon {
         )?;
         tracing::info!(?store_report, "state open");
 
-        let service = Arc::new(Service::new(
-            config.clone(),
-            store,
-            audit.clone(),
-            Arc::new(SystemClock),
-            &secrets,
-            &operator_secrets,
-        ));
+        let service = Arc::new(
+            Service::new(
+                config.clone(),
+                store,
+                audit.clone(),
+                Arc::new(SystemClock),
+                &secrets,
+                &operator_secrets,
+            )
+            .with_activity(activity),
+        );
         if let Some(set) = policies {
             service
                 .install_policies(set, tollgate_audit::PolicySetCause::Start)

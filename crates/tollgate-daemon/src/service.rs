@@ -190,6 +190,9 @@ pub struct Service<S> {
     policies: RwLock<Option<Arc<Enforced>>>,
     /// Reloads one at a time (each reads the files, records the set, then swaps it in).
     reloading: tokio::sync::Mutex<()>,
+    /// The recent part of the audit log, indexed for consoles (sessions' last calls, the
+    /// decisions' history), and agents' stated purposes.
+    pub(crate) activity: Arc<crate::activity::Activity>,
 }
 
 impl<S> std::fmt::Debug for Service<S> {
@@ -277,6 +280,25 @@ impl<S: SessionStore> Service<S> {
             events: tokio::sync::broadcast::channel(1024).0,
             policies: RwLock::new(None),
             reloading: tokio::sync::Mutex::new(()),
+            activity: Arc::new(crate::activity::Activity::unavailable()),
+        }
+    }
+
+    /// The service, with `activity` as its index of the audit log (fed by the caller: the
+    /// log's tail at start, then the writer's tap).
+    pub fn with_activity(mut self, activity: Arc<crate::activity::Activity>) -> Service<S> {
+        self.activity = activity;
+        self
+    }
+
+    /// The configuration key of the guard a session of `agent` was opened under, by the
+    /// guard's digest: `[guard.agents.AGENT]`, `[guard.default]`, or neither (the
+    /// configuration changed since).
+    pub(crate) fn guard_key(&self, agent: &str, digest: &Digest) -> Option<String> {
+        match self.agent_policies.get(agent) {
+            Some(p) if p.digest == *digest => Some(format!("[guard.agents.{agent}]")),
+            None if self.default_policy.digest == *digest => Some("[guard.default]".into()),
+            _ => None,
         }
     }
 
@@ -551,6 +573,9 @@ impl<S: SessionStore> Service<S> {
                 })
                 .await
                 .map_err(|e| self.store_refusal(&r.session_id, e))?;
+            if let Some(p) = r.metadata.get("purpose") {
+                self.activity.set_purpose(&r.session_id, p);
+            }
             let id = convert::Identity {
                 session_id: &r.session_id,
                 agent_id: &info.agent_id,
@@ -607,6 +632,9 @@ impl<S: SessionStore> Service<S> {
         durable.await.map_err(store_err)?;
         place.keep();
         lock(&self.sessions).insert(session_id.clone(), info);
+        if let Some(p) = r.metadata.get("purpose") {
+            self.activity.set_purpose(&session_id, p);
+        }
         tracing::info!(%session_id, agent = %r.agent_id, %org, "session registered");
         let id = convert::Identity {
             session_id: &session_id,
@@ -779,6 +807,10 @@ impl<S: SessionStore> Service<S> {
             Reason::TransitionApprove | Reason::TransitionModifySuccessor
         );
         if d.verdict == tollgate_core::Verdict::Hitl {
+            if let Some(p) = r.tags.get("purpose") {
+                self.activity
+                    .set_call_purpose(&r.session_id, r.call_number, p);
+            }
             self.announce_held(&info, &r.session_id, r.call_number)
                 .await;
         } else if released_by_human {
@@ -1072,33 +1104,29 @@ impl<S: SessionStore> Service<S> {
 
     /// End every session silent for `limits.session_idle_timeout` as of `now` (audited as
     /// closed, reason `idle`), except one with a held call still awaiting a human (the
-    /// HITL timeout decides it first). Whether a session is silent is decided inside its
-    /// check-and-apply, so a request that reaches it first keeps it. Returns how many
-    /// ended. `Daemon::run` calls it every second on the embedded store; a fleet does not
-    /// (its daemons do not share liveness: a heartbeat through one daemon is not seen by
-    /// another's sweep).
+    /// HITL timeout decides it first). The store's quiet index names the candidates
+    /// ([`SessionStore::quiet`]: the cost follows the sessions that expire, not those
+    /// live); whether a session is silent is decided again inside its check-and-apply, so
+    /// a request that reaches it first keeps it. Returns how many ended. `Daemon::run`
+    /// calls it every second on the embedded store; a fleet does not (its daemons do not
+    /// share liveness: a heartbeat through one daemon is not seen by another's sweep).
     pub async fn close_idle(&self, now: i64) -> usize {
         let idle =
             i64::try_from(self.config.limits.session_idle_timeout.as_nanos()).unwrap_or(i64::MAX);
         if idle == 0 {
             return 0;
         }
-        let silent = |s: &Session| {
-            let last = s.last_heartbeat_ns.max(s.state.last_activity_ns);
-            now.saturating_sub(last) >= idle
-                && !s
-                    .state
-                    .pending
-                    .iter()
-                    .chain(&s.state.more_pending)
-                    .any(tollgate_core::transition::is_undecided)
+        // Silent for `idle`: `now - last >= idle`, that is `last <= now - idle`; when
+        // `now - idle` is below `i64::MIN`, no `last` is that early.
+        let Some(cutoff) = now.checked_sub(idle) else {
+            return 0;
         };
-        let Ok(sessions) = self.store.list(None).await else {
+        let silent = |s: &Session| s.quiet_since().is_some_and(|last| last <= cutoff);
+        let Ok(ids) = self.store.quiet(cutoff).await else {
             return 0;
         };
         let mut ended = 0;
-        for s in sessions.iter().filter(|s| silent(s)) {
-            let id = &s.meta.session_id;
+        for id in &ids {
             let outcome = self
                 .store
                 .apply(id, |s: &mut Session| {
@@ -1106,15 +1134,16 @@ impl<S: SessionStore> Service<S> {
                         return Change::Keep(None);
                     }
                     let held = held_calls(&s.state);
+                    let org = s.meta.organization_id.clone();
                     let record = ops::close(s, CloseReason::Idle, now);
-                    Change::End(Some(held), record.into())
+                    Change::End(Some((held, org)), record.into())
                 })
                 .await;
-            let Ok((Some(held), durable)) = outcome else {
+            let Ok((Some((held, org)), durable)) = outcome else {
                 continue;
             };
             if durable.await.is_ok() {
-                self.forget_session(id, &s.meta.organization_id, &held);
+                self.forget_session(id, &org, &held);
                 ended += 1;
                 tracing::info!(session_id = %id, "session ended: idle");
             }
@@ -1627,6 +1656,193 @@ mod tests {
         for _ in 0..1000 {
             let x = random_unit();
             assert!((0.0..1.0).contains(&x));
+        }
+    }
+
+    /// The idle sweep's cost follows the sessions that expire, not those live (the old
+    /// sweep copied and sorted every live session once a second): over a store that
+    /// counts every session it hands out or applies to, a sweep of 1,000 live sessions of
+    /// which 3 went silent reads 3 ids and applies to those 3, and nothing else.
+    mod sweep_cost {
+        use super::*;
+        use std::future::Future;
+        use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
+        use tollgate_audit::{SigningKey, Writer, WriterConfig};
+        use tollgate_store::{BudgetKey, Durable, MemoryStore, StoreError};
+
+        struct TestClock(AtomicI64);
+        impl Clock for TestClock {
+            fn now_ns(&self) -> UnixNanos {
+                self.0.load(Ordering::SeqCst)
+            }
+        }
+
+        /// A memory store that counts the sessions it hands out or applies to.
+        struct Counting {
+            inner: MemoryStore,
+            read: AtomicUsize,
+        }
+
+        impl Counting {
+            fn count<T>(&self, r: Result<Vec<T>, StoreError>) -> Result<Vec<T>, StoreError> {
+                if let Ok(v) = &r {
+                    self.read.fetch_add(v.len(), Ordering::SeqCst);
+                }
+                r
+            }
+        }
+
+        impl SessionStore for Counting {
+            fn create(
+                &self,
+                session: Session,
+                now: UnixNanos,
+            ) -> impl Future<Output = Result<(SessionState, Durable), StoreError>> + Send
+            {
+                self.inner.create(session, now)
+            }
+
+            fn get(
+                &self,
+                id: &str,
+            ) -> impl Future<Output = Result<Option<Session>, StoreError>> + Send {
+                self.read.fetch_add(1, Ordering::SeqCst);
+                self.inner.get(id)
+            }
+
+            fn apply<R: Send + 'static>(
+                &self,
+                id: &str,
+                f: impl FnMut(&mut Session) -> Change<R> + Send,
+            ) -> impl Future<Output = Result<(R, Durable), StoreError>> + Send {
+                self.read.fetch_add(1, Ordering::SeqCst);
+                self.inner.apply(id, f)
+            }
+
+            fn list(
+                &self,
+                org: Option<&str>,
+            ) -> impl Future<Output = Result<Vec<Session>, StoreError>> + Send {
+                std::future::ready(self.count(self.inner.list_sync(org)))
+            }
+
+            async fn pending_hitl(&self, org: Option<&str>) -> Result<Vec<Session>, StoreError> {
+                self.count(self.inner.pending_hitl(org).await)
+            }
+
+            fn budget(
+                &self,
+                key: &BudgetKey,
+            ) -> impl Future<Output = Result<Option<tollgate_store::Budget>, StoreError>> + Send
+            {
+                self.inner.budget(key)
+            }
+
+            fn close(&self) -> impl Future<Output = Result<(), StoreError>> + Send {
+                self.inner.close()
+            }
+
+            fn quiet(
+                &self,
+                cutoff: UnixNanos,
+            ) -> impl Future<Output = Result<Vec<String>, StoreError>> + Send {
+                std::future::ready(self.count(self.inner.quiet_sync(cutoff)))
+            }
+        }
+
+        const SEC: i64 = 1_000_000_000;
+
+        #[test]
+        fn the_sweep_reads_only_the_sessions_that_expire() {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            let mut config = DaemonConfig::default();
+            config.limits.session_idle_timeout = std::time::Duration::from_secs(10);
+            config.limits.heartbeat_interval = std::time::Duration::from_secs(3600);
+            config.limits.registrations_per_second_per_peer = 1_000_000;
+            let dir = tempfile::tempdir().unwrap();
+            let mut wc = WriterConfig::new(dir.path().join("audit"));
+            wc.fsync = tollgate_audit::FsyncPolicy::Never;
+            let writer = Arc::new(
+                Writer::open(wc, SigningKey::from_bytes(&[7; 32]))
+                    .unwrap()
+                    .0,
+            );
+            let store = Counting {
+                inner: MemoryStore::new(2_000, Some(writer.clone())),
+                read: AtomicUsize::new(0),
+            };
+            let clock = Arc::new(TestClock(AtomicI64::new(1_000 * SEC)));
+            let secrets = [(DEFAULT_ORG.to_owned(), b"0123456789abcdef0123".to_vec())]
+                .into_iter()
+                .collect();
+            let service = Service::new(
+                Arc::new(config),
+                store,
+                writer.clone(),
+                clock.clone(),
+                &secrets,
+                &HashMap::new(),
+            );
+            let caller = Caller::Agent {
+                organization: DEFAULT_ORG.into(),
+                agent: None,
+            };
+            let peer = Peer {
+                uid: 1,
+                certificate: None,
+            };
+            rt.block_on(async {
+                let mut ids = Vec::new();
+                for _ in 0..1_000 {
+                    let r = service
+                        .register(
+                            &caller,
+                            sp1::RegisterRequest {
+                                agent_id: "bot".into(),
+                                ..Default::default()
+                            },
+                            "1.0.0",
+                            peer,
+                            clock.now_ns(),
+                        )
+                        .await
+                        .unwrap();
+                    ids.push(r.session_id);
+                }
+                // 5 s on, all but three heartbeat; 6 s later only those three have been
+                // silent for 10 s.
+                clock.0.fetch_add(5 * SEC, Ordering::SeqCst);
+                for id in &ids[3..] {
+                    service
+                        .heartbeat(
+                            &caller,
+                            sp1::Heartbeat {
+                                session_id: id.clone(),
+                                ..Default::default()
+                            },
+                            clock.now_ns(),
+                        )
+                        .await
+                        .unwrap();
+                }
+                clock.0.fetch_add(6 * SEC, Ordering::SeqCst);
+                service.store().read.store(0, Ordering::SeqCst);
+                assert_eq!(service.close_idle(clock.now_ns()).await, 3);
+                // Three ids from the index, three check-and-applies: nothing else.
+                assert_eq!(service.store().read.load(Ordering::SeqCst), 6);
+                assert_eq!(service.store().inner.len(), 997);
+                for id in &ids[..3] {
+                    assert_eq!(service.store().inner.get_sync(id).unwrap(), None);
+                }
+                // A sweep with nothing silent reads nothing.
+                service.store().read.store(0, Ordering::SeqCst);
+                assert_eq!(service.close_idle(clock.now_ns()).await, 0);
+                assert_eq!(service.store().read.load(Ordering::SeqCst), 0);
+            });
+            writer.shutdown().unwrap();
         }
     }
 }

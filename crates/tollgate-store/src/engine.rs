@@ -12,19 +12,27 @@
 //! 3. the budget map (`budgets`; held only to find or insert a budget slot),
 //! 4. a budget slot (held for the whole check-and-apply of any session sharing it, which
 //!    serializes the sessions of one agent or organization),
-//! 5. the journal's own queue (inside [`Journal::submit`]; innermost).
+//! 5. the journal's own queue (inside [`Journal::submit`]),
+//! 6. a shard's quiet index (`quiet[i]`; held only to move one session's entry or to read
+//!    the entries up to a time; takes no other lock).
 //!
 //! INVARIANT (journal-order): a change's audit entry is submitted while the locks of its
 //! session (and shared budget) are held, so the entries of one session, and of one shared
 //! budget, enter the log in the order the changes were made. Replaying the log in chain
 //! order therefore applies them in that order too.
 //!
+//! INVARIANT (quiet-index): `quiet[i]` holds `(t, id)` exactly for each session `id` of
+//! shard `i` whose [`Session::quiet_since`] is `Some(t)`. It is moved only while the
+//! session's slot is locked (or its shard's map is locked for writing, at create and
+//! reload), so a sweep finds the sessions silent since a time by reading that range
+//! instead of copying every session.
+//!
 //! Closures run on the session in place (no copy): [`Change::Keep`] and [`Change::Touch`]
 //! promise that nothing durable was changed. A closure that panics leaves the session in
 //! an unknown state, so the engine then refuses every later change ([`StoreError::Failed`]).
 
 use std::collections::hash_map::{DefaultHasher, Entry};
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::hash::{Hash, Hasher};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard};
@@ -59,11 +67,15 @@ impl std::fmt::Debug for Reload {
 type Slot = Mutex<Session>;
 type Shard = RwLock<HashMap<String, Arc<Slot>>>;
 type BudgetSlot = Mutex<Budget>;
+/// A shard's sessions by the time they went quiet: `(quiet since, id)`.
+type Quiet = Mutex<BTreeSet<(UnixNanos, String)>>;
 
 /// Live sessions and shared budgets.
 #[derive(Debug)]
 pub(crate) struct Engine {
     shards: Box<[Shard]>,
+    /// `quiet[i]`: shard `i`'s sessions by [`Session::quiet_since`] (INVARIANT quiet-index).
+    quiet: Box<[Quiet]>,
     budgets: Mutex<HashMap<BudgetKey, Arc<BudgetSlot>>>,
     count: AtomicUsize,
     max_sessions: usize,
@@ -83,6 +95,7 @@ impl Engine {
     pub(crate) fn new(max_sessions: usize, journal: Option<Arc<dyn Journal>>) -> Engine {
         Engine {
             shards: (0..SHARDS).map(|_| RwLock::new(HashMap::new())).collect(),
+            quiet: (0..SHARDS).map(|_| Mutex::new(BTreeSet::new())).collect(),
             budgets: Mutex::new(HashMap::new()),
             count: AtomicUsize::new(0),
             max_sessions,
@@ -177,6 +190,9 @@ impl Engine {
                 live.insert(id, lock(&slot).clone());
             }
         }
+        for q in self.quiet.iter() {
+            lock(q).clear();
+        }
         lock(&self.budgets).clear();
         self.count.store(0, Ordering::Release);
         let sessions = sessions.into_iter().map(|mut s| {
@@ -192,13 +208,36 @@ impl Engine {
         Ok(())
     }
 
-    fn shard(&self, id: &str) -> Result<&Shard, StoreError> {
+    fn shard_index(&self, id: &str) -> usize {
         let mut h = DefaultHasher::new();
         id.hash(&mut h);
         let n = self.shards.len().max(1);
         #[allow(clippy::cast_possible_truncation)]
         let i = (h.finish() % n as u64) as usize;
-        self.shards.get(i).ok_or(StoreError::Closed)
+        i
+    }
+
+    fn shard(&self, id: &str) -> Result<&Shard, StoreError> {
+        self.shards
+            .get(self.shard_index(id))
+            .ok_or(StoreError::Closed)
+    }
+
+    /// Move session `id`'s entry in its shard's quiet index from `from` to `to` (`None`:
+    /// no entry). The caller holds the session's slot, or its shard's map for writing.
+    fn requiet(&self, id: &str, from: Option<UnixNanos>, to: Option<UnixNanos>) {
+        if from == to {
+            return;
+        }
+        let Some(q) = self.quiet.get(self.shard_index(id)) else {
+            return;
+        };
+        let mut q = lock(q);
+        let key = from.and_then(|t| q.take(&(t, id.to_owned())));
+        if let Some(t) = to {
+            let id = key.map_or_else(|| id.to_owned(), |(_, id)| id);
+            q.insert((t, id));
+        }
     }
 
     fn slot(&self, id: &str) -> Result<Arc<Slot>, StoreError> {
@@ -249,8 +288,13 @@ impl Engine {
             let id = s.meta.session_id.clone();
             let shard = self.shard(&id)?;
             let mut map = shard.write().unwrap_or_else(PoisonError::into_inner);
-            if map.insert(id, Arc::new(Mutex::new(s))).is_none() {
-                self.count.fetch_add(1, Ordering::Relaxed);
+            let quiet = s.quiet_since();
+            match map.insert(id.clone(), Arc::new(Mutex::new(s))) {
+                None => {
+                    self.count.fetch_add(1, Ordering::Relaxed);
+                    self.requiet(&id, None, quiet);
+                }
+                Some(old) => self.requiet(&id, lock(&old).quiet_since(), quiet),
             }
         }
         Ok(())
@@ -306,6 +350,7 @@ impl Engine {
             }
         };
         let state = session.state.clone();
+        self.requiet(&id, None, session.quiet_since());
         map.insert(id, Arc::new(Mutex::new(session)));
         Ok((state, durable))
     }
@@ -362,6 +407,20 @@ impl Engine {
         out.into_iter().map(|s| self.with_budget(s)).collect()
     }
 
+    /// The ids of the live sessions whose [`Session::quiet_since`] is at or before
+    /// `cutoff`, oldest first (then by id). Reads only those entries of the quiet index,
+    /// and copies no session.
+    pub(crate) fn quiet(&self, cutoff: UnixNanos) -> Result<Vec<String>, StoreError> {
+        let _view = self.view()?;
+        let mut out = Vec::new();
+        for q in self.quiet.iter() {
+            let q = lock(q);
+            out.extend(q.iter().take_while(|(t, _)| *t <= cutoff).cloned());
+        }
+        out.sort_unstable();
+        Ok(out.into_iter().map(|(_, id)| id).collect())
+    }
+
     /// A shared budget's amounts, or a per-session budget's from its session.
     pub(crate) fn budget(&self, key: &BudgetKey) -> Result<Option<Budget>, StoreError> {
         if let BudgetKey::Session(id) = key {
@@ -411,6 +470,7 @@ impl Engine {
         }
         let seq = session.seq;
         let last_call = session.last_call_number;
+        let quiet = session.quiet_since();
         let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&mut session)));
         let change = match outcome {
             Ok(c) => c,
@@ -424,9 +484,12 @@ impl Engine {
             }
         };
         match change {
-            Change::Keep(r) | Change::Touch(r) => Ok((r, Durable::ready())),
-            Change::Commit(r, event) => self
-                .commit(
+            Change::Keep(r) | Change::Touch(r) => {
+                self.requiet(id, quiet, session.quiet_since());
+                Ok((r, Durable::ready()))
+            }
+            Change::Commit(r, event) => {
+                let durable = self.commit(
                     id,
                     &mut session,
                     budget.as_deref_mut(),
@@ -434,8 +497,10 @@ impl Engine {
                     last_call,
                     event,
                     generation,
-                )
-                .map(|d| (r, d)),
+                );
+                self.requiet(id, quiet, session.quiet_since());
+                durable.map(|d| (r, d))
+            }
             Change::End(r, event) => {
                 if !matches!(event, SessionEvent::Closed(_))
                     || session.state.status != SessionStatus::Terminated
@@ -457,6 +522,7 @@ impl Engine {
                     event,
                     generation,
                 )?;
+                self.requiet(id, quiet, None);
                 drop(budget);
                 drop(session);
                 self.forget(id, &slot);

@@ -84,6 +84,14 @@ macro_rules! ready_session_store {
                     .list(|s| org.is_none_or(|o| s.meta.organization_id == o))
             }
 
+            /// [`SessionStore::quiet`](crate::SessionStore::quiet), without a future.
+            pub fn quiet_sync(
+                &self,
+                cutoff: tollgate_core::UnixNanos,
+            ) -> Result<Vec<String>, $crate::StoreError> {
+                self.engine.quiet(cutoff)
+            }
+
             /// [`SessionStore::budget`](crate::SessionStore::budget), without a future.
             pub fn budget_sync(
                 &self,
@@ -145,6 +153,14 @@ macro_rules! ready_session_store {
             ) -> impl std::future::Future<Output = Result<Option<$crate::Budget>, $crate::StoreError>>
                    + Send {
                 std::future::ready(self.budget_sync(key))
+            }
+
+            fn quiet(
+                &self,
+                cutoff: tollgate_core::UnixNanos,
+            ) -> impl std::future::Future<Output = Result<Vec<String>, $crate::StoreError>> + Send
+            {
+                std::future::ready(self.quiet_sync(cutoff))
             }
 
             fn close(
@@ -373,6 +389,32 @@ pub trait SessionStore: Send + Sync + 'static {
         &self,
         org: Option<&str>,
     ) -> impl Future<Output = Result<Vec<Session>, StoreError>> + Send;
+
+    /// The ids of the live sessions whose [`Session::quiet_since`] is at or before
+    /// `cutoff` (silent since then, and no held call awaiting a human), oldest first:
+    /// what an idle sweep needs. Both stores of this crate keep an index by that time, so
+    /// the cost follows the sessions returned, not the sessions live. The default (for a
+    /// store without such an index) filters [`SessionStore::list`], which copies every
+    /// session.
+    fn quiet(
+        &self,
+        cutoff: tollgate_core::UnixNanos,
+    ) -> impl Future<Output = Result<Vec<String>, StoreError>> + Send {
+        async move {
+            let mut quiet: Vec<(tollgate_core::UnixNanos, String)> = self
+                .list(None)
+                .await?
+                .into_iter()
+                .filter_map(|s| {
+                    s.quiet_since()
+                        .filter(|t| *t <= cutoff)
+                        .map(|t| (t, s.meta.session_id))
+                })
+                .collect();
+            quiet.sort_unstable();
+            Ok(quiet.into_iter().map(|(_, id)| id).collect())
+        }
+    }
 
     /// Sessions with a pending HITL transition (for `tollgate hitl list`), optionally
     /// one organization's, sorted by id.

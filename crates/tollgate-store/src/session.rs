@@ -171,6 +171,21 @@ impl Session {
         }
     }
 
+    /// When the session last showed life (its last heartbeat or registration, or its
+    /// last call, whichever is later), or `None` while a held call of it still awaits a
+    /// human (it is then waiting, not silent: the HITL timeout decides the call first).
+    /// A session whose value is at or before `now - timeout` has been silent for
+    /// `timeout`; [`crate::SessionStore::quiet`] finds those.
+    pub fn quiet_since(&self) -> Option<UnixNanos> {
+        let held = self
+            .state
+            .pending
+            .iter()
+            .chain(&self.state.more_pending)
+            .any(tollgate_core::transition::is_undecided);
+        (!held).then(|| self.last_heartbeat_ns.max(self.state.last_activity_ns))
+    }
+
     /// How many entries the state's collections hold (nonces, reservations, per-tool
     /// counts). The nonce window and the reservations are bounded by the guard; the
     /// per-tool window counts grow with the distinct tools used inside one window.

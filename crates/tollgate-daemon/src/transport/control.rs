@@ -11,8 +11,9 @@
 //!
 //! Like every transport, it only translates: a signed-in operator is a
 //! [`Caller::Operator`](crate::service::Caller::Operator) with the token's operator id, and every request is one call of
-//! the service core (`hitl_list`, `hitl_decide`, `operator_sessions`). It keeps one thing
-//! of its own: the recent decisions it has seen (in memory, for the console's history).
+//! the service core (`hitl_list`, `hitl_decide`, `operator_sessions`, `history`,
+//! `session_activity`). It keeps one thing of its own: the recent decisions it has seen
+//! (in memory, `recent`; the history that survives restarts is `history`, from the log).
 //!
 //! Bounds on a peer: [`MAX_HTTP_CONNECTIONS`] HTTP connections at once (one more pushes the
 //! oldest out); [`MAX_CONSOLES`] signed-in WebSockets (beyond: HTTP 503, or a
@@ -1020,6 +1021,23 @@ impl<S: SessionStore> Console<S> {
                     .cloned()
                     .collect();
                 control_event::Body::Recent(RecentResponse { decisions })
+            }
+            control_request::Body::History(r) => {
+                let limit = usize::try_from(r.limit).unwrap_or(usize::MAX);
+                control_event::Body::History(service.history(
+                    &caller,
+                    &r.query,
+                    r.before_ns,
+                    limit,
+                )?)
+            }
+            control_request::Body::Activity(r) => {
+                let limit = usize::try_from(r.limit).unwrap_or(usize::MAX);
+                control_event::Body::Activity(
+                    service
+                        .session_activity(&caller, &r.session_id, limit)
+                        .await?,
+                )
             }
         })
     }

@@ -424,8 +424,8 @@ async fn an_operator_edits_and_approves_a_held_call_in_the_browser() {
     .await;
     let recent = b
         .until(
-            "the recent decision",
-            "const t = document.getElementById('recent').innerText; return t.includes('modify') && t",
+            "the decision in the history",
+            "const t = document.getElementById('history').innerText; return t.includes('modify') && t",
             json!([]),
         )
         .await;
@@ -685,8 +685,8 @@ async fn a_call_decided_elsewhere_is_never_offered_again_after_a_reload_or_a_res
     .await;
     let recent = b
         .until(
-            "the recent decisions",
-            "const t = document.getElementById('recent').innerText; return t.includes('modify') && t",
+            "the decisions in the history",
+            "const t = document.getElementById('history').innerText; return t.includes('modify') && t",
             json!([]),
         )
         .await;
@@ -976,5 +976,651 @@ async fn a_push_keeps_an_inline_error() {
     assert_eq!(after["note"], "one dollar, not ninety", "{after}");
     b.close().await;
     drop((first, second));
+    d.stop().await;
+}
+
+/// Where the console tests put their screenshots of the main states, for people to look at.
+fn shots() -> PathBuf {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/console-screenshots");
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// Pre-exec call `call_number` of `agent`'s session: tool `tool`, params `params`, tags
+/// `tags`; its verdict.
+async fn call(
+    agent: &tollgate_client::DaemonClient,
+    call_number: u64,
+    nonce: u64,
+    tool: &str,
+    params: &str,
+    tags: &[(&str, &str)],
+) -> tollgate_client::ClientVerdict {
+    let p = tjson::parse_str(params).unwrap();
+    agent
+        .pre_exec_request(sp1::PreExecRequest {
+            session_id: agent.session_id().to_owned(),
+            call_number,
+            tool_name: tool.into(),
+            tool_params_hash: digest(&p),
+            estimated_cost_usd: 0.25,
+            nonce,
+            tags: tags
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
+            ..Default::default()
+        })
+        .await
+}
+
+/// Hold call `call_number` (tool `tool`) of `agent`'s session (agent `reviewed`: HITL
+/// always) and show operators its params; `secret`: its organization's agents' secret.
+async fn hold_tool(
+    d: &Running,
+    agent: &tollgate_client::DaemonClient,
+    secret: &[u8],
+    call_number: u64,
+    tool: &str,
+    params: &str,
+    tags: &[(&str, &str)],
+) {
+    let v = call(agent, call_number, 70_000 + call_number, tool, params, tags).await;
+    assert_eq!(v.verdict, tollgate_core::Verdict::Hitl, "{v:?}");
+    let ack = agent_request(
+        &d.socket,
+        secret,
+        Payload::HeldParams(sp1::HeldParams {
+            session_id: agent.session_id().to_owned(),
+            call_number,
+            params_json: params.to_owned(),
+        }),
+    )
+    .await;
+    assert!(matches!(ack, Payload::HeldParamsAck(_)), "{ack:?}");
+}
+
+/// Set a filter control (`select` or checkbox or search box) as the operator would, and
+/// let the page apply it.
+const SET_CONTROL: &str = "const e = document.getElementById(arguments[0]); \
+     if (e.type === 'checkbox') e.checked = arguments[1] === 'on'; else e.value = arguments[1]; \
+     e.dispatchEvent(new Event(e.type === 'search' ? 'input' : 'change')); return true";
+
+/// How many held-call cards are shown (not hidden by a filter or folded into a group).
+const SHOWN: &str = "return Array.from(document.querySelectorAll('#held .card')) \
+     .filter((c) => c.offsetParent !== null).length";
+
+/// Issue 20 §2, one held call in depth: why it was held, in words, with the rule and the
+/// guard setting; what the session did before (its last calls with tool, verdict and cost,
+/// from the daemon's log) and the agent's stated purpose; a field-by-field form for its
+/// flat arguments whose edit is shown as a diff before it is sent; agent text that tries
+/// to be HTML stays text; the history (operator, decision, tool, note, the change) is
+/// searchable and survives a restart, after which a held call's card says what the
+/// operator can do while its arguments are unknown.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_call_is_explained_with_its_context_and_edited_field_by_field() {
+    let Some((chromium, chromedriver)) = browser_binaries() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let d = start(configured(dir.path(), port)).await;
+    let addr = d.control.unwrap();
+
+    // The session's history: call 1 held, approved by bob from the command line, run as
+    // call 2 and settled (charged its $0.25 estimate, the guard's settlement).
+    let agent = crate::connect(&d.socket, "reviewed").await;
+    let sid = agent.session_id().to_owned();
+    hold_tool(&d, &agent, SECRET, 1, "deploy", r#"{"i":1}"#, &[]).await;
+    let cli = operator_as(&d.socket).await;
+    decide(&cli, &sid, 1, "approve").await;
+    let v = call(&agent, 2, 70_001, "deploy", r#"{"i":1}"#, &[]).await;
+    assert_eq!(v.reason, "hitl_transition:approve", "{v:?}");
+    agent.post_exec(2, 0.2, true, "").await.unwrap();
+    // Call 3: a tool name, arguments and a purpose that try to be HTML.
+    let tool = "<img src=x onerror=\"window.__xss=1\">deploy";
+    let args = r#"{"dry_run":false,"note":"<script>window.__xss=2</script>","replicas":30,"service":"api"}"#;
+    let purpose = "Roll out <b onmouseover=\"window.__xss=3\">api</b> v2 for the launch";
+    hold_tool(&d, &agent, SECRET, 3, tool, args, &[("purpose", purpose)]).await;
+
+    let b = Browser::start(&chromium, &chromedriver, dir.path()).await;
+    b.sign_in(addr, ALICE).await;
+    let card = card_of(&sid, 3);
+    b.until(
+        "the held call's form",
+        "const c = document.querySelector(arguments[0]); return c && c.querySelectorAll('.form .field').length === 4",
+        json!([card]),
+    )
+    .await;
+    // Why held, in words, with the rule and the setting; the code stays beside it.
+    let why = b
+        .js(
+            "return document.querySelector(arguments[0] + ' .why').textContent",
+            json!([card]),
+        )
+        .await;
+    let why = why.as_str().unwrap();
+    assert!(
+        why.contains("Every call of this agent waits for a human: rule 8, hitl_mode = \"always\" in `[guard.agents.reviewed]`.")
+            && why.contains("(hitl_all_calls)"),
+        "{why}"
+    );
+    // The session's last calls, newest first, from the daemon's log.
+    let context = b
+        .until(
+            "the session's last calls",
+            "const t = document.querySelector(arguments[0] + ' .context table'); return t && t.innerText",
+            json!([card]),
+        )
+        .await;
+    let rows: Vec<&str> = context.as_str().unwrap().lines().collect();
+    assert!(rows.len() >= 4, "{context}");
+    for (row, want) in rows[1..].iter().zip([
+        ["#3", tool, "HITL", "hitl_all_calls", "$0.2500 est."],
+        [
+            "#2",
+            "deploy",
+            "ALLOW",
+            "hitl_transition:approve (cli-bob)",
+            "$0.2500 charged",
+        ],
+        ["#1", "deploy", "HITL", "hitl_all_calls", "$0.2500 est."],
+    ]) {
+        for w in want {
+            assert!(row.contains(w), "`{w}` not in `{row}`:\n{context}");
+        }
+    }
+    // The purpose, the tool and the arguments as text: no element came from them.
+    let safe = b
+        .js(
+            "const c = document.querySelector(arguments[0]); \
+             return { xss: window.__xss || null, imgs: document.querySelectorAll('img, b').length, \
+                      scripts: document.querySelectorAll('script').length, \
+                      tool: c.querySelector('.tool').textContent, \
+                      purpose: c.querySelector('.context .purpose').textContent, \
+                      note: c.querySelector('.field[data-key=note]').value }",
+            json!([card]),
+        )
+        .await;
+    assert_eq!(
+        safe,
+        json!({"xss": null, "imgs": 0, "scripts": 1, "tool": tool,
+               "purpose": format!("Agent's stated purpose: {purpose}"),
+               "note": "<script>window.__xss=2</script>"}),
+    );
+    // Edit a field: the raw JSON follows, and the diff says what changes before it is sent.
+    b.clear(&format!("{card} .field[data-key=replicas]")).await;
+    b.type_into(&format!("{card} .field[data-key=replicas]"), "3")
+        .await;
+    let edit = b
+        .js(
+            "const c = document.querySelector(arguments[0]); \
+             return { raw: c.querySelector('textarea.args').value, diff: c.querySelector('.diff').innerText, \
+                      modify: !c.querySelector('button[data-decision=modify]').disabled || 'disabled until noted' }",
+            json!([card]),
+        )
+        .await;
+    assert_eq!(
+        edit["raw"],
+        json!("{\n  \"dry_run\": false,\n  \"note\": \"<script>window.__xss=2</script>\",\n  \"replicas\": 3,\n  \"service\": \"api\"\n}")
+    );
+    let diff = edit["diff"].as_str().unwrap();
+    assert!(
+        diff.contains("− replicas: 30\n+ replicas: 3") && !diff.contains("service"),
+        "{diff}"
+    );
+    // A number that is not one is refused by the form, and the raw JSON keeps the last
+    // good value.
+    b.type_into(&format!("{card} .field[data-key=replicas]"), "x")
+        .await;
+    let bad = b
+        .js(
+            "const c = document.querySelector(arguments[0]); \
+             return [c.querySelector('.field[data-key=replicas]').className, c.querySelector('textarea.args').value.includes('\"replicas\": 3,')]",
+            json!([card]),
+        )
+        .await;
+    assert_eq!(bad, json!(["field bad", true]));
+    b.type_into(&format!("{card} .field[data-key=replicas]"), "\u{E003}")
+        .await;
+    b.type_into(
+        &format!("{card} input.note"),
+        "30 replicas is a typo; 3 is the plan",
+    )
+    .await;
+    b.screenshot(&shots().join("1-held-call-explained-context-form-diff.png"))
+        .await;
+    b.click(&format!("{card} button[data-decision=modify]"))
+        .await;
+    b.until(
+        "the decided call to leave",
+        "return !document.querySelector(arguments[0])",
+        json!([card]),
+    )
+    .await;
+    let waited = agent_request(
+        &d.socket,
+        SECRET,
+        Payload::AwaitDecision(sp1::AwaitDecisionRequest {
+            session_id: sid.clone(),
+            call_number: 3,
+            timeout_ms: 5000,
+        }),
+    )
+    .await;
+    let Payload::AwaitDecisionResponse(r) = waited else {
+        panic!("{waited:?}")
+    };
+    assert_eq!(
+        (r.outcome.as_str(), r.successor_params_json.as_str()),
+        (
+            "modify",
+            r#"{"dry_run":false,"note":"<script>window.__xss=2</script>","replicas":3,"service":"api"}"#
+        )
+    );
+
+    // The history: who, what, which tool, the note and the change; searchable.
+    let history = b
+        .until(
+            "the modify in the history",
+            "const t = document.getElementById('history').innerText; return t.includes('modify by alice') && t",
+            json!([]),
+        )
+        .await;
+    let history = history.as_str().unwrap();
+    for want in [
+        "modify by alice",
+        tool,
+        "30 replicas is a typo; 3 is the plan",
+        "replicas: 30 → 3",
+        "approve by cli-bob",
+        "bob's approve",
+    ] {
+        assert!(
+            history.contains(want),
+            "`{want}` not in the history:\n{history}"
+        );
+    }
+    b.type_into("#history-search", "TYPO alice").await;
+    let found = b
+        .until(
+            "the search to keep the modify alone",
+            "const l = document.querySelectorAll('#history li'); return l.length === 1 && l[0].innerText",
+            json!([]),
+        )
+        .await;
+    assert!(
+        found.as_str().unwrap().contains("modify by alice"),
+        "{found}"
+    );
+    b.clear("#history-search").await;
+    b.type_into("#history-search", "x\u{E003}").await;
+
+    // A call held across a restart: the daemon forgets arguments (memory only), the card
+    // says what the operator can do; the history comes back from the audit log.
+    hold_tool(&d, &agent, SECRET, 4, "deploy", r#"{"i":4}"#, &[]).await;
+    b.until(
+        "call 4",
+        "return document.querySelector(arguments[0])",
+        json!([card_of(&sid, 4)]),
+    )
+    .await;
+    drop((agent, cli));
+    d.stop().await;
+    b.until(
+        "the page to notice the daemon is gone",
+        "return document.getElementById('status').textContent.includes('reconnecting')",
+        json!([]),
+    )
+    .await;
+    let d = start(configured(dir.path(), port)).await;
+    let unknown = b
+        .until(
+            "call 4 with its arguments unknown",
+            "const c = document.querySelector(arguments[0]); const u = c && c.querySelector('.unknown'); \
+             return document.getElementById('status').textContent === 'live' && u && u.innerText",
+            json!([card_of(&sid, 4)]),
+        )
+        .await;
+    let unknown = unknown.as_str().unwrap();
+    assert!(
+        unknown.contains("Arguments unknown")
+            && unknown.contains("What you can do: wait")
+            && unknown.contains("or reject the call, which needs no arguments"),
+        "{unknown}"
+    );
+    b.sign_in(addr, ALICE).await;
+    let history = b
+        .until(
+            "the history after a restart and a reload",
+            "const t = document.getElementById('history').innerText; \
+             return t.includes('modify by alice') && t.includes('approve by cli-bob') && t",
+            json!([]),
+        )
+        .await;
+    let history = history.as_str().unwrap();
+    assert!(
+        history.contains("30 replicas is a typo; 3 is the plan")
+            && history.contains("(SHA-256; the arguments themselves are kept in memory only"),
+        "{history}"
+    );
+    b.until(
+        "call 4 after the reload",
+        "return document.querySelector(arguments[0] + ' .unknown')",
+        json!([card_of(&sid, 4)]),
+    )
+    .await;
+    b.screenshot(&shots().join("4-after-a-restart-arguments-unknown-history-kept.png"))
+        .await;
+    b.close().await;
+    d.stop().await;
+}
+
+/// Issue 20 §2, "fifty held calls": filter and search by organization, agent, tool and
+/// age; identical calls grouped; the count in the tab's title and a notification for each
+/// new one (with the operator's permission); the status in view at the bottom of the
+/// page; shortcuts that never fire while typing; and the fifty cleared from the keyboard,
+/// one by one and in bulk, each decision its own audit entry with its note.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fifty_held_calls_are_filtered_grouped_and_cleared_from_the_keyboard() {
+    let Some((chromium, chromedriver)) = browser_binaries() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let d = start(configured(dir.path(), 0)).await;
+    let addr = d.control.unwrap();
+    let b = Browser::start(&chromium, &chromedriver, dir.path()).await;
+    // bob operates acme and globex.
+    b.sign_in(addr, crate::control::BOB).await;
+    // Notifications, as the browser would give them once the operator allows them.
+    b.js(
+        "window.__notes = []; window.Notification = class { \
+           constructor(title, o) { window.__notes.push([title, o.body]); } \
+           static requestPermission() { window.Notification.permission = 'granted'; return Promise.resolve('granted'); } }; \
+         window.Notification.permission = 'default'; return true",
+        json!([]),
+    )
+    .await;
+    b.click("#notify").await;
+    b.until(
+        "notifications on",
+        "return document.getElementById('notify').textContent === 'Notifications on'",
+        json!([]),
+    )
+    .await;
+
+    // Fifty held calls: four acme sessions and one globex session of ten calls each. Call 1
+    // of every session is the same refund (identical calls: four in acme, one in globex);
+    // the others differ.
+    let mut sessions = Vec::new();
+    for s in 0..5u64 {
+        let (org_secret, client) = if s == 4 {
+            let mut c = tollgate_client::ClientConfig::new(
+                &d.socket,
+                crate::control::OTHER_ORG,
+                crate::control::OTHER_SECRET,
+                "reviewed",
+            );
+            c.timeout = Duration::from_secs(5);
+            (
+                crate::control::OTHER_SECRET,
+                tollgate_client::DaemonClient::connect(c).await.unwrap(),
+            )
+        } else {
+            (SECRET, crate::connect(&d.socket, "reviewed").await)
+        };
+        for n in 1..=10u64 {
+            let (tool, params) = match n {
+                1 => (
+                    "refund",
+                    r#"{"amount":100,"to":"acme-supplies"}"#.to_owned(),
+                ),
+                2..=4 => ("email", format!(r#"{{"to":"ops+{s}-{n}@example.com"}}"#)),
+                _ => ("deploy", format!(r#"{{"replicas":{n},"session":{s}}}"#)),
+            };
+            hold_tool(&d, &client, org_secret, n, tool, &params, &[]).await;
+        }
+        sessions.push(client);
+    }
+    b.until(
+        "fifty cards",
+        "return document.querySelectorAll('#held .card').length === 50",
+        json!([]),
+    )
+    .await;
+    // Noticed: the count in the title and in the header, and one notification per call.
+    let noticed = b
+        .until(
+            "the title and the notifications",
+            "return document.title === '(50) Tollgate console' && window.__notes.length === 50 \
+             && { title: document.title, badge: document.getElementById('held-badge').textContent, first: window.__notes[0] }",
+            json!([]),
+        )
+        .await;
+    assert_eq!(noticed["badge"], "50 held", "{noticed}");
+    assert_eq!(noticed["first"][0], "Held: refund", "{noticed}");
+    // Grouped: acme's four identical refunds are one card with a head; 47 cards shown.
+    assert_eq!(b.js(SHOWN, json!([])).await, json!(47));
+    let head = b
+        .js(
+            "const h = Array.from(document.querySelectorAll('.grouphead')).filter((h) => h.offsetParent !== null); \
+             return h.map((x) => x.innerText)",
+            json!([]),
+        )
+        .await;
+    assert_eq!(head.as_array().unwrap().len(), 1, "{head}");
+    assert!(
+        head[0]
+            .as_str()
+            .unwrap()
+            .starts_with("4 identical calls (same tool and arguments, 1 agent(s), 4 sessions)"),
+        "{head}"
+    );
+    let height = b
+        .js(
+            "return document.getElementById('held').scrollHeight",
+            json!([]),
+        )
+        .await;
+    b.screenshot(&shots().join("2-fifty-held-calls-grouped.png"))
+        .await;
+    // The page scrolled to its end: the status, the count and the filters stay in view.
+    let in_view = b
+        .js(
+            "window.scrollTo(0, document.body.scrollHeight); \
+             const r = (id) => document.getElementById(id).getBoundingClientRect(); \
+             return [window.scrollY > 1000, r('status').top >= 0 && r('status').bottom <= 60, \
+                     r('held-badge').top >= 0 && r('held-badge').bottom <= 60, r('search').top >= 0 && r('search').bottom < 200]",
+            json!([]),
+        )
+        .await;
+    assert_eq!(in_view, json!([true, true, true, true]));
+    b.js("window.scrollTo(0, 0); return true", json!([])).await;
+    eprintln!("fifty held calls: the column is {height} px tall (grouped, one card open)");
+    assert!(
+        height.as_i64().unwrap() < 8_000,
+        "fifty held calls make a column {height} px tall"
+    );
+
+    // Filters: organization, agent, tool, age, and search; each says what it hides.
+    for (control, value, shown) in [
+        ("f-org", "globex", 10),
+        ("f-org", "", 47),
+        ("f-tool", "email", 15),
+        ("f-tool", "refund", 2),
+        ("group", "off", 5),
+        ("f-tool", "", 50),
+        ("group", "on", 47),
+        ("f-agent", "reviewed", 47),
+        ("f-age", "3600", 0),
+        ("f-age", "-60", 47),
+        ("f-age", "", 47),
+        ("search", "ops+2-3", 1),
+        ("search", "replicas\":7", 5),
+    ] {
+        b.js(SET_CONTROL, json!([control, value])).await;
+        let n = b.js(SHOWN, json!([])).await;
+        assert_eq!(n, json!(shown), "{control} = {value:?}");
+    }
+    let hidden = b
+        .js(
+            "return document.getElementById('filtered').textContent",
+            json!([]),
+        )
+        .await;
+    assert_eq!(hidden, json!("45 of 50 hidden by the filters"));
+    b.screenshot(&shots().join("3-filtered-by-search.png"))
+        .await;
+    b.js(SET_CONTROL, json!(["search", ""])).await;
+    b.js(SET_CONTROL, json!(["f-age", ""])).await;
+
+    // Shortcuts are on the page, and never fire while typing: "/" goes to the search box;
+    // what is typed there (j, a, r, x, *) stays text.
+    let keys = b
+        .js(
+            "return document.getElementById('keys').innerText",
+            json!([]),
+        )
+        .await;
+    for k in ["j/k", "a approve", "r reject", "n write its note"] {
+        assert!(keys.as_str().unwrap().contains(k), "{keys}");
+    }
+    b.keys("?").await;
+    b.until(
+        "the shortcut list",
+        "return !document.getElementById('help').classList.contains('hidden')",
+        json!([]),
+    )
+    .await;
+    b.keys("\u{E00C}/jarx*A").await;
+    let typed = b
+        .js(
+            "return [document.activeElement.id, document.getElementById('search').value, \
+                     document.querySelectorAll('.card.picked').length, document.querySelectorAll('#held .card').length, \
+                     document.getElementById('help').classList.contains('hidden')]",
+            json!([]),
+        )
+        .await;
+    assert_eq!(typed, json!(["search", "jarx*A", 0, 50, true]));
+    // Esc leaves the box; clearing it shows all again.
+    b.keys("\u{E003}\u{E003}\u{E003}\u{E003}\u{E003}\u{E003}\u{E00C}")
+        .await;
+    assert_eq!(b.js(SHOWN, json!([])).await, json!(47));
+
+    // Twenty calls one by one: n, the note, Esc, a (every fifth: r). The note's own "a" and
+    // "r" are typed, not decided.
+    let mut expected: Vec<(String, u64, &str, String)> = Vec::new();
+    for i in 0..20 {
+        let now = b
+            .until(
+                "a current card",
+                "const c = document.querySelector('#held .card.current:not(.decided)'); \
+                 return c && !c._sending && [c.dataset.session, c.dataset.call]",
+                json!([]),
+            )
+            .await;
+        let (sid, n) = (
+            now[0].as_str().unwrap().to_owned(),
+            now[1].as_str().unwrap().parse::<u64>().unwrap(),
+        );
+        let (key, word) = if i % 5 == 4 {
+            ("r", "reject")
+        } else {
+            ("a", "approve")
+        };
+        let note = format!("read it: a call {i} for ops");
+        b.keys("n").await;
+        b.keys(&note).await;
+        b.keys("\u{E00C}").await;
+        b.keys(key).await;
+        b.until(
+            "the decided card to leave",
+            "return !document.querySelector(arguments[0])",
+            json!([card_of(&sid, n)]),
+        )
+        .await;
+        expected.push((sid, n, word, note));
+    }
+    assert_eq!(
+        b.js(
+            "return document.querySelectorAll('#held .card').length",
+            json!([])
+        )
+        .await,
+        json!(30)
+    );
+    // Thirty in bulk: * selects every call shown (the folded identical ones too), b the
+    // note, A approves each, one decision each.
+    let left = b
+        .js(
+            "return Array.from(document.querySelectorAll('#held .card')).map((c) => [c.dataset.session, c.dataset.call])",
+            json!([]),
+        )
+        .await;
+    b.keys("*b").await;
+    b.keys("bulk: reviewed with finance").await;
+    b.keys("\u{E00C}").await;
+    let selected = b
+        .js(
+            "return [document.getElementById('bulk-count').textContent, document.getElementById('bulk-approve').textContent]",
+            json!([]),
+        )
+        .await;
+    assert_eq!(selected, json!(["30 selected", "Approve 30 selected"]));
+    b.screenshot(&shots().join("5-thirty-selected-for-bulk-approve.png"))
+        .await;
+    b.keys("A").await;
+    let done = b
+        .until(
+            "every call decided",
+            "return document.querySelectorAll('#held .card').length === 0 && document.getElementById('bulk-msg').textContent",
+            json!([]),
+        )
+        .await;
+    assert!(
+        done.as_str().unwrap().starts_with("Approved 30 of 30"),
+        "{done}"
+    );
+    assert_eq!(
+        b.js("return document.title", json!([])).await,
+        json!("Tollgate console")
+    );
+    b.screenshot(&shots().join("6-backlog-cleared.png")).await;
+    for c in left.as_array().unwrap() {
+        expected.push((
+            c[0].as_str().unwrap().to_owned(),
+            c[1].as_str().unwrap().parse().unwrap(),
+            "approve",
+            "bulk: reviewed with finance".to_owned(),
+        ));
+    }
+    b.close().await;
+
+    // Every decision is its own audit entry, by bob, with its note, one per held call.
+    let mut human: Vec<(String, u64, String, String)> = session_events(&d.dir)
+        .into_iter()
+        .filter_map(|e| match e {
+            tollgate_audit::SessionEvent::HumanDecision(h) => {
+                assert_eq!(h.operator_id, "bob", "{h:?}");
+                Some((
+                    h.session_id,
+                    h.call_number,
+                    h.decision.as_str().to_owned(),
+                    h.note,
+                ))
+            }
+            _ => None,
+        })
+        .collect();
+    human.sort();
+    let mut expected: Vec<(String, u64, String, String)> = expected
+        .into_iter()
+        .map(|(s, n, w, note)| (s, n, w.to_owned(), note))
+        .collect();
+    expected.sort();
+    assert_eq!(human.len(), 50);
+    assert_eq!(human, expected);
+    assert_eq!(listed(&d.socket).await, Vec::<u64>::new());
+    drop(sessions);
     d.stop().await;
 }

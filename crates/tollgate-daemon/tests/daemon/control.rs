@@ -30,7 +30,7 @@ pub const ALICE: &str = "alice-token-0123456789";
 pub const BOB: &str = "bob-token-0123456789";
 const CAROL_EXPIRED: &str = "carol-token-0123456789";
 pub const OTHER_ORG: &str = "globex";
-const OTHER_SECRET: &[u8] = b"globex agents' secret, long enough";
+pub const OTHER_SECRET: &[u8] = b"globex agents' secret, long enough";
 
 /// The test configuration with the control plane on a free loopback port and operators:
 /// alice (acme), bob (acme and globex), carol (acme, expired).
@@ -950,5 +950,187 @@ async fn defer_and_escalate_keep_the_call_held_and_say_who() {
     assert!(e["hitlDecide"].is_object(), "{e}");
     let resolved = push_where(&mut a, |e| e["resolved"].is_object()).await;
     assert_eq!(resolved["resolved"]["outcome"], "reject");
+    d.stop().await;
+}
+
+/// Issue 20 §2 over the protocol: `history` is the audit log's record of decisions
+/// (operator, decision, tool, note; a modify's change while the daemon knows it), searched,
+/// limited to the operator's organizations, and the same after a restart (the change then
+/// as digests only); `activity` is a session's last calls with verdict and cost, and the
+/// purpose its registration stated; both refuse what they must.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn history_and_activity_come_from_the_audit_log_and_survive_a_restart() {
+    use base64::Engine as _;
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = control_config(dir.path());
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    if let Some(c) = cfg.control.as_mut() {
+        c.listen = ([127, 0, 0, 1], port).into();
+    }
+    cfg.operators.push(Operator {
+        id: "gina".into(),
+        token_sha256: token_sha256("gina-token-0123456789"),
+        organizations: vec![OTHER_ORG.into()],
+        expires_at_ns: None,
+    });
+    let d = start(cfg.clone()).await;
+    let addr = d.control.unwrap();
+    // A session registered with a purpose (metadata), its call held and modified by alice.
+    let reg = agent_request(
+        &d.socket,
+        SECRET,
+        Payload::Register(sp1::RegisterRequest {
+            agent_id: "reviewed".into(),
+            organization_id: ORG.into(),
+            metadata: [(
+                "purpose".to_owned(),
+                "Scale the API\u{1b}[31m for the launch".to_owned(),
+            )]
+            .into(),
+            ..Default::default()
+        }),
+    )
+    .await;
+    let Payload::RegisterResponse(reg) = reg else {
+        panic!("{reg:?}")
+    };
+    let sid = reg.session_id;
+    let params = r#"{"replicas":30,"service":"api"}"#;
+    let p = tjson::parse_str(params).unwrap();
+    let held = agent_request(
+        &d.socket,
+        SECRET,
+        Payload::PreExec(sp1::PreExecRequest {
+            session_id: sid.clone(),
+            call_number: 1,
+            tool_name: "deploy".into(),
+            tool_params_hash: digest(&p),
+            estimated_cost_usd: 0.25,
+            nonce: 77,
+            ..Default::default()
+        }),
+    )
+    .await;
+    assert!(
+        matches!(held, Payload::PreExecResponse(ref r) if r.verdict == sp1::Verdict::Hitl as i32),
+        "{held:?}"
+    );
+    let ack = agent_request(
+        &d.socket,
+        SECRET,
+        Payload::HeldParams(sp1::HeldParams {
+            session_id: sid.clone(),
+            call_number: 1,
+            params_json: params.into(),
+        }),
+    )
+    .await;
+    assert!(matches!(ack, Payload::HeldParamsAck(_)), "{ack:?}");
+    let mut a = subscribed(addr, ALICE).await;
+    let (e, _) = request(&mut a, "l", json!({"hitlList": {"organizationId": ORG}})).await;
+    let pending = &e["hitlList"]["pending"][0];
+    assert_eq!(
+        pending["heldExplanation"],
+        "Every call of this agent waits for a human: rule 8, hitl_mode = \"always\" in `[guard.agents.reviewed]`."
+    );
+    // Control characters are dropped from a stated purpose.
+    assert_eq!(pending["purpose"], "Scale the API[31m for the launch");
+    let (e, _) = request(
+        &mut a,
+        "d",
+        json!({"hitlDecide": {"sessionId": sid, "callNumber": "1", "decision": "modify",
+                "note": "30 replicas is a typo", "successorParamsJson": r#"{"service":"api","replicas":3}"#}}),
+    )
+    .await;
+    assert!(e["hitlDecide"].is_object(), "{e}");
+
+    // History: the decision as the log records it, with the change.
+    let (e, _) = request(&mut a, "h1", json!({"history": {"query": "TYPO deploy"}})).await;
+    let h = &e["history"];
+    assert_eq!(h["available"], true, "{e}");
+    let entry = &h["entries"][0];
+    assert_eq!(h["entries"].as_array().unwrap().len(), 1, "{e}");
+    for (k, v) in [
+        ("operatorId", "alice"),
+        ("decision", "modify"),
+        ("toolName", "deploy"),
+        ("note", "30 replicas is a typo"),
+        ("agentId", "reviewed"),
+        ("paramsJson", params),
+        ("successorParamsJson", r#"{"replicas":3,"service":"api"}"#),
+    ] {
+        assert_eq!(entry[k], v, "{k}: {e}");
+    }
+    // A search that matches nothing, one of another organization's operator, and bounds.
+    let (e, _) = request(&mut a, "h2", json!({"history": {"query": "typo bob"}})).await;
+    assert_eq!(e["history"].get("entries"), None, "{e}");
+    let mut g = ws(addr, Some(BOB)).await.unwrap();
+    next(&mut g).await.unwrap();
+    let (e, _) = request(&mut g, "h3", json!({"history": {}})).await;
+    assert_eq!(
+        e["history"]["entries"].as_array().unwrap().len(),
+        1,
+        "bob operates acme too: {e}"
+    );
+    let (e, _) = request(&mut a, "h4", json!({"history": {"query": "x".repeat(257)}})).await;
+    assert_eq!(error_code(&e), "INVALID_REQUEST", "{e}");
+    let (e, _) = request(
+        &mut a,
+        "h5",
+        json!({"history": {"beforeNs": entry["atNs"]}}),
+    )
+    .await;
+    assert_eq!(
+        e["history"].get("entries"),
+        None,
+        "older than the only entry: {e}"
+    );
+
+    // Activity: the session's calls, newest first, and its purpose.
+    let (e, _) = request(&mut a, "a1", json!({"activity": {"sessionId": sid}})).await;
+    let act = &e["activity"];
+    assert_eq!(act["purpose"], "Scale the API[31m for the launch", "{e}");
+    assert_eq!(act["calls"][0]["toolName"], "deploy", "{e}");
+    assert_eq!(act["calls"][0]["verdict"], "HITL", "{e}");
+    assert_eq!(act["calls"][0]["reason"], "hitl_all_calls", "{e}");
+    assert_eq!(act["calls"][0]["estimatedCostNanos"], "250000000", "{e}");
+    for bad in [json!("s_unknown"), json!("not a session id!")] {
+        let (e, _) = request(&mut a, "a2", json!({"activity": {"sessionId": bad}})).await;
+        assert!(
+            ["SESSION_NOT_FOUND", "INVALID_REQUEST"].contains(&error_code(&e)),
+            "{e}"
+        );
+    }
+    // An operator of another organization alone sees neither.
+    let mut gina = ws(addr, Some("gina-token-0123456789")).await.unwrap();
+    next(&mut gina).await.unwrap();
+    let (e, _) = request(&mut gina, "h7", json!({"history": {}})).await;
+    assert_eq!(e["history"].get("entries"), None, "{e}");
+    let (e, _) = request(&mut gina, "a4", json!({"activity": {"sessionId": sid}})).await;
+    assert_eq!(error_code(&e), "SESSION_NOT_FOUND", "{e}");
+    drop((a, g, gina));
+
+    // After a restart: the record is read back from the log; the arguments are gone (memory
+    // only), the digests stay.
+    d.stop().await;
+    let d = start(cfg).await;
+    let mut a = subscribed(addr, ALICE).await;
+    let (e, _) = request(&mut a, "h6", json!({"history": {"query": "typo"}})).await;
+    let entry = &e["history"]["entries"][0];
+    assert_eq!(entry["operatorId"], "alice", "{e}");
+    assert_eq!(entry["note"], "30 replicas is a typo", "{e}");
+    assert_eq!(entry.get("paramsJson"), None, "{e}");
+    assert_eq!(
+        entry["originalArgsDigest"],
+        json!(base64::engine::general_purpose::STANDARD.encode(digest(&p))),
+        "{e}"
+    );
+    assert!(entry["successorArgsDigest"].is_string(), "{e}");
+    let (e, _) = request(&mut a, "a3", json!({"activity": {"sessionId": sid}})).await;
+    assert_eq!(e["activity"]["calls"][0]["verdict"], "HITL", "{e}");
     d.stop().await;
 }

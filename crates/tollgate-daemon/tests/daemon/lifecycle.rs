@@ -146,6 +146,49 @@ async fn background_heartbeats_keep_a_session_live() {
     d.stop().await;
 }
 
+/// A closed session is not heartbeated (the daemon would answer each with
+/// `SESSION_NOT_FOUND`): `close` stops the client's background heartbeats, whose task
+/// ends, though the client is still alive.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn closing_a_session_stops_its_background_heartbeats() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = start(config(dir.path())).await;
+    let c = std::sync::Arc::new(connect(&d.socket, "research-bot").await);
+    let hb = c.spawn_heartbeats(Duration::from_millis(20));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(!hb.is_finished(), "heartbeats stopped before the close");
+    c.close().await.unwrap();
+    tokio::time::timeout(Duration::from_secs(10), hb)
+        .await
+        .expect("heartbeats went on after the session was closed")
+        .unwrap();
+    drop(c);
+    d.stop().await;
+}
+
+/// A session closed through another connection (or ended idle) is gone for good: the
+/// first heartbeat answered `SESSION_NOT_FOUND` ends the background heartbeats.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn heartbeats_stop_once_the_daemon_no_longer_knows_the_session() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = start(config(dir.path())).await;
+    let c = std::sync::Arc::new(connect(&d.socket, "research-bot").await);
+    let hb = c.spawn_heartbeats(Duration::from_millis(20));
+    let other = tollgate_client::DaemonClient::resume(
+        crate::client_config(&d.socket, "research-bot"),
+        c.session_id(),
+    )
+    .await
+    .unwrap();
+    other.close().await.unwrap();
+    tokio::time::timeout(Duration::from_secs(10), hb)
+        .await
+        .expect("heartbeats went on for a session the daemon closed")
+        .unwrap();
+    drop(c);
+    d.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn session_and_connection_caps() {
     let dir = tempfile::tempdir().unwrap();

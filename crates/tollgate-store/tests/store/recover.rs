@@ -110,6 +110,14 @@ fn assert_is_fold(store: &EmbeddedStore, journal: &Flaky, dir: &Path) {
     let ledger = fold_log(dir);
     let (sessions, _) = tollgate_store::dump(store);
     assert_eq!(sessions.len(), ledger.sessions.len());
+    // The quiet index was rebuilt with the state: it names each reloaded session.
+    let mut quiet: Vec<_> = sessions
+        .iter()
+        .filter_map(|s| s.quiet_since().map(|t| (t, s.meta.session_id.clone())))
+        .collect();
+    quiet.sort();
+    let quiet: Vec<String> = quiet.into_iter().map(|(_, id)| id).collect();
+    assert_eq!(store.quiet_sync(i64::MAX).unwrap(), quiet);
     for s in sessions {
         let folded = ledger.session(&s.meta.session_id).unwrap();
         assert_eq!(normalize(folded), normalize(s));
