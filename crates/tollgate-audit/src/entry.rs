@@ -261,9 +261,10 @@ impl PolicySetCause {
     }
 }
 
-/// The policy set in force from this entry on (record kind 9, format version 6): every
-/// later verdict of every session is evaluated with it (each verdict's policy note
-/// names the digest of the set that evaluated it).
+/// A policy set coming into force (record kind 9, format version 6), for every session,
+/// once this entry is durable: no verdict evaluated with it comes before it in the chain,
+/// but a verdict already being decided with the old set may follow it (each verdict's
+/// policy note names the digest of the set that actually evaluated it).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PolicySetRecord {
     /// Daemon time of the change.
@@ -673,7 +674,7 @@ pub enum Event {
     /// A change's place in its session's history is void (record kind 7, format
     /// version 3 only).
     Void(VoidRecord),
-    /// The policy set in force from here on (record kind 9, format version 6).
+    /// A policy set coming into force (record kind 9, format version 6).
     PolicySet(PolicySetRecord),
 }
 

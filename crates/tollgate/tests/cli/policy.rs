@@ -217,11 +217,19 @@ fn serve_enforces_and_reloads_its_policy_set_and_the_log_says_which_set_decided(
             )
         })
         .collect();
+    // (The SIGHUP of the bad set is handled asynchronously: should it ever run after the
+    // good files are back, it records the good set once more, never the bad one.)
     let causes: Vec<&str> = sets.iter().map(|(c, _)| c.as_str()).collect();
-    assert_eq!(causes, ["start", "reload", "reload"], "{sets:?}");
-    assert_eq!(sets[0].1, sets[2].1);
+    assert!(
+        causes == ["start", "reload", "reload"]
+            || causes == ["start", "reload", "reload", "reload"],
+        "{sets:?}"
+    );
     assert_ne!(sets[0].1, sets[1].1);
-    assert_eq!(sets[2].1, reloaded_digest);
+    for (_, d) in &sets[2..] {
+        assert_eq!(*d, sets[0].1);
+        assert_eq!(*d, reloaded_digest);
+    }
     // The session opened under the start's set.
     let opened: Vec<&json::Value> = rows
         .iter()
@@ -229,17 +237,20 @@ fn serve_enforces_and_reloads_its_policy_set_and_the_log_says_which_set_decided(
         .collect();
     assert_eq!(opened.len(), 1);
     assert_eq!(field(opened[0], "policy_set").as_ref(), Some(&sets[0].1));
-    // Each verdict names the set that evaluated it (the one of the last policy-set entry
-    // before it), and each refusal its policy.
-    let mut in_force = None;
+    // Each verdict names the set that evaluated it: the one of the last policy-set entry
+    // before it, or the one before that (a verdict being decided while a reload was
+    // recorded, which the note says); and each refusal its policy.
+    let mut recorded: Vec<Option<String>> = Vec::new();
     let mut refusals = Vec::new();
     let mut verdicts = 0;
     for r in &rows {
         match kind(r).as_str() {
-            "policy_set" => in_force = field(r, "policy_set"),
+            "policy_set" => recorded.push(field(r, "policy_set")),
             "verdict" => {
                 verdicts += 1;
-                assert_eq!(field(r, "policy_set"), in_force, "{r:?}");
+                let set = field(r, "policy_set");
+                assert!(set.is_some(), "{r:?}");
+                assert!(recorded.iter().rev().take(2).any(|d| *d == set), "{r:?}");
                 if field(r, "verdict").as_deref() == Some("DENY") {
                     assert_eq!(field(r, "policy_effect").as_deref(), Some("forbid"));
                     assert_eq!(field(r, "policy_decided").as_deref(), Some("true"));
