@@ -419,6 +419,18 @@ async fn approval_and_reload(via: &Via, socket: &Path, dir: &Path) {
         "the @hitl text is shown"
     );
     let held = v.call_number;
+    // Operators see why: held by a policy, not by a guard setting.
+    let pending = op.hitl_list().await.unwrap();
+    let p = pending
+        .iter()
+        .find(|p| p.session_id == c.session_id())
+        .unwrap();
+    assert_eq!(p.transition.as_ref().unwrap().held_reason, "policy_hold");
+    assert!(
+        p.held_explanation.contains("`@hitl` policy") && !p.held_explanation.contains("[guard"),
+        "{}",
+        p.held_explanation
+    );
     op.hitl_decide(approve(c.session_id().to_owned(), held))
         .await
         .unwrap();
