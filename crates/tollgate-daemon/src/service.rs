@@ -1342,6 +1342,62 @@ fn random_unit() -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::atomic::{AtomicI64, Ordering};
+    use tollgate_audit::{SigningKey, Writer, WriterConfig};
+
+    const SEC: i64 = 1_000_000_000;
+    /// The key the tests' audit writers sign with.
+    const TEST_KEY: [u8; 32] = [7; 32];
+
+    /// A clock the test moves by hand.
+    struct TestClock(AtomicI64);
+    impl Clock for TestClock {
+        fn now_ns(&self) -> UnixNanos {
+            self.0.load(Ordering::SeqCst)
+        }
+    }
+
+    /// The real audit writer in `dir/audit` (fsync off: nothing here is about durability).
+    fn test_writer(dir: &std::path::Path) -> Arc<Writer> {
+        let mut wc = WriterConfig::new(dir.join("audit"));
+        wc.fsync = tollgate_audit::FsyncPolicy::Never;
+        Arc::new(
+            Writer::open(wc, SigningKey::from_bytes(&TEST_KEY))
+                .unwrap()
+                .0,
+        )
+    }
+
+    /// A service of `config` over `store`, auditing to `writer`, with the default
+    /// organization's secret and a clock at 1,000 s; and an agent of that organization
+    /// (its caller and its peer).
+    fn test_service<S: SessionStore>(
+        config: DaemonConfig,
+        store: S,
+        writer: Arc<Writer>,
+    ) -> (Service<S>, Arc<TestClock>, Caller, Peer) {
+        let clock = Arc::new(TestClock(AtomicI64::new(1_000 * SEC)));
+        let secrets = [(DEFAULT_ORG.to_owned(), b"0123456789abcdef0123".to_vec())]
+            .into_iter()
+            .collect();
+        let service = Service::new(
+            Arc::new(config),
+            store,
+            writer,
+            clock.clone(),
+            &secrets,
+            &HashMap::new(),
+        );
+        let caller = Caller::Agent {
+            organization: DEFAULT_ORG.into(),
+            agent: None,
+        };
+        let peer = Peer {
+            uid: 1,
+            certificate: None,
+        };
+        (service, clock, caller, peer)
+    }
 
     #[test]
     fn version_negotiation() {
@@ -1372,18 +1428,9 @@ mod tests {
     mod ending_model {
         use super::*;
         use proptest::prelude::*;
-        use std::sync::atomic::{AtomicI64, Ordering};
-        use tollgate_audit::{SessionEvent, SigningKey, Writer, WriterConfig};
+        use tollgate_audit::SessionEvent;
         use tollgate_store::MemoryStore;
 
-        struct TestClock(AtomicI64);
-        impl Clock for TestClock {
-            fn now_ns(&self) -> UnixNanos {
-                self.0.load(Ordering::SeqCst)
-            }
-        }
-
-        const SEC: i64 = 1_000_000_000;
         const IDLE: i64 = 10 * SEC;
         const QUOTA: usize = 3;
 
@@ -1433,33 +1480,10 @@ mod tests {
             config.limits.registrations_per_second_per_peer = 1_000_000;
             config.default_guard.max_repeat_calls = 0;
             config.session_quotas.insert(DEFAULT_ORG.into(), QUOTA);
-            // The real audit writer (fsync off: nothing here is about durability).
             let dir = tempfile::tempdir().unwrap();
-            let key = SigningKey::from_bytes(&[7; 32]);
-            let mut wc = WriterConfig::new(dir.path().join("audit"));
-            wc.fsync = tollgate_audit::FsyncPolicy::Never;
-            let writer = Arc::new(Writer::open(wc, key.clone()).unwrap().0);
+            let writer = test_writer(dir.path());
             let store = MemoryStore::new(100, Some(writer.clone()));
-            let clock = Arc::new(TestClock(AtomicI64::new(1_000 * SEC)));
-            let secrets = [(DEFAULT_ORG.to_owned(), b"0123456789abcdef0123".to_vec())]
-                .into_iter()
-                .collect();
-            let service = Service::new(
-                Arc::new(config),
-                store,
-                writer.clone(),
-                clock.clone(),
-                &secrets,
-                &HashMap::new(),
-            );
-            let caller = Caller::Agent {
-                organization: DEFAULT_ORG.into(),
-                agent: None,
-            };
-            let peer = Peer {
-                uid: 1,
-                certificate: None,
-            };
+            let (service, clock, caller, peer) = test_service(config, store, writer.clone());
             let mut model: Vec<Model> = Vec::new();
             rt.block_on(async {
                 for op in ops {
@@ -1585,7 +1609,7 @@ mod tests {
             });
             writer.shutdown().unwrap();
             let opts = tollgate_audit::VerifyOptions {
-                trusted_key: Some(key.verifying_key()),
+                trusted_key: Some(SigningKey::from_bytes(&TEST_KEY).verifying_key()),
                 ..Default::default()
             };
             let mut events = Vec::new();
@@ -1666,16 +1690,8 @@ mod tests {
     mod sweep_cost {
         use super::*;
         use std::future::Future;
-        use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
-        use tollgate_audit::{SigningKey, Writer, WriterConfig};
+        use std::sync::atomic::AtomicUsize;
         use tollgate_store::{BudgetKey, Durable, MemoryStore, StoreError};
-
-        struct TestClock(AtomicI64);
-        impl Clock for TestClock {
-            fn now_ns(&self) -> UnixNanos {
-                self.0.load(Ordering::SeqCst)
-            }
-        }
 
         /// A memory store that counts the sessions it hands out or applies to.
         struct Counting {
@@ -1750,8 +1766,6 @@ mod tests {
             }
         }
 
-        const SEC: i64 = 1_000_000_000;
-
         #[test]
         fn the_sweep_reads_only_the_sessions_that_expire() {
             let rt = tokio::runtime::Builder::new_current_thread()
@@ -1763,37 +1777,12 @@ mod tests {
             config.limits.heartbeat_interval = std::time::Duration::from_secs(3600);
             config.limits.registrations_per_second_per_peer = 1_000_000;
             let dir = tempfile::tempdir().unwrap();
-            let mut wc = WriterConfig::new(dir.path().join("audit"));
-            wc.fsync = tollgate_audit::FsyncPolicy::Never;
-            let writer = Arc::new(
-                Writer::open(wc, SigningKey::from_bytes(&[7; 32]))
-                    .unwrap()
-                    .0,
-            );
+            let writer = test_writer(dir.path());
             let store = Counting {
                 inner: MemoryStore::new(2_000, Some(writer.clone())),
                 read: AtomicUsize::new(0),
             };
-            let clock = Arc::new(TestClock(AtomicI64::new(1_000 * SEC)));
-            let secrets = [(DEFAULT_ORG.to_owned(), b"0123456789abcdef0123".to_vec())]
-                .into_iter()
-                .collect();
-            let service = Service::new(
-                Arc::new(config),
-                store,
-                writer.clone(),
-                clock.clone(),
-                &secrets,
-                &HashMap::new(),
-            );
-            let caller = Caller::Agent {
-                organization: DEFAULT_ORG.into(),
-                agent: None,
-            };
-            let peer = Peer {
-                uid: 1,
-                certificate: None,
-            };
+            let (service, clock, caller, peer) = test_service(config, store, writer.clone());
             rt.block_on(async {
                 let mut ids = Vec::new();
                 for _ in 0..1_000 {
