@@ -631,3 +631,95 @@ async fn a_permit_all_set_changes_no_verdict() {
     assert!(without.iter().any(|(_, v, _)| *v == Verdict::Deny));
     assert_eq!(run(true).await, without);
 }
+
+/// Reloads while six agents call in parallel: every verdict entry names a set whose
+/// policy-set entry comes before it in the log (a verdict decided with the old set may
+/// follow a new set's entry, never the other way round), and a call sent after a reload
+/// has returned is decided by the set that reload put in force (a reload decides every
+/// session's next call).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reloads_during_parallel_calls_are_ordered_in_the_log() {
+    const AGENTS: usize = 6;
+    const CALLS: usize = 40;
+    const RELOADS: usize = 6;
+    let dir = tempfile::tempdir().unwrap();
+    let d = start(policy_config(dir.path(), false)).await;
+    let via = Via::Socket(d.socket.clone());
+    let op = crate::operator(&d.socket).await;
+    let mut agents = Vec::new();
+    for a in 0..AGENTS {
+        let c = std::sync::Arc::new(via.connect(AGENT).await);
+        agents.push(tokio::spawn(async move {
+            for i in 0..CALLS {
+                let q = params(&format!(r#"{{"q":"{a}-{i}"}}"#));
+                let v = c.pre_exec("search", &q, 0.0).await;
+                assert!(v.allowed(), "{v:?}");
+            }
+        }));
+    }
+    // One more session whose call after each reload must name that reload's set.
+    let probe = via.connect(AGENT).await;
+    let mut expected = Vec::new();
+    for r in 0..RELOADS {
+        let text = if r % 2 == 0 {
+            format!("{RULES}\n{EMERGENCY}")
+        } else {
+            RULES.to_owned()
+        };
+        std::fs::write(dir.path().join("rules.cedar"), text).unwrap();
+        let reloaded = op.policy_reload().await.unwrap();
+        // The file alternates between two sets: each reload puts the other in force.
+        if let Some((_, before)) = expected.last() {
+            assert_ne!(&reloaded.digest, before, "reload {r} changed nothing");
+        }
+        let q = params(&format!(r#"{{"q":"probe-{r}"}}"#));
+        let v = probe.pre_exec("search", &q, 0.0).await;
+        assert!(v.allowed(), "{v:?}");
+        expected.push((v.call_number, reloaded.digest));
+        tokio::task::yield_now().await;
+    }
+    for a in agents {
+        a.await.unwrap();
+    }
+    let probe_session = probe.session_id().to_owned();
+    d.stop().await;
+
+    let public = std::fs::read_to_string(dir.path().join("audit.pub")).unwrap();
+    let key = tollgate_audit::keys::parse_public_key(&public).unwrap();
+    let opts = tollgate_audit::VerifyOptions {
+        trusted_key: Some(key),
+        ..Default::default()
+    };
+    let mut recorded = std::collections::HashSet::new();
+    let mut sets = 0;
+    let mut verdicts = 0;
+    let mut probed = Vec::new();
+    tollgate_audit::verify_paths(
+        &[dir.path().join("audit")],
+        &opts,
+        &mut |e| match &e.event {
+            Event::PolicySet(p) => {
+                recorded.insert(p.digest);
+                sets += 1;
+            }
+            Event::Session(SessionEvent::Verdict(v)) => {
+                let named = v.policy.as_ref().unwrap().set_digest;
+                assert!(
+                    recorded.contains(&named),
+                    "call {} of {} names set {named}, whose entry is not before it",
+                    v.call_number,
+                    v.session_id
+                );
+                verdicts += 1;
+                if v.session_id == probe_session {
+                    probed.push((v.call_number, named.to_string()));
+                }
+            }
+            _ => {}
+        },
+    )
+    .unwrap();
+    assert_eq!(sets, 1 + RELOADS);
+    assert_eq!(verdicts, AGENTS * CALLS + RELOADS);
+    assert_eq!(probed, expected);
+}
