@@ -174,7 +174,10 @@ pub(crate) fn explain(c: &PolicyNote, hold_message: Option<&str>) -> String {
             format!("policy `{id}` reads an argument that has no exact Cedar value")
         }
         PolicyEffect::LabelLimit => {
-            format!("allowing this call would give the session more than 32 flow labels (policy `{id}`)")
+            format!(
+                "allowing this call would give the session more than {} flow labels (policy `{id}`)",
+                tollgate_core::labels::MAX_LABELS
+            )
         }
         PolicyEffect::DefaultDeny => "no policy permits this call (default deny)".to_owned(),
         PolicyEffect::Pass | PolicyEffect::Permit | PolicyEffect::NotEvaluated => String::new(),

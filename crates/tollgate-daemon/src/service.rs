@@ -336,12 +336,12 @@ impl<S: SessionStore> Service<S> {
     }
 
     /// Put `set` in force after recording it (a policy-set entry of `cause`, durable
-    /// before the set decides anything). On error nothing changes.
+    /// before the set decides anything), and return it. On error nothing changes.
     pub async fn install_policies(
         &self,
         set: Enforced,
         cause: PolicySetCause,
-    ) -> Result<(), crate::policy::PolicyError> {
+    ) -> Result<Arc<Enforced>, crate::policy::PolicyError> {
         let record = crate::policy::set_record(&set, cause, self.now());
         let digest = record.digest;
         let not_recorded =
@@ -351,12 +351,13 @@ impl<S: SessionStore> Service<S> {
             .map_err(not_recorded)?
             .await
             .map_err(|e| not_recorded(e.to_string()))?;
+        let set = Arc::new(set);
         *self
             .policies
             .write()
-            .unwrap_or_else(PoisonError::into_inner) = Some(Arc::new(set));
+            .unwrap_or_else(PoisonError::into_inner) = Some(set.clone());
         tracing::info!(%digest, ?cause, "policy set in force");
-        Ok(())
+        Ok(set)
     }
 
     /// Reload `[policy]` (SIGHUP, `tollgate policy reload`): read and load the same files
@@ -371,9 +372,7 @@ impl<S: SessionStore> Service<S> {
         let set = tokio::task::spawn_blocking(move || crate::policy::enforced(&settings))
             .await
             .map_err(|e| crate::policy::PolicyError::Read(e.to_string()))??;
-        self.install_policies(set, PolicySetCause::Reload).await?;
-        self.policies()
-            .ok_or(crate::policy::PolicyError::NotConfigured)
+        self.install_policies(set, PolicySetCause::Reload).await
     }
 
     /// The daemon's clock reading.
