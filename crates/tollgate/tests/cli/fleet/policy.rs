@@ -612,8 +612,41 @@ fn a_fleet_daemon_with_a_bad_policy_set_refuses_to_start_naming_file_line_col() 
         ),
     )
     .unwrap();
-    // Run it with a deadline: a daemon that starts anyway (the failure this test is for)
-    // would serve until killed.
+    let out = refused_start(dir);
+    let all = text(&out);
+    // `file:line:col: error[...]`, the finding on line 3.
+    let at = format!("{}:3:", rules.display());
+    let line = all
+        .lines()
+        .find(|l| l.contains(&at))
+        .unwrap_or_else(|| panic!("no finding at {at}: {all}"));
+    let col = line[line.find(&at).unwrap() + at.len()..]
+        .split(':')
+        .next()
+        .unwrap();
+    assert!(col.parse::<u32>().is_ok(), "no column: {line}");
+    assert!(line.contains("error"), "{line}");
+    // Nothing was written: no chain registered (the schema was never made).
+    rt().block_on(async {
+        let c = tollgate_pg::connect(&tollgate_pg::PgSettings::new(SHARED_PG))
+            .await
+            .unwrap();
+        let n: i64 = c
+            .query_one(
+                "SELECT count(*) FROM information_schema.schemata WHERE schema_name = $1",
+                &[&schema],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(n, 0, "the daemon touched PostgreSQL");
+    });
+}
+
+/// Run `tollgate serve --config DIR/fleet.toml --data-dir DIR`, which must refuse to start:
+/// it exits non-zero within 20 s (a daemon that starts anyway, the failure these tests
+/// are for, would serve until killed). Its output.
+fn refused_start(dir: &Path) -> std::process::Output {
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_tollgate"))
         .args([
             "serve",
@@ -631,39 +664,112 @@ fn a_fleet_daemon_with_a_bad_policy_set_refuses_to_start_naming_file_line_col() 
         if t.elapsed() > Duration::from_secs(20) {
             child.kill().unwrap();
             let out = child.wait_with_output().unwrap();
-            panic!("a fleet daemon with a bad [policy] started: {}", text(&out));
+            panic!("the daemon started: {}", text(&out));
         }
         std::thread::sleep(Duration::from_millis(50));
     }
     let out = child.wait_with_output().unwrap();
     assert_ne!(code(&out), 0, "{}", text(&out));
-    let all = text(&out);
-    // `file:line:col: error[...]`, the finding on line 3.
-    let at = format!("{}:3:", rules.display());
-    let line = all
-        .lines()
-        .find(|l| l.contains(&at))
-        .unwrap_or_else(|| panic!("no finding at {at}: {all}"));
-    let col = line[line.find(&at).unwrap() + at.len()..]
-        .split(':')
-        .next()
-        .unwrap();
-    assert!(col.parse::<u32>().is_ok(), "no column: {line}");
-    assert!(line.contains("error"), "{line}");
     assert!(!dir.join("tollgate.sock").exists());
-    // Nothing was written: no chain registered (the schema was never made).
+    out
+}
+
+/// A chain registered in PostgreSQL before format version 6 (by an older daemon) goes on
+/// in its version: a daemon without `[policy]` serves on it and the chain verifies; with
+/// `[policy]` the daemon refuses to start, naming the chain and its version, since the
+/// chain cannot record the set nor the verdicts' notes.
+#[test]
+fn a_version_5_chain_serves_without_policies_and_refuses_them_naming_the_chain() {
+    use tollgate_audit::format::{self, FileHeader};
+    let dir = tempfile::tempdir().unwrap();
+    let dir = dir.path();
+    std::fs::set_permissions(dir, std::os::unix::fs::PermissionsExt::from_mode(0o750)).unwrap();
+    std::fs::write(dir.join("rules.cedar"), NO_SHELL).unwrap();
+    let key = tollgate_audit::SigningKey::from_bytes(&[9; 32]);
+    std::fs::write(
+        dir.join("audit.key"),
+        tollgate_audit::keys::secret_key_text(&key),
+    )
+    .unwrap();
+    std::fs::set_permissions(
+        dir.join("audit.key"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o600),
+    )
+    .unwrap();
+    let (prefix, schema) = (unique("tgv5"), unique("tgv5"));
+    let fleet = Fleet::leftovers(schema.clone(), prefix.clone());
     rt().block_on(async {
-        let c = tollgate_pg::connect(&tollgate_pg::PgSettings::new(SHARED_PG))
+        let mut c = tollgate_pg::connect(&tollgate_pg::PgSettings::new(SHARED_PG))
             .await
             .unwrap();
-        let n: i64 = c
-            .query_one(
-                "SELECT count(*) FROM information_schema.schemata WHERE schema_name = $1",
-                &[&schema],
-            )
-            .await
-            .unwrap()
-            .get(0);
-        assert_eq!(n, 0, "the daemon touched PostgreSQL");
+        tollgate_pg::migrate(&mut c, &schema).await.unwrap();
+        let header =
+            FileHeader::new_signed_version(5, &key, 0, 0, format::genesis_hash(), 1).encode();
+        c.execute(
+            &format!(
+                "INSERT INTO {schema}.chains (chain_id, key_id, public_key, format_version, header)
+                 VALUES ('old5', $1, $2, 5, $3)"
+            ),
+            &[
+                &tollgate_audit::KeyId::of(key.verifying_key().as_bytes()).to_string(),
+                &key.verifying_key().as_bytes().as_slice(),
+                &header,
+            ],
+        )
+        .await
+        .unwrap();
     });
+    let config = |policy: &str| {
+        std::fs::write(
+            dir.join("fleet.toml"),
+            format!(
+                "[state]\nbackend = \"redis\"\nurl = \"{SHARED_REDIS}\"\nkey_prefix = \"{prefix}\"\ndurability = \"none\"\n\
+                 [audit]\nsink = \"postgres\"\nurl = \"{SHARED_PG}\"\nschema = \"{schema}\"\nchain_id = \"old5\"\n\
+                 {policy}\
+                 [[organization]]\nid = \"acme\"\nsecret = \"{SECRET}\"\noperator_secret = \"{OPERATOR_SECRET}\"\n"
+            ),
+        )
+        .unwrap();
+    };
+    // Without [policy]: it serves, in version 5.
+    config("");
+    let serve = crate::daemon::Serve::start_with(dir, &["--config", s(&dir.join("fleet.toml"))]);
+    rt().block_on(async {
+        let mut c = tollgate_client::ClientConfig::new(
+            dir.join("tollgate.sock"),
+            "acme",
+            SECRET.as_bytes(),
+            "agent-1",
+        );
+        c.timeout = Duration::from_secs(5);
+        let agent = DaemonClient::connect(c).await.unwrap();
+        let v = agent
+            .pre_exec("shell", &json::parse_str("{}").unwrap(), 0.0)
+            .await;
+        assert!(v.allowed(), "{v:?}");
+    });
+    assert!(serve.terminate().success());
+    // With [policy]: refused, naming the chain.
+    config("[policy]\nfiles = [\"rules.cedar\"]\n");
+    let out = refused_start(dir);
+    assert!(
+        text(&out).contains("chain `old5` is format version 5, which cannot record a policy set"),
+        "{}",
+        text(&out)
+    );
+    // The chain holds the version-5 entries of the first run, and verifies.
+    let all = chains(&fleet);
+    assert_eq!(all.len(), 1);
+    assert!(all["old5"].len() >= 2, "{:?}", all["old5"]);
+    assert!(!all["old5"].iter().any(|e| matches!(e, Event::PolicySet(_))));
+    let o = tollgate(&[
+        "audit",
+        "verify",
+        "--postgres",
+        SHARED_PG,
+        "--schema",
+        &schema,
+    ]);
+    assert_eq!(code(&o), 0, "{}", text(&o));
+    assert!(stdout(&o).contains("chain old5: ok:"), "{}", text(&o));
 }
