@@ -568,3 +568,78 @@ async fn a_version_5_chain_goes_on_in_version_5_and_refuses_a_policy_set() {
     let reports = verify_all(&s.name).await;
     assert_eq!(reports[0].result.as_ref().unwrap().entries, 2);
 }
+
+/// A version-6 chain in PostgreSQL is byte for byte a version-6 log file: the known-answer
+/// file `known-answer-v6.log` (docs/audit-format.md, "Known answers": two policy sets, a
+/// session opened under the first, verdicts with policy notes) stored as a chain (its
+/// header in `chains`, each record a row) verifies with the PostgreSQL verifier, gives back
+/// its six entries, and a journal with its key continues it in version 6 (a policy set and
+/// a verdict linked after its last record).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_version_6_known_answer_file_is_a_chain() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../tollgate-audit/tests/data/known-answer-v6.log");
+    let file = std::fs::read(path).unwrap();
+    let (header, mut rest) = file.split_at(170);
+    let s = migrated("kav6").await;
+    let c = client().await.unwrap();
+    let signer = key(1);
+    let public = signer.verifying_key();
+    c.execute(
+        &format!(
+            "INSERT INTO \"{}\".chains (chain_id, key_id, public_key, format_version, header)
+             VALUES ('ka', $1, $2, 6, $3)",
+            s.name
+        ),
+        &[
+            &tollgate_audit::KeyId::of(public.as_bytes()).to_string(),
+            &public.as_bytes().as_slice(),
+            &header,
+        ],
+    )
+    .await
+    .unwrap();
+    let mut idx = 0i64;
+    while !rest.is_empty() {
+        let len = u32::from_be_bytes(rest[..4].try_into().unwrap()) as usize + 4;
+        let (record, tail) = rest.split_at(len);
+        c.execute(
+            &format!(
+                "INSERT INTO \"{}\".entries (chain_id, idx, record, entry_hash, kind)
+                 VALUES ('ka', $1, $2, $3, $4)",
+                s.name
+            ),
+            &[
+                &idx,
+                &record,
+                &tollgate_audit::format::sha256(record).0.as_slice(),
+                &i16::from(record[4]),
+            ],
+        )
+        .await
+        .unwrap();
+        idx += 1;
+        rest = tail;
+    }
+    assert_eq!(idx, 6);
+    let mut kinds = Vec::new();
+    let reports = tollgate_pg::verify(&c, &s.name, None, &[public], &mut |_, e| {
+        kinds.push(e.event.kind());
+    })
+    .await
+    .unwrap();
+    assert!(reports[0].result.is_ok(), "{reports:?}");
+    assert_eq!(kinds, [9, 4, 1, 1, 9, 1]);
+    // A journal with the file's key goes on after its last record, in version 6.
+    let j = PgJournal::open(s.settings(), key(1), "ka").await.unwrap();
+    assert_eq!(j.format_version(), 6);
+    let a = j
+        .submit_policy_set(policy_set(7, tollgate_audit::PolicySetCause::Reload))
+        .await
+        .unwrap();
+    assert_eq!(a.index, 6);
+    j.submit(verdict("s2", 1)).await.unwrap();
+    j.close().await.unwrap();
+    let reports = verify_all(&s.name).await;
+    assert_eq!(reports[0].result.as_ref().unwrap().entries, 8);
+}

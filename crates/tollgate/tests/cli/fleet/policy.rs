@@ -113,12 +113,7 @@ fn sets(events: &[Event]) -> Vec<(PolicySetCause, tollgate_core::Digest)> {
 /// The session's record in Redis, as stored (`b` of its hash: the stored form's JSON
 /// part, docs/redis.md), decoded.
 fn redis_session(fleet: &Fleet, session: &str) -> json::Value {
-    let mut c = redis::Client::open(SHARED_REDIS)
-        .unwrap()
-        .get_connection()
-        .unwrap();
-    let key = format!("{}:{{o:acme}}:s:{session}", fleet.prefix);
-    let b: Vec<u8> = redis::cmd("HGET").arg(&key).arg("b").query(&mut c).unwrap();
+    let b = redis_stored(fleet, session);
     let part = if b.starts_with(b"TGS2") {
         let len = u32::from_le_bytes(b[4..8].try_into().unwrap()) as usize;
         &b[8..8 + len]
@@ -126,6 +121,38 @@ fn redis_session(fleet: &Fleet, session: &str) -> json::Value {
         &b[..]
     };
     json::parse_str(std::str::from_utf8(part).unwrap()).unwrap()
+}
+
+/// The session's record in Redis (`b` of its hash), in its stored form.
+fn redis_stored(fleet: &Fleet, session: &str) -> Vec<u8> {
+    let mut c = redis::Client::open(SHARED_REDIS)
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let key = format!("{}:{{o:acme}}:s:{session}", fleet.prefix);
+    redis::cmd("HGET").arg(&key).arg("b").query(&mut c).unwrap()
+}
+
+/// A session folded from its entries alone (in `session_seq` order, across chains), as a
+/// store rebuilds one from the log: opened from its first, then each later entry replayed
+/// (and checked: replay regenerates the entry and compares it with the logged one). The
+/// session spends a shared budget, whose amounts each entry records before its change.
+fn fold(events: &[SessionEvent]) -> tollgate_store::Session {
+    use tollgate_store::ops;
+    let Some(SessionEvent::Opened(o)) = events.first() else {
+        panic!("no opening first: {events:?}");
+    };
+    let mut s = ops::session_from_record(o).unwrap();
+    s.state.budget_remaining = o.budget_before;
+    let regenerated = ops::open(&mut s, o.timestamp_ns);
+    ops::check_opened(&regenerated, o).unwrap();
+    for e in &events[1..] {
+        if let SessionEvent::Verdict(v) = e {
+            s.state.budget_remaining = v.budget_before;
+        }
+        ops::replay(&mut s, e).unwrap_or_else(|err| panic!("{err}: {e:?}"));
+    }
+    s
 }
 
 fn strings(v: Option<&json::Value>) -> Vec<String> {
@@ -373,6 +400,20 @@ fn a_label_set_through_one_daemon_holds_the_exfiltration_on_another_after_a_cras
             .map(|d| json::Value::from(d.to_string().as_str()))
             .as_ref()
     );
+    // The whole session state, folded from the chains alone, is Redis's record (the shared
+    // budget's amounts aside: they are the budget's, folded by its versions elsewhere).
+    let events: Vec<SessionEvent> = mine.iter().map(|(_, e)| e.clone()).collect();
+    let folded = fold(&events);
+    let mut stored =
+        tollgate_redis::cas::decode_stored(&redis_stored(&fleet, &session), 1 << 20, 0).unwrap();
+    stored.state.budget_initial = folded.state.budget_initial;
+    stored.state.budget_remaining = folded.state.budget_remaining;
+    stored.state.budget_spent = folded.state.budget_spent;
+    let text = |s: &tollgate_store::Session| {
+        String::from_utf8(tollgate_store::record::encode_session(s)).unwrap()
+    };
+    assert_eq!(text(&folded), text(&stored));
+    assert_eq!(folded.labels, stored.labels);
     // No void: the crash lost nothing that was acknowledged.
     assert!(
         !all.values().flatten().any(|e| matches!(e, Event::Void(_))),
