@@ -623,6 +623,29 @@ fn a_reload_on_one_daemon_is_recorded_in_its_chain() {
         s1.len(),
         "{exported:?}"
     );
+    // And each refusal with its chain and policy: `no-pay` only through daemon 0, which
+    // alone reloaded that set.
+    let refusals: Vec<(String, String)> = rows
+        .iter()
+        .filter(|r| r.get("kind") == Some(&json::Value::from("verdict")))
+        .filter_map(|r| match (r.get("chain_id"), r.get("policy_reason")) {
+            (Some(json::Value::String(c)), Some(json::Value::String(p))) => {
+                Some((c.clone(), p.clone()))
+            }
+            _ => None,
+        })
+        .collect();
+    let by = |chain: &str, reason: &str| {
+        refusals
+            .iter()
+            .filter(|(c, r)| c == chain && r == reason)
+            .count()
+    };
+    assert_eq!(by(&c0, "policy:no-pay"), 2, "{refusals:?}");
+    assert_eq!(by(&c1, "policy:no-pay"), 0, "{refusals:?}");
+    assert_eq!(by(&c0, "policy:no-shell"), 1, "{refusals:?}");
+    assert_eq!(by(&c1, "policy:no-shell"), 1, "{refusals:?}");
+    assert_eq!(by(&c1, "policy:no-search"), 1, "{refusals:?}");
     cli_verifies(&fleet);
 }
 
