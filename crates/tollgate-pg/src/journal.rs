@@ -219,18 +219,17 @@ impl PgJournal {
             c.complete(Err(e));
             return p;
         }
-        match self.tx.try_send(Msg::Entry(Box::new(event), c)) {
-            Ok(()) => {}
-            Err(mpsc::error::TrySendError::Full(Msg::Entry(_, c))) => {
-                c.complete(Err(WriteError::Failed(
-                    "the postgres audit journal's queue is full".to_owned(),
-                )));
-            }
-            Err(mpsc::error::TrySendError::Full(_)) => {}
-            Err(mpsc::error::TrySendError::Closed(Msg::Entry(_, c))) => {
-                c.complete(Err(WriteError::WriterGone));
-            }
-            Err(mpsc::error::TrySendError::Closed(_)) => {}
+        let (refused, error) = match self.tx.try_send(Msg::Entry(Box::new(event), c)) {
+            Ok(()) => return p,
+            Err(mpsc::error::TrySendError::Full(m)) => (
+                m,
+                WriteError::Failed("the postgres audit journal's queue is full".to_owned()),
+            ),
+            Err(mpsc::error::TrySendError::Closed(m)) => (m, WriteError::WriterGone),
+        };
+        // The message handed back is the one just sent: its completer answers.
+        if let Msg::Entry(_, c) = refused {
+            c.complete(Err(error));
         }
         p
     }
