@@ -94,6 +94,9 @@ fn to_verdict(v: ClientVerdict, args: CallArgs, nonce: u64) -> Verdict {
         audit_entry_id: r.map(|r| r.audit_entry_id.clone()),
         error: v.error.as_ref().map(ToString::to_string),
         probabilistic: r.is_some_and(|r| r.probabilistic_deny),
+        explanation: r
+            .map(|r| r.human_readable_reason.clone())
+            .unwrap_or_default(),
         reason: v.reason,
     }
 }
@@ -619,8 +622,9 @@ impl PyOperator {
     }
 
     /// The held calls of the organization: a list of dicts with `session_id`,
-    /// `agent_id`, `tool`, `call_number`, `held_reason`, `decision`, `params` (the held
-    /// call's params when its agent sent them, else None).
+    /// `agent_id`, `tool`, `call_number`, `held_reason` (`hitl_all_calls`,
+    /// `policy_hold`, ...), `held_explanation` (why, in words), `decision`, `params` (the
+    /// held call's params when its agent sent them, else None).
     fn pending<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyDict>>> {
         let client = self.client.clone();
         let list =
@@ -634,6 +638,7 @@ impl PyOperator {
                 d.set_item("tool", &t.tool_name)?;
                 d.set_item("call_number", t.call_number)?;
                 d.set_item("held_reason", &t.held_reason)?;
+                d.set_item("held_explanation", &p.held_explanation)?;
                 d.set_item("decision", &t.decision)?;
                 let params = match json::parse_str(&p.params_json) {
                     Ok(v) if p.params_known => Some(convert::to_py(py, &v)?),

@@ -60,6 +60,7 @@ impl PyGuard {
         Verdict {
             verdict: d.verdict.as_str(),
             reason: d.reason.as_str().to_owned(),
+            explanation: String::new(),
             deny_reason: d.deny_reason.map(|r| r.as_str().to_owned()),
             budget_remaining_usd: Some(checked.budget_remaining.to_usd()),
             call_number: checked.call_number,
@@ -421,6 +422,7 @@ fn not_run(py: Python<'_>, held: &Verdict, verdict: &'static str, reason: &str) 
     Verdict {
         verdict,
         reason: reason.to_owned(),
+        explanation: String::new(),
         deny_reason: None,
         budget_remaining_usd: held.budget_remaining_usd,
         call_number: held.call_number,

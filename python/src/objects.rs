@@ -13,6 +13,12 @@ pub struct Verdict {
     /// `fail_closed:...` when the daemon gave no usable answer).
     #[pyo3(get)]
     pub reason: String,
+    /// The verdict in words, for a person or a model: the daemon's explanation
+    /// (`human_readable_reason`); for a policy's verdict, the policy's (a `@hitl`
+    /// policy's text, or which `forbid` refused it). `""` when there is none (a
+    /// fail-closed DENY, which the daemon did not decide; library mode without policies).
+    #[pyo3(get)]
+    pub explanation: String,
     /// The coarse SP/1.0 deny reason of a DENY, by its wire name (`BUDGET_EXHAUSTED`,
     /// `MAX_REPEAT_EXCEEDED`, `CIRCUIT_OPEN`, ...), else `None` (and `None` for a
     /// fail-closed DENY, which the daemon did not decide).

@@ -67,12 +67,17 @@ class Daemon:
     `ca`, `cert`, `key` are the files agent `agent` of `default` connects with
     (`pki/client-default-AGENT.{pem,key}` for each of `GRPC_AGENTS`;
     `pki/client-acme-bot.{pem,key}`: `bot` of `acme`). A certificate that names an agent
-    registers as that agent only."""
+    registers as that agent only.
+
+    `files` (name -> text) are written beside the configuration file before the daemon
+    starts, for what it names by a relative path (a `[policy]` section's Cedar files)."""
 
     def __init__(self, config: str = "", grpc: bool = False, server_names=("127.0.0.1",),
-                 listen: str = "127.0.0.1:0") -> None:
+                 listen: str = "127.0.0.1:0", files=None) -> None:
         # A short path: a Unix socket's path is limited to about 100 bytes.
         self.dir = pathlib.Path(tempfile.mkdtemp(prefix="tg-"))
+        for name, body in (files or {}).items():
+            (self.dir / name).write_text(textwrap.dedent(body))
         self.socket = self.dir / "s.sock"
         self.data = self.dir / "data"
         text = textwrap.dedent(config)
@@ -119,6 +124,14 @@ class Daemon:
              str(self.data / "audit")], check=True, capture_output=True, text=True)
         rows = [json.loads(line) for line in out.stdout.splitlines() if line]
         return [r[column] for r in rows if r["agent_id"] == agent_id]
+
+    def reload_policies(self) -> subprocess.CompletedProcess:
+        """`tollgate policy reload` (over the socket, with the operator secret): the
+        daemon reads its `[policy]` files again; once this returns, the set it names
+        decides every session's next call. Exit code 1 when the set was refused."""
+        return subprocess.run(
+            [tollgate_bin(), "policy", "reload", "--data-dir", str(self.data), "--socket", str(self.socket)],
+            capture_output=True, text=True, timeout=60)
 
     def pause(self) -> None:
         """SIGSTOP, and wait until every thread of the daemon is stopped: the signal is
@@ -184,3 +197,60 @@ def wait_until_held(op, session_id, with_params=True):
             if p["session_id"] == session_id and p["decision"] == "" and (p["params"] is not None or not with_params):
                 return p
     raise AssertionError("the call was never held")
+
+
+# Issue 18: a daemon with a `[policy]` section (docs/policy.md), default deny. The rules
+# the policy tests enforce, in two files (set order: tools.cedar, then flows.cedar):
+#   an allow-list   `allowed-tools` names every tool an agent may call;
+#   argument rules  `shell-commands` (only listed commands) and `big-payments` (a payment
+#                   over 100 USD is held for a human, `@hitl`);
+#   a flow label    `reads-customers` labels the session `customer-data`, after which
+#                   `mail-out-after-customer-data` refuses e-mail outside acme.example.
+POLICY_TOOLS = """
+    @id("allowed-tools")
+    permit (principal, action in [Action::"search", Action::"shell", Action::"pay",
+                                  Action::"crm_lookup", Action::"send_email"], resource);
+
+    @id("shell-commands")
+    forbid (principal, action == Action::"shell", resource)
+    unless { context.args has command && ["ls", "cat", "grep", "wc"].contains(context.args.command) };
+
+    @id("big-payments") @hitl("payment over 100 USD")
+    permit (principal, action == Action::"pay", resource)
+    when { context.args.amount.greaterThan(decimal("100.00")) };
+"""
+
+POLICY_FLOWS = """
+    @id("reads-customers") @label("customer-data")
+    permit (principal, action == Action::"crm_lookup", resource);
+
+    @id("mail-out-after-customer-data")
+    forbid (principal, action == Action::"send_email", resource)
+    when { context.session.labels.contains("customer-data") && !(context.args.to like "*@acme.example") };
+"""
+
+# An emergency rule a reload adds while a payment is held (a forbid beats an approval).
+POLICY_EMERGENCY = """
+    @id("payments-frozen")
+    forbid (principal, action == Action::"pay", resource);
+"""
+
+POLICY_CONFIG = """
+    [guard.default]
+    budget_usd = 10.0
+    max_repeat_calls = 5
+
+    [limits]
+    await_decision_max_secs = 60
+
+    [policy]
+    files = ["tools.cedar", "flows.cedar"]
+    default = "deny"
+"""
+
+
+@pytest.fixture(scope="module")
+def policy_daemon():
+    d = Daemon(POLICY_CONFIG, files={"tools.cedar": POLICY_TOOLS, "flows.cedar": POLICY_FLOWS})
+    yield d
+    d.stop()

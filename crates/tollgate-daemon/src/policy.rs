@@ -15,8 +15,9 @@
 //! set in force stays. A set that loads is recorded (a policy-set entry, record kind 9)
 //! before it decides anything, and decides every session's next call.
 //!
-//! Not enforced in a fleet yet (Redis state, PostgreSQL audit): such a daemon refuses to
-//! start with `[policy]` ([`PolicyError::Fleet`]).
+//! In a fleet (Redis state, PostgreSQL audit) each daemon loads its own `[policy]` and
+//! records its policy-set entries in its own chain (format version 6); the session's flow
+//! labels travel in its Redis record.
 
 use tollgate_core::json::{self, Limits, Value};
 use tollgate_core::{Digest, Params};
@@ -39,9 +40,6 @@ pub enum PolicyError {
     /// error[code]: message` (then a help line), as `tollgate policy check` prints them.
     #[error("policy set refused:\n{0}")]
     Refused(String),
-    /// A fleet member (Redis state, PostgreSQL audit) does not enforce policies yet.
-    #[error("[policy] is not enforced in a fleet yet (Redis state with a PostgreSQL audit trail): refusing to start rather than run without the rules; remove [policy], or run a single daemon")]
-    Fleet,
     /// The set loaded, but its policy-set entry could not be written to the audit log, so
     /// it decides nothing (on reload, the set in force stays).
     #[error("policy set {digest} not recorded in the audit log: {message}")]

@@ -70,11 +70,13 @@ impl AuditSink for tollgate_pg::PgJournal {
         tollgate_pg::PgJournal::shutdown(self)
     }
 
+    /// In the daemon's own chain (format version 6; a chain registered in an earlier
+    /// version refuses it, naming the chain).
     fn policy_set(
         &self,
-        _record: PolicySetRecord,
+        record: PolicySetRecord,
     ) -> Result<tollgate_audit::Pending<tollgate_audit::Appended>, String> {
-        Err("a PostgreSQL chain (format version 5) cannot record a policy set".to_owned())
+        Ok(self.submit_policy_set(record))
     }
 }
 

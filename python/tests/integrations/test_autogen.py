@@ -153,3 +153,69 @@ def test_several_held_calls_in_one_response_are_each_decided(daemon):
     out = results(r)
     assert "results for b-edited" in out and "results for a" in out
     assert any("not c" in o and "hitl_transition:reject" in o for o in out), out
+
+
+def test_daemon_mode_policies_refuse_and_hold(policy_daemon):
+    """Issue 18 through `guard_tools`, one call per turn: each refused call's error names
+    the policy and its body never runs; the held payment runs once an operator approves."""
+    import threading
+
+    from conftest import wait_until_held
+
+    client = tollgate.connect(socket=policy_daemon.socket, secret_file=policy_daemon.secret_file,
+                              agent_id="ag-policy", timeout=30)
+    op = tollgate.operator(socket=policy_daemon.socket, secret_file=policy_daemon.operator_secret_file)
+    ran = []
+
+    def shell(command: str) -> str:
+        ran.append(("shell", command))
+        return "ok"
+
+    def delete_repo(name: str) -> str:
+        ran.append(("delete_repo", name))
+        return "deleted"
+
+    def crm_lookup(customer: int) -> str:
+        ran.append(("crm_lookup", customer))
+        return "customer 7"
+
+    def send_email(to: str, body: str) -> str:
+        ran.append(("send_email", to))
+        return "sent"
+
+    def pay(amount: float, to: str) -> str:
+        ran.append(("pay", amount))
+        return f"paid {amount}"
+
+    steps = [("shell", {"command": "ls"}), ("shell", {"command": "rm -rf /"}), ("delete_repo", {"name": "prod"}),
+             ("crm_lookup", {"customer": 7}),
+             ("send_email", {"to": "partner@elsewhere.example", "body": "the customer's data"}),
+             ("pay", {"amount": 250.5, "to": "shop"})]
+    script = [CreateResult(finish_reason="function_calls",
+                           content=[FunctionCall(id=f"call_{i}", name=n, arguments=json.dumps(a))],
+                           usage=RequestUsage(prompt_tokens=0, completion_tokens=0), cached=False)
+              for i, (n, a) in enumerate(steps)]
+    model = ReplayChatCompletionClient(script, model_info={"vision": False, "function_calling": True,
+                                                           "json_output": False, "family": "unknown",
+                                                           "structured_output": False})
+    fns = [shell, delete_repo, crm_lookup, send_email, pay]
+    agent = AssistantAgent("bot", model_client=model,
+                           tools=guard_tools(client, [FunctionTool(f, description=f.__name__) for f in fns],
+                                             hitl_timeout=60))
+
+    def approve():
+        p = wait_until_held(op, client.session_id)
+        assert p["tool"] == "pay" and p["held_reason"] == "policy_hold"
+        op.decide(client.session_id, "approve", operator="alice", call_number=p["call_number"])
+
+    t = threading.Thread(target=approve)
+    t.start()
+    turns = run_turns(agent, len(steps))
+    t.join()
+    assert ran == [("shell", "ls"), ("crm_lookup", 7), ("pay", 250.5)], ran
+    outs = [results(r)[0] for r in turns]
+    for i, reason in [(1, "policy:shell-commands"), (2, "policy_default_deny"),
+                      (4, "policy:mail-out-after-customer-data")]:
+        assert reason in outs[i], outs
+    assert outs[5] == "paid 250.5", outs
+    assert not client.session_state()["circuit_tripped"]

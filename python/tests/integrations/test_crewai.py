@@ -31,7 +31,9 @@ class ScriptedLLM(BaseLLM):
         step = self.script.pop(0) if self.script else None
         if step is None:
             return "Thought: I now know the final answer\nFinal Answer: done"
-        return f"Thought: I will search\nAction: search\nAction Input: {json.dumps(step)}"
+        # A step is the search's input, or (tool name, input) for another tool.
+        name, args = step if isinstance(step, tuple) else ("search", step)
+        return f"Thought: I will use {name}\nAction: {name}\nAction Input: {json.dumps(args)}"
 
     def supports_function_calling(self):
         return False
@@ -229,3 +231,72 @@ def test_daemon_mode_a_rejects_note_reaches_the_agent(hooks_of, daemon):
     t.join()
     assert ran == []
     assert any("the budget owner said no" in s for s in seen), seen
+
+
+def test_daemon_mode_policies_refuse_and_hold(hooks_of, policy_daemon):
+    """Issue 18 through the hooks: each refused call's body never runs and the agent reads
+    the policy's reason; the held payment runs once an operator approves it."""
+    import threading
+
+    from conftest import wait_until_held
+
+    client = tollgate.connect(socket=policy_daemon.socket, secret_file=policy_daemon.secret_file,
+                              agent_id="crew-policy", timeout=30)
+    op = tollgate.operator(socket=policy_daemon.socket, secret_file=policy_daemon.operator_secret_file)
+    hooks_of(client, hitl_timeout=60)
+    ran = []
+
+    @tool("shell")
+    def shell(command: str) -> str:
+        """Run a shell command."""
+        ran.append(("shell", command))
+        return "ok"
+
+    @tool("delete_repo")
+    def delete_repo(name: str) -> str:
+        """Delete a repository."""
+        ran.append(("delete_repo", name))
+        return "deleted"
+
+    @tool("crm_lookup")
+    def crm_lookup(customer: int) -> str:
+        """Look a customer up."""
+        ran.append(("crm_lookup", customer))
+        return "customer 7"
+
+    @tool("send_email")
+    def send_email(to: str, body: str) -> str:
+        """Send an e-mail."""
+        ran.append(("send_email", to))
+        return "sent"
+
+    @tool("pay")
+    def pay(amount: float, to: str) -> str:
+        """Pay an amount."""
+        ran.append(("pay", amount))
+        return f"paid {amount}"
+
+    steps = [("shell", {"command": "ls"}), ("shell", {"command": "rm -rf /"}), ("delete_repo", {"name": "prod"}),
+             ("crm_lookup", {"customer": 7}),
+             ("send_email", {"to": "partner@elsewhere.example", "body": "the customer's data"}),
+             ("pay", {"amount": 250.5, "to": "shop"})]
+
+    def approve():
+        p = wait_until_held(op, client.session_id)
+        assert p["tool"] == "pay" and p["held_reason"] == "policy_hold"
+        op.decide(client.session_id, "approve", operator="alice", call_number=p["call_number"])
+
+    t = threading.Thread(target=approve)
+    t.start()
+    llm = ScriptedLLM(model="scripted", script=list(steps), seen=[])
+    agent = Agent(role="operator", goal="work", backstory="", llm=llm,
+                  tools=[shell, delete_repo, crm_lookup, send_email, pay], max_iter=len(steps) + 2, verbose=False)
+    Crew(agents=[agent], tasks=[Task(description="do the work", expected_output="anything", agent=agent)],
+         verbose=False).kickoff()
+    t.join()
+    assert ran == [("shell", "ls"), ("crm_lookup", 7), ("pay", 250.5)], ran
+    seen = "\n".join(llm.seen)
+    for reason in ("policy:shell-commands", "policy_default_deny", "policy:mail-out-after-customer-data"):
+        assert reason in seen, reason
+    assert "paid 250.5" in seen
+    assert not client.session_state()["circuit_tripped"]

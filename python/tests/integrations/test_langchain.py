@@ -324,3 +324,84 @@ def test_a_call_held_behind_others_is_refused_not_resolved():
     refused = [m for m in tool_messages(done) if m.status == "error"]
     assert len(refused) == 1 and "held behind other calls" in refused[0].content
     assert "Call it again once the others are decided" in refused[0].content
+
+
+# Issue 18: the calls the policy tests make, in order (conftest.py's `POLICY_TOOLS`,
+# `POLICY_FLOWS`): allowed, refused by an argument rule, not on the allow-list, a read that
+# labels the session, an e-mail out refused by the flow label, a payment held by an
+# approval rule and approved by an operator.
+POLICY_STEPS = [
+    ("shell", {"command": "ls"}),
+    ("shell", {"command": "rm -rf /"}),
+    ("delete_repo", {"name": "prod"}),
+    ("crm_lookup", {"customer": 7}),
+    ("send_email", {"to": "partner@elsewhere.example", "body": "the customer's data"}),
+    ("pay", {"amount": 250.5, "to": "shop"}),
+]
+
+
+def make_policy_agent(guard, ran, **mw):
+    @tool
+    def shell(command: str) -> str:
+        """Run a shell command."""
+        ran.append(("shell", command))
+        return "ok"
+
+    @tool
+    def delete_repo(name: str) -> str:
+        """Delete a repository."""
+        ran.append(("delete_repo", name))
+        return "deleted"
+
+    @tool
+    def crm_lookup(customer: int) -> str:
+        """Look a customer up."""
+        ran.append(("crm_lookup", customer))
+        return "customer 7"
+
+    @tool
+    def send_email(to: str, body: str) -> str:
+        """Send an e-mail."""
+        ran.append(("send_email", to))
+        return "sent"
+
+    @tool
+    def pay(amount: float, to: str) -> str:
+        """Pay an amount."""
+        ran.append(("pay", amount))
+        return f"paid {amount}"
+
+    script = [AIMessage(content="", tool_calls=[{"name": n, "args": a, "id": f"c{i}"}])
+              for i, (n, a) in enumerate(POLICY_STEPS)] + [AIMessage(content="done")]
+    return create_agent(ScriptedModel(responses=script), [shell, delete_repo, crm_lookup, send_email, pay],
+                        middleware=[TollgateMiddleware(guard, **mw)], checkpointer=InMemorySaver())
+
+
+def test_daemon_mode_policies_refuse_and_hold(policy_daemon):
+    """Issue 18 over the middleware: each refused call is a `ToolMessage` error naming the
+    policy, its body never runs; the held payment runs once an operator approves it."""
+    import threading
+
+    from conftest import wait_until_held
+
+    client = tollgate.connect(socket=policy_daemon.socket, secret_file=policy_daemon.secret_file,
+                              agent_id="lc-policy", timeout=30)
+    op = tollgate.operator(socket=policy_daemon.socket, secret_file=policy_daemon.operator_secret_file)
+
+    def approve():
+        p = wait_until_held(op, client.session_id)
+        assert p["tool"] == "pay" and p["held_reason"] == "policy_hold"
+        op.decide(client.session_id, "approve", operator="alice", call_number=p["call_number"])
+
+    t = threading.Thread(target=approve)
+    t.start()
+    ran = []
+    result = run(make_policy_agent(client, ran, hitl_timeout=60), "policy")
+    t.join()
+    assert ran == [("shell", "ls"), ("crm_lookup", 7), ("pay", 250.5)], ran
+    by_id = {m.tool_call_id: m for m in tool_messages(result)}
+    for call, reason in [("c1", "policy:shell-commands"), ("c2", "policy_default_deny"),
+                         ("c4", "policy:mail-out-after-customer-data")]:
+        assert by_id[call].status == "error" and reason in by_id[call].content, by_id[call]
+    assert by_id["c5"].content == "paid 250.5"
+    assert not client.session_state()["circuit_tripped"]

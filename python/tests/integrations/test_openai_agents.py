@@ -280,3 +280,74 @@ def test_a_call_held_behind_others_is_refused_not_approved():
     outs = [str(o) for o in tool_outputs(first) + tool_outputs(done)]
     assert len(paid) == 2, (paid, outs)
     assert any("held behind other calls" in o and "Call it again" in o for o in outs), outs
+
+
+def test_daemon_mode_policies_refuse_and_hold(policy_daemon):
+    """Issue 18 over the guardrails: each refused call is rejected with the policy's
+    reason and its body never runs; the held payment runs once an operator approves it."""
+    import threading
+
+    from conftest import wait_until_held
+
+    client = tollgate.connect(socket=policy_daemon.socket, secret_file=policy_daemon.secret_file,
+                              agent_id="oa-policy", timeout=30)
+    op = tollgate.operator(socket=policy_daemon.socket, secret_file=policy_daemon.operator_secret_file)
+    ran = []
+
+    @function_tool
+    def shell(command: str) -> str:
+        """Run a shell command."""
+        ran.append(("shell", command))
+        return "ok"
+
+    @function_tool
+    def delete_repo(name: str) -> str:
+        """Delete a repository."""
+        ran.append(("delete_repo", name))
+        return "deleted"
+
+    @function_tool
+    def crm_lookup(customer: int) -> str:
+        """Look a customer up."""
+        ran.append(("crm_lookup", customer))
+        return "customer 7"
+
+    @function_tool
+    def send_email(to: str, body: str) -> str:
+        """Send an e-mail."""
+        ran.append(("send_email", to))
+        return "sent"
+
+    @function_tool
+    def pay(amount: float, to: str) -> str:
+        """Pay an amount."""
+        ran.append(("pay", amount))
+        return f"paid {amount}"
+
+    steps = [("shell", {"command": "ls"}), ("shell", {"command": "rm -rf /"}), ("delete_repo", {"name": "prod"}),
+             ("crm_lookup", {"customer": 7}),
+             ("send_email", {"to": "partner@elsewhere.example", "body": "the customer's data"}),
+             ("pay", {"amount": 250.5, "to": "shop"})]
+    tg = TollgateGuardrails(client)
+    tg.hitl_timeout = 60
+    agent = Agent(name="bot", instructions="",
+                  model=ScriptedModel([(f"c{i}", n, a) for i, (n, a) in enumerate(steps)] + ["done"]),
+                  tools=[tg.protect(f) for f in (shell, delete_repo, crm_lookup, send_email, pay)])
+
+    def approve():
+        p = wait_until_held(op, client.session_id)
+        assert p["tool"] == "pay" and p["held_reason"] == "policy_hold"
+        op.decide(client.session_id, "approve", operator="alice", call_number=p["call_number"])
+
+    t = threading.Thread(target=approve)
+    t.start()
+    result = Runner.run_sync(agent, "go")
+    t.join()
+    assert ran == [("shell", "ls"), ("crm_lookup", 7), ("pay", 250.5)], ran
+    outs = [str(o) for o in tool_outputs(result)]
+    assert len(outs) == 6, outs
+    for i, reason in [(1, "policy:shell-commands"), (2, "policy_default_deny"),
+                      (4, "policy:mail-out-after-customer-data")]:
+        assert reason in outs[i], outs
+    assert outs[5] == "paid 250.5", outs
+    assert not client.session_state()["circuit_tripped"]
