@@ -330,7 +330,7 @@ fn a_policy_set_decides_library_calls_and_the_log_folds_them() {
     let mut ledger = tollgate_store::Ledger::new();
     let mut events = Vec::new();
     let mut reasons = Vec::new();
-    tollgate_audit::verify_paths(&[logs.clone()], &opts, &mut |e| {
+    tollgate_audit::verify_paths(std::slice::from_ref(&logs), &opts, &mut |e| {
         match &e.event {
             tollgate_audit::Event::PolicySet(r) => {
                 assert_eq!(r.digest, digest);
