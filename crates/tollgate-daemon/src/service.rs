@@ -19,6 +19,7 @@ use tollgate_core::{
     Decision, Digest, Money, Params, Reason, SessionState, SessionStatus, ToolCall, UnixNanos,
 };
 use tollgate_policy::compose::Enforced;
+use tollgate_policy::Actor;
 use tollgate_proto::sp1::{self, ErrorCode};
 use tollgate_proto::{MessageKey, SUPPORTED_VERSIONS};
 use tollgate_store::rules::{self, Rules};
@@ -156,6 +157,29 @@ pub(crate) struct SessionInfo {
     pub(crate) organization_id: String,
     pub(crate) agent_id: String,
     pub(crate) policy: Arc<Policy>,
+    /// The session's principal in the policy set last in force for it, built once per
+    /// session and set (building Cedar's entities costs more than most evaluations);
+    /// shared by the clones of this info.
+    actor: Arc<Mutex<Option<Arc<Actor>>>>,
+}
+
+impl SessionInfo {
+    /// The session's principal (and the local resource) in `set`: the one built for it
+    /// before, or a new one. `None` when the ids are too long for a principal (the call
+    /// then fails closed).
+    fn actor(&self, set: &Enforced) -> Option<Arc<Actor>> {
+        let mut slot = lock(&self.actor);
+        if let Some(a) = slot.as_ref().filter(|a| a.is_for(&set.policies)) {
+            return Some(a.clone());
+        }
+        let a = Arc::new(set.policies.actor(
+            &self.organization_id,
+            &self.agent_id,
+            tollgate_policy::LOCAL_UPSTREAM,
+        )?);
+        *slot = Some(a.clone());
+        Some(a)
+    }
 }
 
 /// The protocol engine.
@@ -695,13 +719,7 @@ impl<S: SessionStore> Service<S> {
         // The set in force for this call (a reload decides the next one), and the
         // session's principal in it (built outside the session lock).
         let enforced = self.policies();
-        let actor = enforced.as_ref().and_then(|e| {
-            e.policies.actor(
-                &info.organization_id,
-                &info.agent_id,
-                tollgate_policy::LOCAL_UPSTREAM,
-            )
-        });
+        let actor = enforced.as_ref().and_then(|e| info.actor(e));
         // The call is read from the request once, outside the session lock; the closure
         // borrows it.
         let mut call = to_call(&r);
@@ -736,7 +754,7 @@ impl<S: SessionStore> Service<S> {
                     .map_or(call_number, |p| p.call_number);
                 let rules = enforced
                     .as_deref()
-                    .zip(actor.as_ref())
+                    .zip(actor.as_deref())
                     .map(|(set, actor)| Rules { set, actor });
                 let out = rules::decide(s, rules, &call, args.as_ref(), call_number, now, rng);
                 let decided = Decided {
@@ -1165,6 +1183,7 @@ fn info_for(session: &Session) -> SessionInfo {
         organization_id: session.meta.organization_id.clone(),
         agent_id: session.meta.agent_id.clone(),
         policy: session.policy.clone(),
+        actor: Arc::default(),
     }
 }
 
