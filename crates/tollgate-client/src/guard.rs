@@ -5,23 +5,31 @@
 //! so a local audit log records exactly what a daemon's would: the session's opening with
 //! its policy, every verdict, every settlement and every human decision, and it folds
 //! back into the guard's state.
+//!
+//! With a Cedar policy set ([`Guard::with_policies`], issue 18) every call is decided by
+//! `tollgate_store::rules::decide`, the very function the daemon's service core calls:
+//! the same set, session and call give the same verdict, reason (`policy:<id>`, ...),
+//! flow labels and audit entries in library mode as over the socket.
 
 use std::sync::{Arc, Mutex, PoisonError};
 
-use tollgate_audit::{Appended, SessionEvent};
+use tollgate_audit::{Appended, PolicySetCause, SessionEvent};
 use tollgate_core::json::{self, Value};
 use tollgate_core::signals::has_error_signal;
 use tollgate_core::transition::HumanDecisionRefused;
 use tollgate_core::{
-    decide, Decision, DenyReason, GuardConfig, HumanDecision, Money, Params, SessionState,
-    Successor, ToolCall, Verdict,
+    Decision, DenyReason, GuardConfig, HumanDecision, Money, Params, SessionState, Successor,
+    ToolCall, Verdict,
 };
+use tollgate_policy::compose::Enforced;
+use tollgate_policy::{Actor, LOCAL_UPSTREAM};
+use tollgate_store::rules::{self, Rules};
 use tollgate_store::{ops, Policy, Session, SessionMeta};
 
 use crate::util::{now_ns, random_draw, random_nonce};
 
 /// A decision for one call, with the call number to report its outcome under.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Checked {
     /// The decision.
     pub decision: Decision,
@@ -32,6 +40,13 @@ pub struct Checked {
     /// The session's remaining budget right after this verdict was applied (read under
     /// the same lock, so another thread's call cannot come in between).
     pub budget_remaining: Money,
+    /// The verdict's reason string, as the daemon sends it: the deciding policy's
+    /// (`policy:<id>`, `policy_default_deny`, ...) when a policy decided, else the guards'
+    /// (`allow`, `budget_exhausted`, ...).
+    pub reason: String,
+    /// What a person reads when a policy decided the verdict (`refused by policy
+    /// `no-shell``, ...); `None` when the guards decided.
+    pub policy_explanation: Option<String>,
 }
 
 impl Checked {
@@ -62,6 +77,65 @@ pub struct Guard {
     /// The local audit log, and the writer's generation when the guard opened its
     /// session there.
     audit: Option<(tollgate_audit::Writer, u64)>,
+    /// The policy set in force, if any.
+    rules: Option<GuardRules>,
+}
+
+/// A guard's policy set and its session's principal in it, per upstream (the resource:
+/// [`LOCAL_UPSTREAM`] for [`Guard::check`]; the MCP gateway names the tool's upstream).
+/// Actors are built once per upstream (building Cedar's entities costs more than most
+/// evaluations), outside the session's lock.
+struct GuardRules {
+    set: Arc<Enforced>,
+    actors: Mutex<Vec<(String, Arc<Actor>)>>,
+}
+
+/// The most upstreams a guard keeps a principal for; beyond it, one is built per call.
+const MAX_CACHED_ACTORS: usize = 64;
+
+impl GuardRules {
+    /// The set, with the principal for [`LOCAL_UPSTREAM`] built now when the ids allow
+    /// one (else every call fails closed).
+    fn new(set: Arc<Enforced>, who: &SessionMeta) -> GuardRules {
+        let rules = GuardRules {
+            set,
+            actors: Mutex::new(Vec::new()),
+        };
+        let _ = rules.actor(who, LOCAL_UPSTREAM);
+        rules
+    }
+
+    /// The principal for calls to tools of `upstream`; `None` when a name is too long
+    /// for one (the call then fails closed).
+    fn actor(&self, who: &SessionMeta, upstream: &str) -> Option<Arc<Actor>> {
+        let lock = || self.actors.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some((_, a)) = lock().iter().find(|(u, _)| u == upstream) {
+            return Some(a.clone());
+        }
+        let actor = Arc::new(self.set.policies.actor(
+            &who.organization_id,
+            &who.agent_id,
+            upstream,
+        )?);
+        let mut actors = lock();
+        if actors.len() < MAX_CACHED_ACTORS {
+            actors.push((upstream.to_owned(), actor.clone()));
+        }
+        Some(actor)
+    }
+}
+
+/// Why a policy set cannot be put in force on a guard.
+#[derive(Debug, thiserror::Error)]
+pub enum GuardPolicyError {
+    /// The guard's organization or agent id is too long for the policies' principal
+    /// (at most `tollgate_policy::model::MAX_NAME_BYTES` bytes each).
+    #[error("organization and agent ids are too long for the policies' principal")]
+    Names,
+    /// The set's policy-set entry could not be written to the guard's audit log, so it
+    /// decides nothing.
+    #[error("policy set not recorded in the audit log: {0}")]
+    NotRecorded(#[from] tollgate_audit::WriteError),
 }
 
 /// Who the local audit entries are about.
@@ -91,7 +165,11 @@ impl std::fmt::Debug for Guard {
     }
 }
 
-fn open_session(config: GuardConfig, who: AuditIdentity) -> (Session, SessionEvent) {
+fn open_session(
+    config: GuardConfig,
+    who: AuditIdentity,
+    policy_set: Option<tollgate_core::Digest>,
+) -> (Session, SessionEvent) {
     let now = now_ns();
     let policy = Arc::new(Policy::new(config));
     let meta = SessionMeta {
@@ -102,6 +180,7 @@ fn open_session(config: GuardConfig, who: AuditIdentity) -> (Session, SessionEve
         created_at_ns: now,
     };
     let mut session = Session::new(meta, policy, now);
+    session.policy_set = policy_set;
     let record = ops::open(&mut session, now);
     (session, record.into())
 }
@@ -109,15 +188,49 @@ fn open_session(config: GuardConfig, who: AuditIdentity) -> (Session, SessionEve
 impl Guard {
     /// A guard with a fresh session under `config`.
     pub fn new(config: GuardConfig) -> Guard {
-        let (session, _) = open_session(config, AuditIdentity::default());
+        let (session, _) = open_session(config, AuditIdentity::default(), None);
         Guard {
             session: Mutex::new(session),
             audit: None,
+            rules: None,
         }
     }
 
+    /// Enforce a Cedar policy set (`tollgate_policy::files::enforced` loads one from a
+    /// `[policy]` section) from the next call on: every call is then decided by the
+    /// guards and the policies together, as the daemon decides it. With an audit log
+    /// the set's policy-set entry (record kind 9) is written, durably, first; call
+    /// [`Guard::with_audit`] after this one to have the session's opening name the set
+    /// too. A guard with a set already in force has it replaced.
+    pub fn with_policies(self, set: Enforced) -> Result<Guard, GuardPolicyError> {
+        let set = Arc::new(set);
+        let rules = GuardRules::new(set.clone(), &self.lock().meta);
+        if rules.actor(&self.lock().meta, LOCAL_UPSTREAM).is_none() {
+            return Err(GuardPolicyError::Names);
+        }
+        if let Some((writer, _)) = &self.audit {
+            writer
+                .submit_policy_set(rules::set_record(&set, PolicySetCause::Start, now_ns()))
+                .wait()?;
+        } else {
+            // Nothing is logged yet: the session, as the next `with_audit` opens it,
+            // names the set.
+            self.lock().policy_set = Some(set.policies.digest());
+        }
+        Ok(Guard {
+            rules: Some(rules),
+            ..self
+        })
+    }
+
+    /// The policy set in force, if any.
+    pub fn policies(&self) -> Option<&Enforced> {
+        self.rules.as_ref().map(|r| &*r.set)
+    }
+
     /// Also write every change to a local audit log, durably, before returning: the
-    /// session is opened anew under `who`, and its session-opened entry is written now.
+    /// session is opened anew under `who`, and its session-opened entry is written now
+    /// (after the policy-set entry of the set in force, if any, which the opening names).
     /// Call before the first check.
     pub fn with_audit(
         self,
@@ -125,14 +238,25 @@ impl Guard {
         who: AuditIdentity,
     ) -> Result<Guard, tollgate_audit::WriteError> {
         let config = self.lock().policy.config.clone();
-        let (session, opened) = open_session(config, who);
+        let set = self.rules.as_ref().map(|r| r.set.clone());
+        let (session, opened) =
+            open_session(config, who, set.as_ref().map(|s| s.policies.digest()));
+        // The principal is the new identity's; ids the policies cannot name (longer than
+        // `tollgate_policy::model::MAX_NAME_BYTES`) fail closed on every call.
+        let rules = set.map(|set| GuardRules::new(set, &session.meta));
         let generation = writer
             .generation()
             .map_err(tollgate_audit::WriteError::Failed)?;
+        if let Some(r) = &rules {
+            writer
+                .submit_policy_set(rules::set_record(&r.set, PolicySetCause::Start, now_ns()))
+                .wait()?;
+        }
         writer.submit_at(opened, generation).wait()?;
         Ok(Guard {
             session: Mutex::new(session),
             audit: Some((writer, generation)),
+            rules,
         })
     }
 
@@ -171,32 +295,68 @@ impl Guard {
         estimated_cost: Money,
         nonce: u64,
     ) -> Checked {
-        let raw = {
+        self.check_in(LOCAL_UPSTREAM, tool, params, estimated_cost, nonce)
+    }
+
+    /// As [`Guard::check_with_nonce`], for a tool of `upstream` (the policies' resource,
+    /// `Upstream::"NAME"`; the MCP gateway names the upstream a tool comes from). Without a
+    /// policy set the upstream changes nothing.
+    pub fn check_in(
+        &self,
+        upstream: &str,
+        tool: &str,
+        params: &Value,
+        estimated_cost: Money,
+        nonce: u64,
+    ) -> Checked {
+        let (raw, meta) = {
             let s = self.lock();
             // The params' text is only read by error amplification; write it only then.
-            s.policy
+            let raw = s
+                .policy
                 .config
                 .error_amplification
                 .then(|| json::to_canonical_vec(params).ok())
                 .flatten()
-                .and_then(|b| String::from_utf8(b).ok())
+                .and_then(|b| String::from_utf8(b).ok());
+            (raw, self.rules.as_ref().map(|_| s.meta.clone()))
         };
-        let call = ToolCall {
+        // The principal, built outside the session's lock.
+        let actor = self
+            .rules
+            .as_ref()
+            .zip(meta.as_ref())
+            .map(|(r, who)| r.actor(who, upstream));
+        let mut call = ToolCall {
             tool_name: tool,
             params: Params::json(params),
             nonce: Some(nonce),
             estimated_cost,
             raw_params: raw.as_deref(),
         };
+        if matches!(actor, Some(None)) {
+            // A set is in force and cannot name this caller: fail closed (malformed
+            // input), never decide by the guards alone.
+            call.params = Params::unreadable();
+        }
+        // The policies read the params as `context.args` when they have a canonical form
+        // (as the daemon gets them: the clients send only those).
+        let args = call.params.canonical_digest().is_ok().then_some(params);
         let now = now_ns();
-        let (decision, call_number, pending, budget_remaining) = {
+        let (decided, call_number, pending, budget_remaining) = {
             let mut s = self.lock();
             let call_number = s.last_call_number.saturating_add(1);
-            let d = decide(&s.policy.config, &s.state, &call, now, random_draw());
-            let record = ops::verdict(&mut s, &call, &d, call_number, now);
-            let pending = self.submit(record.into());
-            (d, call_number, pending, s.state.budget_remaining)
+            let rules = self
+                .rules
+                .as_ref()
+                .zip(actor.as_ref().and_then(Option::as_deref))
+                .map(|(r, actor)| Rules { set: &r.set, actor });
+            let out = rules::decide(&mut s, rules, &call, args, call_number, now, random_draw());
+            let said = (out.decision, out.reason(), out.policy_explanation());
+            let pending = self.submit(out.record.into());
+            (said, call_number, pending, s.state.budget_remaining)
         };
+        let (decision, reason, policy_explanation) = decided;
         let decision = if Self::audited(pending) {
             decision
         } else {
@@ -212,6 +372,8 @@ impl Guard {
             call_number,
             nonce,
             budget_remaining,
+            reason,
+            policy_explanation,
         }
     }
 

@@ -28,5 +28,5 @@ mod util;
 
 pub use daemon::{ClientConfig, ClientError, ClientVerdict, DaemonClient};
 pub use grpc::GrpcConfig;
-pub use guard::{AuditIdentity, Checked, Guard, Settlement};
+pub use guard::{AuditIdentity, Checked, Guard, GuardPolicyError, Settlement};
 pub use hitl::{HumanWait, Released, ShareParams};

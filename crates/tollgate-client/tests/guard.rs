@@ -227,3 +227,217 @@ fn an_expired_held_call_is_audited_and_refused() {
         vec![(HumanDecision::Expire, "tollgate".to_owned())]
     );
 }
+
+const RULES: &str = r#"
+@id("no-shell")
+forbid (principal, action == Action::"shell", resource);
+
+@id("big-pay") @hitl("payments over 100 need a human")
+permit (principal, action == Action::"pay", resource)
+  when { context.args.amount.greaterThan(decimal("100.0")) };
+
+@id("reads-crm") @label("customer-data")
+permit (principal, action == Action::"crm_read", resource);
+
+@id("no-exfil")
+forbid (principal, action == Action::"send_email", resource)
+  when { context.session.labels.contains("customer-data")
+         && !(context.args.to like "*@acme.example") };
+"#;
+
+fn rules_from_file(dir: &std::path::Path) -> tollgate_policy::compose::Enforced {
+    let file = dir.join("tools.cedar");
+    std::fs::write(&file, RULES).unwrap();
+    let section = tollgate_policy::files::Section {
+        files: vec!["tools.cedar".into()],
+        ..Default::default()
+    };
+    let settings = tollgate_policy::files::Settings::from_section(section, dir).unwrap();
+    tollgate_policy::files::enforced(&settings).unwrap().0
+}
+
+/// A policy set in library mode: an argument rule, an approval rule (a forbid still wins
+/// over the approval's re-dispatch), a flow-label rule, and a refusal that does not trip;
+/// the local log names the set before the opening, and folds back into the guard's
+/// session, labels included.
+#[test]
+fn a_policy_set_decides_library_calls_and_the_log_folds_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let logs = dir.path().join("audit");
+    let key = tollgate_audit::keys::generate().unwrap();
+    let public = key.verifying_key();
+    let (writer, _) =
+        tollgate_audit::Writer::open(tollgate_audit::WriterConfig::new(&logs), key).unwrap();
+    let set = rules_from_file(dir.path());
+    let digest = set.policies.digest();
+    let who = AuditIdentity {
+        session_id: "s1".into(),
+        agent_id: "bot".into(),
+        organization_id: "acme".into(),
+    };
+    let g = Guard::new(appendix_a())
+        .with_policies(set)
+        .unwrap()
+        .with_audit(writer, who)
+        .unwrap();
+    let cost = Money::from_usd(0.01).unwrap();
+    let p = |t: &str| json::parse_str(t).unwrap();
+    let shell = g.check("shell", &p(r#"{"cmd":"ls"}"#), cost);
+    assert_eq!(shell.decision.verdict, Verdict::Deny);
+    assert_eq!(shell.reason, "policy:no-shell");
+    assert_eq!(
+        shell.policy_explanation.as_deref(),
+        Some("refused by policy `no-shell`")
+    );
+    // Not tripped: the agent goes on with its other tools.
+    let ok = g.check("web_search", &p(r#"{"q":"x"}"#), cost);
+    assert!(ok.allowed(), "{ok:?}");
+    assert_eq!(ok.reason, "within_thresholds");
+    let big = p(r#"{"amount":100.5,"to":"acct_1"}"#);
+    let held = g.check("pay", &big, cost);
+    assert_eq!(held.decision.verdict, Verdict::Hitl);
+    assert_eq!(held.reason, "policy:big-pay");
+    assert!(held
+        .policy_explanation
+        .as_deref()
+        .unwrap()
+        .contains("payments over 100 need a human"));
+    g.decide_human(HumanDecision::Approve, None, "alice")
+        .unwrap();
+    let released = g.check_with_nonce("pay", &big, cost, held.nonce);
+    assert!(released.allowed(), "{released:?}");
+    assert_eq!(released.decision.reason, Reason::TransitionApprove);
+    let small = g.check("pay", &p(r#"{"amount":99.5,"to":"acct_1"}"#), cost);
+    assert!(small.allowed(), "{small:?}");
+    // Flow labels: e-mail out is fine until customer data was read.
+    let out = p(r#"{"to":"eve@elsewhere.example"}"#);
+    assert!(g.check("send_email", &out, cost).allowed());
+    assert!(g.check("crm_read", &p(r#"{"id":7}"#), cost).allowed());
+    let exfil = g.check("send_email", &out, cost);
+    assert_eq!(exfil.decision.verdict, Verdict::Deny);
+    assert_eq!(exfil.reason, "policy:no-exfil");
+    let inside = g.check("send_email", &p(r#"{"to":"bob@acme.example"}"#), cost);
+    assert!(inside.allowed(), "{inside:?}");
+    let session = g.session();
+    assert!(session.labels.contains("customer-data"));
+    assert!(!session.state.circuit_tripped);
+    drop(g);
+
+    let opts = tollgate_audit::VerifyOptions {
+        trusted_key: Some(public),
+        ..Default::default()
+    };
+    let mut ledger = tollgate_store::Ledger::new();
+    let mut events = Vec::new();
+    let mut reasons = Vec::new();
+    tollgate_audit::verify_paths(std::slice::from_ref(&logs), &opts, &mut |e| {
+        match &e.event {
+            tollgate_audit::Event::PolicySet(r) => {
+                assert_eq!(r.digest, digest);
+                events.push(9);
+            }
+            tollgate_audit::Event::Session(ev) => {
+                events.push(ev.kind());
+                match ev {
+                    tollgate_audit::SessionEvent::Opened(o) => {
+                        assert_eq!(o.policy_set, Some(digest))
+                    }
+                    tollgate_audit::SessionEvent::Verdict(v) => reasons.push(
+                        v.policy
+                            .as_ref()
+                            .and_then(tollgate_audit::PolicyNote::reason)
+                            .unwrap_or_else(|| v.reason.as_str().to_owned()),
+                    ),
+                    _ => {}
+                }
+            }
+            _ => {}
+        }
+        ledger
+            .fold(e.index, tollgate_core::Digest::default(), None, &e.event)
+            .unwrap();
+    })
+    .unwrap();
+    assert_eq!(
+        &events[..2],
+        &[9, 4],
+        "the set is recorded before the opening"
+    );
+    assert_eq!(
+        reasons,
+        vec![
+            "policy:no-shell",
+            "within_thresholds",
+            "policy:big-pay",
+            "hitl_transition:approve",
+            "within_thresholds",
+            "within_thresholds",
+            "within_thresholds",
+            "policy:no-exfil",
+            "within_thresholds",
+        ]
+    );
+    let mut folded = ledger.session("s1").unwrap();
+    folded.last_heartbeat_ns = session.last_heartbeat_ns;
+    assert_eq!(
+        folded, session,
+        "the log folds into the guard's session, labels included"
+    );
+}
+
+/// A set put in force on a guard that already logs is recorded before the calls it
+/// decides; ids the policies cannot name are refused, never decided by the guards alone.
+#[test]
+fn policies_after_the_audit_are_recorded_and_unnamable_ids_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let logs = dir.path().join("audit");
+    let key = tollgate_audit::keys::generate().unwrap();
+    let (writer, _) =
+        tollgate_audit::Writer::open(tollgate_audit::WriterConfig::new(&logs), key).unwrap();
+    let g = Guard::new(appendix_a())
+        .with_audit(writer, AuditIdentity::default())
+        .unwrap()
+        .with_policies(rules_from_file(dir.path()))
+        .unwrap();
+    let c = g.check("shell", &json::parse_str("{}").unwrap(), Money::ZERO);
+    assert_eq!(c.reason, "policy:no-shell");
+    drop(g);
+    let mut events = Vec::new();
+    tollgate_audit::verify_paths(&[logs], &Default::default(), &mut |e| match &e.event {
+        tollgate_audit::Event::PolicySet(_) => events.push(9),
+        tollgate_audit::Event::Session(ev) => events.push(ev.kind()),
+        _ => {}
+    })
+    .unwrap();
+    assert_eq!(events, vec![4, 9, 1]);
+
+    // An agent id longer than a principal may be: refused when the set is put in force...
+    let long = AuditIdentity {
+        agent_id: "a".repeat(tollgate_policy::model::MAX_NAME_BYTES + 1),
+        ..AuditIdentity::default()
+    };
+    let logs = dir.path().join("audit2");
+    let key = tollgate_audit::keys::generate().unwrap();
+    let (writer, _) =
+        tollgate_audit::Writer::open(tollgate_audit::WriterConfig::new(&logs), key).unwrap();
+    let logged = Guard::new(appendix_a())
+        .with_audit(writer, long.clone())
+        .unwrap();
+    assert!(matches!(
+        logged.with_policies(rules_from_file(dir.path())),
+        Err(tollgate_client::GuardPolicyError::Names)
+    ));
+    // ...and, when the identity comes after the set, every call is refused.
+    let logs = dir.path().join("audit3");
+    let key = tollgate_audit::keys::generate().unwrap();
+    let (writer, _) =
+        tollgate_audit::Writer::open(tollgate_audit::WriterConfig::new(&logs), key).unwrap();
+    let g = Guard::new(appendix_a())
+        .with_policies(rules_from_file(dir.path()))
+        .unwrap()
+        .with_audit(writer, long)
+        .unwrap();
+    let c = g.check("web_search", &json::parse_str("{}").unwrap(), Money::ZERO);
+    assert_eq!(c.decision.verdict, Verdict::Deny);
+    assert_eq!(c.decision.reason, Reason::MalformedInput);
+}

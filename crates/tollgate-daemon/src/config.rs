@@ -202,53 +202,14 @@ enum TimeValue {
 // --- end control plane: file sections ---
 
 /// `[policy]`: the Cedar policy set (docs/policy.md).
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct PolicySection {
-    files: Vec<PathBuf>,
-    default: Option<String>,
-    schema: Option<PathBuf>,
-    trip_on_refusal: Option<bool>,
-}
-
-/// The `[policy]` section: where the Cedar policy set comes from (the daemon loads it at
+/// The `[policy]` section (`tollgate_policy::files`: the same section `mcp.toml` and the
+/// Python `Guard` take): where the Cedar policy set comes from (the daemon loads it at
 /// start, with `tollgate-policy`'s loader: `crate::policy`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PolicySettings {
-    /// The policy files, in set order (relative paths resolved against the configuration
-    /// file's directory).
-    pub files: Vec<PathBuf>,
-    /// What happens to a call no `permit` matches.
-    pub default: tollgate_policy::DefaultEffect,
-    /// The schema, if any.
-    pub schema: Option<PathBuf>,
-    /// Whether a policy's DENY trips the session's circuit (default: no).
-    pub trip_on_refusal: bool,
-}
+pub type PolicySettings = tollgate_policy::files::Settings;
+type PolicySection = tollgate_policy::files::Section;
 
 fn policy_settings(s: PolicySection, base: &Path) -> Result<PolicySettings, ConfigError> {
-    if s.files.is_empty() {
-        return Err(bad(
-            "policy.files",
-            "names no file; remove [policy] to run without policies",
-        ));
-    }
-    let resolve = |p: PathBuf| if p.is_relative() { base.join(p) } else { p };
-    Ok(PolicySettings {
-        files: s.files.into_iter().map(resolve).collect(),
-        default: match s.default.as_deref() {
-            None | Some("allow") => tollgate_policy::DefaultEffect::Allow,
-            Some("deny") => tollgate_policy::DefaultEffect::Deny,
-            Some(other) => {
-                return Err(bad(
-                    "policy.default",
-                    format!("`{other}` is not allow or deny"),
-                ))
-            }
-        },
-        schema: s.schema.map(resolve),
-        trip_on_refusal: s.trip_on_refusal.unwrap_or(false),
-    })
+    PolicySettings::from_section(s, base).map_err(|e| bad(e.key, e.message))
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -236,19 +236,9 @@ impl Daemon {
     pub async fn start(config: DaemonConfig) -> Result<Daemon, DaemonError> {
         let config = Arc::new(config);
         // A bad policy set never starts a daemon; a good one is recorded in the audit log
-        // (a policy-set entry) before the first call is decided.
+        // (a policy-set entry: in the file log, or in a fleet daemon's own PostgreSQL
+        // chain) before the first call is decided.
         let policies = config.policy.as_ref().map(policy::enforced).transpose()?;
-        if policies.is_some()
-            && matches!(
-                (&config.state.backend, &config.audit.sink),
-                (
-                    config::StateBackend::Redis(_),
-                    config::AuditSink::Postgres(_)
-                )
-            )
-        {
-            return Err(policy::PolicyError::Fleet.into());
-        }
         let hangup = match &policies {
             Some(_) => Some(
                 tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).map_err(
@@ -294,10 +284,20 @@ impl Daemon {
                 &operator_secrets,
             )
             .await?;
+            // Recorded in this daemon's chain before the set decides anything; every daemon
+            // of a fleet loads (and reloads) its own `[policy]` and records it in its own
+            // chain. A chain registered before format version 6 cannot record one: the
+            // start is refused, naming the chain.
+            if let Some(set) = policies {
+                service
+                    .install_policies(set, tollgate_audit::PolicySetCause::Start)
+                    .await?;
+            }
             let mut d =
                 Daemon::bind_transports(config.clone(), Core::Fleet(service), socket, warnings)
                     .await?;
             d.chain_id = Some(chain_id);
+            d.hangup = hangup;
             return Ok(d);
         }
         let audit_dir = config
@@ -523,23 +523,7 @@ impl Daemon {
         let watch = writer.map(|w| tokio::spawn(watch_audit(w)));
         match core {
             Core::Embedded(service) => {
-                let reload = hangup.map(|mut hup| {
-                    let service = service.clone();
-                    tokio::spawn(async move {
-                        while hup.recv().await.is_some() {
-                            match service.reload_policies().await {
-                                Ok(set) => tracing::info!(
-                                    digest = %set.policies.digest(),
-                                    policies = set.policies.len(),
-                                    "SIGHUP: policy set reloaded"
-                                ),
-                                Err(e) => tracing::error!(
-                                    "SIGHUP: policy reload refused, the set in force stays: {e}"
-                                ),
-                            }
-                        }
-                    })
-                });
+                let reload = hangup.map(|hup| reload_on_hangup(service.clone(), hup));
                 let r = run_core(
                     config, listener, service, socket, grpc, control, caps, shutdown,
                 )
@@ -553,13 +537,40 @@ impl Daemon {
                 r
             }
             Core::Fleet(service) => {
-                run_core(
+                let reload = hangup.map(|hup| reload_on_hangup(service.clone(), hup));
+                let r = run_core(
                     config, listener, service, socket, grpc, control, caps, shutdown,
                 )
-                .await
+                .await;
+                if let Some(t) = reload {
+                    t.abort();
+                }
+                r
             }
         }
     }
+}
+
+/// Reload the policy set on every SIGHUP (a set that does not load is refused and logged;
+/// the set in force stays).
+fn reload_on_hangup<S: SessionStore>(
+    service: Arc<Service<S>>,
+    mut hup: tokio::signal::unix::Signal,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        while hup.recv().await.is_some() {
+            match service.reload_policies().await {
+                Ok(set) => tracing::info!(
+                    digest = %set.policies.digest(),
+                    policies = set.policies.len(),
+                    "SIGHUP: policy set reloaded"
+                ),
+                Err(e) => {
+                    tracing::error!("SIGHUP: policy reload refused, the set in force stays: {e}")
+                }
+            }
+        }
+    })
 }
 
 /// Log the audit writer's failures and recoveries as they happen (checked every 200 ms):

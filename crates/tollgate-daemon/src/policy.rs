@@ -15,16 +15,14 @@
 //! set in force stays. A set that loads is recorded (a policy-set entry, record kind 9)
 //! before it decides anything, and decides every session's next call.
 //!
-//! Not enforced in a fleet yet (Redis state, PostgreSQL audit): such a daemon refuses to
-//! start with `[policy]` ([`PolicyError::Fleet`]).
+//! In a fleet (Redis state, PostgreSQL audit) each daemon loads its own `[policy]` and
+//! records its policy-set entries in its own chain (format version 6); the session's flow
+//! labels travel in its Redis record.
 
-use std::path::Path;
-
-use tollgate_audit::{PolicyEffect, PolicyNote, PolicySetCause, PolicySetRecord};
 use tollgate_core::json::{self, Limits, Value};
-use tollgate_core::{Digest, Params, Verdict};
-use tollgate_policy::compose::{Composed, Enforced};
-use tollgate_policy::{DefaultEffect, DenyCause, Effect, Options, Source};
+use tollgate_core::{Digest, Params};
+use tollgate_policy::compose::Enforced;
+use tollgate_policy::files::FilesError;
 use tollgate_proto::sp1;
 use tollgate_proto::MAX_TOOL_PARAMS_BYTES;
 
@@ -42,9 +40,6 @@ pub enum PolicyError {
     /// error[code]: message` (then a help line), as `tollgate policy check` prints them.
     #[error("policy set refused:\n{0}")]
     Refused(String),
-    /// A fleet member (Redis state, PostgreSQL audit) does not enforce policies yet.
-    #[error("[policy] is not enforced in a fleet yet (Redis state with a PostgreSQL audit trail): refusing to start rather than run without the rules; remove [policy], or run a single daemon")]
-    Fleet,
     /// The set loaded, but its policy-set entry could not be written to the audit log, so
     /// it decides nothing (on reload, the set in force stays).
     #[error("policy set {digest} not recorded in the audit log: {message}")]
@@ -59,49 +54,20 @@ pub enum PolicyError {
     NotConfigured,
 }
 
-/// A file's text as a [`Source`] named by its path: at most
-/// [`tollgate_policy::load::MAX_FILE_BYTES`] + 1 bytes are read (the loader then reports
-/// the file as too large), and text that is not UTF-8 is an error. `tollgate policy check`
-/// reads its files with this too.
-pub fn read_source(path: &Path) -> Result<Source, String> {
-    use std::io::Read as _;
-    let limit = u64::try_from(tollgate_policy::load::MAX_FILE_BYTES).unwrap_or(u64::MAX);
-    let mut bytes = Vec::new();
-    std::fs::File::open(path)
-        .and_then(|f| f.take(limit.saturating_add(1)).read_to_end(&mut bytes))
-        .map_err(|e| format!("cannot read `{}`: {e}", path.display()))?;
-    let text = String::from_utf8(bytes)
-        .map_err(|e| format!("`{}` is not UTF-8 text: {e}", path.display()))?;
-    Ok(Source::new(path.display().to_string(), text))
-}
+pub use tollgate_policy::files::read_source;
 
-/// Load the configured set with `tollgate-policy`'s loader. A set that does not load is
+/// Load the configured set with `tollgate-policy`'s loader (`tollgate_policy::files`, as
+/// every configuration does), logging its warnings. A set that does not load is
 /// [`PolicyError::Refused`] with every finding.
 pub fn load(settings: &PolicySettings) -> Result<tollgate_policy::Policies, PolicyError> {
-    let sources = settings
-        .files
-        .iter()
-        .map(|p| read_source(p))
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(PolicyError::Read)?;
-    let schema = settings
-        .schema
-        .as_deref()
-        .map(read_source)
-        .transpose()
-        .map_err(PolicyError::Read)?;
-    let options = Options {
-        default: settings.default,
-        schema,
-    };
-    let loaded = tollgate_policy::load(&sources, &options).map_err(|e| {
-        let lines: Vec<String> = e.findings.iter().map(ToString::to_string).collect();
-        PolicyError::Refused(lines.join("\n"))
+    let (policies, warnings) = tollgate_policy::files::load(settings).map_err(|e| match e {
+        FilesError::Read(m) => PolicyError::Read(m),
+        FilesError::Refused(m) => PolicyError::Refused(m),
     })?;
-    for w in &loaded.warnings {
+    for w in &warnings {
         tracing::warn!("policy: {w}");
     }
-    Ok(loaded.policies)
+    Ok(policies)
 }
 
 /// The configured set as the service enforces it.
@@ -112,77 +78,9 @@ pub fn enforced(settings: &PolicySettings) -> Result<Enforced, PolicyError> {
     })
 }
 
-/// The policy-set entry (record kind 9) of `set`, written at `now` for `cause`.
-pub fn set_record(set: &Enforced, cause: PolicySetCause, now: i64) -> PolicySetRecord {
-    PolicySetRecord {
-        timestamp_ns: now,
-        digest: set.policies.digest(),
-        policies: u32::try_from(set.policies.len()).unwrap_or(u32::MAX),
-        default_deny: set.policies.default_effect() == DefaultEffect::Deny,
-        trip_on_refusal: set.trip_on_refusal,
-        cause,
-    }
-}
-
-/// The verdict entry's policy note for what `c` decided under the set of digest `set`.
-/// Its [`PolicyNote::reason`] is `c.reason()` whenever the policy decided (tested).
-pub fn note(c: &Composed, set: Digest) -> PolicyNote {
-    let (effect, policy_id) = match &c.policy {
-        None => (PolicyEffect::NotEvaluated, None),
-        Some(e) => (
-            match e {
-                Effect::Pass => PolicyEffect::Pass,
-                Effect::Permit { .. } => PolicyEffect::Permit,
-                Effect::Hitl { .. } => PolicyEffect::Hitl,
-                Effect::DefaultDeny => PolicyEffect::DefaultDeny,
-                Effect::Deny { cause, .. } => match cause {
-                    DenyCause::Forbid => PolicyEffect::Forbid,
-                    DenyCause::ParamsRequired => PolicyEffect::ParamsRequired,
-                    DenyCause::Unrepresentable { .. } => PolicyEffect::Unrepresentable,
-                    DenyCause::Error(_) => PolicyEffect::Error,
-                    DenyCause::LabelLimit => PolicyEffect::LabelLimit,
-                },
-            },
-            e.policy().map(ToString::to_string),
-        ),
-    };
-    PolicyNote {
-        set_digest: set,
-        effect,
-        policy_id,
-        decided: c.policy_decided,
-        tripped: c.policy_decided && c.verdict == Verdict::Deny && c.trips,
-        labels: c.labels.clone(),
-    }
-}
-
-/// What a person reads for a verdict a policy decided (the reason string names the
-/// policy too).
-pub(crate) fn explain(c: &PolicyNote, hold_message: Option<&str>) -> String {
-    let id = c.policy_id.as_deref().unwrap_or_default();
-    match c.effect {
-        PolicyEffect::Forbid => format!("refused by policy `{id}`"),
-        PolicyEffect::Hitl => match hold_message {
-            Some(m) if !m.is_empty() => format!("policy `{id}` holds this call for a human: {m}"),
-            _ => format!("policy `{id}` holds this call for a human"),
-        },
-        PolicyEffect::Error => format!("policy `{id}` failed to evaluate; the call is refused"),
-        PolicyEffect::ParamsRequired => {
-            format!("policy `{id}` reads the call's arguments, and none were sent (tool_params)")
-        }
-        PolicyEffect::Unrepresentable => {
-            format!("policy `{id}` reads an argument that has no exact Cedar value")
-        }
-        PolicyEffect::LabelLimit => {
-            format!(
-                "allowing this call would give the session more than {} flow labels (policy `{id}`)",
-                tollgate_core::labels::MAX_LABELS
-            )
-        }
-        PolicyEffect::DefaultDeny => "no policy permits this call (default deny)".to_owned(),
-        PolicyEffect::Pass | PolicyEffect::Permit | PolicyEffect::NotEvaluated => String::new(),
-    }
-}
+// The policy-set entry, the verdict's policy note and its explanation are the store's
+// (`tollgate_store::rules`), shared with the library guard.
+pub use tollgate_store::rules::{explain, note, set_record};
 
 /// What a pre_exec request's `tool_params` say about its hash.
 #[derive(Debug, Clone, PartialEq)]
@@ -265,6 +163,7 @@ mod tests {
         use tollgate_core::labels::LabelSet;
         use tollgate_core::{GuardConfig, Money, SessionState, ToolCall};
         use tollgate_policy::compose::{decide, Input};
+        use tollgate_policy::{DefaultEffect, Options, Source};
         let text = r#"
             @id("no-shell") forbid (principal, action == Action::"shell", resource);
             @id("big-pay") @hitl permit (principal, action == Action::"pay", resource)

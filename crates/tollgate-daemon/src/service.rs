@@ -2,11 +2,11 @@
 //!
 //! Every transport (`crate::transport`) authenticates its peer first and names it as a
 //! [`Caller`]; then it calls the one handler for the request here, so decisions, state,
-//! audit and errors are the same whichever way a request came. Every verdict is decided by
-//! `tollgate_core::decide`, or, while a policy set is in force, by
-//! `tollgate_policy::compose::decide` (the guards and the policies together; with no set
-//! the verdict is exactly the guards'), applied to the store atomically through
-//! `tollgate_store::ops`, and returned only once its audit entry (the one durable record
+//! audit and errors are the same whichever way a request came. Every verdict is decided and
+//! applied by `tollgate_store::rules::decide` (the one decision path the library guard
+//! shares: `tollgate_core::decide`, or, while a policy set is in force,
+//! `tollgate_policy::compose::decide`, the guards and the policies together; with no set
+//! the verdict is exactly the guards'), atomically in the store, and returned only once its audit entry (the one durable record
 //! of the change) is durable.
 
 use std::collections::HashMap;
@@ -16,12 +16,12 @@ use std::time::Instant;
 use tollgate_audit::{CloseReason, PolicySetCause, PolicySetRecord};
 use tollgate_core::signals::has_error_signal;
 use tollgate_core::{
-    decide, Decision, Digest, Money, Params, Reason, SessionState, SessionStatus, ToolCall,
-    UnixNanos,
+    Decision, Digest, Money, Params, Reason, SessionState, SessionStatus, ToolCall, UnixNanos,
 };
-use tollgate_policy::compose::{self, Enforced, Input};
+use tollgate_policy::compose::Enforced;
 use tollgate_proto::sp1::{self, ErrorCode};
 use tollgate_proto::{MessageKey, SUPPORTED_VERSIONS};
+use tollgate_store::rules::{self, Rules};
 use tollgate_store::{ops, Change, Policy, Session, SessionMeta, SessionStore};
 
 use crate::config::{DaemonConfig, DEFAULT_ORG};
@@ -70,11 +70,13 @@ impl AuditSink for tollgate_pg::PgJournal {
         tollgate_pg::PgJournal::shutdown(self)
     }
 
+    /// In the daemon's own chain (format version 6; a chain registered in an earlier
+    /// version refuses it, naming the chain).
     fn policy_set(
         &self,
-        _record: PolicySetRecord,
+        record: PolicySetRecord,
     ) -> Result<tollgate_audit::Pending<tollgate_audit::Appended>, String> {
-        Err("a PostgreSQL chain (format version 5) cannot record a policy set".to_owned())
+        Ok(self.submit_policy_set(record))
     }
 }
 
@@ -726,49 +728,26 @@ impl<S: SessionStore> Service<S> {
                     return Change::Keep(Err(PreExecRefusal::CallNumber(s.last_call_number)));
                 }
                 let repeat = s.state.repeat_count_for(call.tool_name, digest);
-                let (d, note, hold) = match (&enforced, &actor) {
-                    (Some(set), Some(actor)) => {
-                        let c = compose::decide(
-                            &s.policy.config,
-                            Some(set),
-                            &s.state,
-                            &call,
-                            Input {
-                                actor,
-                                args: args.as_ref(),
-                                labels: &s.labels,
-                            },
-                            now,
-                            rng,
-                        );
-                        let note = crate::policy::note(&c, set.policies.digest());
-                        (c.applied(), Some(note), c.hold_message().map(str::to_owned))
-                    }
-                    _ => (
-                        decide(&s.policy.config, &s.state, &call, now, rng),
-                        None,
-                        None,
-                    ),
-                };
                 // The held call a release spends (its own number, for consoles and the
                 // daemon's record of its params).
                 let released = s
                     .state
                     .answering_transition(s.policy.config.parallel_holds(), call.nonce)
                     .map_or(call_number, |p| p.call_number);
-                let record = ops::verdict_with(s, &call, &d, note, call_number, now);
+                let rules = enforced
+                    .as_deref()
+                    .zip(actor.as_ref())
+                    .map(|(set, actor)| Rules { set, actor });
+                let out = rules::decide(s, rules, &call, args.as_ref(), call_number, now, rng);
                 let decided = Decided {
-                    decision: d,
-                    after: record.budget_after,
+                    decision: out.decision,
+                    after: out.record.budget_after,
                     repeat,
                     released,
-                    policy_reason: record.policy.as_ref().and_then(|n| n.reason()),
-                    policy_text: record
-                        .policy
-                        .as_ref()
-                        .filter(|n| n.decided)
-                        .map(|n| crate::policy::explain(n, hold.as_deref())),
+                    policy_reason: out.policy_reason(),
+                    policy_text: out.policy_explanation(),
                 };
+                let record = out.record;
                 Change::Commit(Ok(decided), record.into())
             })
             .await

@@ -11,8 +11,8 @@ use tokio_postgres::error::SqlState;
 use tokio_postgres::Client;
 use tollgate_audit::format::{self, FileHeader};
 use tollgate_audit::{
-    pending_pair, Appended, Chainer, Completer, Event, KeyId, SessionEvent, SigningKey, VoidRecord,
-    WriteError,
+    pending_pair, Appended, Chainer, Completer, Event, KeyId, PolicySetRecord, SessionEvent,
+    SigningKey, VoidRecord, WriteError,
 };
 use tollgate_core::Digest;
 use tollgate_store::{Arbiter, Durable, Journal, SettleFuture, Settled, StoreError, VoidBudget};
@@ -21,12 +21,13 @@ use crate::conn::{check_schema, connect, lock_key, PgSettings};
 use crate::schema::{quoted, SCHEMA_VERSION};
 use crate::PgError;
 
-/// The format version of the records of a chain registered now (version 5: record kind
-/// 7, void, the shared budget's version in the entries that write it, and kind 8,
-/// session closed). A chain registered earlier keeps the version its signed header names
-/// (3 or 4): its records go on in that version. Version 6 (policy notes, kind 9) is not
-/// written here: a fleet does not enforce policies yet, so its entries carry none.
-pub const CHAIN_FORMAT_VERSION: u16 = 5;
+/// The format version of the records of a chain registered now (version 6: record kind
+/// 7, void, the shared budget's version in the entries that write it (version 4), kind 8,
+/// session closed (version 5), and kind 9, policy set, with the verdicts' policy notes
+/// and the opening's policy-set digest (version 6)). A chain registered earlier keeps the
+/// version its signed header names (3 to 5): its records go on in that version, and it
+/// cannot record what a later version added ([`PgJournal::format_version`]).
+pub const CHAIN_FORMAT_VERSION: u16 = 6;
 
 /// The longest chain id, in bytes.
 pub const MAX_CHAIN_ID_BYTES: usize = 256;
@@ -127,6 +128,7 @@ pub struct PgJournal {
     shared: Arc<Shared>,
     chain_id: String,
     key_id: KeyId,
+    version: u16,
     task: Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
@@ -171,6 +173,7 @@ impl PgJournal {
             shared,
             chain_id: chain_id.to_owned(),
             key_id,
+            version,
             task: Mutex::new(Some(handle)),
         })
     }
@@ -183,6 +186,52 @@ impl PgJournal {
     /// The signing key's id.
     pub fn key_id(&self) -> KeyId {
         self.key_id
+    }
+
+    /// The format version of the chain's records: the one its signed header names
+    /// ([`CHAIN_FORMAT_VERSION`] for a chain registered by this build; 3 to 5 for one
+    /// registered earlier, which cannot record policy sets or policy notes).
+    pub fn format_version(&self) -> u16 {
+        self.version
+    }
+
+    /// Write a policy-set entry (record kind 9, format version 6): a daemon's Cedar
+    /// policy set coming into force. It holds no place in a session's history, so it
+    /// takes no claim; it is signed and linked like every entry, in the order submitted.
+    /// The handle completes once its transaction committed. A chain of a version before
+    /// 6 cannot hold one: refused ([`WriteError::Refused`]), nothing written.
+    pub fn submit_policy_set(&self, record: PolicySetRecord) -> tollgate_audit::Pending<Appended> {
+        if self.version < 6 {
+            let (c, p) = pending_pair();
+            c.complete(Err(WriteError::Refused(format!(
+                "chain `{}` is format version {}, which cannot record a policy set (version 6); \
+                 give the daemon a new chain_id (or key) to start a version-6 chain",
+                self.chain_id, self.version
+            ))));
+            return p;
+        }
+        self.submit_event(Event::PolicySet(record))
+    }
+
+    fn submit_event(&self, event: Event) -> tollgate_audit::Pending<Appended> {
+        let (c, p) = pending_pair();
+        if let Some(e) = self.refusal() {
+            c.complete(Err(e));
+            return p;
+        }
+        let (refused, error) = match self.tx.try_send(Msg::Entry(Box::new(event), c)) {
+            Ok(()) => return p,
+            Err(mpsc::error::TrySendError::Full(m)) => (
+                m,
+                WriteError::Failed("the postgres audit journal's queue is full".to_owned()),
+            ),
+            Err(mpsc::error::TrySendError::Closed(m)) => (m, WriteError::WriterGone),
+        };
+        // The message handed back is the one just sent: its completer answers.
+        if let Msg::Entry(_, c) = refused {
+            c.complete(Err(error));
+        }
+        p
     }
 
     /// The counters, as the file writer reports them (`syncs` counts commits).
@@ -269,31 +318,9 @@ fn gone_is_ok(e: WriteError) -> Result<(), WriteError> {
     }
 }
 
-fn failed(e: WriteError) -> Durable {
-    let (c, p) = pending_pair();
-    c.complete(Err(e));
-    Durable::of(p)
-}
-
 impl Journal for PgJournal {
     fn submit(&self, event: SessionEvent) -> Durable {
-        if let Some(e) = self.refusal() {
-            return failed(e);
-        }
-        let (c, p) = pending_pair();
-        match self
-            .tx
-            .try_send(Msg::Entry(Box::new(Event::Session(event)), c))
-        {
-            Ok(()) => Durable::of(p),
-            Err(mpsc::error::TrySendError::Full(Msg::Entry(_, c))) => {
-                c.complete(Err(WriteError::Failed(
-                    "the postgres audit journal's queue is full".to_owned(),
-                )));
-                Durable::of(p)
-            }
-            Err(_) => failed(WriteError::WriterGone),
-        }
+        Durable::of(self.submit_event(Event::Session(event)))
     }
 }
 
@@ -558,13 +585,15 @@ enum Item {
 }
 
 impl Item {
-    fn key(&self) -> (&str, u64) {
+    /// The place in a session's history the item takes (and claims): none for an entry
+    /// that is not a session event (a policy set).
+    fn key(&self) -> Option<(&str, u64)> {
         match self {
             Item::Entry(e, _) => match &**e {
-                Event::Session(e) => (e.session_id(), e.session_seq()),
-                _ => ("", 0),
+                Event::Session(e) => Some((e.session_id(), e.session_seq())),
+                _ => None,
             },
-            Item::Settle(s, q, _, _) => (s, *q),
+            Item::Settle(s, q, _, _) => Some((s, *q)),
         }
     }
 
@@ -753,7 +782,9 @@ impl Task {
         let mut sids: Vec<&str> = Vec::with_capacity(items.len());
         let mut seqs: Vec<i64> = Vec::with_capacity(items.len());
         for it in items {
-            let (sid, seq) = it.key();
+            let Some((sid, seq)) = it.key() else {
+                continue;
+            };
             if let Ok(q) = i64::try_from(seq) {
                 sids.push(sid);
                 seqs.push(q);
@@ -946,7 +977,8 @@ impl Rows {
 
 /// Sign the batch's items onto the chain, in order: an entry whose place `held` names
 /// is refused, a settlement of a held place answered from it, a settlement of a free
-/// place becomes a void. Returns the rows to insert and each item's outcome.
+/// place becomes a void; an entry that is not a session event (a policy set) holds no
+/// place and takes no claim. Returns the rows to insert and each item's outcome.
 fn sign_batch(
     chainer: &mut Chainer,
     chain_id: &str,
@@ -957,7 +989,17 @@ fn sign_batch(
     let mut rows = Rows::default();
     let mut outcomes = Vec::with_capacity(items.len());
     for it in items {
-        let (sid, seq) = it.key();
+        let Some((sid, seq)) = it.key() else {
+            if let Item::Entry(event, _) = it {
+                outcomes.push(Outcome::Entry(sign_unclaimed(
+                    chainer,
+                    event,
+                    &mut rows,
+                    signed_first,
+                )?));
+            }
+            continue;
+        };
         let Ok(seq_i) = i64::try_from(seq) else {
             outcomes.push(match it {
                 Item::Entry(..) => Outcome::Entry(Err(WriteError::Refused(format!(
@@ -1044,6 +1086,36 @@ fn sign_batch(
         });
     }
     Ok((rows, outcomes))
+}
+
+/// Sign an entry that holds no place in a session's history (a policy set): a row of
+/// `entries` without session columns, and no claim.
+fn sign_unclaimed(
+    chainer: &mut Chainer,
+    event: &Event,
+    rows: &mut Rows,
+    signed_first: &mut Option<(u64, Digest)>,
+) -> Result<Result<Appended, WriteError>, BatchError> {
+    let ts = match event {
+        Event::PolicySet(r) => r.timestamp_ns,
+        _ => now_ns(),
+    };
+    let signed = match chainer.sign(event, ts) {
+        Ok(x) => x,
+        Err(e) => return Ok(Err(WriteError::Encode(e))),
+    };
+    let a = signed.appended;
+    if signed_first.is_none() {
+        *signed_first = Some((a.index, a.hash));
+    }
+    let idx = i64::try_from(a.index).map_err(|_| BatchError::Db("index overflow".into()))?;
+    rows.e_idx.push(idx);
+    rows.e_rec.push(signed.record);
+    rows.e_hash.push(a.hash.0.to_vec());
+    rows.e_sid.push(None);
+    rows.e_seq.push(None);
+    rows.e_kind.push(i16::from(event.kind()));
+    Ok(Ok(a))
 }
 
 fn complete(shared: &Shared, item: Item, outcome: Outcome) {

@@ -2,7 +2,7 @@
 //!
 //! Each daemon of a fleet writes its own signed, chain-linked audit chain into one
 //! PostgreSQL database. The rows hold the exact record bytes of the file log
-//! (docs/audit-format.md, format version 4), signed and linked through the same
+//! (docs/audit-format.md, format version 6 for a chain registered now), signed and linked through the same
 //! [`tollgate_audit::Chainer`] as the file writer, so the file verifier checks them.
 //! docs/postgres.md describes the schema, roles, TLS and what a break looks like.
 //!
@@ -12,14 +12,15 @@
 //!   per batch); a submitted entry completes only after its COMMIT. It is the store's
 //!   [`tollgate_store::Journal`] and [`tollgate_store::Arbiter`]: every entry also takes
 //!   its place `(session_id, session_seq)` in `claims`, and settling a place that no
-//!   entry holds writes a signed void (record kind 7).
+//!   entry holds writes a signed void (record kind 7). [`PgJournal::submit_policy_set`]
+//!   writes a daemon's policy-set entry (record kind 9), which takes no place.
 //! - [`verify()`], [`verify_chain`], [`list_chains`]: verify chains with the registered
 //!   (or given) public keys; export is verify with a visitor.
 //!
 //! What it does **not** do: it decides nothing and holds no session state (that is the
 //! store's, e.g. Redis); it never updates or deletes a row; it does not rotate keys
 //! inside a chain (a new key is a new chain); it does not create databases or login
-//! roles; it is not wired into the daemon here.
+//! roles; it is not wired into the daemon here (`tollgate-daemon`'s fleet mode does that).
 
 #![cfg_attr(
     test,

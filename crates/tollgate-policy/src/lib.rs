@@ -4,8 +4,9 @@
 //! [Cedar](https://www.cedarpolicy.com/) and evaluated as a pure function: [`load()`] a set
 //! from its files (and an optional schema), then [`Policies::evaluate`] one call at a time.
 //!
-//! What this crate does **not** do: no I/O (the caller reads the files and passes their
-//! text), no clock (the decision's time is an input, [`Call::now`]), no randomness, no
+//! What this crate does **not** do: no I/O in loading or evaluation (the caller passes
+//! the files' text; [`files`], the one module that reads files, reads those a `[policy]`
+//! section names, bounded, for every configuration that has one), no clock (the decision's time is an input, [`Call::now`]), no randomness, no
 //! threads, no global state. It does not decide a verdict on its own either: it says what
 //! the policies make of a call ([`Outcome`]) and the SP/1.0 guards in `tollgate-core`
 //! decide the rest. An evaluation reads nothing but its arguments, so the same set, call
@@ -64,6 +65,7 @@ pub mod analysis;
 pub mod args;
 pub mod compose;
 mod eval;
+pub mod files;
 pub mod load;
 pub mod model;
 pub mod number;

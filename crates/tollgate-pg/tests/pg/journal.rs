@@ -439,3 +439,207 @@ async fn a_version_3_chain_goes_on_in_version_3_and_a_new_one_is_version_4() {
     j.close().await.unwrap();
     assert!(verify_all(&s.name).await.iter().all(|r| r.result.is_ok()));
 }
+
+fn policy_set(
+    digest: u8,
+    cause: tollgate_audit::PolicySetCause,
+) -> tollgate_audit::PolicySetRecord {
+    tollgate_audit::PolicySetRecord {
+        timestamp_ns: 1_796_040_000_000_000_000,
+        digest: tollgate_core::Digest([digest; 32]),
+        policies: 2,
+        default_deny: false,
+        trip_on_refusal: false,
+        cause,
+    }
+}
+
+/// Format version 6 in PostgreSQL: a chain registered now holds policy-set entries
+/// (record kind 9, no place in any session's history, so no claim) and verdicts with
+/// policy notes, signed and linked like every entry, in the order submitted; the chain
+/// verifies and the verifier gives them back as written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_version_6_chain_holds_policy_sets_and_policy_notes() {
+    use tollgate_audit::{PolicyEffect, PolicyNote, PolicySetCause, SessionEvent};
+    let s = migrated("v6chain").await;
+    let j = PgJournal::open(s.settings(), key(6), "d6").await.unwrap();
+    assert_eq!(j.format_version(), 6);
+    assert_eq!(tollgate_pg::CHAIN_FORMAT_VERSION, 6);
+    let start = j.submit_policy_set(policy_set(0xa1, PolicySetCause::Start));
+    let mut refused = verdict("s", 1);
+    if let SessionEvent::Verdict(v) = &mut refused {
+        v.verdict = tollgate_core::Verdict::Deny;
+        v.deny_reason = Some(tollgate_core::DenyReason::PolicyViolation);
+        v.reason = tollgate_core::Reason::PolicyDeny;
+        v.budget_after = v.budget_before;
+        v.policy = Some(PolicyNote {
+            set_digest: tollgate_core::Digest([0xa1; 32]),
+            effect: PolicyEffect::Forbid,
+            policy_id: Some("no-shell".into()),
+            decided: true,
+            tripped: false,
+            labels: Vec::new(),
+        });
+    }
+    let a = j.submit(refused.clone());
+    // Two policy sets in one batch: neither takes a claim, so neither conflicts.
+    let reload = j.submit_policy_set(policy_set(0xb2, PolicySetCause::Reload));
+    let again = j.submit_policy_set(policy_set(0xb2, PolicySetCause::Reload));
+    let start = start.await.unwrap();
+    let a = a.await.unwrap().unwrap();
+    let reload = reload.await.unwrap();
+    let again = again.await.unwrap();
+    assert_eq!(
+        [start.index, a.index, reload.index, again.index],
+        [0, 1, 2, 3]
+    );
+    j.close().await.unwrap();
+    let c = client().await.unwrap();
+    assert_eq!(count(&c, &s.name, "entries").await, 4);
+    assert_eq!(count(&c, &s.name, "claims").await, 1);
+    assert_eq!(
+        count(&c, &s.name, "entries WHERE kind = 9 AND session_id IS NULL").await,
+        3
+    );
+    let mut seen = Vec::new();
+    let reports = tollgate_pg::verify(&c, &s.name, None, &[], &mut |_, e| {
+        seen.push(e.event.clone());
+    })
+    .await
+    .unwrap();
+    assert!(reports.iter().all(|r| r.result.is_ok()), "{reports:?}");
+    assert_eq!(seen.len(), 4);
+    assert!(
+        matches!(&seen[0], Event::PolicySet(r) if r.digest.0 == [0xa1; 32] && r.cause == PolicySetCause::Start),
+        "{seen:?}"
+    );
+    assert_eq!(seen[1], Event::Session(refused));
+    assert!(matches!(&seen[2], Event::PolicySet(r) if r.cause == PolicySetCause::Reload));
+    // Reopened, the chain goes on after its policy-set tail.
+    let j = PgJournal::open(s.settings(), key(6), "d6").await.unwrap();
+    let next = j
+        .submit_policy_set(policy_set(0xc3, PolicySetCause::Start))
+        .await
+        .unwrap();
+    assert_eq!(next.index, 4);
+    j.submit(verdict("s", 2)).await.unwrap();
+    j.close().await.unwrap();
+    assert!(verify_all(&s.name).await.iter().all(|r| r.result.is_ok()));
+}
+
+/// A chain registered in format version 5 goes on in version 5 (its signed header says
+/// so): its records stay readable and it still takes session entries, but it cannot hold
+/// a policy set, which is refused naming the chain, with nothing written.
+#[tokio::test]
+async fn a_version_5_chain_goes_on_in_version_5_and_refuses_a_policy_set() {
+    use tollgate_audit::format::{self, FileHeader};
+    let s = migrated("v5chain").await;
+    let c = client().await.unwrap();
+    let old = key(5);
+    let header = FileHeader::new_signed_version(5, &old, 0, 0, format::genesis_hash(), 1).encode();
+    c.execute(
+        &format!(
+            "INSERT INTO \"{}\".chains (chain_id, key_id, public_key, format_version, header)
+             VALUES ('old5', $1, $2, 5, $3)",
+            s.name
+        ),
+        &[
+            &tollgate_audit::KeyId::of(old.verifying_key().as_bytes()).to_string(),
+            &old.verifying_key().as_bytes().as_slice(),
+            &header,
+        ],
+    )
+    .await
+    .unwrap();
+    let j = PgJournal::open(s.settings(), old, "old5").await.unwrap();
+    assert_eq!(j.format_version(), 5);
+    j.submit(verdict("a", 1)).await.unwrap();
+    let e = j
+        .submit_policy_set(policy_set(1, tollgate_audit::PolicySetCause::Start))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&e, tollgate_audit::WriteError::Refused(m) if m.contains("`old5` is format version 5")),
+        "{e}"
+    );
+    j.submit(verdict("a", 2)).await.unwrap();
+    j.close().await.unwrap();
+    assert_eq!(count(&c, &s.name, "entries").await, 2);
+    let reports = verify_all(&s.name).await;
+    assert_eq!(reports[0].result.as_ref().unwrap().entries, 2);
+}
+
+/// A version-6 chain in PostgreSQL is byte for byte a version-6 log file: the known-answer
+/// file `known-answer-v6.log` (docs/audit-format.md, "Known answers": two policy sets, a
+/// session opened under the first, verdicts with policy notes) stored as a chain (its
+/// header in `chains`, each record a row) verifies with the PostgreSQL verifier, gives back
+/// its six entries, and a journal with its key continues it in version 6 (a policy set and
+/// a verdict linked after its last record).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_version_6_known_answer_file_is_a_chain() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../tollgate-audit/tests/data/known-answer-v6.log");
+    let file = std::fs::read(path).unwrap();
+    let (header, mut rest) = file.split_at(170);
+    let s = migrated("kav6").await;
+    let c = client().await.unwrap();
+    let signer = key(1);
+    let public = signer.verifying_key();
+    c.execute(
+        &format!(
+            "INSERT INTO \"{}\".chains (chain_id, key_id, public_key, format_version, header)
+             VALUES ('ka', $1, $2, 6, $3)",
+            s.name
+        ),
+        &[
+            &tollgate_audit::KeyId::of(public.as_bytes()).to_string(),
+            &public.as_bytes().as_slice(),
+            &header,
+        ],
+    )
+    .await
+    .unwrap();
+    let mut idx = 0i64;
+    while !rest.is_empty() {
+        let len = u32::from_be_bytes(rest[..4].try_into().unwrap()) as usize + 4;
+        let (record, tail) = rest.split_at(len);
+        c.execute(
+            &format!(
+                "INSERT INTO \"{}\".entries (chain_id, idx, record, entry_hash, kind)
+                 VALUES ('ka', $1, $2, $3, $4)",
+                s.name
+            ),
+            &[
+                &idx,
+                &record,
+                &tollgate_audit::format::sha256(record).0.as_slice(),
+                &i16::from(record[4]),
+            ],
+        )
+        .await
+        .unwrap();
+        idx += 1;
+        rest = tail;
+    }
+    assert_eq!(idx, 6);
+    let mut kinds = Vec::new();
+    let reports = tollgate_pg::verify(&c, &s.name, None, &[public], &mut |_, e| {
+        kinds.push(e.event.kind());
+    })
+    .await
+    .unwrap();
+    assert!(reports[0].result.is_ok(), "{reports:?}");
+    assert_eq!(kinds, [9, 4, 1, 1, 9, 1]);
+    // A journal with the file's key goes on after its last record, in version 6.
+    let j = PgJournal::open(s.settings(), key(1), "ka").await.unwrap();
+    assert_eq!(j.format_version(), 6);
+    let a = j
+        .submit_policy_set(policy_set(7, tollgate_audit::PolicySetCause::Reload))
+        .await
+        .unwrap();
+    assert_eq!(a.index, 6);
+    j.submit(verdict("s2", 1)).await.unwrap();
+    j.close().await.unwrap();
+    let reports = verify_all(&s.name).await;
+    assert_eq!(reports[0].result.as_ref().unwrap().entries, 8);
+}

@@ -31,6 +31,8 @@ use crate::daemon::Serve;
 use crate::servers::{PrivatePostgres, PrivateRedis};
 use crate::{code, s, text, tollgate};
 
+mod policy;
+
 const SHARED_REDIS: &str = "redis://127.0.0.1:6379/0";
 const SHARED_PG: &str = "postgres://postgres@127.0.0.1:5432/test";
 const SECRET: &str = "fleet-test-agents-secret-0123456789";
@@ -101,6 +103,7 @@ impl Fleet {
             limits,
             guards,
             acme,
+            tables,
         } = extra;
         let prefix = unique("tgfleet");
         let schema = unique("fleet");
@@ -156,6 +159,7 @@ operator_secret = "fleet-test-operators-secret-0123456789"
 id = "beta"
 secret = "{SECRET}"
 operator_secret = "fleet-test-operators-secret-0123456789"
+{tables}
 "#
             );
             std::fs::write(dir.join("fleet.toml"), config).unwrap();
@@ -256,6 +260,8 @@ struct Extra<'a> {
     guards: &'a str,
     /// Keys and `[[organization.agent]]` tables of organization acme.
     acme: &'a str,
+    /// Tables at the end of the file (`[policy]`).
+    tables: &'a str,
 }
 
 /// What the agents saw.
@@ -1542,62 +1548,4 @@ fn a_fleet_warns_that_organization_quotas_are_not_enforced_and_serves_past_them(
             open.push(c);
         }
     });
-}
-
-/// A fleet member (Redis state, PostgreSQL audit) does not enforce `[policy]` yet (its
-/// chains are format version 5, which cannot record a policy set or a verdict's deciding
-/// policy): with `[policy]` configured, `tollgate serve` refuses to start, saying so,
-/// rather than serve without the rules it was given.
-#[test]
-fn a_fleet_daemon_with_a_policy_set_refuses_to_start() {
-    let dir = tempfile::tempdir().unwrap();
-    let dir = dir.path();
-    std::fs::set_permissions(dir, std::os::unix::fs::PermissionsExt::from_mode(0o750)).unwrap();
-    std::fs::write(
-        dir.join("rules.cedar"),
-        "@id(\"no-shell\") forbid (principal, action == Action::\"shell\", resource);\n",
-    )
-    .unwrap();
-    let (prefix, schema) = (unique("tgpolicy"), unique("tgpolicy"));
-    std::fs::write(
-        dir.join("fleet.toml"),
-        format!(
-            "[state]\nbackend = \"redis\"\nurl = \"{SHARED_REDIS}\"\nkey_prefix = \"{prefix}\"\n\
-             [audit]\nsink = \"postgres\"\nurl = \"{SHARED_PG}\"\nschema = \"{schema}\"\n\
-             [policy]\nfiles = [\"rules.cedar\"]\n\
-             [[organization]]\nid = \"acme\"\nsecret = \"{SECRET}\"\noperator_secret = \"{OPERATOR_SECRET}\"\n"
-        ),
-    )
-    .unwrap();
-    // Run it with a deadline: a daemon that starts anyway (the failure this test is for)
-    // would serve until killed.
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_tollgate"))
-        .args([
-            "serve",
-            "--config",
-            s(&dir.join("fleet.toml")),
-            "--data-dir",
-            s(dir),
-        ])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let t = Instant::now();
-    while child.try_wait().unwrap().is_none() {
-        if t.elapsed() > Duration::from_secs(20) {
-            child.kill().unwrap();
-            let out = child.wait_with_output().unwrap();
-            panic!("a fleet daemon with [policy] started: {}", text(&out));
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let out = child.wait_with_output().unwrap();
-    assert_ne!(code(&out), 0, "{}", text(&out));
-    assert!(
-        text(&out).contains("[policy] is not enforced in a fleet yet"),
-        "{}",
-        text(&out)
-    );
-    assert!(!dir.join("tollgate.sock").exists());
 }
