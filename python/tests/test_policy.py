@@ -424,3 +424,33 @@ def test_library_mode_the_principal_is_the_audited_identity(tmp_path):
     assert other.check("deploy", {}).reason == "policy:only-the-deployer"
     unaudited = tollgate.Guard(policy=policy, agent_id="deployer", organization_id="acme")
     assert unaudited.check("deploy", {}).reason == "policy:only-the-deployer"
+
+
+def test_over_grpc_the_same_rules_decide(tmp_path):
+    """The same `[policy]` over the gRPC binding (mutual TLS): the client sends the params
+    there too; an operator on the socket approves the held payment."""
+    from conftest import POLICY_CONFIG, Daemon
+
+    d = Daemon(POLICY_CONFIG, grpc=True, files={"tools.cedar": POLICY_TOOLS, "flows.cedar": POLICY_FLOWS})
+    try:
+        c = tollgate.connect(grpc=d.grpc_addr, agent_id="grpc-bot", ca=d.ca, timeout=30.0, hitl_timeout=60.0,
+                             cert=d.pki / "client-default-grpc-bot.pem", key=d.pki / "client-default-grpc-bot.key")
+        ran = []
+        _, delete_repo, shell, pay, crm_lookup, send_email = tools(c, ran)
+        assert refused(delete_repo, "prod").reason == "policy_default_deny"
+        assert refused(shell, "rm -rf /").reason == "policy:shell-commands"
+        crm_lookup(7)
+        assert refused(send_email, "x@elsewhere.example", "data").reason == "policy:mail-out-after-customer-data"
+        op = operator(d)
+
+        def approve():
+            p = wait_until_held(op, c.session_id)
+            op.decide(c.session_id, "approve", operator="alice", call_number=p["call_number"])
+
+        t = threading.Thread(target=approve)
+        t.start()
+        assert pay(250.5, "shop") == "paid 250.5"
+        t.join()
+        assert ran == [("crm_lookup", 7), ("pay", 250.5)]
+    finally:
+        d.stop()
