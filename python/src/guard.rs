@@ -192,7 +192,14 @@ impl PyGuard {
                 "audit_key is given without audit_log",
             ));
         }
-        let mut guard = tollgate_client::Guard::new(config);
+        let who = AuditIdentity {
+            session_id: session_id.to_owned(),
+            agent_id: agent_id.to_owned(),
+            organization_id: organization_id.to_owned(),
+        };
+        // Named from the start, so the policies' principal is the guard's ids with or
+        // without an audit log.
+        let mut guard = tollgate_client::Guard::new_as(config, who.clone());
         let mut policy_warnings = Vec::new();
         if let Some(p) = &policy {
             let settings = crate::policy::settings(p)?;
@@ -214,11 +221,6 @@ impl PyGuard {
             return Err(PyValueError::new_err(
                 "audit_log needs audit_key: a signing key file (`tollgate keygen --out DIR` writes one)",
             ));
-        };
-        let who = AuditIdentity {
-            session_id: session_id.to_owned(),
-            agent_id: agent_id.to_owned(),
-            organization_id: organization_id.to_owned(),
         };
         let inner = py.detach(move || -> Result<tollgate_client::Guard, String> {
             let text = std::fs::read_to_string(&key_path)

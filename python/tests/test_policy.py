@@ -405,8 +405,8 @@ def test_library_mode_the_audit_log_records_the_policies(policy_toml, tmp_path):
 
 
 def test_library_mode_the_principal_is_the_audited_identity(tmp_path):
-    """With an audit log the principal is `Agent::"ORG/AGENT"` of the guard's ids; without
-    one, the library guard's session is `local/local` (docs/python.md, Known limits)."""
+    """The principal is `Agent::"ORG/AGENT"` of the guard's ids, with an audit log and
+    without one."""
     import subprocess
 
     from conftest import tollgate_bin
@@ -423,7 +423,9 @@ def test_library_mode_the_principal_is_the_audited_identity(tmp_path):
                            agent_id="intern", organization_id="acme")
     assert other.check("deploy", {}).reason == "policy:only-the-deployer"
     unaudited = tollgate.Guard(policy=policy, agent_id="deployer", organization_id="acme")
-    assert unaudited.check("deploy", {}).reason == "policy:only-the-deployer"
+    assert unaudited.check("deploy", {}).allowed
+    intern = tollgate.Guard(policy=policy, agent_id="intern", organization_id="acme")
+    assert intern.check("deploy", {}).reason == "policy:only-the-deployer"
 
 
 def test_over_grpc_the_same_rules_decide(tmp_path):

@@ -186,9 +186,17 @@ fn open_session(
 }
 
 impl Guard {
-    /// A guard with a fresh session under `config`.
+    /// A guard with a fresh session under `config`, named `local` (session, agent and
+    /// organization).
     pub fn new(config: GuardConfig) -> Guard {
-        let (session, _) = open_session(config, AuditIdentity::default(), None);
+        Guard::new_as(config, AuditIdentity::default())
+    }
+
+    /// A guard with a fresh session under `config`, named `who`: the policies' principal
+    /// is `Agent::"ORG/AGENT"` of these ids, with or without an audit log (which
+    /// [`Guard::with_audit`] then opens under its own identity).
+    pub fn new_as(config: GuardConfig, who: AuditIdentity) -> Guard {
+        let (session, _) = open_session(config, who, None);
         Guard {
             session: Mutex::new(session),
             audit: None,
