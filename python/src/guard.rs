@@ -46,6 +46,8 @@ fn ratio(what: &str, f: f64) -> PyResult<Ratio> {
 pub struct PyGuard {
     inner: tollgate_client::Guard,
     audited: bool,
+    /// The loader's warnings about the policy set in force (none without one).
+    policy_warnings: Vec<String>,
 }
 
 impl PyGuard {
@@ -59,8 +61,10 @@ impl PyGuard {
         let d = checked.decision;
         Verdict {
             verdict: d.verdict.as_str(),
-            reason: d.reason.as_str().to_owned(),
-            explanation: String::new(),
+            // The deciding policy's (`policy:<id>`, ...) when a policy decided, else the
+            // guards'.
+            reason: checked.reason,
+            explanation: checked.policy_explanation.unwrap_or_default(),
             deny_reason: d.deny_reason.map(|r| r.as_str().to_owned()),
             budget_remaining_usd: Some(checked.budget_remaining.to_usd()),
             call_number: checked.call_number,
@@ -121,6 +125,7 @@ impl PyGuard {
         session_id = "local",
         agent_id = "local",
         organization_id = "local",
+        policy = None,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -145,6 +150,7 @@ impl PyGuard {
         session_id: &str,
         agent_id: &str,
         organization_id: &str,
+        policy: Option<Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         for (what, id) in [
             ("session_id", session_id),
@@ -181,16 +187,27 @@ impl PyGuard {
             max_held_calls,
             ..GuardConfig::default()
         };
-        let guard = tollgate_client::Guard::new(config);
+        if audit_log.is_none() && audit_key.is_some() {
+            return Err(PyValueError::new_err(
+                "audit_key is given without audit_log",
+            ));
+        }
+        let mut guard = tollgate_client::Guard::new(config);
+        let mut policy_warnings = Vec::new();
+        if let Some(p) = &policy {
+            let settings = crate::policy::settings(p)?;
+            let (set, warnings) = py.detach(|| crate::policy::load(&settings))?;
+            policy_warnings = warnings;
+            // Before the audit log: its session opening then names the set.
+            guard = guard
+                .with_policies(set)
+                .map_err(|e| PyValueError::new_err(format!("policy: {e}")))?;
+        }
         let Some(dir) = audit_log else {
-            if audit_key.is_some() {
-                return Err(PyValueError::new_err(
-                    "audit_key is given without audit_log",
-                ));
-            }
             return Ok(PyGuard {
                 inner: guard,
                 audited: false,
+                policy_warnings,
             });
         };
         let Some(key_path) = audit_key else {
@@ -218,6 +235,7 @@ impl PyGuard {
         Ok(PyGuard {
             inner: inner.map_err(PyOSError::new_err)?,
             audited: true,
+            policy_warnings,
         })
     }
 
@@ -401,6 +419,24 @@ impl PyGuard {
     fn calls(&self) -> u64 {
         self.inner.session().last_call_number
     }
+
+    /// The policy set in force (`policy=`): a dict with `digest` (its SHA-256, as
+    /// `tollgate policy check` prints it), `policies` (how many), `default` (`allow` or
+    /// `deny`), `trip_on_refusal`, `warnings` (the loader's, one line each); `None`
+    /// without one.
+    #[getter]
+    fn policy<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, pyo3::types::PyDict>>> {
+        let Some(set) = self.inner.policies() else {
+            return Ok(None);
+        };
+        let d = pyo3::types::PyDict::new(py);
+        d.set_item("digest", set.policies.digest().to_string())?;
+        d.set_item("policies", set.policies.len())?;
+        d.set_item("default", set.policies.default_effect().as_str())?;
+        d.set_item("trip_on_refusal", set.trip_on_refusal)?;
+        d.set_item("warnings", &self.policy_warnings)?;
+        Ok(Some(d))
+    }
 }
 
 /// The call number and the cost to report for `settle(call, actual_cost_usd)`: `call` is
@@ -422,7 +458,12 @@ fn not_run(py: Python<'_>, held: &Verdict, verdict: &'static str, reason: &str) 
     Verdict {
         verdict,
         reason: reason.to_owned(),
-        explanation: String::new(),
+        // Still held: why it was held; refused by a human: nothing more to say.
+        explanation: if verdict == "HITL" {
+            held.explanation.clone()
+        } else {
+            String::new()
+        },
         deny_reason: None,
         budget_remaining_usd: held.budget_remaining_usd,
         call_number: held.call_number,

@@ -24,6 +24,7 @@ mod daemon;
 mod guard;
 mod objects;
 mod pending;
+mod policy;
 
 use pyo3::create_exception;
 use pyo3::exceptions::{PyException, PyValueError};
@@ -43,6 +44,15 @@ create_exception!(
     TollgateError,
     "The daemon could not be reached or refused the request. `args[0]` is the fail-closed \
      reason (`fail_closed:daemon_unreachable`, `fail_closed:timeout`, ...), `args[1]` the detail."
+);
+
+create_exception!(
+    _native,
+    PolicyError,
+    TollgateError,
+    "A policy set (`Guard(policy=...)`) that does not load: the message lists every finding, \
+     `file:line:column: error[code]: message` then a help line, as `tollgate policy check` \
+     prints them."
 );
 
 /// An id argument (agent, organization, session), checked with the one rule the daemon
@@ -130,6 +140,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
     m.add("TollgateError", py.get_type::<TollgateError>())?;
     m.add("ConnectError", py.get_type::<ConnectError>())?;
+    m.add("PolicyError", py.get_type::<PolicyError>())?;
     m.add_class::<objects::Verdict>()?;
     m.add_class::<objects::Released>()?;
     m.add_class::<objects::Settlement>()?;

@@ -18,7 +18,7 @@ import threading
 import pytest
 
 import tollgate
-from conftest import POLICY_EMERGENCY, POLICY_TOOLS, wait_until_held
+from conftest import POLICY_EMERGENCY, POLICY_FLOWS, POLICY_TOOLS, wait_until_held
 
 
 def connect(daemon, agent, **kw):
@@ -215,3 +215,242 @@ def test_the_python_client_sends_the_canonical_params(policy_daemon):
     assert (v.verdict, v.reason) == ("HITL", "policy:big-payments")
     v = c.check("pay", {"amount": 250, "to": "shop"})
     assert (v.verdict, v.reason) == ("DENY", "policy_error:big-payments"), v
+
+
+# --- Library mode: `Guard(policy=...)`, the same rules decided in process by the same
+# evaluation (tollgate_client::Guard::with_policies).
+
+# A third file for library mode: freezing payments labels the session, and a frozen
+# session may not pay. With it a forbid can come to match a held call before a human
+# approves it (in the daemon, a reload does that: test_a_forbid_wins_over_an_approval).
+POLICY_FREEZE = """
+    @id("freezes-payments") @label("payments-frozen")
+    permit (principal, action == Action::"freeze_payments", resource);
+
+    @id("no-payments-when-frozen")
+    forbid (principal, action == Action::"pay", resource)
+    when { context.session.labels.contains("payments-frozen") };
+"""
+
+
+def write_rules(d, tools=POLICY_TOOLS):
+    import textwrap
+
+    for name, text in (("tools.cedar", tools), ("flows.cedar", POLICY_FLOWS), ("freeze.cedar", POLICY_FREEZE)):
+        (d / name).write_text(textwrap.dedent(text))
+
+
+@pytest.fixture
+def policy_toml(tmp_path):
+    """A TOML file with a `[policy]` section (beside other sections, which `policy=` does
+    not read), naming the rules by paths relative to it."""
+    write_rules(tmp_path)
+    path = tmp_path / "tollgate.toml"
+    path.write_text('[guard.default]\nbudget_usd = 10.0\n\n[policy]\nfiles = ["tools.cedar", "flows.cedar", '
+                    '"freeze.cedar"]\ndefault = "deny"\n')
+    return path
+
+
+def guard_tools(g, ran):
+    """The library-mode guard's tools (`tools` above, with `@g.tool`), plus freeze_payments."""
+    out = tools(g, ran)
+
+    @g.tool
+    def freeze_payments():
+        ran.append(("freeze_payments",))
+
+    return (*out, freeze_payments)
+
+
+def test_library_mode_an_allow_list_and_an_argument_rule(policy_toml):
+    g = tollgate.Guard(budget_usd=10.0, policy=policy_toml)
+    ran = []
+    search, delete_repo, shell, *_ = guard_tools(g, ran)
+    assert search("tollgate") == "results for tollgate"
+    e = refused(delete_repo, "prod")
+    assert (e.reason, e.verdict.deny_reason) == ("policy_default_deny", "POLICY_VIOLATION")
+    assert e.verdict.explanation == "no policy permits this call (default deny)"
+    assert shell("ls") == "ok"
+    e = refused(shell, "ls; rm -rf /")
+    assert e.reason == "policy:shell-commands" and "shell-commands" in e.verdict.explanation
+    assert ran == [("search", "tollgate"), ("shell", "ls")]
+    # Not tripped: the agent goes on.
+    assert not g.circuit_tripped
+    assert search("more") == "results for more"
+    # Numbers as the daemon reads them: a float with a fraction is a decimal, an int a Long.
+    assert g.check("pay", {"amount": 100.0, "to": "shop"}).allowed
+    assert g.check("pay", {"amount": 250, "to": "shop"}).reason == "policy_error:big-payments"
+
+
+def test_library_mode_an_approval_rule_and_a_forbid_that_beats_the_approval(policy_toml):
+    asked = []
+
+    def human(v):
+        asked.append((v.reason, v.explanation))
+        return tollgate.Decision("approve", operator="alice")
+
+    g = tollgate.Guard(budget_usd=10.0, policy=policy_toml, on_hitl=human)
+    ran = []
+    *_, pay, _, _, freeze_payments = guard_tools(g, ran)
+    assert pay(10.25, "shop") == "paid 10.25"
+    # Over 100 USD: held by the @hitl permit; the human approves; the body runs once.
+    assert pay(250.5, "shop") == "paid 250.5"
+    assert asked == [("policy:big-payments", "policy `big-payments` holds this call for a human: "
+                                             "payment over 100 USD")]
+    assert ran == [("pay", 10.25), ("pay", 250.5)]
+
+    # Held by hand; payments are frozen before the human approves: the approved
+    # re-dispatch is evaluated again, and the forbid refuses it.
+    held = g.check("pay", {"amount": 300.5, "to": "shop"})
+    assert (held.verdict, held.reason) == ("HITL", "policy:big-payments")
+    freeze_payments()
+    r = g.resolve(held, "approve", operator="alice")
+    assert (r.allowed, r.reason, r.params) == (False, "policy:no-payments-when-frozen", None)
+    with pytest.raises(tollgate.ToolDenied) as e:
+        pay(5.0, "shop")
+    assert e.value.reason == "policy:no-payments-when-frozen"
+    assert ran == [("pay", 10.25), ("pay", 250.5), ("freeze_payments",)]
+    assert not g.circuit_tripped
+
+
+def test_library_mode_a_flow_label(policy_toml):
+    g = tollgate.Guard(budget_usd=10.0, policy=policy_toml)
+    ran = []
+    *_, crm_lookup, send_email, _ = guard_tools(g, ran)
+    send_email("partner@elsewhere.example", "hello")
+    crm_lookup(7)
+    e = refused(send_email, "partner@elsewhere.example", "the customer's address")
+    assert e.reason == "policy:mail-out-after-customer-data"
+    send_email("bob@acme.example", "inside is fine")
+    assert ran == [("send_email", "partner@elsewhere.example"), ("crm_lookup", 7),
+                   ("send_email", "bob@acme.example")]
+    # Labels belong to the session: a new guard has read nothing.
+    assert tollgate.Guard(policy=policy_toml).check("send_email", {"to": "x@elsewhere.example", "body": ""}).allowed
+
+
+def test_library_mode_the_dict_form_and_the_trip_setting(tmp_path, monkeypatch):
+    write_rules(tmp_path)
+    monkeypatch.chdir(tmp_path)  # the dict's relative paths are the current directory's
+    g = tollgate.Guard(policy={"files": ["tools.cedar"], "default": "deny", "trip_on_refusal": True})
+    assert g.check("search", {"q": "x"}).allowed
+    v = g.check("delete_repo", {"name": "prod"})
+    assert v.reason == "policy_default_deny" and g.circuit_tripped
+    assert g.check("search", {"q": "y"}).reason == "circuit_open"
+    # The set's digest is the one `tollgate policy check` prints for the same files.
+    import subprocess
+
+    from conftest import tollgate_bin
+
+    out = subprocess.run([tollgate_bin(), "policy", "check", "--default", "deny", "tools.cedar"],
+                         capture_output=True, text=True, check=True).stdout
+    assert g.policy["digest"] in out and g.policy["policies"] == 3, (g.policy, out)
+    assert (g.policy["default"], g.policy["trip_on_refusal"]) == ("deny", True)
+    assert tollgate.Guard().policy is None
+
+
+def test_library_mode_a_bad_policy_set_is_refused_naming_file_line_and_column(tmp_path):
+    bad = tmp_path / "tools.cedar"
+    bad.write_text('@id("ok")\npermit (principal, action, resource);\n\n'
+                   'forbid (principal, action == Action::"shell", resource)\nwhen { context.args.command like };\n')
+    with pytest.raises(tollgate.PolicyError) as e:
+        tollgate.Guard(policy={"files": [str(bad)]})
+    assert f"{bad}:5:" in str(e.value) and "error[" in str(e.value), str(e.value)
+    assert isinstance(e.value, tollgate.TollgateError)
+    # A misspelt annotation, through a TOML file (its path relative to the file).
+    bad.write_text("@hitll\npermit (principal, action, resource);\n")
+    cfg = tmp_path / "p.toml"
+    cfg.write_text('[policy]\nfiles = ["tools.cedar"]\n')
+    with pytest.raises(tollgate.PolicyError) as e:
+        tollgate.Guard(policy=cfg)
+    assert f"{bad}:1:1" in str(e.value), str(e.value)
+    # The section itself: a bad key, a bad default, no files, no section; a missing file.
+    for policy, match in [({"files": ["tools.cedar"], "reload": True}, "reload"),
+                          ({"files": ["tools.cedar"], "default": "maybe"}, "policy.default"),
+                          ({"files": []}, "policy.files"),
+                          ({"files": "tools.cedar"}, "list")]:
+        with pytest.raises((ValueError, TypeError), match=match):
+            tollgate.Guard(policy=policy)
+    cfg.write_text('[guard.default]\nbudget_usd = 1.0\n')
+    with pytest.raises(ValueError, match="no \\[policy\\] section"):
+        tollgate.Guard(policy=cfg)
+    cfg.write_text('[policy]\nfiles = ["tools.cedar"]\nreload = true\n')
+    with pytest.raises(ValueError, match="reload"):
+        tollgate.Guard(policy=cfg)
+    with pytest.raises(OSError, match="missing.cedar"):
+        tollgate.Guard(policy={"files": [str(tmp_path / "missing.cedar")]})
+    with pytest.raises(OSError):
+        tollgate.Guard(policy=tmp_path / "missing.toml")
+
+
+def test_library_mode_the_audit_log_records_the_policies(policy_toml, tmp_path):
+    import subprocess
+
+    from conftest import tollgate_bin
+
+    subprocess.run([tollgate_bin(), "keygen", "--out", str(tmp_path)], check=True, capture_output=True)
+    log = tmp_path / "audit"
+    g = tollgate.Guard(budget_usd=10.0, policy=policy_toml, audit_log=log, audit_key=tmp_path / "audit.key",
+                       session_id="py-policy", agent_id="bot")
+    assert g.check("crm_lookup", {"customer": 7}).allowed
+    assert g.check("send_email", {"to": "x@elsewhere.example", "body": ""}).reason == \
+        "policy:mail-out-after-customer-data"
+    del g
+    rows = subprocess.run([tollgate_bin(), "audit", "export", "--format", "jsonl", "--key",
+                           str(tmp_path / "audit.pub"), str(log)], capture_output=True, text=True, check=True).stdout
+    import json
+
+    verdicts = [r for r in map(json.loads, rows.splitlines()) if r.get("tool_name")]
+    assert [r["policy_reason"] for r in verdicts][-1] == "policy:mail-out-after-customer-data", verdicts
+    assert "customer-data" in str(verdicts[0]["labels"]), verdicts[0]
+
+
+def test_library_mode_the_principal_is_the_audited_identity(tmp_path):
+    """With an audit log the principal is `Agent::"ORG/AGENT"` of the guard's ids; without
+    one, the library guard's session is `local/local` (docs/python.md, Known limits)."""
+    import subprocess
+
+    from conftest import tollgate_bin
+
+    (tmp_path / "deploy.cedar").write_text('@id("only-the-deployer")\nforbid (principal, action == '
+                                           'Action::"deploy", resource)\nunless { principal == '
+                                           'Agent::"acme/deployer" };\n')
+    policy = {"files": [str(tmp_path / "deploy.cedar")]}
+    subprocess.run([tollgate_bin(), "keygen", "--out", str(tmp_path)], check=True, capture_output=True)
+    audited = tollgate.Guard(policy=policy, audit_log=tmp_path / "audit", audit_key=tmp_path / "audit.key",
+                             agent_id="deployer", organization_id="acme")
+    assert audited.check("deploy", {}).allowed
+    other = tollgate.Guard(policy=policy, audit_log=tmp_path / "audit2", audit_key=tmp_path / "audit.key",
+                           agent_id="intern", organization_id="acme")
+    assert other.check("deploy", {}).reason == "policy:only-the-deployer"
+    unaudited = tollgate.Guard(policy=policy, agent_id="deployer", organization_id="acme")
+    assert unaudited.check("deploy", {}).reason == "policy:only-the-deployer"
+
+
+def test_over_grpc_the_same_rules_decide(tmp_path):
+    """The same `[policy]` over the gRPC binding (mutual TLS): the client sends the params
+    there too; an operator on the socket approves the held payment."""
+    from conftest import POLICY_CONFIG, Daemon
+
+    d = Daemon(POLICY_CONFIG, grpc=True, files={"tools.cedar": POLICY_TOOLS, "flows.cedar": POLICY_FLOWS})
+    try:
+        c = tollgate.connect(grpc=d.grpc_addr, agent_id="grpc-bot", ca=d.ca, timeout=30.0, hitl_timeout=60.0,
+                             cert=d.pki / "client-default-grpc-bot.pem", key=d.pki / "client-default-grpc-bot.key")
+        ran = []
+        _, delete_repo, shell, pay, crm_lookup, send_email = tools(c, ran)
+        assert refused(delete_repo, "prod").reason == "policy_default_deny"
+        assert refused(shell, "rm -rf /").reason == "policy:shell-commands"
+        crm_lookup(7)
+        assert refused(send_email, "x@elsewhere.example", "data").reason == "policy:mail-out-after-customer-data"
+        op = operator(d)
+
+        def approve():
+            p = wait_until_held(op, c.session_id)
+            op.decide(c.session_id, "approve", operator="alice", call_number=p["call_number"])
+
+        t = threading.Thread(target=approve)
+        t.start()
+        assert pay(250.5, "shop") == "paid 250.5"
+        t.join()
+        assert ran == [("crm_lookup", 7), ("pay", 250.5)]
+    finally:
+        d.stop()

@@ -18,7 +18,7 @@ from ._native import (
     check_vector,
     run_vectors,
 )
-from ._errors import ConnectError, HeldForHuman, TollgateError, ToolBlocked, ToolDenied
+from ._errors import ConnectError, HeldForHuman, PolicyError, TollgateError, ToolBlocked, ToolDenied
 from ._guarded import Client, Decision, Guard, Operator, aconnect, connect, operator
 
 __all__ = [
@@ -35,6 +35,7 @@ __all__ = [
     "VectorOutcome",
     "TollgateError",
     "ConnectError",
+    "PolicyError",
     "ToolBlocked",
     "ToolDenied",
     "HeldForHuman",

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._native import ConnectError, TollgateError
+from ._native import ConnectError, PolicyError, TollgateError
 
-__all__ = ["TollgateError", "ConnectError", "ToolBlocked", "ToolDenied", "HeldForHuman"]
+__all__ = ["TollgateError", "ConnectError", "PolicyError", "ToolBlocked", "ToolDenied", "HeldForHuman"]
 
 
 class ToolBlocked(TollgateError):

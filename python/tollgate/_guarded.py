@@ -175,6 +175,12 @@ class Guard(_native.Guard, _Decorating):
     the next call DENY and trips the circuit); `audit_log` (a directory: every change is written to a signed
     audit log there, durably, before the call returns) with `audit_key` (a key file from
     `tollgate keygen`), and `session_id`, `agent_id`, `organization_id` for its entries;
+    `policy`: a Cedar policy set to enforce with the guards (docs/policy.md), as a path to
+    a TOML file with a `[policy]` section (a `tollgate serve` configuration or `mcp.toml`
+    will do; its relative paths are read from the file's directory) or a dict with the
+    section's keys, `files` (a list, in set order), `default` (`"allow"` or `"deny"`),
+    `schema`, `trip_on_refusal` (relative paths from the current directory); a set that
+    does not load raises `PolicyError` naming every finding's `file:line:column`;
     `on_hitl`: a function (or an async function) called with a held `Verdict` that
     returns a `Decision` (or a decision word), which `@guard.tool` and the AutoGen and
     CrewAI adapters use to resolve held calls (LangGraph and the OpenAI Agents SDK have

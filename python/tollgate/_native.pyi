@@ -13,6 +13,9 @@ class TollgateError(Exception):
 class ConnectError(TollgateError):
     """The daemon could not be reached or refused: `args[0]` is the `fail_closed:` reason."""
 
+class PolicyError(TollgateError):
+    """A policy set (`Guard(policy=...)`) that does not load: every finding, `file:line:column`."""
+
 class Verdict:
     """One answer to "may this tool run now?"."""
     @property
@@ -118,6 +121,7 @@ class Guard:
         session_id: str = "local",
         agent_id: str = "local",
         organization_id: str = "local",
+        policy: Union[str, os.PathLike[str], Dict[str, Any], None] = None,
     ) -> Guard: ...
     def check(self, tool: str, params: Any, estimated_cost_usd: float = 0.0, *, nonce: Optional[int] = None) -> Verdict: ...
     def settle(self, call: Union[Verdict, int], actual_cost_usd: Optional[float] = None, error: Optional[str] = None) -> Settlement: ...
@@ -129,6 +133,8 @@ class Guard:
     def circuit_tripped(self) -> bool: ...
     @property
     def calls(self) -> int: ...
+    @property
+    def policy(self) -> Optional[Dict[str, Any]]: ...
 
 class Pending(Awaitable[Any]):
     """What `Client.acheck`, `acheck_or_wait` and `asettle` return: await it. The call runs

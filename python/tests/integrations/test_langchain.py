@@ -405,3 +405,31 @@ def test_daemon_mode_policies_refuse_and_hold(policy_daemon):
         assert by_id[call].status == "error" and reason in by_id[call].content, by_id[call]
     assert by_id["c5"].content == "paid 250.5"
     assert not client.session_state()["circuit_tripped"]
+
+
+def test_library_mode_policies_refuse_and_interrupt(tmp_path):
+    """Issue 18 with `Guard(policy=...)`: the refused calls' bodies never run, the model
+    reads the policy's reason; the `@hitl` payment interrupts the graph with the policy's
+    text and runs once resumed with an approval."""
+    import textwrap
+
+    from conftest import POLICY_FLOWS, POLICY_TOOLS
+
+    (tmp_path / "tools.cedar").write_text(textwrap.dedent(POLICY_TOOLS))
+    (tmp_path / "flows.cedar").write_text(textwrap.dedent(POLICY_FLOWS))
+    guard = tollgate.Guard(policy={"files": [str(tmp_path / "tools.cedar"), str(tmp_path / "flows.cedar")],
+                                   "default": "deny"})
+    ran = []
+    agent = make_policy_agent(guard, ran)
+    first = run(agent, "lib-policy")
+    (pending,) = first["__interrupt__"]
+    assert pending.value["reason"] == "policy:big-payments"
+    assert "payment over 100 USD" in pending.value["explanation"]
+    assert ran == [("shell", "ls"), ("crm_lookup", 7)], ran
+    done = agent.invoke(Command(resume="approve"), {"configurable": {"thread_id": "lib-policy"}})
+    assert ran == [("shell", "ls"), ("crm_lookup", 7), ("pay", 250.5)], ran
+    by_id = {m.tool_call_id: m for m in tool_messages(done)}
+    for call, reason in [("c1", "policy:shell-commands"), ("c2", "policy_default_deny"),
+                         ("c4", "policy:mail-out-after-customer-data")]:
+        assert by_id[call].status == "error" and reason in by_id[call].content, by_id[call]
+    assert by_id["c5"].content == "paid 250.5"

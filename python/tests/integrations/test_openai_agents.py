@@ -282,17 +282,14 @@ def test_a_call_held_behind_others_is_refused_not_approved():
     assert any("held behind other calls" in o and "Call it again" in o for o in outs), outs
 
 
-def test_daemon_mode_policies_refuse_and_hold(policy_daemon):
-    """Issue 18 over the guardrails: each refused call is rejected with the policy's
-    reason and its body never runs; the held payment runs once an operator approves it."""
-    import threading
+POLICY_STEPS = [("shell", {"command": "ls"}), ("shell", {"command": "rm -rf /"}), ("delete_repo", {"name": "prod"}),
+                ("crm_lookup", {"customer": 7}),
+                ("send_email", {"to": "partner@elsewhere.example", "body": "the customer's data"}),
+                ("pay", {"amount": 250.5, "to": "shop"})]
 
-    from conftest import wait_until_held
 
-    client = tollgate.connect(socket=policy_daemon.socket, secret_file=policy_daemon.secret_file,
-                              agent_id="oa-policy", timeout=30)
-    op = tollgate.operator(socket=policy_daemon.socket, secret_file=policy_daemon.operator_secret_file)
-    ran = []
+def make_policy_agent(guard, ran):
+    """Issue 18's calls (conftest.py's rules), one per turn, each tool recording its runs."""
 
     @function_tool
     def shell(command: str) -> str:
@@ -324,15 +321,34 @@ def test_daemon_mode_policies_refuse_and_hold(policy_daemon):
         ran.append(("pay", amount))
         return f"paid {amount}"
 
-    steps = [("shell", {"command": "ls"}), ("shell", {"command": "rm -rf /"}), ("delete_repo", {"name": "prod"}),
-             ("crm_lookup", {"customer": 7}),
-             ("send_email", {"to": "partner@elsewhere.example", "body": "the customer's data"}),
-             ("pay", {"amount": 250.5, "to": "shop"})]
-    tg = TollgateGuardrails(client)
+    tg = TollgateGuardrails(guard)
     tg.hitl_timeout = 60
     agent = Agent(name="bot", instructions="",
-                  model=ScriptedModel([(f"c{i}", n, a) for i, (n, a) in enumerate(steps)] + ["done"]),
+                  model=ScriptedModel([(f"c{i}", n, a) for i, (n, a) in enumerate(POLICY_STEPS)] + ["done"]),
                   tools=[tg.protect(f) for f in (shell, delete_repo, crm_lookup, send_email, pay)])
+    return agent, tg
+
+
+def check_policy_outputs(outs):
+    assert len(outs) == 6, outs
+    for i, reason in [(1, "policy:shell-commands"), (2, "policy_default_deny"),
+                      (4, "policy:mail-out-after-customer-data")]:
+        assert reason in outs[i], outs
+    assert outs[5] == "paid 250.5", outs
+
+
+def test_daemon_mode_policies_refuse_and_hold(policy_daemon):
+    """Issue 18 over the guardrails: each refused call is rejected with the policy's
+    reason and its body never runs; the held payment runs once an operator approves it."""
+    import threading
+
+    from conftest import wait_until_held
+
+    client = tollgate.connect(socket=policy_daemon.socket, secret_file=policy_daemon.secret_file,
+                              agent_id="oa-policy", timeout=30)
+    op = tollgate.operator(socket=policy_daemon.socket, secret_file=policy_daemon.operator_secret_file)
+    ran = []
+    agent, _ = make_policy_agent(client, ran)
 
     def approve():
         p = wait_until_held(op, client.session_id)
@@ -344,10 +360,30 @@ def test_daemon_mode_policies_refuse_and_hold(policy_daemon):
     result = Runner.run_sync(agent, "go")
     t.join()
     assert ran == [("shell", "ls"), ("crm_lookup", 7), ("pay", 250.5)], ran
-    outs = [str(o) for o in tool_outputs(result)]
-    assert len(outs) == 6, outs
-    for i, reason in [(1, "policy:shell-commands"), (2, "policy_default_deny"),
-                      (4, "policy:mail-out-after-customer-data")]:
-        assert reason in outs[i], outs
-    assert outs[5] == "paid 250.5", outs
+    check_policy_outputs([str(o) for o in tool_outputs(result)])
     assert not client.session_state()["circuit_tripped"]
+
+
+def test_library_mode_policies_refuse_and_need_approval(tmp_path):
+    """Issue 18 with `Guard(policy=...)`: the refused calls never run; the `@hitl` payment
+    is the SDK's approval item, and runs once approved."""
+    import textwrap
+
+    from conftest import POLICY_FLOWS, POLICY_TOOLS
+
+    (tmp_path / "tools.cedar").write_text(textwrap.dedent(POLICY_TOOLS))
+    (tmp_path / "flows.cedar").write_text(textwrap.dedent(POLICY_FLOWS))
+    guard = tollgate.Guard(policy={"files": [str(tmp_path / "tools.cedar"), str(tmp_path / "flows.cedar")],
+                                   "default": "deny"})
+    ran = []
+    agent, tg = make_policy_agent(guard, ran)
+    first = Runner.run_sync(agent, "go")
+    (item,) = first.interruptions
+    assert json.loads(item.raw_item.arguments) == {"amount": 250.5, "to": "shop"}
+    assert ran == [("shell", "ls"), ("crm_lookup", 7)], ran
+    state = first.to_state()
+    tg.approve(state, item, operator="alice")
+    done = Runner.run_sync(agent, state)
+    assert ran == [("shell", "ls"), ("crm_lookup", 7), ("pay", 250.5)], ran
+    # The resumed run's items are the whole run's.
+    check_policy_outputs([str(o) for o in tool_outputs(done)])

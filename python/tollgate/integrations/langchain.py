@@ -17,7 +17,8 @@ awrap_tool_call=mw.awrap_tool_call)`.
   `on_deny="raise"`, `ToolDenied` is raised.
 - HITL, library mode (`Guard`): the graph is paused with LangGraph's `interrupt()`; the
   interrupt's value is a dict `{"tollgate": "hitl", "tool", "args", "reason",
-  "call_number", "tool_call_id"}`. Resume it with `Command(resume=...)` where the value is
+  "explanation", "call_number", "tool_call_id"}` (`explanation`: why it was held, in words,
+  e.g. a `@hitl` policy's text; `""` when the guards held it). Resume it with `Command(resume=...)` where the value is
   a decision word (`"approve"`, `"reject"`) or a dict `{"decision": "approve" | "reject"
   | "modify", "params": {...edited args...}, "operator": "alice", "note": "why"}`. An
   approved call runs as held; a modified one runs with the edited arguments (never the
@@ -98,6 +99,7 @@ class TollgateMiddleware(AgentMiddleware):
             "tool": held.tool,
             "args": held.params,
             "reason": held.reason,
+            "explanation": held.explanation,
             "call_number": held.call_number,
             "tool_call_id": call_id,
         })
