@@ -75,6 +75,9 @@ pub struct LibrarySettings {
     pub agent_id: String,
     /// The organization id written to audit entries.
     pub organization_id: String,
+    /// `[policy]`: the Cedar policy set every call is decided with (paths resolved
+    /// against mcp.toml's directory); loaded when the gateway starts.
+    pub policy: Option<tollgate_policy::files::Settings>,
 }
 
 /// `[daemon]`.
@@ -196,6 +199,7 @@ struct File {
     upstream: Vec<UpstreamSection>,
     #[serde(default)]
     tools: BTreeMap<String, toml::Table>,
+    policy: Option<tollgate_policy::files::Section>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -363,6 +367,11 @@ impl Config {
                         "audit_dir and audit_key go together (make a key with `tollgate keygen`)",
                     ));
                 }
+                let policy = file
+                    .policy
+                    .map(|p| tollgate_policy::files::Settings::from_section(p, base))
+                    .transpose()
+                    .map_err(|e| bad(e.key, e.message))?;
                 let default_session = format!("mcp-{}", std::process::id());
                 Mode::Library(LibrarySettings {
                     guard,
@@ -379,6 +388,7 @@ impl Config {
                         l.organization_id.as_deref(),
                         "local",
                     )?,
+                    policy,
                 })
             }
             "daemon" => {
@@ -389,6 +399,13 @@ impl Config {
                     return Err(bad(
                         "guard",
                         "in daemon mode the daemon's configuration holds the guard",
+                    ));
+                }
+                if file.policy.is_some() {
+                    return Err(bad(
+                        "policy",
+                        "in daemon mode the daemon's [policy] decides: put the section in \
+                         tollgate serve's configuration",
                     ));
                 }
                 let d = file.daemon.unwrap_or_default();
@@ -674,6 +691,17 @@ mod tests {
         ))
         .contains("daemon's configuration holds the guard"));
         assert!(err(&format!("{ONE}[library]\naudit_dir = \"x\"")).contains("audit_key"));
+        // [policy]: the shared section's checks, and in daemon mode the daemon's decides.
+        assert!(err(&format!("{ONE}[policy]\nfiles = []")).contains("policy.files"));
+        assert!(
+            err(&format!("{ONE}[policy]\nfiles = [\"a\"]\ndefault = \"no\""))
+                .contains("policy.default")
+        );
+        assert!(err(&format!("{ONE}[policy]\nfiles = [\"a\"]\nfile = 1")).contains("file"));
+        assert!(err(&format!(
+            "{ONE}[gateway]\nmode = \"daemon\"\n[policy]\nfiles = [\"a.cedar\"]"
+        ))
+        .contains("the daemon's [policy] decides"));
         // Ids follow the daemon's one rule (issue 15 §3): no trailing space, no control
         // character, no non-ASCII space.
         for bad in ["research-bot ", "a\\u0001b", "bot\\u00a0", "bot\\u3000", ""] {
@@ -693,6 +721,31 @@ mod tests {
             "{ONE}[gateway]\nmode = \"daemon\"\n[daemon]\norganization = \"a b\""
         ))
         .contains("daemon.organization"));
+    }
+
+    #[test]
+    fn policy_paths_are_relative_to_the_config_directory() {
+        let c = parse(&format!(
+            "{ONE}[policy]\nfiles = [\"a.cedar\", \"/abs/b.cedar\"]\ndefault = \"deny\"\n\
+             schema = \"s.cedarschema\""
+        ))
+        .unwrap();
+        let Mode::Library(l) = &c.mode else {
+            panic!("library mode expected")
+        };
+        let p = l.policy.as_ref().unwrap();
+        assert_eq!(
+            p.files,
+            vec![
+                PathBuf::from("/etc/tg/a.cedar"),
+                PathBuf::from("/abs/b.cedar")
+            ]
+        );
+        assert_eq!(
+            p.schema.as_deref(),
+            Some(Path::new("/etc/tg/s.cedarschema"))
+        );
+        assert_eq!(p.default, tollgate_policy::DefaultEffect::Deny);
     }
 
     #[test]

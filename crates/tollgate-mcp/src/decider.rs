@@ -36,6 +36,10 @@ pub enum DeciderError {
     /// The local audit log could not be opened or written.
     #[error("local audit log: {0}")]
     Audit(String),
+    /// `[policy]`'s set could not be loaded (every finding, `file:line:col: ...`, one per
+    /// line) or put in force.
+    #[error("{0}")]
+    Policy(String),
 }
 
 /// How to settle a call that ran.
@@ -65,8 +69,10 @@ pub enum Checked {
         nonce: u64,
         /// The held call's number (what its decision names: several may be held at once).
         call_number: u64,
-        /// Why it was held (`hitl_all_calls`, `budget_threshold`, ...).
+        /// Why it was held (`hitl_all_calls`, `budget_threshold`, `policy:<id>`, ...).
         reason: String,
+        /// When a policy held it: what the policy says (its `@hitl` text).
+        explanation: Option<String>,
     },
 }
 
@@ -119,6 +125,8 @@ fn from_guard(
     repeat_limit: u32,
     estimate: Money,
 ) -> Checked {
+    // `c.reason` names the deciding policy (`policy:<id>`, ...) when one decided, else
+    // it is the guards' reason.
     match c.decision.verdict {
         Verdict::Allow => Checked::Allow {
             params,
@@ -127,17 +135,38 @@ fn from_guard(
         Verdict::Hitl => Checked::Held {
             nonce: c.nonce,
             call_number: c.call_number,
-            reason: c.decision.reason.as_str().to_owned(),
+            reason: c.reason,
+            explanation: c.policy_explanation,
         },
         Verdict::Deny => Checked::Deny(Denial {
-            reason: c.decision.reason.as_str().to_owned(),
+            reason: c.reason,
             repeat_count: Some(repeat_limit),
             budget_remaining: Some(c.budget_remaining),
             estimate,
             note: String::new(),
             refused_earlier: false,
+            explanation: c.policy_explanation,
         }),
     }
+}
+
+/// A fresh nonce, as [`Guard::check`] draws one (never 0).
+fn random_nonce() -> u64 {
+    let mut b = [0u8; 8];
+    let _ = getrandom::fill(&mut b);
+    u64::from_le_bytes(b).max(1)
+}
+
+/// `[policy]`'s set, loaded as `tollgate serve` loads one; the loader's warnings are logged.
+fn load_policies(
+    p: &tollgate_policy::files::Settings,
+) -> Result<tollgate_policy::compose::Enforced, DeciderError> {
+    let (set, warnings) =
+        tollgate_policy::files::enforced(p).map_err(|e| DeciderError::Policy(e.to_string()))?;
+    for w in &warnings {
+        tracing::warn!("{w}");
+    }
+    Ok(set)
 }
 
 async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Option<T> {
@@ -148,15 +177,25 @@ impl Library {
     /// Check what [`Library::open`] would read (the signing key), writing nothing: no
     /// audit log is opened (`tollgate mcp --check`).
     pub fn check_settings(settings: &LibrarySettings) -> Result<(), DeciderError> {
+        if let Some(p) = &settings.policy {
+            load_policies(p)?;
+        }
         match &settings.audit_key {
             Some(path) => read_key(path).map(|_| ()),
             None => Ok(()),
         }
     }
 
-    /// A guard for `settings`, with its local audit log when configured.
+    /// A guard for `settings`, with its policy set and its local audit log when
+    /// configured (the set first, so the session's opening names it).
     pub fn open(settings: &LibrarySettings) -> Result<Library, DeciderError> {
         let guard = Guard::new(settings.guard.clone());
+        let guard = match &settings.policy {
+            Some(p) => guard
+                .with_policies(load_policies(p)?)
+                .map_err(|e| DeciderError::Policy(format!("policy: {e}")))?,
+            None => guard,
+        };
         let guard = match (&settings.audit_dir, &settings.audit_key) {
             (Some(dir), Some(key_path)) => {
                 let key = read_key(key_path)?;
@@ -187,13 +226,35 @@ impl Library {
         &self.guard
     }
 
-    async fn check(&self, tool: &str, params: Value, cost_usd: f64) -> Checked {
+    /// Which of `upstream`'s `tools` (its own names) the policy set refuses the guard's
+    /// principal whatever the arguments and the session (`tools/list` leaves them out);
+    /// none without a set. A principal the set cannot name is refused everything.
+    pub fn denied_unconditionally(&self, upstream: &str, tools: &[&str]) -> Vec<bool> {
+        let Some(set) = self.guard.policies() else {
+            return vec![false; tools.len()];
+        };
+        let meta = self.guard.session().meta;
+        match set
+            .policies
+            .actor(&meta.organization_id, &meta.agent_id, upstream)
+        {
+            Some(actor) => tools
+                .iter()
+                .map(|t| set.policies.denies_unconditionally(&actor, t).is_some())
+                .collect(),
+            None => vec![true; tools.len()],
+        }
+    }
+
+    async fn check(&self, upstream: &str, tool: &str, params: Value, cost_usd: f64) -> Checked {
         let guard = self.guard.clone();
         let tool = tool.to_owned();
+        let upstream = upstream.to_owned();
         let estimate = money(cost_usd);
         let limit = self.repeat_limit;
         blocking(move || {
-            let c = guard.check(&tool, &params, estimate);
+            let nonce = random_nonce();
+            let c = guard.check_in(&upstream, &tool, &params, estimate, nonce);
             match from_guard(c, params, limit, estimate) {
                 // A first dispatch was never held, so nobody was asked about it: a reject
                 // here is of an earlier call (one held call per session, SP/1.0.1 §3.6).
@@ -213,6 +274,7 @@ impl Library {
                 estimate,
                 note: String::new(),
                 refused_earlier: false,
+                explanation: None,
             })
         })
     }
@@ -222,6 +284,7 @@ impl Library {
     #[allow(clippy::too_many_arguments)]
     pub async fn approve(
         &self,
+        upstream: &str,
         tool: &str,
         params: Value,
         cost_usd: f64,
@@ -231,6 +294,7 @@ impl Library {
     ) -> Checked {
         let guard = self.guard.clone();
         let tool = tool.to_owned();
+        let upstream = upstream.to_owned();
         let operator = operator.to_owned();
         let estimate = money(cost_usd);
         let limit = self.repeat_limit;
@@ -249,9 +313,10 @@ impl Library {
                     estimate,
                     note: String::new(),
                     refused_earlier: false,
+                    explanation: None,
                 });
             }
-            let c = guard.check_with_nonce(&tool, &params, estimate, nonce);
+            let c = guard.check_in(&upstream, &tool, &params, estimate, nonce);
             from_guard(c, params, limit, estimate)
         })
         .await
@@ -263,6 +328,7 @@ impl Library {
                 estimate,
                 note: String::new(),
                 refused_earlier: false,
+                explanation: None,
             })
         })
     }
@@ -367,6 +433,7 @@ impl Daemon {
                     estimate,
                     note,
                     refused_earlier: false,
+                    explanation: None,
                 })
             };
         let client = match self.client().await {
@@ -388,6 +455,13 @@ impl Daemon {
         }
         let reason = released.verdict.reason.clone();
         let refused_earlier = reason == "hitl_transition:reject" && released.decision.is_empty();
+        // A policy's verdict: the daemon's text for it names the policy.
+        let explanation = released
+            .verdict
+            .response
+            .as_ref()
+            .filter(|_| reason.starts_with("policy"))
+            .map(|r| r.human_readable_reason.clone());
         match deny(
             reason,
             released.verdict.response.as_ref(),
@@ -397,6 +471,7 @@ impl Daemon {
             // one (one held call per session, SP/1.0.1 §3.6).
             Checked::Deny(mut d) => {
                 d.refused_earlier = refused_earlier;
+                d.explanation = explanation;
                 Checked::Deny(d)
             }
             checked => checked,
@@ -404,12 +479,24 @@ impl Daemon {
     }
 }
 
+/// The tool a call is for, by each of its names.
+#[derive(Debug, Clone, Copy)]
+pub struct Target<'a> {
+    /// The name the host sees (and daemon mode decides by: the daemon knows no upstream).
+    pub public: &'a str,
+    /// Its upstream's name: the policies' resource (`Upstream::"NAME"`) in library mode.
+    pub upstream: &'a str,
+    /// The upstream's own name for it: what library mode decides by (the policies'
+    /// action), which adding an upstream does not change.
+    pub own: &'a str,
+}
+
 impl Decider {
-    /// Decide `tool` with `params` at the estimated `cost_usd`.
-    pub async fn check(&self, tool: &str, params: Value, cost_usd: f64) -> Checked {
+    /// Decide the call of `target` with `params` at the estimated `cost_usd`.
+    pub async fn check(&self, target: Target<'_>, params: Value, cost_usd: f64) -> Checked {
         match self {
-            Decider::Library(l) => l.check(tool, params, cost_usd).await,
-            Decider::Daemon(d) => d.check(tool, params, cost_usd).await,
+            Decider::Library(l) => l.check(target.upstream, target.own, params, cost_usd).await,
+            Decider::Daemon(d) => d.check(target.public, params, cost_usd).await,
         }
     }
 

@@ -19,7 +19,7 @@ use tollgate_core::json::Value;
 use tollgate_core::Money;
 
 use crate::config::{Config, Mode, OnDeny, ToolSettings};
-use crate::decider::{Checked, Daemon, Decider, DeciderError, Library, Ticket};
+use crate::decider::{Checked, Daemon, Decider, DeciderError, Library, Target, Ticket};
 use crate::names::{self, Names};
 use crate::texts::{self, Denial};
 use crate::upstream::{Hosts, Upstream};
@@ -210,18 +210,38 @@ impl Core {
         Ok(shown)
     }
 
-    /// Every upstream's tools, as the host sees them. An upstream that cannot be reached
-    /// is left out (and logged); the others are listed.
+    /// Which of upstream `i`'s `tools` the library guard's policy set refuses
+    /// unconditionally (none in daemon mode: the daemon holds the set).
+    pub fn denied_by_policy(&self, i: usize, tools: &[Tool]) -> Vec<bool> {
+        match (&self.decider, self.upstreams.get(i)) {
+            (Decider::Library(lib), Some(u)) => {
+                let own: Vec<&str> = tools.iter().map(|t| t.name.as_ref()).collect();
+                lib.denied_unconditionally(&u.config.name, &own)
+            }
+            _ => vec![false; tools.len()],
+        }
+    }
+
+    /// Every upstream's tools, as the host sees them: without those the policy set
+    /// refuses whatever the arguments (library mode; calling one anyway is refused by the
+    /// policy, as any call). An upstream that cannot be reached is left out (and logged);
+    /// the others are listed.
     pub async fn list_tools(&self) -> Vec<Tool> {
         let catalog = self.catalog().await;
         let mut out = Vec::new();
         for (i, list) in catalog.lists.iter().enumerate() {
             match list {
-                Ok(tools) => out.extend(tools.iter().filter_map(|t| {
-                    let mut t = t.clone();
-                    t.name = catalog.names.public(i, &t.name)?.to_owned().into();
-                    Some(t)
-                })),
+                Ok(tools) => out.extend(
+                    tools
+                        .iter()
+                        .zip(self.denied_by_policy(i, tools))
+                        .filter(|(_, denied)| !denied)
+                        .filter_map(|(t, _)| {
+                            let mut t = t.clone();
+                            t.name = catalog.names.public(i, &t.name)?.to_owned().into();
+                            Some(t)
+                        }),
+                ),
                 Err(e) => tracing::warn!(
                     "upstream `{}`: cannot list tools: {e}",
                     self.upstreams.get(i).map_or("", |u| u.config.name.as_str())
@@ -320,8 +340,13 @@ impl Core {
         let upstream_name = self.upstreams.get(i).map_or("", |u| u.config.name.as_str());
         let settings = self.config.tool(upstream_name, &own_name);
         let params = values::params(request.arguments.as_ref(), self.config.max_message_bytes);
+        let target = Target {
+            public: &name,
+            upstream: upstream_name,
+            own: &own_name,
+        };
         match self
-            .decide(&name, params, settings.cost_usd, &context)
+            .decide(target, params, settings.cost_usd, &context)
             .await
         {
             Checked::Allow { params, ticket } => {
@@ -329,9 +354,14 @@ impl Core {
                     .await
             }
             Checked::Deny(d) => self.denied(&name, &d),
-            Checked::Held { reason, .. } => self.denied(
+            Checked::Held {
+                reason,
+                explanation,
+                ..
+            } => self.denied(
                 &name,
                 &Denial {
+                    explanation,
                     reason,
                     repeat_count: None,
                     budget_remaining: None,
@@ -346,17 +376,18 @@ impl Core {
     /// Ask Tollgate; when a human must decide (library mode), ask the host's user.
     async fn decide(
         &self,
-        tool: &str,
+        target: Target<'_>,
         params: Value,
         cost_usd: f64,
         context: &RequestContext<RoleServer>,
     ) -> Checked {
+        let tool = target.public;
         let Decider::Library(lib) = &self.decider else {
             // Daemon mode: a held call waits inside for the daemon's operators.
             let waiting = format!("`{tool}` is waiting for a human's decision");
             return match self
                 .waiting(
-                    self.decider.check(tool, params, cost_usd),
+                    self.decider.check(target, params, cost_usd),
                     context,
                     &waiting,
                 )
@@ -373,16 +404,18 @@ impl Core {
                     estimate: money(cost_usd),
                     note: String::new(),
                     refused_earlier: false,
+                    explanation: None,
                 }),
             };
         };
         // Several calls may be held at once (the guard's max_held_calls), each asked of
         // the host's user on its own and decided by its own call number, in any order.
-        let first = self.decider.check(tool, params.clone(), cost_usd).await;
+        let first = self.decider.check(target, params.clone(), cost_usd).await;
         let Checked::Held {
             nonce,
             call_number,
             reason,
+            explanation,
         } = first
         else {
             return first;
@@ -395,6 +428,7 @@ impl Core {
                 estimate: money(cost_usd),
                 note: String::new(),
                 refused_earlier: false,
+                explanation: None,
             })
         };
         if reason == "hitl_transition:defer_escalate"
@@ -420,7 +454,15 @@ impl Core {
         }
         let ask = ElicitRequestParams::FormElicitationParams {
             meta: None,
-            message: texts::approval_request(tool, &params, &reason, money(cost_usd)),
+            message: texts::approval_request(
+                tool,
+                &params,
+                &match &explanation {
+                    Some(e) => format!("{reason} ({e})"),
+                    None => reason.clone(),
+                },
+                money(cost_usd),
+            ),
             requested_schema: ElicitationSchema::new(BTreeMap::new()),
         };
         let waiting = format!("`{tool}` is waiting for your approval");
@@ -442,7 +484,8 @@ impl Core {
         match answer {
             Ok(r) if r.action == ElicitationAction::Accept => {
                 lib.approve(
-                    tool,
+                    target.upstream,
+                    target.own,
                     params,
                     cost_usd,
                     nonce,

@@ -232,13 +232,19 @@ pub async fn check(config: &Config, out: &mut String) -> bool {
     let _ = match &config.mode {
         config::Mode::Library(l) => writeln!(
             out,
-            "mode: library (budget ${:.4}, max_repeat_calls {}, hitl_mode {}, audit log {})",
+            "mode: library (budget ${:.4}, max_repeat_calls {}, hitl_mode {}, audit log {}, \
+             policy {})",
             l.guard.budget.0 as f64 / 1e9,
             l.guard.max_repeat_calls,
             l.guard.hitl_mode.as_str(),
             l.audit_dir
                 .as_ref()
-                .map_or("none".into(), |d| d.display().to_string())
+                .map_or("none".into(), |d| d.display().to_string()),
+            l.policy.as_ref().map_or("none".into(), |p| format!(
+                "{} files, default {}",
+                p.files.len(),
+                p.default.as_str()
+            ))
         ),
         config::Mode::Daemon(d) => writeln!(
             out,
@@ -271,7 +277,8 @@ pub async fn check(config: &Config, out: &mut String) -> bool {
         match catalog.lists.get(i) {
             Some(Ok(tools)) => {
                 let _ = writeln!(out, "upstream {}: {} tools", u.config.name, tools.len());
-                for t in tools {
+                let denied = core.denied_by_policy(i, tools);
+                for (t, denied) in tools.iter().zip(denied) {
                     let public = catalog.names.public(i, &t.name).unwrap_or("?");
                     let s = config.tool(&u.config.name, &t.name);
                     let renamed = if public == t.name.as_ref() {
@@ -279,7 +286,12 @@ pub async fn check(config: &Config, out: &mut String) -> bool {
                     } else {
                         format!("\t(its own name: {})", t.name)
                     };
-                    let _ = writeln!(out, "  {public}\tcost ${}{renamed}", s.cost_usd);
+                    let by_policy = if denied {
+                        "\t(refused by the policy set: not listed)"
+                    } else {
+                        ""
+                    };
+                    let _ = writeln!(out, "  {public}\tcost ${}{renamed}{by_policy}", s.cost_usd);
                 }
                 for h in &u.config.hide {
                     let _ = writeln!(out, "  {h} (hidden)");

@@ -21,6 +21,9 @@ pub struct Denial {
     /// (with one held call per session, `max_held_calls = 1`, SP/1.0.1 §3.6 refuses the
     /// call after a refusal, though nobody was asked about it).
     pub refused_earlier: bool,
+    /// When a policy decided: what it says (`refused by policy `no-shell``, ...), which
+    /// replaces the generic words for the reason (`policy:<id>`, `policy_default_deny`).
+    pub explanation: Option<String>,
 }
 
 fn usd(m: Money) -> String {
@@ -31,6 +34,9 @@ fn usd(m: Money) -> String {
 
 /// Why, in words, for a reason string.
 pub fn explain(d: &Denial) -> String {
+    if let Some(e) = d.explanation.as_deref().filter(|e| !e.trim().is_empty()) {
+        return e.trim().to_owned();
+    }
     let r = d.reason.as_str();
     match r {
         "max_repeat_exceeded" => match d.repeat_count {
@@ -79,6 +85,10 @@ pub fn explain(d: &Denial) -> String {
         _ if r.starts_with("fail_closed:") => {
             "Tollgate could not get a trustworthy decision, so nothing may run".into()
         }
+        "policy_default_deny" => "no policy permits this tool (the policy set's default is \
+                                  deny)"
+            .into(),
+        _ if r.starts_with("policy") => "a policy refuses this call".into(),
         _ => "the call is not allowed by the session's policy".into(),
     }
 }
@@ -154,6 +164,7 @@ mod tests {
             estimate: Money(400_000_000),
             note: String::new(),
             refused_earlier: false,
+            explanation: None,
         }
     }
 

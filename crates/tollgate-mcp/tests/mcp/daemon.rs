@@ -390,3 +390,82 @@ async fn a_rejects_note_reaches_the_model() {
     s.close().await;
     d.stop().await;
 }
+
+/// A daemon (`tollgate serve`'s code, in this process) whose `[policy]` is `cedar`, with
+/// the default `allow`.
+async fn daemon_with_policy(dir: &Path, cedar: &str) -> Running {
+    let file = dir.join("tools.cedar");
+    std::fs::write(&file, cedar).unwrap();
+    let mut c = acme(dir);
+    c.policy = Some(tollgate_policy::files::Settings {
+        files: vec![file],
+        default: tollgate_policy::DefaultEffect::Allow,
+        schema: None,
+        trip_on_refusal: false,
+    });
+    Running::start(c).await
+}
+
+/// Daemon mode with a policy set: the daemon decides with the params the gateway sends
+/// (an argument rule), the session's flow labels (a label rule) and refuses a forbidden
+/// tool; the refused calls never run. `tools/list` is not filtered in daemon mode (the
+/// daemon holds the set): a tool forbidden outright is listed, and refused when called.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_daemon_s_policy_set_decides_by_arguments_and_flow_labels() {
+    let data = tempfile::tempdir().unwrap();
+    let d = daemon_with_policy(
+        data.path(),
+        "@id(\"no-secrets\")\n\
+         forbid (principal, action == Action::\"echo\", resource)\n\
+         when { context.args has text && context.args.text like \"*secret*\" };\n\
+         @id(\"adds\") @label(\"summed\")\n\
+         permit (principal, action == Action::\"add\", resource);\n\
+         @id(\"no-big-after-add\")\n\
+         forbid (principal, action == Action::\"big\", resource)\n\
+         when { context.session.labels.contains(\"summed\") };\n\
+         @id(\"no-crash\")\n\
+         forbid (principal, action == Action::\"crash\", resource);\n",
+    )
+    .await;
+    let kit = daemon_kit(&d.socket, "");
+    let s = start(&kit.config(), Host::default()).await;
+    let listed: Vec<String> = s
+        .client
+        .list_all_tools()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|t| t.name.to_string())
+        .collect();
+    assert!(listed.iter().any(|t| t == "crash"), "{listed:?}");
+    let reason = |r: &rmcp::model::CallToolResult| {
+        r.meta
+            .as_ref()
+            .and_then(|m| m.0.get("tollgate/reason"))
+            .and_then(|v| v.as_str())
+            .unwrap_or_default()
+            .to_owned()
+    };
+    assert!(
+        !denied(&s.ok("big", json!({"bytes": 2})).await),
+        "no label yet"
+    );
+    assert!(!denied(&s.ok("echo", json!({"text": "hello"})).await));
+    let r = s.ok("echo", json!({"text": "a secret"})).await;
+    assert_eq!(reason(&r), "policy:no-secrets", "{}", text(&r));
+    assert!(
+        text(&r).starts_with("denied: policy:no-secrets; refused by policy `no-secrets`."),
+        "{}",
+        text(&r)
+    );
+    let r = s.ok("crash", json!({})).await;
+    assert_eq!(reason(&r), "policy:no-crash", "{}", text(&r));
+    assert_eq!(text(&s.ok("add", json!({"a": 1, "b": 2})).await), "3");
+    let r = s.ok("big", json!({"bytes": 2})).await;
+    assert_eq!(reason(&r), "policy:no-big-after-add", "{}", text(&r));
+    // A policy's refusal does not trip the session (trip_on_refusal = false).
+    assert!(!denied(&s.ok("echo", json!({"text": "bye"})).await));
+    assert_eq!(kit.invocations(), vec!["big", "echo", "add", "echo"]);
+    assert!(s.close().await.success());
+    d.stop().await;
+}

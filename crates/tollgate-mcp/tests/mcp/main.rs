@@ -17,6 +17,7 @@ mod flows;
 mod hitl;
 mod http;
 mod names;
+mod policy;
 mod robustness;
 
 use std::path::{Path, PathBuf};
