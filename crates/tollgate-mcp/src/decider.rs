@@ -189,7 +189,14 @@ impl Library {
     /// A guard for `settings`, with its policy set and its local audit log when
     /// configured (the set first, so the session's opening names it).
     pub fn open(settings: &LibrarySettings) -> Result<Library, DeciderError> {
-        let guard = Guard::new(settings.guard.clone());
+        let who = AuditIdentity {
+            session_id: settings.session_id.clone(),
+            agent_id: settings.agent_id.clone(),
+            organization_id: settings.organization_id.clone(),
+        };
+        // Named from the start: the policies' principal is `[library]`'s ids with or
+        // without a local audit log.
+        let guard = Guard::new_as(settings.guard.clone(), who.clone());
         let guard = match &settings.policy {
             Some(p) => guard
                 .with_policies(load_policies(p)?)
@@ -203,14 +210,7 @@ impl Library {
                     tollgate_audit::Writer::open(tollgate_audit::WriterConfig::new(dir), key)
                         .map_err(|e| DeciderError::Audit(e.to_string()))?;
                 guard
-                    .with_audit(
-                        writer,
-                        AuditIdentity {
-                            session_id: settings.session_id.clone(),
-                            agent_id: settings.agent_id.clone(),
-                            organization_id: settings.organization_id.clone(),
-                        },
-                    )
+                    .with_audit(writer, who)
                     .map_err(|e| DeciderError::Audit(e.to_string()))?
             }
             _ => guard,

@@ -272,3 +272,29 @@ async fn a_set_that_does_not_load_stops_the_gateway_with_every_finding() {
     }
     assert!(kit.invocations().is_empty());
 }
+
+/// The principal is `[library]`'s organization and agent, without a local audit log too:
+/// an agent-specific rule applies to the gateway it names and to no other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_specific_rule_holds_without_an_audit_log() {
+    let cedar = "@id(\"only-the-builder-adds\")\n\
+                 forbid (principal, action == Action::\"add\", resource)\n\
+                 unless { principal == Agent::\"acme/builder\" };\n";
+    for (agent, allowed) in [("builder", true), ("intern", false)] {
+        let kit = policy_kit(
+            cedar,
+            &format!("[library]\norganization_id = \"acme\"\nagent_id = \"{agent}\"\n"),
+        );
+        let s = start(&kit.config(), Host::default()).await;
+        let r = s.ok("add", json!({"a": 2, "b": 3})).await;
+        if allowed {
+            assert_eq!(text(&r), "5", "{agent}");
+            assert_eq!(kit.invocations(), vec!["add"]);
+        } else {
+            assert!(denied(&r), "{agent}: {}", text(&r));
+            assert_eq!(reason(&r), "policy:only-the-builder-adds");
+            assert!(kit.invocations().is_empty());
+        }
+        assert!(s.close().await.success());
+    }
+}
