@@ -49,14 +49,31 @@ fn the_pure_and_storage_layers_have_no_runtime_network_or_protobuf() {
     );
     // The board gate: pure too.
     assert_only("tollgate-board", &["tollgate-core", "thiserror", "regex"]);
+    // The policies: Cedar over the core; no async, no sockets, no protobuf (its one file
+    // reader, `files`, reads what a `[policy]` section names).
+    assert_only(
+        "tollgate-policy",
+        &[
+            "tollgate-core",
+            "cedar-policy",
+            "cedar-policy-core",
+            "miette",
+            "serde",
+            "serde_json",
+            "sha2",
+            "thiserror",
+        ],
+    );
     // Storage and audit: files, but no async runtime, no sockets, no protobuf. The store
     // reads and writes through the audit log (its write-ahead log), never the reverse;
-    // rustix (its `process` feature only) tells it whose files it opens.
+    // rustix (its `process` feature only) tells it whose files it opens. It decides a call
+    // through tollgate-policy (`rules::decide`), which is pure (below).
     assert_only(
         "tollgate-store",
         &[
             "tollgate-core",
             "tollgate-audit",
+            "tollgate-policy",
             "redb",
             "rustix",
             "tracing",
