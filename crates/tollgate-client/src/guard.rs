@@ -87,6 +87,9 @@ pub struct Guard {
 /// evaluations), outside the session's lock.
 struct GuardRules {
     set: Arc<Enforced>,
+    /// The session's organization and agent ids (the principal's).
+    organization_id: String,
+    agent_id: String,
     actors: Mutex<Vec<(String, Arc<Actor>)>>,
 }
 
@@ -99,22 +102,24 @@ impl GuardRules {
     fn new(set: Arc<Enforced>, who: &SessionMeta) -> GuardRules {
         let rules = GuardRules {
             set,
+            organization_id: who.organization_id.clone(),
+            agent_id: who.agent_id.clone(),
             actors: Mutex::new(Vec::new()),
         };
-        let _ = rules.actor(who, LOCAL_UPSTREAM);
+        let _ = rules.actor(LOCAL_UPSTREAM);
         rules
     }
 
     /// The principal for calls to tools of `upstream`; `None` when a name is too long
     /// for one (the call then fails closed).
-    fn actor(&self, who: &SessionMeta, upstream: &str) -> Option<Arc<Actor>> {
+    fn actor(&self, upstream: &str) -> Option<Arc<Actor>> {
         let lock = || self.actors.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some((_, a)) = lock().iter().find(|(u, _)| u == upstream) {
             return Some(a.clone());
         }
         let actor = Arc::new(self.set.policies.actor(
-            &who.organization_id,
-            &who.agent_id,
+            &self.organization_id,
+            &self.agent_id,
             upstream,
         )?);
         let mut actors = lock();
@@ -213,7 +218,7 @@ impl Guard {
     pub fn with_policies(self, set: Enforced) -> Result<Guard, GuardPolicyError> {
         let set = Arc::new(set);
         let rules = GuardRules::new(set.clone(), &self.lock().meta);
-        if rules.actor(&self.lock().meta, LOCAL_UPSTREAM).is_none() {
+        if rules.actor(LOCAL_UPSTREAM).is_none() {
             return Err(GuardPolicyError::Names);
         }
         if let Some((writer, _)) = &self.audit {
@@ -234,6 +239,22 @@ impl Guard {
     /// The policy set in force, if any.
     pub fn policies(&self) -> Option<&Enforced> {
         self.rules.as_ref().map(|r| &*r.set)
+    }
+
+    /// Whether the set in force refuses every call of `upstream`'s `tool` by this guard's
+    /// principal, whatever the arguments and the session
+    /// ([`tollgate_policy::Policies::denies_unconditionally`]: the MCP gateway leaves such
+    /// tools out of `tools/list`). False without a set; true for a principal the set
+    /// cannot name (every call of it is refused).
+    pub fn denies_unconditionally(&self, upstream: &str, tool: &str) -> bool {
+        self.rules.as_ref().is_some_and(|r| {
+            r.actor(upstream).is_none_or(|actor| {
+                r.set
+                    .policies
+                    .denies_unconditionally(&actor, tool)
+                    .is_some()
+            })
+        })
     }
 
     /// Also write every change to a local audit log, durably, before returning: the
@@ -292,7 +313,7 @@ impl Guard {
     /// With an audit log, the verdict is returned only once its entry is durable; if the
     /// entry cannot be written the verdict is DENY (fail closed).
     pub fn check(&self, tool: &str, params: &Value, estimated_cost: Money) -> Checked {
-        self.check_with_nonce(tool, params, estimated_cost, random_nonce())
+        self.check_in(LOCAL_UPSTREAM, tool, params, estimated_cost, None)
     }
 
     /// As [`Guard::check`], with the nonce given (to re-dispatch an approved call).
@@ -303,11 +324,12 @@ impl Guard {
         estimated_cost: Money,
         nonce: u64,
     ) -> Checked {
-        self.check_in(LOCAL_UPSTREAM, tool, params, estimated_cost, nonce)
+        self.check_in(LOCAL_UPSTREAM, tool, params, estimated_cost, Some(nonce))
     }
 
     /// As [`Guard::check_with_nonce`], for a tool of `upstream` (the policies' resource,
-    /// `Upstream::"NAME"`; the MCP gateway names the upstream a tool comes from). Without a
+    /// `Upstream::"NAME"`; the MCP gateway names the upstream a tool comes from), with a
+    /// fresh random nonce when `nonce` is `None` ([`Checked::nonce`] gives it). Without a
     /// policy set the upstream changes nothing.
     pub fn check_in(
         &self,
@@ -315,38 +337,29 @@ impl Guard {
         tool: &str,
         params: &Value,
         estimated_cost: Money,
-        nonce: u64,
+        nonce: Option<u64>,
     ) -> Checked {
-        let (raw, meta) = {
+        let nonce = nonce.unwrap_or_else(random_nonce);
+        let raw = {
             let s = self.lock();
             // The params' text is only read by error amplification; write it only then.
-            let raw = s
-                .policy
+            s.policy
                 .config
                 .error_amplification
                 .then(|| json::to_canonical_vec(params).ok())
                 .flatten()
-                .and_then(|b| String::from_utf8(b).ok());
-            (raw, self.rules.as_ref().map(|_| s.meta.clone()))
+                .and_then(|b| String::from_utf8(b).ok())
         };
-        // The principal, built outside the session's lock.
-        let actor = self
-            .rules
-            .as_ref()
-            .zip(meta.as_ref())
-            .map(|(r, who)| r.actor(who, upstream));
-        let mut call = ToolCall {
+        // The principal, built outside the session's lock (`None` inside: a set that
+        // cannot name the caller, which `rules::decide` refuses).
+        let actor = self.rules.as_ref().map(|r| r.actor(upstream));
+        let call = ToolCall {
             tool_name: tool,
             params: Params::json(params),
             nonce: Some(nonce),
             estimated_cost,
             raw_params: raw.as_deref(),
         };
-        if matches!(actor, Some(None)) {
-            // A set is in force and cannot name this caller: fail closed (malformed
-            // input), never decide by the guards alone.
-            call.params = Params::unreadable();
-        }
         // The policies read the params as `context.args` when they have a canonical form
         // (as the daemon gets them: the clients send only those).
         let args = call.params.canonical_digest().is_ok().then_some(params);
@@ -357,8 +370,11 @@ impl Guard {
             let rules = self
                 .rules
                 .as_ref()
-                .zip(actor.as_ref().and_then(Option::as_deref))
-                .map(|(r, actor)| Rules { set: &r.set, actor });
+                .zip(actor.as_ref())
+                .map(|(r, actor)| Rules {
+                    set: &r.set,
+                    actor: actor.as_deref(),
+                });
             let out = rules::decide(&mut s, rules, &call, args, call_number, now, random_draw());
             let said = (out.decision, out.reason(), out.policy_explanation());
             let pending = self.submit(out.record.into());

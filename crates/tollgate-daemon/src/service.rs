@@ -6,8 +6,8 @@
 //! applied by `tollgate_store::rules::decide` (the one decision path the library guard
 //! shares: `tollgate_core::decide`, or, while a policy set is in force,
 //! `tollgate_policy::compose::decide`, the guards and the policies together; with no set
-//! the verdict is exactly the guards'), atomically in the store, and returned only once its audit entry (the one durable record
-//! of the change) is durable.
+//! the verdict is exactly the guards'), atomically in the store, and returned only once
+//! its audit entry (the one durable record of the change) is durable.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
@@ -723,8 +723,7 @@ impl<S: SessionStore> Service<S> {
         // The call is read from the request once, outside the session lock; the closure
         // borrows it.
         let mut call = to_call(&r);
-        if lied || (enforced.is_some() && actor.is_none()) {
-            // Ids too long for a principal: fail closed (registration refuses them).
+        if lied {
             call.params = Params::unreadable();
         }
         let digest = call.params.canonical_digest().ok();
@@ -752,10 +751,12 @@ impl<S: SessionStore> Service<S> {
                     .state
                     .answering_transition(s.policy.config.parallel_holds(), call.nonce)
                     .map_or(call_number, |p| p.call_number);
-                let rules = enforced
-                    .as_deref()
-                    .zip(actor.as_deref())
-                    .map(|(set, actor)| Rules { set, actor });
+                // A principal the set cannot name (ids too long: registration refuses
+                // them) is refused by `rules::decide` itself.
+                let rules = enforced.as_deref().map(|set| Rules {
+                    set,
+                    actor: actor.as_deref(),
+                });
                 let out = rules::decide(s, rules, &call, args.as_ref(), call_number, now, rng);
                 let decided = Decided {
                     decision: out.decision,

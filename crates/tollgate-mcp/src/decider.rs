@@ -150,13 +150,6 @@ fn from_guard(
     }
 }
 
-/// A fresh nonce, as [`Guard::check`] draws one (never 0).
-fn random_nonce() -> u64 {
-    let mut b = [0u8; 8];
-    let _ = getrandom::fill(&mut b);
-    u64::from_le_bytes(b).max(1)
-}
-
 /// `[policy]`'s set, loaded as `tollgate serve` loads one; the loader's warnings are logged.
 fn load_policies(
     p: &tollgate_policy::files::Settings,
@@ -230,20 +223,10 @@ impl Library {
     /// principal whatever the arguments and the session (`tools/list` leaves them out);
     /// none without a set. A principal the set cannot name is refused everything.
     pub fn denied_unconditionally(&self, upstream: &str, tools: &[&str]) -> Vec<bool> {
-        let Some(set) = self.guard.policies() else {
-            return vec![false; tools.len()];
-        };
-        let meta = self.guard.session().meta;
-        match set
-            .policies
-            .actor(&meta.organization_id, &meta.agent_id, upstream)
-        {
-            Some(actor) => tools
-                .iter()
-                .map(|t| set.policies.denies_unconditionally(&actor, t).is_some())
-                .collect(),
-            None => vec![true; tools.len()],
-        }
+        tools
+            .iter()
+            .map(|t| self.guard.denies_unconditionally(upstream, t))
+            .collect()
     }
 
     async fn check(&self, upstream: &str, tool: &str, params: Value, cost_usd: f64) -> Checked {
@@ -253,8 +236,7 @@ impl Library {
         let estimate = money(cost_usd);
         let limit = self.repeat_limit;
         blocking(move || {
-            let nonce = random_nonce();
-            let c = guard.check_in(&upstream, &tool, &params, estimate, nonce);
+            let c = guard.check_in(&upstream, &tool, &params, estimate, None);
             match from_guard(c, params, limit, estimate) {
                 // A first dispatch was never held, so nobody was asked about it: a reject
                 // here is of an earlier call (one held call per session, SP/1.0.1 §3.6).
@@ -316,7 +298,7 @@ impl Library {
                     explanation: None,
                 });
             }
-            let c = guard.check_in(&upstream, &tool, &params, estimate, nonce);
+            let c = guard.check_in(&upstream, &tool, &params, estimate, Some(nonce));
             from_guard(c, params, limit, estimate)
         })
         .await

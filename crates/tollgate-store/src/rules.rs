@@ -11,7 +11,7 @@
 
 use tollgate_audit::{PolicyEffect, PolicyNote, PolicySetCause, PolicySetRecord, VerdictRecord};
 use tollgate_core::json::Value;
-use tollgate_core::{Decision, Digest, ToolCall, UnixNanos, Verdict};
+use tollgate_core::{Decision, Digest, Params, ToolCall, UnixNanos, Verdict};
 use tollgate_policy::compose::{self, Composed, Enforced, Input};
 use tollgate_policy::{Actor, DefaultEffect, DenyCause, Effect};
 
@@ -24,8 +24,10 @@ use crate::{ops, Session};
 pub struct Rules<'a> {
     /// The set.
     pub set: &'a Enforced,
-    /// Who calls, and where the tool lives.
-    pub actor: &'a Actor,
+    /// Who calls, and where the tool lives; `None` when the ids are too long for a
+    /// principal ([`tollgate_policy::model::MAX_NAME_BYTES`]): [`decide`] then refuses
+    /// the call as malformed input, never deciding it by the guards alone.
+    pub actor: Option<&'a Actor>,
 }
 
 /// What [`decide`] did.
@@ -78,22 +80,36 @@ pub fn decide(
     now: UnixNanos,
     rng: f64,
 ) -> Decided {
-    let (decision, note, hold_message) = match rules {
-        Some(r) => {
+    // INVARIANT (policy-fail-closed): while a set is in force every call is decided with
+    // it; a caller the set cannot name gets the guards' malformed-input DENY (unreadable
+    // params), whoever calls this.
+    let unnamed;
+    let call = match rules {
+        Some(Rules { actor: None, .. }) => {
+            unnamed = ToolCall {
+                params: Params::unreadable(),
+                ..*call
+            };
+            &unnamed
+        }
+        _ => call,
+    };
+    let (decision, note, hold_message) = match rules.and_then(|r| r.actor.map(|a| (r.set, a))) {
+        Some((set, actor)) => {
             let c = compose::decide(
                 &session.policy.config,
-                Some(r.set),
+                Some(set),
                 &session.state,
                 call,
                 Input {
-                    actor: r.actor,
+                    actor,
                     args,
                     labels: &session.labels,
                 },
                 now,
                 rng,
             );
-            let note = note(&c, r.set.policies.digest());
+            let note = note(&c, set.policies.digest());
             (c.applied(), Some(note), c.hold_message().map(str::to_owned))
         }
         None => (
