@@ -201,7 +201,8 @@ impl PgJournal {
     /// The handle completes once its transaction committed. A chain of a version before
     /// 6 cannot hold one: refused ([`WriteError::Refused`]), nothing written.
     pub fn submit_policy_set(&self, record: PolicySetRecord) -> tollgate_audit::Pending<Appended> {
-        if self.version < 6 {
+        let event = Event::PolicySet(record);
+        if !format::kind_in_version(event.kind(), self.version) {
             let (c, p) = pending_pair();
             c.complete(Err(WriteError::Refused(format!(
                 "chain `{}` is format version {}, which cannot record a policy set (version 6); \
@@ -210,7 +211,7 @@ impl PgJournal {
             ))));
             return p;
         }
-        self.submit_event(Event::PolicySet(record))
+        self.submit_event(event)
     }
 
     fn submit_event(&self, event: Event) -> tollgate_audit::Pending<Appended> {
@@ -955,6 +956,30 @@ struct Rows {
 }
 
 impl Rows {
+    /// One signed entry's row of `entries` (`place`: its session id and seq, none for an
+    /// entry that holds no place), noting the batch's first signed entry. Returns it with
+    /// its index as the row holds it.
+    fn entry(
+        &mut self,
+        signed: tollgate_audit::Signed,
+        kind: u8,
+        place: Option<(&str, i64)>,
+        signed_first: &mut Option<(u64, Digest)>,
+    ) -> Result<(Appended, i64), BatchError> {
+        let a = signed.appended;
+        if signed_first.is_none() {
+            *signed_first = Some((a.index, a.hash));
+        }
+        let idx = i64::try_from(a.index).map_err(|_| BatchError::Db("index overflow".into()))?;
+        self.e_idx.push(idx);
+        self.e_rec.push(signed.record);
+        self.e_hash.push(a.hash.0.to_vec());
+        self.e_sid.push(place.map(|(sid, _)| sid.to_owned()));
+        self.e_seq.push(place.map(|(_, seq)| seq));
+        self.e_kind.push(i16::from(kind));
+        Ok((a, idx))
+    }
+
     fn params<'a>(
         &'a self,
         chain_id: &'a String,
@@ -1045,11 +1070,7 @@ fn sign_batch(
                 &void
             }
         };
-        let ts = match event {
-            Event::Session(e) => e.timestamp_ns(),
-            _ => now_ns(),
-        };
-        let signed = match chainer.sign(event, ts) {
+        let signed = match chainer.sign(event, signing_time(event)) {
             Ok(x) => x,
             Err(e) => {
                 outcomes.push(match it {
@@ -1061,18 +1082,8 @@ fn sign_batch(
                 continue;
             }
         };
-        let a = signed.appended;
-        if signed_first.is_none() {
-            *signed_first = Some((a.index, a.hash));
-        }
-        let idx = i64::try_from(a.index).map_err(|_| BatchError::Db("index overflow".into()))?;
+        let (a, idx) = rows.entry(signed, event.kind(), Some((sid, seq_i)), signed_first)?;
         let is_entry = matches!(it, Item::Entry(..));
-        rows.e_idx.push(idx);
-        rows.e_rec.push(signed.record);
-        rows.e_hash.push(a.hash.0.to_vec());
-        rows.e_sid.push(Some(sid.to_owned()));
-        rows.e_seq.push(Some(seq_i));
-        rows.e_kind.push(i16::from(event.kind()));
         rows.c_sid.push(sid.to_owned());
         rows.c_seq.push(seq_i);
         rows.c_kind.push(if is_entry { "entry" } else { "void" });
@@ -1088,6 +1099,16 @@ fn sign_batch(
     Ok((rows, outcomes))
 }
 
+/// The entry time an event is signed with: the record's own for a session event and a
+/// policy set, else now (a void is made just before it is signed).
+fn signing_time(event: &Event) -> i64 {
+    match event {
+        Event::Session(e) => e.timestamp_ns(),
+        Event::PolicySet(r) => r.timestamp_ns,
+        _ => now_ns(),
+    }
+}
+
 /// Sign an entry that holds no place in a session's history (a policy set): a row of
 /// `entries` without session columns, and no claim.
 fn sign_unclaimed(
@@ -1096,26 +1117,12 @@ fn sign_unclaimed(
     rows: &mut Rows,
     signed_first: &mut Option<(u64, Digest)>,
 ) -> Result<Result<Appended, WriteError>, BatchError> {
-    let ts = match event {
-        Event::PolicySet(r) => r.timestamp_ns,
-        _ => now_ns(),
-    };
-    let signed = match chainer.sign(event, ts) {
+    let signed = match chainer.sign(event, signing_time(event)) {
         Ok(x) => x,
         Err(e) => return Ok(Err(WriteError::Encode(e))),
     };
-    let a = signed.appended;
-    if signed_first.is_none() {
-        *signed_first = Some((a.index, a.hash));
-    }
-    let idx = i64::try_from(a.index).map_err(|_| BatchError::Db("index overflow".into()))?;
-    rows.e_idx.push(idx);
-    rows.e_rec.push(signed.record);
-    rows.e_hash.push(a.hash.0.to_vec());
-    rows.e_sid.push(None);
-    rows.e_seq.push(None);
-    rows.e_kind.push(i16::from(event.kind()));
-    Ok(Ok(a))
+    rows.entry(signed, event.kind(), None, signed_first)
+        .map(|(a, _)| Ok(a))
 }
 
 fn complete(shared: &Shared, item: Item, outcome: Outcome) {
