@@ -380,6 +380,14 @@ def test_library_mode_a_bad_policy_set_is_refused_naming_file_line_and_column(tm
         tollgate.Guard(policy={"files": [str(tmp_path / "missing.cedar")]})
     with pytest.raises(OSError):
         tollgate.Guard(policy=tmp_path / "missing.toml")
+    # Bounded: a configuration file over 1 MiB is refused before it is parsed, and so is
+    # a policy file over the loader's bound.
+    cfg.write_text('[policy]\nfiles = ["tools.cedar"]\n#' + "x" * (1 << 20) + "\n")
+    with pytest.raises(ValueError, match="larger than"):
+        tollgate.Guard(policy=cfg)
+    bad.write_text("// " + "x" * (4 << 20) + "\n")
+    with pytest.raises(tollgate.PolicyError):
+        tollgate.Guard(policy={"files": [str(bad)]})
 
 
 def test_library_mode_the_audit_log_records_the_policies(policy_toml, tmp_path):
