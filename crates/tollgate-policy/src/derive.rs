@@ -147,8 +147,8 @@ impl Report {
     }
 }
 
-fn file_finding(src: &str, message: String, at: Option<(usize, usize)>) -> Finding {
-    Finding {
+fn file_finding(src: &str, message: String, at: Option<(usize, usize)>) -> Box<Finding> {
+    Box::new(Finding {
         severity: Severity::Error,
         code: "tollgate::tools-file".into(),
         message,
@@ -161,7 +161,7 @@ fn file_finding(src: &str, message: String, at: Option<(usize, usize)>) -> Findi
         help: Some(
             "give the `tools` array of an MCP tools/list result, or an object with one".into(),
         ),
-    }
+    })
 }
 
 /// The offset where `[`/`{` nesting first passes [`MAX_TOOLS_DEPTH`], outside strings.
@@ -199,7 +199,7 @@ fn json_too_deep(text: &str) -> Option<usize> {
 /// such an array (`{"tools": [...]}`), or a whole JSON-RPC response
 /// (`{"result": {"tools": [...]}}`). Every tool needs a `name` and an `inputSchema`
 /// object. Bounded as the module says; every refusal names the file.
-pub fn parse_tools(src: &Source) -> Result<Vec<ToolDef>, Finding> {
+pub fn parse_tools(src: &Source) -> Result<Vec<ToolDef>, Box<Finding>> {
     let name = src.name.as_str();
     if src.text.len() > MAX_TOOLS_BYTES {
         return Err(file_finding(
@@ -708,7 +708,7 @@ fn declares_request(action: &Json) -> bool {
     non_empty("principalTypes") || non_empty("resourceTypes")
 }
 
-/// The first offset of any of `needles` in `text[start..end]` after `after` (if found).
+/// The first offset of any of `needles` in `text[start..end]`, if there is one.
 fn find_in(text: &str, start: usize, end: usize, needles: &[String]) -> Option<usize> {
     let span = text.get(start..end.min(text.len()))?;
     needles
@@ -1124,7 +1124,6 @@ pub fn check(files: &[Source], options: &Options, tools: &[ToolDef]) -> Report {
             }
             let at = find_key(&text, p.start, p.end, key);
             let place = cx.at(p.file, Some(at.unwrap_or(p.start)));
-            let tools: Vec<&str> = derived_here.iter().map(|(n, _)| n.as_str()).collect();
             let declared: BTreeSet<&str> = derived_here
                 .iter()
                 .filter_map(|(_, t)| match &t.args {
@@ -1139,10 +1138,10 @@ pub fn check(files: &[Source], options: &Options, tools: &[ToolDef]) -> Report {
                 format!(
                     "for policy `{}`, no argument `{key}` in the input schema of {}",
                     p.id,
-                    if tools.len() == 1 {
-                        format!("`{}`", tools.join(""))
+                    if let [(name, t)] = derived_here.as_slice() {
+                        format!("`{name}` ({})", t.origins.join(", "))
                     } else {
-                        format!("any of the {} tools it can apply to", tools.len())
+                        format!("any of the {} tools it can apply to", derived_here.len())
                     }
                 ),
                 place,
@@ -1156,7 +1155,7 @@ pub fn check(files: &[Source], options: &Options, tools: &[ToolDef]) -> Report {
                 Severity::Warning,
                 "tollgate::not-type-checked",
                 format!(
-                    "policy `{}` is not type-checked against the tools: {why}, which has no Cedar type",
+                    "policy `{}` is not type-checked against the tools: {why} (no Cedar type)",
                     p.id
                 ),
                 place,
