@@ -675,10 +675,6 @@ struct Cx<'a> {
 }
 
 impl Cx<'_> {
-    fn text(&self, file: usize) -> &str {
-        self.files.get(file).map_or("", |s| s.text.as_str())
-    }
-
     fn at(&self, file: usize, offset: Option<usize>) -> (Option<String>, Option<Location>) {
         let Some(src) = self.files.get(file) else {
             return (None, None);
@@ -1090,7 +1086,7 @@ pub fn check(files: &[Source], options: &Options, tools: &[ToolDef]) -> Report {
     let mut file_of: HashMap<String, usize> = HashMap::new();
     let mut policies_in_error: HashSet<String> = HashSet::new();
     for p in &policies {
-        let text = cx.text(p.file).to_owned();
+        let text: &str = files.get(p.file).map_or("", |f| f.text.as_str());
         let (named, any) = match p.policy.action_constraint() {
             ActionConstraint::Any => (Vec::new(), true),
             ActionConstraint::Eq(uid) => (vec![uid.id().unescaped().to_owned()], false),
@@ -1163,7 +1159,7 @@ pub fn check(files: &[Source], options: &Options, tools: &[ToolDef]) -> Report {
         // does not check.
         if !checked_by_cedar {
             for a in &unknown_tools {
-                let at = find_in(&text, p.start, p.end, &[format!("\"{a}\"")]);
+                let at = find_in(text, p.start, p.end, &[format!("\"{a}\"")]);
                 let place = cx.at(p.file, Some(at.unwrap_or(p.start)));
                 cx.push(
                     Severity::Error,
@@ -1180,7 +1176,7 @@ pub fn check(files: &[Source], options: &Options, tools: &[ToolDef]) -> Report {
             if (checked_by_cedar && !tested_only) || !reported.insert(key.clone()) {
                 continue;
             }
-            let at = find_key(&text, p.start, p.end, key);
+            let at = find_key(text, p.start, p.end, key);
             let place = cx.at(p.file, Some(at.unwrap_or(p.start)));
             let declared: BTreeSet<&str> = derived_here
                 .iter()
@@ -1224,7 +1220,7 @@ pub fn check(files: &[Source], options: &Options, tools: &[ToolDef]) -> Report {
             let at = path
                 .rsplit('.')
                 .next()
-                .and_then(|k| find_key(&text, p.start, p.end, k));
+                .and_then(|k| find_key(text, p.start, p.end, k));
             let place = cx.at(p.file, Some(at.unwrap_or(p.start)));
             cx.push(
                 Severity::Warning,
@@ -1249,7 +1245,7 @@ pub fn check(files: &[Source], options: &Options, tools: &[ToolDef]) -> Report {
             _ => None,
         };
         if let (Some(r), Some(all)) = (&resource, &all_resources) {
-            let at = find_in(&text, p.start, p.end, &[format!("\"{r}\"")]);
+            let at = find_in(text, p.start, p.end, &[format!("\"{r}\"")]);
             let place = cx.at(p.file, Some(at.unwrap_or(p.start)));
             if !all.contains(r) {
                 cx.push(
@@ -1771,5 +1767,25 @@ when { context.args.query != "" && (context.args has limit && context.args.limit
                 .map(|c| format!(" {c}"))
                 .collect::<Vec<_>>()
         );
+    }
+
+    #[test]
+    fn odd_names_make_a_schema_all_the_same() {
+        let odd = vec![
+            tool(
+                "a \"quoted\" name/with:odd.chars",
+                json!({"type": "object", "properties": {"": {"type": "string"}, "with space": {"type": "integer"}, "__entity": {"type": "string"}}, "required": ["with space"]}),
+            ),
+            tool("ünïcode", json!({"type": "object", "properties": {}})),
+        ];
+        let r = check(
+            &[Source::new(
+                "p.cedar",
+                "@id(\"x\")\nforbid (principal, action == Action::\"a \\\"quoted\\\" name/with:odd.chars\", resource)\nwhen { context.args[\"with space\"] > 1 };\n",
+            )],
+            &Options::default(),
+            &odd,
+        );
+        assert!(r.ok(), "{:?}", r.all());
     }
 }
