@@ -451,6 +451,8 @@ fn policy_set(
         default_deny: false,
         trip_on_refusal: false,
         cause,
+        shadow_policies: 0,
+        shadow_set: false,
     }
 }
 

@@ -12,3 +12,4 @@ mod docs;
 mod load;
 mod outcomes;
 mod properties;
+mod shadow;
