@@ -11,7 +11,9 @@
 //! What this module does **not** do: take a lock or allocate on a hot path (every hook is
 //! a few relaxed atomic adds), or put anything a peer chose into a label: organizations,
 //! agents, sessions, tools and operators never appear, so the page's size is fixed and it
-//! leaks nothing. The counters belong to the process (one daemon per process in
+//! leaks nothing. The one label not fixed in code is a shadow policy's id
+//! ([`shadow`]), which comes from the operator's policy files and is bounded
+//! ([`MAX_SHADOW_SERIES`]). The counters belong to the process (one daemon per process in
 //! production; tests that run several daemons in one process see their sum).
 
 use std::fmt::Write as _;

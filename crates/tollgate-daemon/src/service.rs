@@ -717,10 +717,12 @@ impl<S: SessionStore> Service<S> {
             crate::policy::SentParams::None => (false, None),
         };
         // What the verdict records of the params (`[audit] params`), computed outside the
-        // session lock; only params that hash to the call's hash are recorded.
-        let recorded = args
-            .as_ref()
-            .and_then(|a| self.config.audit.params.record(a));
+        // session lock, with the digest they have; recorded only on an entry whose
+        // params_hash is that digest.
+        let recorded = args.as_ref().and_then(|a| {
+            let p = self.config.audit.params.record(a)?;
+            Some((tollgate_core::json::canonical_hash(a).ok()?, p))
+        });
         // The set in force for this call (a reload decides the next one), and the
         // session's principal in it (built outside the session lock).
         let enforced = self.policies();
@@ -773,7 +775,10 @@ impl<S: SessionStore> Service<S> {
                     shadow: out.record.shadow.clone(),
                 };
                 let mut record = out.record;
-                record.params = recorded.clone();
+                record.params = recorded
+                    .as_ref()
+                    .filter(|(digest, _)| *digest == record.params_hash)
+                    .map(|(_, p)| p.clone());
                 Change::Commit(Ok(decided), record.into())
             })
             .await
