@@ -871,23 +871,19 @@ fn check_shadow_and_params(v: &VerdictRecord, version: u16) -> Result<(), &'stat
         }
     }
     match &v.params {
-        None => {}
-        Some(RecordedParams::Full(t)) => {
-            if sha256(t.as_bytes()) != v.params_hash {
-                return Err("recorded full params do not hash to params_hash");
-            }
+        Some(RecordedParams::Full(t)) if sha256(t.as_bytes()) != v.params_hash => {
+            Err("recorded full params do not hash to params_hash")
         }
-        Some(RecordedParams::Redacted(_)) => {}
-        Some(RecordedParams::TooLarge { mode, len }) => {
-            if *mode == ParamsMode::Hash {
-                return Err("params too large for mode hash");
-            }
-            if usize::try_from(*len).is_ok_and(|l| l <= MAX_RECORDED_PARAMS) {
-                return Err("params recorded as too large though they fit");
-            }
+        Some(RecordedParams::TooLarge { mode, .. }) if *mode == ParamsMode::Hash => {
+            Err("params too large for mode hash")
         }
+        Some(RecordedParams::TooLarge { len, .. })
+            if usize::try_from(*len).is_ok_and(|l| l <= MAX_RECORDED_PARAMS) =>
+        {
+            Err("params recorded as too large though they fit")
+        }
+        _ => Ok(()),
     }
-    Ok(())
 }
 
 /// The rules on a verdict's policy note (format version 6), and on the two reasons a
