@@ -65,6 +65,7 @@
 pub mod analysis;
 pub mod args;
 pub mod compose;
+pub mod derive;
 mod eval;
 pub mod files;
 pub mod load;

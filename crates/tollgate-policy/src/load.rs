@@ -356,7 +356,7 @@ pub(crate) fn line_col(text: &str, offset: usize) -> (usize, usize) {
 
 /// The byte offset where nesting of `(`, `[`, `{` first passes [`MAX_NESTING`], outside
 /// strings and comments.
-fn too_deep(text: &str) -> Option<usize> {
+pub(crate) fn too_deep(text: &str) -> Option<usize> {
     let bytes = text.as_bytes();
     let mut depth = 0usize;
     let mut i = 0;
