@@ -29,11 +29,14 @@
 //! | `"type": "array"` with `items` (one schema) | a set of the items' type |
 //! | `"enum"` / `"const"` whose values are all strings (integers, booleans) | `String` (`Long`, `Bool`) |
 //! | `["T", "null"]`, `anyOf`/`oneOf` whose branches are one type and `null` | that type, optional (Tollgate leaves a `null` member out of `context.args`) |
+//! | a local `$ref` (`#/$defs/Payment`), an `allOf` of one schema | what it points to |
 //!
 //! Anything else is **unchecked**: a union of different types (`["string", "integer"]`,
-//! `oneOf` of a string and an object), `$ref`, `allOf`, `not`, `if`, a tuple (`items` as
-//! a list, `prefixItems`), a schema with no `type` (nor `properties` or `items`), `true`,
-//! an array without `items`, a nesting deeper than [`MAX_SCHEMA_DEPTH`]. An **open**
+//! `oneOf` of a string and an object), a recursive or non-local `$ref`, `allOf` of several
+//! schemas, `not`, `if`, a tuple (`items` as a list, `prefixItems`), a schema with no
+//! `type` (nor `properties` or `items`), `true`, an array without `items`, a nesting
+//! deeper than [`MAX_SCHEMA_DEPTH`], anything past [`MAX_SCHEMA_NODES`] nodes of one
+//! tool (`$ref`s can make a small file a large tree). An **open**
 //! object is one whose undeclared properties are allowed: `additionalProperties` is `true`
 //! or a schema, or it has `patternProperties`, or it lists no `properties` at all (and does
 //! not say `additionalProperties: false`). An object that lists `properties` and says
@@ -102,8 +105,12 @@ pub const MAX_TOOLS_DEPTH: usize = 64;
 pub const MAX_TOOLS: usize = 10_000;
 /// The longest tool name, in bytes.
 pub const MAX_TOOL_NAME_BYTES: usize = 256;
-/// How deep an input schema is read; below this, shapes are unchecked.
+/// How deep an input schema is read (`$ref`s followed count); below this, shapes are
+/// unchecked.
 pub const MAX_SCHEMA_DEPTH: usize = 32;
+/// The most schema nodes read for one tool (`$ref`s followed count each time); past
+/// this, shapes are unchecked.
+pub const MAX_SCHEMA_NODES: usize = 10_000;
 
 /// One tool definition: its name (the policies' action), its input schema, and where it
 /// came from.
@@ -329,150 +336,201 @@ fn value_type(v: &Json) -> Option<Ty> {
     }
 }
 
-/// A JSON Schema's type, and whether `null` is allowed (the member is then optional).
+/// A JSON Schema's type, and whether `null` is allowed (the member is then optional);
+/// `s` is the root its local `$ref`s point into.
 pub(crate) fn ty(s: &Json, depth: usize) -> (Ty, bool) {
-    if depth > MAX_SCHEMA_DEPTH {
-        return unchecked(format!("nested deeper than {MAX_SCHEMA_DEPTH}"));
+    Deriver {
+        root: s,
+        budget: MAX_SCHEMA_NODES,
+        refs: Vec::new(),
     }
-    let Some(o) = s.as_object() else {
-        return unchecked("a schema that allows any value");
-    };
-    for k in ["$ref", "allOf", "not", "if", "$dynamicRef"] {
-        if o.contains_key(k) {
-            return unchecked(format!("`{k}`"));
-        }
-    }
-    if let Some(branches) = o
-        .get("anyOf")
-        .or_else(|| o.get("oneOf"))
-        .and_then(Json::as_array)
-    {
-        let mut nullable = false;
-        let mut one: Option<Ty> = None;
-        for b in branches {
-            if b.get("type").and_then(Json::as_str) == Some("null") {
-                nullable = true;
-                continue;
-            }
-            let (t, n) = ty(b, depth + 1);
-            nullable |= n;
-            if let Ty::Unchecked(_) = t {
-                return unchecked("a union with a branch of no Cedar type");
-            }
-            match &one {
-                None => one = Some(t),
-                Some(prev) if *prev == t => {}
-                Some(_) => return unchecked("a union of different types"),
-            }
-        }
-        return match one {
-            Some(t) => (t, nullable),
-            None => unchecked("a union with no branch of a Cedar type"),
-        };
-    }
-    let literals = match (o.get("const"), o.get("enum").and_then(Json::as_array)) {
-        (Some(c), _) => Some(std::slice::from_ref(c)),
-        (None, Some(e)) => Some(e.as_slice()),
-        (None, None) => None,
-    };
-    if let Some(values) = literals {
-        let mut nullable = false;
-        let mut one: Option<Ty> = None;
-        for v in values {
-            if v.is_null() {
-                nullable = true;
-                continue;
-            }
-            let Some(t) = value_type(v) else {
-                return unchecked("an enum of values other than strings, integers and booleans");
-            };
-            match &one {
-                None => one = Some(t),
-                Some(prev) if *prev == t => {}
-                Some(_) => return unchecked("an enum of values of different types"),
-            }
-        }
-        return match one {
-            Some(t) => (t, nullable),
-            None => unchecked("an enum of no value"),
-        };
-    }
-    let (name, nullable) = match o.get("type") {
-        Some(Json::String(t)) => (Some(t.as_str()), false),
-        Some(Json::Array(ts)) => {
-            let non_null: Vec<&str> = ts
-                .iter()
-                .filter_map(Json::as_str)
-                .filter(|t| *t != "null")
-                .collect();
-            let nullable = non_null.len() < ts.len();
-            match non_null.as_slice() {
-                [one] => (Some(*one), nullable),
-                [] => return unchecked("always null"),
-                _ => return unchecked("a union of different types"),
-            }
-        }
-        Some(_) => return unchecked("a `type` that is not a string or a list"),
-        None if o.contains_key("properties") => (Some("object"), false),
-        None if o.contains_key("items") => (Some("array"), false),
-        None => return unchecked("no `type`"),
-    };
-    let t = match name {
-        Some("string") => Ty::String,
-        Some("boolean") => Ty::Bool,
-        Some("integer") => Ty::Long,
-        Some("number") => Ty::Decimal,
-        Some("null") => return unchecked("always null"),
-        Some("array") => {
-            if o.contains_key("prefixItems") {
-                return unchecked("a tuple (`prefixItems`)");
-            }
-            match o.get("items") {
-                Some(items @ Json::Object(_)) => {
-                    let (t, _) = ty(items, depth + 1);
-                    match t {
-                        Ty::Unchecked(why) => {
-                            return unchecked(format!("an array of items with {why}"))
-                        }
-                        t => Ty::Set(Box::new(t)),
-                    }
-                }
-                Some(Json::Array(_)) => return unchecked("a tuple (`items` as a list)"),
-                _ => return unchecked("an array without `items`"),
-            }
-        }
-        Some("object") => Ty::Record(record(o, depth)),
-        Some(other) => return unchecked(format!("type `{other}`")),
-        None => return unchecked("no `type`"),
-    };
-    (t, nullable)
+    .ty(s, depth)
 }
 
-fn record(o: &Map<String, Json>, depth: usize) -> Rec {
-    let props = o.get("properties").and_then(Json::as_object);
-    let additional = o.get("additionalProperties");
-    let closed_explicitly = additional == Some(&Json::Bool(false));
-    let open_explicitly = matches!(additional, Some(Json::Bool(true)) | Some(Json::Object(_)));
-    let open = open_explicitly
-        || o.contains_key("patternProperties")
-        || (props.is_none() && !closed_explicitly);
-    let required: HashSet<&str> = o
-        .get("required")
-        .and_then(Json::as_array)
-        .map(|r| r.iter().filter_map(Json::as_str).collect())
-        .unwrap_or_default();
-    let mut attrs = BTreeMap::new();
-    for (k, v) in props.into_iter().flatten() {
-        let (t, nullable) = ty(v, depth + 1);
-        attrs.insert(
-            k.clone(),
-            Attr {
-                ty: t,
-                required: required.contains(k.as_str()) && !nullable,
-            },
-        );
+/// One input schema's derivation: its root (for `$ref`), how many more schema nodes may
+/// be read (a `$ref` can make a small file a large tree), and the `$ref`s being expanded
+/// (a `$ref` back into one of them is recursive: unchecked).
+struct Deriver<'a> {
+    root: &'a Json,
+    budget: usize,
+    refs: Vec<&'a str>,
+}
+
+impl<'a> Deriver<'a> {
+    fn ty(&mut self, s: &'a Json, depth: usize) -> (Ty, bool) {
+        if depth > MAX_SCHEMA_DEPTH {
+            return unchecked(format!("nested deeper than {MAX_SCHEMA_DEPTH}"));
+        }
+        if self.budget == 0 {
+            return unchecked(format!(
+                "past the {MAX_SCHEMA_NODES} schema nodes read per tool"
+            ));
+        }
+        self.budget -= 1;
+        let Some(o) = s.as_object() else {
+            return unchecked("a schema that allows any value");
+        };
+        if let Some(r) = o.get("$ref") {
+            // A local reference (`#/$defs/Payment`, as pydantic writes nested models),
+            // followed; any other is unchecked.
+            let target = r
+                .as_str()
+                .and_then(|r| r.strip_prefix('#').map(|p| (r, p)))
+                .and_then(|(r, p)| self.root.pointer(p).map(|t| (r, t)));
+            let Some((r, target)) = target else {
+                return unchecked("a `$ref` that is not a local `#/...` reference");
+            };
+            if self.refs.contains(&r) {
+                return unchecked(format!("a recursive `$ref` (`{r}`)"));
+            }
+            self.refs.push(r);
+            let out = self.ty(target, depth + 1);
+            self.refs.pop();
+            return out;
+        }
+        // `allOf` of one schema (pydantic's way to put a description next to a `$ref`).
+        if let Some([only]) = o.get("allOf").and_then(Json::as_array).map(Vec::as_slice) {
+            return self.ty(only, depth + 1);
+        }
+        for k in ["allOf", "not", "if", "$dynamicRef"] {
+            if o.contains_key(k) {
+                return unchecked(format!("`{k}`"));
+            }
+        }
+        if let Some(branches) = o
+            .get("anyOf")
+            .or_else(|| o.get("oneOf"))
+            .and_then(Json::as_array)
+        {
+            let mut nullable = false;
+            let mut one: Option<Ty> = None;
+            for b in branches {
+                if b.get("type").and_then(Json::as_str) == Some("null") {
+                    nullable = true;
+                    continue;
+                }
+                let (t, n) = self.ty(b, depth + 1);
+                nullable |= n;
+                if let Ty::Unchecked(_) = t {
+                    return unchecked("a union with a branch of no Cedar type");
+                }
+                match &one {
+                    None => one = Some(t),
+                    Some(prev) if *prev == t => {}
+                    Some(_) => return unchecked("a union of different types"),
+                }
+            }
+            return match one {
+                Some(t) => (t, nullable),
+                None => unchecked("a union with no branch of a Cedar type"),
+            };
+        }
+        let literals = match (o.get("const"), o.get("enum").and_then(Json::as_array)) {
+            (Some(c), _) => Some(std::slice::from_ref(c)),
+            (None, Some(e)) => Some(e.as_slice()),
+            (None, None) => None,
+        };
+        if let Some(values) = literals {
+            let mut nullable = false;
+            let mut one: Option<Ty> = None;
+            for v in values {
+                if v.is_null() {
+                    nullable = true;
+                    continue;
+                }
+                let Some(t) = value_type(v) else {
+                    return unchecked(
+                        "an enum of values other than strings, integers and booleans",
+                    );
+                };
+                match &one {
+                    None => one = Some(t),
+                    Some(prev) if *prev == t => {}
+                    Some(_) => return unchecked("an enum of values of different types"),
+                }
+            }
+            return match one {
+                Some(t) => (t, nullable),
+                None => unchecked("an enum of no value"),
+            };
+        }
+        let (name, nullable) = match o.get("type") {
+            Some(Json::String(t)) => (Some(t.as_str()), false),
+            Some(Json::Array(ts)) => {
+                let non_null: Vec<&str> = ts
+                    .iter()
+                    .filter_map(Json::as_str)
+                    .filter(|t| *t != "null")
+                    .collect();
+                let nullable = non_null.len() < ts.len();
+                match non_null.as_slice() {
+                    [one] => (Some(*one), nullable),
+                    [] => return unchecked("always null"),
+                    _ => return unchecked("a union of different types"),
+                }
+            }
+            Some(_) => return unchecked("a `type` that is not a string or a list"),
+            None if o.contains_key("properties") => (Some("object"), false),
+            None if o.contains_key("items") => (Some("array"), false),
+            None => return unchecked("no `type`"),
+        };
+        let t = match name {
+            Some("string") => Ty::String,
+            Some("boolean") => Ty::Bool,
+            Some("integer") => Ty::Long,
+            Some("number") => Ty::Decimal,
+            Some("null") => return unchecked("always null"),
+            Some("array") => {
+                if o.contains_key("prefixItems") {
+                    return unchecked("a tuple (`prefixItems`)");
+                }
+                match o.get("items") {
+                    Some(items @ Json::Object(_)) => {
+                        let (t, _) = self.ty(items, depth + 1);
+                        match t {
+                            Ty::Unchecked(why) => {
+                                return unchecked(format!("an array of items with {why}"))
+                            }
+                            t => Ty::Set(Box::new(t)),
+                        }
+                    }
+                    Some(Json::Array(_)) => return unchecked("a tuple (`items` as a list)"),
+                    _ => return unchecked("an array without `items`"),
+                }
+            }
+            Some("object") => Ty::Record(self.record(o, depth)),
+            Some(other) => return unchecked(format!("type `{other}`")),
+            None => return unchecked("no `type`"),
+        };
+        (t, nullable)
     }
-    Rec { attrs, open }
+
+    fn record(&mut self, o: &'a Map<String, Json>, depth: usize) -> Rec {
+        let props = o.get("properties").and_then(Json::as_object);
+        let additional = o.get("additionalProperties");
+        let closed_explicitly = additional == Some(&Json::Bool(false));
+        let open_explicitly = matches!(additional, Some(Json::Bool(true)) | Some(Json::Object(_)));
+        let open = open_explicitly
+            || o.contains_key("patternProperties")
+            || (props.is_none() && !closed_explicitly);
+        let required: HashSet<&str> = o
+            .get("required")
+            .and_then(Json::as_array)
+            .map(|r| r.iter().filter_map(Json::as_str).collect())
+            .unwrap_or_default();
+        let mut attrs = BTreeMap::new();
+        for (k, v) in props.into_iter().flatten() {
+            let (t, nullable) = self.ty(v, depth + 1);
+            attrs.insert(
+                k.clone(),
+                Attr {
+                    ty: t,
+                    required: required.contains(k.as_str()) && !nullable,
+                },
+            );
+        }
+        Rec { attrs, open }
+    }
 }
 
 /// Two definitions of one name, merged as the module says.
@@ -617,10 +675,6 @@ struct Cx<'a> {
 }
 
 impl Cx<'_> {
-    fn text(&self, file: usize) -> &str {
-        self.files.get(file).map_or("", |s| s.text.as_str())
-    }
-
     fn at(&self, file: usize, offset: Option<usize>) -> (Option<String>, Option<Location>) {
         let Some(src) = self.files.get(file) else {
             return (None, None);
@@ -1032,7 +1086,7 @@ pub fn check(files: &[Source], options: &Options, tools: &[ToolDef]) -> Report {
     let mut file_of: HashMap<String, usize> = HashMap::new();
     let mut policies_in_error: HashSet<String> = HashSet::new();
     for p in &policies {
-        let text = cx.text(p.file).to_owned();
+        let text: &str = files.get(p.file).map_or("", |f| f.text.as_str());
         let (named, any) = match p.policy.action_constraint() {
             ActionConstraint::Any => (Vec::new(), true),
             ActionConstraint::Eq(uid) => (vec![uid.id().unescaped().to_owned()], false),
@@ -1105,7 +1159,7 @@ pub fn check(files: &[Source], options: &Options, tools: &[ToolDef]) -> Report {
         // does not check.
         if !checked_by_cedar {
             for a in &unknown_tools {
-                let at = find_in(&text, p.start, p.end, &[format!("\"{a}\"")]);
+                let at = find_in(text, p.start, p.end, &[format!("\"{a}\"")]);
                 let place = cx.at(p.file, Some(at.unwrap_or(p.start)));
                 cx.push(
                     Severity::Error,
@@ -1122,7 +1176,7 @@ pub fn check(files: &[Source], options: &Options, tools: &[ToolDef]) -> Report {
             if (checked_by_cedar && !tested_only) || !reported.insert(key.clone()) {
                 continue;
             }
-            let at = find_key(&text, p.start, p.end, key);
+            let at = find_key(text, p.start, p.end, key);
             let place = cx.at(p.file, Some(at.unwrap_or(p.start)));
             let declared: BTreeSet<&str> = derived_here
                 .iter()
@@ -1166,7 +1220,7 @@ pub fn check(files: &[Source], options: &Options, tools: &[ToolDef]) -> Report {
             let at = path
                 .rsplit('.')
                 .next()
-                .and_then(|k| find_key(&text, p.start, p.end, k));
+                .and_then(|k| find_key(text, p.start, p.end, k));
             let place = cx.at(p.file, Some(at.unwrap_or(p.start)));
             cx.push(
                 Severity::Warning,
@@ -1191,7 +1245,7 @@ pub fn check(files: &[Source], options: &Options, tools: &[ToolDef]) -> Report {
             _ => None,
         };
         if let (Some(r), Some(all)) = (&resource, &all_resources) {
-            let at = find_in(&text, p.start, p.end, &[format!("\"{r}\"")]);
+            let at = find_in(text, p.start, p.end, &[format!("\"{r}\"")]);
             let place = cx.at(p.file, Some(at.unwrap_or(p.start)));
             if !all.contains(r) {
                 cx.push(
@@ -1434,7 +1488,8 @@ mod tests {
             json!({"type": ["string", "integer"]}),
             json!({"oneOf": [{"type": "string"}, {"type": "object"}]}),
             json!({"$ref": "#/$defs/x"}),
-            json!({"allOf": [{"type": "string"}]}),
+            json!({"$ref": "https://example.com/s.json"}),
+            json!({"allOf": [{"type": "string"}, {"minLength": 1}]}),
             json!({"type": "array"}),
             json!({"type": "array", "items": [{"type": "string"}]}),
             json!({"enum": ["a", 1]}),
@@ -1475,6 +1530,52 @@ mod tests {
             deep = json!({"type": "object", "properties": {"x": deep}});
         }
         assert!(hidden(&t(deep), "x").is_some());
+    }
+
+    #[test]
+    fn local_refs_are_followed_bounded() {
+        // As pydantic writes a nested model.
+        let schema = json!({"type": "object", "properties": {
+            "payment": {"$ref": "#/$defs/Payment"},
+            "again": {"allOf": [{"$ref": "#/$defs/Payment"}], "description": "d"},
+            "tree": {"$ref": "#/$defs/Node"}
+        }, "$defs": {
+            "Payment": {"type": "object", "properties": {"amount": {"type": "integer"}}, "required": ["amount"]},
+            "Node": {"type": "object", "properties": {"child": {"$ref": "#/$defs/Node"}}}
+        }});
+        let Ty::Record(r) = ty(&schema, 0).0 else {
+            panic!()
+        };
+        let Ty::Record(pay) = &r.attrs["payment"].ty else {
+            panic!("{r:?}")
+        };
+        assert_eq!(
+            pay.attrs["amount"],
+            Attr {
+                ty: Ty::Long,
+                required: true
+            }
+        );
+        assert_eq!(r.attrs["again"].ty, r.attrs["payment"].ty);
+        let Ty::Record(node) = &r.attrs["tree"].ty else {
+            panic!()
+        };
+        assert!(matches!(&node.attrs["child"].ty, Ty::Unchecked(w) if w.contains("recursive")));
+        // A small schema whose references double at every level (2^14 leaves, within the
+        // depth bound): the node budget ends it.
+        let mut defs = Map::new();
+        for i in 0..14 {
+            defs.insert(
+                format!("D{i}"),
+                json!({"type": "object", "properties": {
+                    "a": {"$ref": format!("#/$defs/D{}", i + 1)},
+                    "b": {"$ref": format!("#/$defs/D{}", i + 1)}
+                }}),
+            );
+        }
+        defs.insert("D14".into(), json!({"type": "string"}));
+        let wide = json!({"$ref": "#/$defs/D0", "$defs": defs});
+        assert!(hidden(&ty(&wide, 0).0, "x").is_some());
     }
 
     #[test]
@@ -1666,5 +1767,25 @@ when { context.args.query != "" && (context.args has limit && context.args.limit
                 .map(|c| format!(" {c}"))
                 .collect::<Vec<_>>()
         );
+    }
+
+    #[test]
+    fn odd_names_make_a_schema_all_the_same() {
+        let odd = vec![
+            tool(
+                "a \"quoted\" name/with:odd.chars",
+                json!({"type": "object", "properties": {"": {"type": "string"}, "with space": {"type": "integer"}, "__entity": {"type": "string"}}, "required": ["with space"]}),
+            ),
+            tool("ünïcode", json!({"type": "object", "properties": {}})),
+        ];
+        let r = check(
+            &[Source::new(
+                "p.cedar",
+                "@id(\"x\")\nforbid (principal, action == Action::\"a \\\"quoted\\\" name/with:odd.chars\", resource)\nwhen { context.args[\"with space\"] > 1 };\n",
+            )],
+            &Options::default(),
+            &odd,
+        );
+        assert!(r.ok(), "{:?}", r.all());
     }
 }

@@ -270,3 +270,46 @@ fn mcp_refuses_what_it_cannot_check() {
     let out = tollgate(&["policy", "check"]);
     assert_eq!(code(&out), 2, "{}", text(&out));
 }
+
+/// The wiring of `--mcp`: a real stdio MCP server is started and listed (`tollgate mcp`
+/// itself, whose own upstream cannot start, so it offers no tools: the testkit upstream,
+/// with real tool schemas, is tollgate-mcp's binary, checked in
+/// crates/tollgate-mcp/tests/mcp/policy_check.rs), and the policies come from the outer
+/// mcp.toml's `[policy]`.
+#[test]
+fn mcp_starts_the_upstreams_and_checks_the_policies_of_its_policy_section() {
+    let dir = tempfile::tempdir().unwrap();
+    let inner = write(
+        dir.path(),
+        "inner.toml",
+        "[[upstream]]\nname = \"gone\"\ncommand = \"/nonexistent/server\"\n",
+    );
+    write(
+        dir.path(),
+        "p.cedar",
+        "@id(\"no-echo\")\nforbid (principal, action == Action::\"echo\", resource);\n",
+    );
+    let cfg = write(
+        dir.path(),
+        "mcp.toml",
+        &format!(
+            "[[upstream]]\nname = \"inner\"\ncommand = {:?}\nargs = [\"mcp\", \"--config\", {inner:?}]\n\
+             [policy]\nfiles = [\"p.cedar\"]\n",
+            env!("CARGO_BIN_EXE_tollgate")
+        ),
+    );
+    let out = tollgate(&["policy", "check", "--mcp", &cfg]);
+    assert_eq!(code(&out), 1, "{}", text(&out));
+    let t = stdout(&out);
+    assert!(
+        t.contains(&format!(
+            "{}:2:30: error[tollgate::unknown-tool]",
+            dir.path().join("p.cedar").display()
+        )),
+        "{t}"
+    );
+    assert!(
+        t.contains("checked against 0 tools (1 upstreams of "),
+        "{t}"
+    );
+}
