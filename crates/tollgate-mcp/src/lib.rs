@@ -40,6 +40,7 @@ pub mod gateway;
 pub mod http;
 pub mod lines;
 pub mod names;
+pub mod policy_check;
 pub mod texts;
 pub mod upstream;
 pub mod values;

@@ -222,6 +222,7 @@ fn with_rules(c: &mut DaemonConfig, dir: &Path, trip: bool) {
         default: DefaultEffect::Deny,
         schema: None,
         trip_on_refusal: trip,
+        shadow: false,
     });
 }
 
@@ -616,6 +617,7 @@ async fn a_permit_all_set_changes_no_verdict() {
                 default: DefaultEffect::Allow,
                 schema: None,
                 trip_on_refusal: false,
+                shadow: false,
             });
         }
         let d = start(cfg).await;

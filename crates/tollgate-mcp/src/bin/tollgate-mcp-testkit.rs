@@ -10,6 +10,8 @@
 //!   127.0.0.1 (a free port); prints `http://ADDR/mcp` on its first line.
 //! - `tollgate-mcp-testkit gateway CONFIG [--check]`: exactly what `tollgate mcp --config
 //!   CONFIG [--check]` runs ([`tollgate_mcp::main_entry`]).
+//! - `tollgate-mcp-testkit policy-check CONFIG [FILE.cedar...]`: exactly what `tollgate
+//!   policy check --mcp CONFIG [FILE.cedar...]` runs ([`tollgate_mcp::policy_check::run`]).
 
 use std::io::Write;
 use std::sync::Arc;
@@ -296,7 +298,23 @@ fn main() -> std::process::ExitCode {
             .map_err(Into::into),
             None => Err("usage: tollgate-mcp-testkit gateway CONFIG [--check]".into()),
         },
-        _ => Err("usage: tollgate-mcp-testkit upstream | upstream-http | gateway CONFIG".into()),
+        Some("policy-check") => match args.get(1) {
+            Some(path) => {
+                let outcome = tollgate_mcp::policy_check::run(&tollgate_mcp::policy_check::Request {
+                    config: path.into(),
+                    files: args.iter().skip(2).map(Into::into).collect(),
+                    ..Default::default()
+                });
+                print!("{}", outcome.stdout);
+                eprint!("{}", outcome.stderr);
+                Ok(outcome.code)
+            }
+            None => Err("usage: tollgate-mcp-testkit policy-check CONFIG [FILE.cedar...]".into()),
+        },
+        _ => Err(
+            "usage: tollgate-mcp-testkit upstream | upstream-http | gateway CONFIG | policy-check CONFIG"
+                .into(),
+        ),
     };
     match result {
         Ok(code) => std::process::ExitCode::from(code),

@@ -18,6 +18,7 @@ mod hitl;
 mod http;
 mod names;
 mod policy;
+mod policy_check;
 mod robustness;
 
 use std::path::{Path, PathBuf};

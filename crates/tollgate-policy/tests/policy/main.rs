@@ -13,3 +13,4 @@ mod docs;
 mod load;
 mod outcomes;
 mod properties;
+mod shadow;

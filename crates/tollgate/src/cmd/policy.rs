@@ -7,11 +7,18 @@
 //! (bounded), prints the findings (`file:line:col: error[code]: message`, then a help line)
 //! and picks the exit code: 0 when the set loads (warnings allowed), 1 when it is refused,
 //! 2 when a file cannot be read.
+//!
+//! `--tools FILE` (MCP tool definitions as JSON) and `--mcp mcp.toml` (the gateway's
+//! upstreams, started, listed and stopped: `tollgate_mcp::policy_check`) also check the
+//! policies against the tools' own input schemas (`tollgate_policy::derive`): an unknown
+//! tool, an unknown argument or a type mismatch is an error, a policy that can never
+//! match a warning. A tools file that cannot be used, or an upstream that cannot be
+//! listed, is exit 2.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use tollgate_policy::{DefaultEffect, Options, Severity, Source};
+use tollgate_policy::{derive, DefaultEffect, Options, Severity, Source};
 
 /// Arguments of `tollgate policy`.
 #[derive(Debug, clap::Args)]
@@ -47,12 +54,42 @@ struct CheckArgs {
     /// A Cedar schema declaring each tool's arguments (`.json` for Cedar's JSON form).
     #[arg(long, value_name = "FILE")]
     schema: Option<PathBuf>,
-    /// What happens to calls that no permit matches (part of the set's digest).
-    #[arg(long, value_enum, default_value_t = Default::Allow)]
-    default: Default,
-    /// Policy files (Cedar).
-    #[arg(required = true, value_name = "FILE.cedar")]
+    /// What happens to calls that no permit matches (part of the set's digest; default
+    /// allow, or with `--mcp` and no files, `[policy]`'s).
+    #[arg(long, value_enum)]
+    default: Option<Default>,
+    /// MCP tool definitions (JSON: the `tools` array of a tools/list result, or an object
+    /// with one): check the policies against the tools' input schemas. Repeatable.
+    #[arg(long, value_name = "FILE.json")]
+    tools: Vec<PathBuf>,
+    /// The MCP gateway's configuration: start its upstreams, list their tools, and check
+    /// the policies (the files given, or else its `[policy]`) against them.
+    #[arg(long, value_name = "mcp.toml")]
+    mcp: Option<PathBuf>,
+    /// Policy files (Cedar); optional with `--mcp` when mcp.toml has `[policy]`.
+    #[arg(required_unless_present = "mcp", value_name = "FILE.cedar")]
     files: Vec<PathBuf>,
+}
+
+fn effect(d: Default) -> DefaultEffect {
+    match d {
+        Default::Allow => DefaultEffect::Allow,
+        Default::Deny => DefaultEffect::Deny,
+    }
+}
+
+/// A tools file, read bounded (at most [`derive::MAX_TOOLS_BYTES`] + 1 bytes, so the
+/// parser reports one too large) and parsed; every refusal names the file.
+fn read_tools(path: &Path) -> Result<Vec<derive::ToolDef>, String> {
+    use std::io::Read as _;
+    let limit = u64::try_from(derive::MAX_TOOLS_BYTES).unwrap_or(u64::MAX);
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)
+        .and_then(|f| f.take(limit.saturating_add(1)).read_to_end(&mut bytes))
+        .map_err(|e| format!("cannot read `{}`: {e}", path.display()))?;
+    let text = String::from_utf8(bytes)
+        .map_err(|e| format!("`{}` is not UTF-8 text: {e}", path.display()))?;
+    derive::parse_tools(&Source::new(path.display().to_string(), text)).map_err(|f| f.to_string())
 }
 
 /// Run `tollgate policy ...`.
@@ -90,6 +127,30 @@ pub fn read_source(path: &Path) -> anyhow::Result<Source> {
 }
 
 fn check(args: &CheckArgs) -> anyhow::Result<ExitCode> {
+    let mut tools = Vec::new();
+    for path in &args.tools {
+        match read_tools(path) {
+            Ok(t) => tools.extend(t),
+            Err(e) => {
+                errln!("tollgate: {e}");
+                return Ok(ExitCode::from(2));
+            }
+        }
+    }
+    if let Some(config) = &args.mcp {
+        let outcome = tollgate_mcp::policy_check::run(&tollgate_mcp::policy_check::Request {
+            config: config.clone(),
+            files: args.files.clone(),
+            default: args.default.map(effect),
+            schema: args.schema.clone(),
+            extra_tools: tools,
+        });
+        out!("{}", outcome.stdout);
+        if !outcome.stderr.is_empty() {
+            errln!("{}", outcome.stderr.trim_end());
+        }
+        return Ok(ExitCode::from(outcome.code));
+    }
     let mut unreadable = false;
     let mut sources = Vec::new();
     for path in &args.files {
@@ -116,12 +177,16 @@ fn check(args: &CheckArgs) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::from(2));
     }
     let options = Options {
-        default: match args.default {
-            Default::Allow => DefaultEffect::Allow,
-            Default::Deny => DefaultEffect::Deny,
-        },
+        default: args.default.map(effect).unwrap_or_default(),
         schema,
     };
+    if !args.tools.is_empty() {
+        let report = derive::check(&sources, &options, &tools);
+        let names: Vec<String> = args.tools.iter().map(|p| p.display().to_string()).collect();
+        let (text, code) = derive::render(&report, &names.join(", "));
+        out!("{text}");
+        return Ok(ExitCode::from(code));
+    }
     match tollgate_policy::load(&sources, &options) {
         Ok(loaded) => {
             for w in &loaded.warnings {

@@ -24,6 +24,7 @@ mod mcp;
 mod operator_token;
 mod pg;
 mod policy;
+mod policy_tools;
 mod servers;
 
 pub fn tollgate(args: &[&str]) -> Output {
