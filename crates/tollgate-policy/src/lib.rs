@@ -135,6 +135,13 @@ impl Policies {
         self.inner.meta.iter().map(|m| &m.id)
     }
 
+    /// The `@hitl` text of policy `id` (empty for a bare `@hitl`), or `None` when the set
+    /// has no such policy or it is not marked `@hitl`.
+    pub fn hitl_message(&self, id: &str) -> Option<&str> {
+        let i = *self.inner.index_of.get(id)?;
+        self.inner.meta.get(i)?.hitl.as_deref()
+    }
+
     /// The tools some policy names in its action scope, sorted.
     pub fn named_tools(&self) -> Vec<&str> {
         let mut v: Vec<&str> = eval::named_tools(&self.inner).into_iter().collect();

@@ -233,7 +233,8 @@ pub(crate) struct Meta {
 /// The policies that can apply to one tool, as a Cedar set of their own.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Slice {
-    pub set: PolicySet,
+    /// Each member's condition, forbids first, then permits, each in set order.
+    pub conditions: Vec<Condition>,
     /// Indexes into `Inner::meta`, ascending.
     pub members: Vec<usize>,
     /// The members that are unconditional forbids.
@@ -242,6 +243,21 @@ pub(crate) struct Slice {
     pub has_permit: bool,
     /// The context fields its members read.
     pub needs: crate::model::Needs,
+}
+
+/// One policy's condition: Cedar's conjunction of its scope constraints and its `when`
+/// and `unless` clauses, built once when the set is loaded. (Cedar's authorizer builds it
+/// again, a copy of the whole expression, for every policy of every request.)
+#[derive(Debug, Clone)]
+pub(crate) struct Condition {
+    /// Index into `Inner::meta`.
+    pub index: usize,
+    /// A `forbid`.
+    pub forbid: bool,
+    /// The expression.
+    pub expr: cedar_policy_core::ast::Expr,
+    /// Its slots (none: Tollgate loads static policies only).
+    pub env: cedar_policy_core::ast::SlotEnv,
 }
 
 #[derive(Debug)]
@@ -928,14 +944,20 @@ fn index(
             let (Some(p), Some(m)) = (policies.get(i), meta.get(i)) else {
                 continue;
             };
-            // Ids are unique in `policies`, so adding cannot fail.
-            let _ = slice.set.add(p.clone());
+            let ast: &cedar_policy_core::ast::Policy = p.as_ref();
+            slice.conditions.push(Condition {
+                index: i,
+                forbid: m.forbid,
+                expr: ast.condition(),
+                env: ast.env().clone(),
+            });
             if m.forbid && m.unconditional {
                 let _ = slice.unconditional_forbids.add(p.clone());
             }
             slice.has_permit |= !m.forbid;
             slice.needs = slice.needs.union(m.needs);
         }
+        slice.conditions.sort_by_key(|c| (!c.forbid, c.index));
         slice.members = idx.clone();
         slice
     };

@@ -428,7 +428,9 @@ async fn approval_and_reload(via: &Via, socket: &Path, dir: &Path) {
         .unwrap();
     assert_eq!(p.transition.as_ref().unwrap().held_reason, "policy_hold");
     assert!(
-        p.held_explanation.contains("`@hitl` policy") && !p.held_explanation.contains("[guard"),
+        p.held_explanation.contains("`@hitl` policy `big-pay`")
+            && p.held_explanation.contains("payment over 100 USD")
+            && !p.held_explanation.contains("[guard"),
         "{}",
         p.held_explanation
     );

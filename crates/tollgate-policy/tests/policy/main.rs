@@ -8,6 +8,7 @@
 
 mod common;
 mod compose;
+mod differential;
 mod docs;
 mod load;
 mod outcomes;
