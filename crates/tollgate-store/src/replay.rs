@@ -31,8 +31,11 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-use tollgate_audit::{Event, PolicyEffect, PolicyNote, SessionEvent, VerdictRecord};
-use tollgate_core::json::Value;
+use tollgate_audit::{
+    Event, PolicyEffect, PolicyNote, RecordedParams, SessionEvent, VerdictRecord,
+    MAX_RECORDED_PARAMS,
+};
+use tollgate_core::json::{self, Limits, Value};
 use tollgate_core::{
     Decision, Digest, HumanDecision, Params, Reason, Successor, ToolCall, Verdict,
 };
@@ -138,11 +141,20 @@ pub struct Replay {
 }
 
 /// The call's arguments, when the entry records them: the one place that decides whether
-/// an argument rule can be replayed. Today's log (format version 6 and before) records
-/// only the params' hash, so never. Once the log records params (`[audit] params =
-/// "full"`), this returns them; redacted params are not the call's and must not be used.
-pub fn recorded_args(_v: &VerdictRecord) -> Option<Value> {
-    None
+/// an argument rule can be replayed. Only params recorded in full (format version 7,
+/// `[audit] params = "full"`) whose canonical hash is the entry's `params_hash` are the
+/// call's: redacted params are not (a rule would read the marker), params too large to
+/// record are absent, and so are all params of older formats (hashes only).
+pub fn recorded_args(v: &VerdictRecord) -> Option<Value> {
+    let Some(RecordedParams::Full(text)) = &v.params else {
+        return None;
+    };
+    let limits = Limits {
+        max_bytes: MAX_RECORDED_PARAMS,
+        ..Limits::default()
+    };
+    let value = json::parse(text.as_bytes(), limits).ok()?;
+    (Params::json(&value).canonical_digest().ok()? == v.params_hash).then_some(value)
 }
 
 /// The call a verdict entry records, as [`ops::replay`] rebuilds it.

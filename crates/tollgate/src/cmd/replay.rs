@@ -136,6 +136,7 @@ fn candidate(args: &Args) -> Result<Candidate, String> {
             default: tollgate_policy::DefaultEffect::Allow,
             schema: None,
             trip_on_refusal: false,
+            shadow: false,
         });
         s.files.clone_from(&args.policies);
         settings = Some(s);

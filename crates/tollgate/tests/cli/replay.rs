@@ -14,6 +14,8 @@ const BASE_GUARD: &str =
     "[guard.default]\nbudget_usd = 1.0\nmax_repeat_calls = 3\nprobabilistic_deny = false\n";
 const NO_SHELL: &str =
     "@id(\"no-shell\") forbid (principal, action == Action::\"shell\", resource);\n";
+const BIG_PAY: &str = "@id(\"big-pay\") forbid (principal, action == Action::\"pay\", resource) when { context.args has n && context.args.n > 5 };\n";
+const FULL_PARAMS: &str = "[audit]\nparams = \"full\"\n";
 const NO_PAY: &str = "@id(\"no-pay\") forbid (principal, action == Action::\"pay\", resource);\n";
 
 /// The calls every daemon in this module is asked, in order: a repeated search (the repeat
@@ -112,7 +114,9 @@ fn count(report: &json::Value, k: &str) -> u64 {
 #[test]
 fn replay_finds_exactly_the_flips_a_planted_change_makes_and_none_for_the_config_itself() {
     let dir = tempfile::tempdir().unwrap();
-    let base = config(dir.path(), "base", BASE_GUARD, NO_SHELL);
+    // The log records params in full, so argument rules can be replayed.
+    let base_guard = format!("{FULL_PARAMS}{BASE_GUARD}");
+    let base = config(dir.path(), "base", &base_guard, NO_SHELL);
     let (recorded, data) = run_daemon(dir.path(), "base", &base);
     // The log has what the test needs: a policy's refusal, a repeat refusal, the budget.
     let reasons: Vec<&str> = recorded.iter().map(|(_, _, r)| r.as_str()).collect();
@@ -154,6 +158,12 @@ fn replay_finds_exactly_the_flips_a_planted_change_makes_and_none_for_the_config
         BASE_GUARD,
         &format!("{NO_SHELL}{NO_PAY}"),
     );
+    let args_rule = config(
+        dir.path(),
+        "args",
+        BASE_GUARD,
+        &format!("{NO_SHELL}{BIG_PAY}"),
+    );
     let lower = config(
         dir.path(),
         "lower",
@@ -175,6 +185,8 @@ fn replay_finds_exactly_the_flips_a_planted_change_makes_and_none_for_the_config
             Some(dir.path().join("forbid.cedar")),
         ),
         ("lower", &lower, None),
+        // An argument rule, on the recorded params.
+        ("args", &args_rule, None),
         ("halved", &halved, None),
     ] {
         let truth_config = if extra.is_some() { &forbid } else { candidate };
@@ -201,6 +213,40 @@ fn replay_finds_exactly_the_flips_a_planted_change_makes_and_none_for_the_config
         );
         assert_eq!(count(&report, "unreplayable"), 0, "{name}: {t}");
     }
+
+    // The same argument rule on a log of hashes only (the default): the payments it
+    // would read cannot be replayed; counted, nothing flips: exit 3.
+    let hashes = config(dir.path(), "hashes", BASE_GUARD, NO_SHELL);
+    let (hash_verdicts, hash_data) = run_daemon(dir.path(), "hashes", &hashes);
+    let args_hash = config(
+        dir.path(),
+        "args-hash",
+        BASE_GUARD,
+        &format!("{NO_SHELL}{BIG_PAY}"),
+    );
+    let (c, report, t) = replay(&[
+        "--config",
+        s(&args_hash),
+        "--key",
+        s(&hash_data.join("audit.pub")),
+        s(&hash_data.join("audit")),
+    ]);
+    assert_eq!(c, 3, "{t}");
+    assert_eq!(count(&report, "flips"), 0, "{t}");
+    // Every payment the policies were asked about: all but those refused by an open
+    // circuit (rule 2, before the policies).
+    let pays = calls()
+        .iter()
+        .zip(&hash_verdicts)
+        .filter(|((tool, _), (_, _, reason))| *tool == "pay" && reason != "circuit_open")
+        .count() as u64;
+    assert!(pays > 0, "{hash_verdicts:?}");
+    assert_eq!(count(&report, "unreplayable"), pays, "{t}");
+    assert_eq!(
+        count(&report, "replayed") + pays,
+        count(&report, "verdicts"),
+        "{t}"
+    );
 
     // A tampered log: one byte of the last file changed. Refused, nothing replayed.
     let mut files: Vec<_> = std::fs::read_dir(&log)
