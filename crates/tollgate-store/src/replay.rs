@@ -488,3 +488,96 @@ fn with_budget<R>(
     }
     r
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tollgate_core::{BudgetScope, GuardConfig, Money, Ratio};
+
+    fn guard(jitter_ppm: u32) -> GuardConfig {
+        GuardConfig {
+            budget: Money(1_000_000_000),
+            probabilistic_deny: true,
+            deny_jitter_ratio: Ratio::from_ppm(jitter_ppm),
+            ..GuardConfig::default()
+        }
+    }
+
+    /// A session under `guard(500_000)`: a large call, then two small ones below 20% of
+    /// the budget, decided with the draws 0.9 (the layer does not fire) and 0.1 (it does).
+    fn log() -> Vec<Event> {
+        let policy = Arc::new(Policy::new(guard(500_000)));
+        let meta = SessionMeta {
+            session_id: "s".into(),
+            agent_id: "a".into(),
+            organization_id: "o".into(),
+            budget_scope: BudgetScope::PerSession,
+            created_at_ns: 1,
+        };
+        let mut s = Session::new(meta, policy, 1);
+        let mut out = vec![Event::Session(ops::open(&mut s, 1).into())];
+        for (n, (cost, rng)) in [(850_000_000, 0.5), (10_000_000, 0.9), (10_000_000, 0.1)]
+            .into_iter()
+            .enumerate()
+        {
+            let n = n as u64 + 1;
+            let call = ToolCall {
+                tool_name: "t",
+                params: Params::digest(Digest([n as u8; 32])),
+                nonce: None,
+                estimated_cost: Money(cost),
+                raw_params: None,
+            };
+            let d = rules::decide(&mut s, None, &call, None, n, 10 + n as i64, rng);
+            out.push(Event::Session(d.record.into()));
+        }
+        out
+    }
+
+    fn replay(jitter_ppm: u32) -> Vec<Outcome> {
+        let mut r = Replay::new(Candidate {
+            default_guard: Arc::new(Policy::new(guard(jitter_ppm))),
+            agent_guards: HashMap::new(),
+            set: None,
+        });
+        log()
+            .iter()
+            .enumerate()
+            .filter_map(|(i, e)| r.fold(i as u64, e).unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn the_recorded_outcome_fixes_an_unrecorded_draw_only_for_the_same_guards_on_the_same_state() {
+        let recorded: Vec<_> = log()
+            .into_iter()
+            .filter_map(|e| match e {
+                Event::Session(SessionEvent::Verdict(v)) => Some((v.verdict, v.probabilistic)),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            recorded,
+            [
+                (Verdict::Allow, false),
+                (Verdict::Allow, false),
+                (Verdict::Deny, true)
+            ],
+            "the log has a draw that did not fire and one that did"
+        );
+        // The same guards: both draw-dependent verdicts are replayed, as recorded.
+        let same = replay(500_000);
+        assert!(same.iter().all(|o| o.candidate.is_ok()), "{same:?}");
+        let verdicts: Vec<Verdict> = same
+            .iter()
+            .map(|o| o.candidate.as_ref().unwrap().0)
+            .collect();
+        assert_eq!(verdicts, [Verdict::Allow, Verdict::Allow, Verdict::Deny]);
+        // Other guards: the draw is not known, so neither is the verdict: counted.
+        let other = replay(600_000);
+        assert!(other[0].candidate.is_ok(), "{other:?}");
+        assert_eq!(other[1].candidate, Err(Unreplayable::Draw));
+        assert_eq!(other[2].candidate, Err(Unreplayable::Draw));
+        assert!(other[2].after_divergence);
+    }
+}

@@ -294,6 +294,9 @@ fn replay(args: &Args) -> Result<ExitCode, String> {
     }))
 }
 
+/// How many sessions the text form lists by their flips.
+const TEXT_SESSIONS: usize = 20;
+
 fn print_text(r: &Report, examples: usize) {
     let unreplayable: u64 = r.unreplayable.values().sum();
     outln!(
@@ -314,9 +317,18 @@ fn print_text(r: &Report, examples: usize) {
         for (k, n) in &r.by_rule {
             outln!("  {n:>8}  {k}");
         }
-        outln!("flips by session:");
-        for (k, n) in &r.by_session {
+        // The sessions with the most flips (all of them in --format json).
+        let mut sessions: Vec<(&String, &u64)> = r.by_session.iter().collect();
+        sessions.sort_by(|a, b| b.1.cmp(a.1).then_with(|| a.0.cmp(b.0)));
+        outln!("flips by session ({} sessions):", sessions.len());
+        for (k, n) in sessions.iter().take(TEXT_SESSIONS) {
             outln!("  {n:>8}  {k}");
+        }
+        if sessions.len() > TEXT_SESSIONS {
+            outln!(
+                "  ... and {} more sessions (--format json lists them all)",
+                sessions.len() - TEXT_SESSIONS
+            );
         }
         if r.flips_after_divergence > 0 {
             outln!(
