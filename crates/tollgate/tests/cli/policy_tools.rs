@@ -127,6 +127,18 @@ fn a_policy_that_can_never_match_is_a_warning() {
     let t = stdout(&out);
     assert!(t.contains(":1:1: warning[tollgate::never-matches]"), "{t}");
     assert!(t.contains("ok: 1 policies, 1 warnings"), "{t}");
+    // A value the tool's enum does not have.
+    let out = check(
+        dir.path(),
+        "@id(\"usd\")\nforbid (principal, action == Action::\"pay\", resource)\n\
+         when { context.args.currency == \"usd\" };\n",
+    );
+    assert_eq!(code(&out), 0, "{}", text(&out));
+    assert!(
+        stdout(&out).contains(":3:33: warning[tollgate::outside-enum]"),
+        "{}",
+        stdout(&out)
+    );
     let out = check(
         dir.path(),
         "@id(\"n\")\nforbid (principal, action == Action::\"pay\", resource)\n\
