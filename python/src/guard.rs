@@ -424,8 +424,9 @@ impl PyGuard {
 
     /// The policy set in force (`policy=`): a dict with `digest` (its SHA-256, as
     /// `tollgate policy check` prints it), `policies` (how many), `default` (`allow` or
-    /// `deny`), `trip_on_refusal`, `warnings` (the loader's, one line each); `None`
-    /// without one.
+    /// `deny`), `trip_on_refusal`, `mode` (`enforce`, or `shadow` for a set that
+    /// enforces nothing), `shadow_policies` (how many run in shadow), `warnings` (the
+    /// loader's, one line each); `None` without one.
     #[getter]
     fn policy<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, pyo3::types::PyDict>>> {
         let Some(set) = self.inner.policies() else {
@@ -436,6 +437,13 @@ impl PyGuard {
         d.set_item("policies", set.policies.len())?;
         d.set_item("default", set.policies.default_effect().as_str())?;
         d.set_item("trip_on_refusal", set.trip_on_refusal)?;
+        let mode = if set.policies.is_shadow_set() {
+            "shadow"
+        } else {
+            "enforce"
+        };
+        d.set_item("mode", mode)?;
+        d.set_item("shadow_policies", set.policies.shadow_len())?;
         d.set_item("warnings", &self.policy_warnings)?;
         Ok(Some(d))
     }

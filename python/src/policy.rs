@@ -7,7 +7,7 @@
 //! `policy=` is either a path to a TOML file with a `[policy]` section (a `tollgate serve`
 //! configuration or an `mcp.toml` will do: the other sections are not read; relative paths
 //! in it are resolved against the file's directory), or a dict with the section's keys
-//! (`files`, `default`, `schema`, `trip_on_refusal`; relative paths are resolved against
+//! (`files`, `default`, `schema`, `trip_on_refusal`, `mode`; relative paths are resolved against
 //! the current directory).
 
 use std::io::Read as _;
@@ -26,7 +26,7 @@ use crate::PolicyError;
 const MAX_CONFIG_BYTES: u64 = 1 << 20;
 
 /// The keys of a `[policy]` section, as a dict gives them.
-const KEYS: [&str; 4] = ["files", "default", "schema", "trip_on_refusal"];
+const KEYS: [&str; 5] = ["files", "default", "schema", "trip_on_refusal", "mode"];
 
 /// What `policy=` names: the section's settings, and where they came from (for messages).
 pub(crate) fn settings(policy: &Bound<'_, PyAny>) -> PyResult<Settings> {
@@ -39,7 +39,7 @@ pub(crate) fn settings(policy: &Bound<'_, PyAny>) -> PyResult<Settings> {
     }
     Err(PyTypeError::new_err(
         "policy: give a path to a TOML file with a [policy] section, or a dict with its keys \
-         (files, default, schema, trip_on_refusal)",
+         (files, default, schema, trip_on_refusal, mode)",
     ))
 }
 
@@ -73,6 +73,11 @@ fn from_dict(d: &Bound<'_, PyDict>) -> PyResult<Settings> {
                 section.trip_on_refusal = v
                     .extract::<Option<bool>>()
                     .map_err(|_| bad("True or False"))?;
+            }
+            "mode" => {
+                section.mode = v
+                    .extract::<Option<String>>()
+                    .map_err(|_| bad("\"enforce\" or \"shadow\""))?;
             }
             other => {
                 return Err(PyValueError::new_err(format!(

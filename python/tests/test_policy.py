@@ -412,6 +412,36 @@ def test_library_mode_the_audit_log_records_the_policies(policy_toml, tmp_path):
     assert "customer-data" in str(verdicts[0]["labels"]), verdicts[0]
 
 
+def test_library_mode_a_set_in_shadow_mode_enforces_nothing_and_records_what_it_would_do(tmp_path,
+                                                                                        monkeypatch):
+    """Issue 19: `mode = "shadow"` in the dict form; the default deny and the allow-list
+    refuse nothing, and the local log (via `tollgate audit export`) shows the would-be
+    DENY of the whole set (`*`)."""
+    import json
+    import subprocess
+
+    from conftest import tollgate_bin
+
+    write_rules(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    subprocess.run([tollgate_bin(), "keygen", "--out", str(tmp_path)], check=True, capture_output=True)
+    log = tmp_path / "audit"
+    g = tollgate.Guard(policy={"files": ["tools.cedar"], "default": "deny", "mode": "shadow"},
+                       audit_log=log, audit_key=tmp_path / "audit.key", session_id="py-shadow", agent_id="bot")
+    assert (g.policy["mode"], g.policy["shadow_policies"], g.policy["policies"]) == ("shadow", 3, 3), g.policy
+    v = g.check("delete_repo", {"name": "prod"})
+    assert v.allowed and v.reason == "within_thresholds", v
+    del g
+    rows = subprocess.run([tollgate_bin(), "audit", "export", "--format", "jsonl", "--key",
+                           str(tmp_path / "audit.pub"), str(log)], capture_output=True, text=True, check=True).stdout
+    verdicts = [r for r in map(json.loads, rows.splitlines()) if r.get("tool_name")]
+    assert verdicts[0]["verdict"] == "ALLOW", verdicts
+    assert verdicts[0]["shadow"] == "*=DENY(policy_default_deny)", verdicts
+    assert verdicts[0]["shadow_disagree"] == 1, verdicts
+    with pytest.raises(ValueError, match="policy.mode"):
+        tollgate.Guard(policy={"files": ["tools.cedar"], "mode": "log-only"})
+
+
 def test_library_mode_the_principal_is_the_audited_identity(tmp_path):
     """The principal is `Agent::"ORG/AGENT"` of the guard's ids, with an audit log and
     without one."""

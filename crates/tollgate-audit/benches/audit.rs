@@ -47,6 +47,8 @@ fn record(i: u64) -> VerdictRecord {
         session_seq: i + 1,
         budget_version: 0,
         policy: None,
+        shadow: Vec::new(),
+        params: None,
     }
 }
 

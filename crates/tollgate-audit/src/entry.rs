@@ -64,6 +64,125 @@ pub struct VerdictRecord {
     /// `reason` is [`Reason::PolicyDeny`] or [`Reason::PolicyHold`] and the reason on
     /// the wire is [`PolicyNote::reason`].
     pub policy: Option<PolicyNote>,
+    /// Format version 7: the would-be outcome of every shadow candidate of the set in
+    /// force (a `@shadow` policy, or the whole set in shadow mode), in set order; at most
+    /// [`MAX_SHADOW_NOTES`]. Never enforced: the verdict above is what the agent was told.
+    pub shadow: Vec<ShadowNote>,
+    /// Format version 7: the call's params as the daemon's `[audit] params` setting
+    /// records them; `None` when it records hashes only (the default), or when the call
+    /// carried no params that hash to `params_hash`.
+    pub params: Option<RecordedParams>,
+}
+
+/// The most shadow notes on one verdict (format version 7): a set holds at most this many
+/// `@shadow` policies (or is one set in shadow mode).
+pub const MAX_SHADOW_NOTES: usize = 16;
+
+/// The name of the shadow candidate that is a whole set in shadow mode (`[policy] mode =
+/// "shadow"`): not a policy id (ids never hold `*`).
+pub const SHADOW_SET_NAME: &str = "*";
+
+/// What one shadow candidate would have made of a call (format version 7): a `@shadow`
+/// policy, with the verdict the call would have had were that policy enforced with the
+/// rest of the set, or a set in shadow mode, with the verdict it would have had under
+/// that set. Recorded, never enforced.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShadowNote {
+    /// The `@shadow` policy's id, or [`SHADOW_SET_NAME`] for a set in shadow mode.
+    pub name: String,
+    /// The would-be verdict.
+    pub verdict: Verdict,
+    /// The would-be reason, as the agent would have been sent it: `policy:<id>`,
+    /// `policy_error:<id>`, ..., `policy_default_deny`, or the guards' reason.
+    pub reason: String,
+    /// The policy the would-be outcome names (the deciding policy, or for an ALLOW the
+    /// first matching permit); `None` when none does.
+    pub policy_id: Option<String>,
+}
+
+impl ShadowNote {
+    /// Whether the would-be verdict is the enforced one.
+    pub fn agrees(&self, enforced: Verdict) -> bool {
+        self.verdict == enforced
+    }
+}
+
+/// How `[audit] params` records a call's params (format version 7).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum ParamsMode {
+    /// Only their hash (`params_hash`): nothing more is recorded.
+    #[default]
+    Hash,
+    /// Their canonical JSON, exactly the bytes `params_hash` is the SHA-256 of.
+    Full,
+    /// Their canonical JSON with secrets replaced by [`REDACTED_MARKER`].
+    Redacted,
+}
+
+impl ParamsMode {
+    /// `hash`, `full` or `redacted`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            ParamsMode::Hash => "hash",
+            ParamsMode::Full => "full",
+            ParamsMode::Redacted => "redacted",
+        }
+    }
+
+    /// The mode a word names.
+    pub fn from_word(w: &str) -> Option<ParamsMode> {
+        match w {
+            "hash" => Some(ParamsMode::Hash),
+            "full" => Some(ParamsMode::Full),
+            "redacted" => Some(ParamsMode::Redacted),
+            _ => None,
+        }
+    }
+}
+
+/// The string a redacted value is replaced with (a JSON string in the recorded text).
+pub const REDACTED_MARKER: &str = "[REDACTED]";
+
+/// The longest recorded params text, in bytes: longer params are recorded as
+/// [`RecordedParams::TooLarge`], never cut.
+pub const MAX_RECORDED_PARAMS: usize = crate::format::MAX_TEXT_LEN;
+
+/// A call's params as recorded (format version 7).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RecordedParams {
+    /// The canonical JSON of the params: its SHA-256 is the entry's `params_hash`.
+    Full(String),
+    /// The canonical JSON with the values at the configured paths, and the values that
+    /// look like secrets, replaced by [`REDACTED_MARKER`]; `params_hash` is still the hash
+    /// of the true params.
+    Redacted(String),
+    /// The text this mode would record is longer than [`MAX_RECORDED_PARAMS`]: not
+    /// recorded; `len` is its length in bytes.
+    TooLarge {
+        /// [`ParamsMode::Full`] or [`ParamsMode::Redacted`].
+        mode: ParamsMode,
+        /// The length of the text that was not recorded.
+        len: u32,
+    },
+}
+
+impl RecordedParams {
+    /// The mode that recorded these params.
+    pub fn mode(&self) -> ParamsMode {
+        match self {
+            RecordedParams::Full(_) => ParamsMode::Full,
+            RecordedParams::Redacted(_) => ParamsMode::Redacted,
+            RecordedParams::TooLarge { mode, .. } => *mode,
+        }
+    }
+
+    /// The recorded text, when there is one.
+    pub fn text(&self) -> Option<&str> {
+        match self {
+            RecordedParams::Full(t) | RecordedParams::Redacted(t) => Some(t),
+            RecordedParams::TooLarge { .. } => None,
+        }
+    }
 }
 
 /// What a policy set made of one call (format version 6): the verdict entry's policy
@@ -279,6 +398,12 @@ pub struct PolicySetRecord {
     pub trip_on_refusal: bool,
     /// Why the entry was written.
     pub cause: PolicySetCause,
+    /// Format version 7: how many of `policies` run in shadow (evaluated and recorded,
+    /// never enforced); 0 in older versions.
+    pub shadow_policies: u32,
+    /// Format version 7: the whole set runs in shadow (`[policy] mode = "shadow"`): no
+    /// policy is enforced and `shadow_policies` equals `policies`.
+    pub shadow_set: bool,
 }
 
 /// A session was opened (record kind 4): everything needed to rebuild its starting state.

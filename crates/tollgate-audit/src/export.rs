@@ -117,6 +117,13 @@ pub const COLUMNS: &[&str] = &[
     "default_deny",
     "trip_on_refusal",
     "policy_cause",
+    "shadow",
+    "shadow_disagree",
+    "shadow_policies",
+    "shadow_set",
+    "params_mode",
+    "params",
+    "params_len",
     "key_id",
     "prev_hash",
     "signature",
@@ -187,6 +194,36 @@ fn cells(e: &AuditEntry, chain_id: Option<&str>) -> Vec<Cell> {
             ),
         ]);
     }
+    if let Event::Session(SessionEvent::Verdict(v)) = &e.event {
+        if v.policy.is_some() {
+            // Version 7: every shadow candidate's would-be verdict, NAME=VERDICT(REASON).
+            let notes: Vec<String> = v
+                .shadow
+                .iter()
+                .map(|s| format!("{}={}({})", s.name, s.verdict.as_str(), s.reason))
+                .collect();
+            let disagree = v.shadow.iter().filter(|s| !s.agrees(v.verdict)).count();
+            row.extend([
+                ("shadow", t(&notes.join(";"))),
+                ("shadow_disagree", n(&disagree)),
+            ]);
+        }
+        let mode = v
+            .params
+            .as_ref()
+            .map_or(crate::entry::ParamsMode::Hash, |p| p.mode());
+        row.push(("params_mode", t(mode.as_str())));
+        match &v.params {
+            Some(crate::entry::RecordedParams::TooLarge { len, .. }) => {
+                row.push(("params_len", n(len)));
+            }
+            Some(p) => {
+                let text = p.text().unwrap_or_default();
+                row.extend([("params", t(text)), ("params_len", n(&text.len()))]);
+            }
+            None => {}
+        }
+    }
     match &e.event {
         Event::Session(SessionEvent::Verdict(v)) => row.extend([
             ("call_number", n(&v.call_number)),
@@ -213,6 +250,8 @@ fn cells(e: &AuditEntry, chain_id: Option<&str>) -> Vec<Cell> {
             ),
         ]),
         Event::PolicySet(p) => row.extend([
+            ("shadow_policies", n(&p.shadow_policies)),
+            ("shadow_set", Cell::Bool(p.shadow_set)),
             ("policy_set", digest(&p.digest)),
             ("policies", n(&p.policies)),
             ("default_deny", Cell::Bool(p.default_deny)),

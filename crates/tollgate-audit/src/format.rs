@@ -9,24 +9,27 @@ use tollgate_core::{Digest, HumanDecision, Money, Reason, Verdict};
 use uuid::Uuid;
 
 use crate::entry::{
-    self, AuditEntry, CloseRecord, CostStatus, DecisionRecord, Event, PolicyEffect, PolicyNote,
-    PolicySetCause, PolicySetRecord, SessionEvent, SessionRecord, SettlementRecord, VerdictRecord,
-    VoidRecord,
+    self, AuditEntry, CloseRecord, CostStatus, DecisionRecord, Event, ParamsMode, PolicyEffect,
+    PolicyNote, PolicySetCause, PolicySetRecord, RecordedParams, SessionEvent, SessionRecord,
+    SettlementRecord, ShadowNote, VerdictRecord, VoidRecord, MAX_RECORDED_PARAMS, MAX_SHADOW_NOTES,
+    SHADOW_SET_NAME,
 };
 use crate::keys::KeyId;
 
 /// The first 8 bytes of every log file.
 pub const MAGIC: [u8; 8] = *b"TGAUDIT\0";
 /// The format version the writers (the file writer and the PostgreSQL sink) write.
-pub const FORMAT_VERSION: u16 = 6;
+pub const FORMAT_VERSION: u16 = 7;
 /// The newest format version this crate reads and can encode.
-pub const NEWEST_VERSION: u16 = 6;
+pub const NEWEST_VERSION: u16 = 7;
 /// The oldest format version this crate reads. Version 1 has record kinds 1-3 and a
 /// verdict payload without `session_seq`; version 2 adds kinds 4-6 and `session_seq`;
 /// version 3 adds kind 7 (void); version 4 appends fields to the payloads of kinds 1, 4,
 /// 5 and 7 (the shared budget's version; docs/audit-format.md, "Version 4"); version 5
 /// adds kind 8 (session closed; "Version 5"); version 6 appends a policy note to kind 1
-/// and the policy set's digest to kind 4, and adds kind 9 (policy set; "Version 6").
+/// and the policy set's digest to kind 4, and adds kind 9 (policy set; "Version 6");
+/// version 7 appends the shadow notes and the recorded params to kind 1 and the shadow
+/// counts to kind 9 ("Version 7").
 ///
 /// Adding to version 4: append the field at the end of its kind's payload in
 /// `encode_record_version` and `parse_fields` (the blocks marked "version 4"), state its
@@ -418,6 +421,11 @@ pub fn encode_record_version(
             put_u8(&mut b, u8::from(p.default_deny));
             put_u8(&mut b, u8::from(p.trip_on_refusal));
             put_str(&mut b, "cause", p.cause.as_str())?;
+            if version >= 7 {
+                // Version 7: the shadow counts.
+                b.extend_from_slice(&p.shadow_policies.to_be_bytes());
+                put_u8(&mut b, u8::from(p.shadow_set));
+            }
         }
         Event::Void(v) => {
             put_str(&mut b, "session_id", &v.session_id)?;
@@ -538,7 +546,43 @@ fn encode_verdict(b: &mut Vec<u8>, v: &VerdictRecord, version: u16) -> Result<()
             }
         }
     }
+    if version >= 7 {
+        // Version 7: the shadow notes, then the recorded params.
+        let count = u8::try_from(v.shadow.len())
+            .map_err(|_| EncodeError::Invalid("more than 16 shadow notes"))?;
+        put_u8(b, count);
+        for n in &v.shadow {
+            put_str(b, "shadow_name", &n.name)?;
+            put_u8(b, entry::verdict_code(n.verdict));
+            put_str(b, "shadow_reason", &n.reason)?;
+            put_opt_str(b, "shadow_policy_id", n.policy_id.as_deref())?;
+        }
+        match &v.params {
+            None => put_u8(b, 0),
+            Some(p) => {
+                put_u8(b, params_mode_code(p.mode()));
+                match p {
+                    RecordedParams::Full(t) | RecordedParams::Redacted(t) => {
+                        put_u8(b, 1);
+                        put_text(b, "params", t)?;
+                    }
+                    RecordedParams::TooLarge { len, .. } => {
+                        put_u8(b, 0);
+                        b.extend_from_slice(&len.to_be_bytes());
+                    }
+                }
+            }
+        }
+    }
     Ok(())
+}
+
+const fn params_mode_code(m: ParamsMode) -> u8 {
+    match m {
+        ParamsMode::Hash => 0,
+        ParamsMode::Full => 1,
+        ParamsMode::Redacted => 2,
+    }
 }
 
 fn encode_opened(b: &mut Vec<u8>, o: &SessionRecord, version: u16) -> Result<(), EncodeError> {
@@ -668,7 +712,8 @@ pub fn check_event(event: &Event, version: u16) -> Result<(), &'static str> {
                     return Err("operator_id on a verdict that releases no human-approved call");
                 }
             }
-            check_policy_note(v, version)
+            check_policy_note(v, version)?;
+            check_shadow_and_params(v, version)
         }
         Event::Session(SessionEvent::Opened(o)) => {
             if o.session_seq != 1 {
@@ -716,7 +761,19 @@ pub fn check_event(event: &Event, version: u16) -> Result<(), &'static str> {
             Some(_) => Ok(()),
             None => Err("hand-over names an invalid public key"),
         },
-        Event::Recovery { .. } | Event::PolicySet(_) => Ok(()),
+        Event::Recovery { .. } => Ok(()),
+        Event::PolicySet(p) => {
+            if version < 7 && (p.shadow_policies != 0 || p.shadow_set) {
+                return Err("shadow policies before format version 7");
+            }
+            if p.shadow_policies > p.policies {
+                return Err("more shadow policies than policies");
+            }
+            if p.shadow_set && p.shadow_policies != p.policies {
+                return Err("a set in shadow mode whose policies are not all in shadow");
+            }
+            Ok(())
+        }
         Event::Void(v) => {
             if v.session_seq == 0 {
                 return Err("session_seq is 0");
@@ -741,6 +798,91 @@ pub fn check_event(event: &Event, version: u16) -> Result<(), &'static str> {
             }
             Ok(())
         }
+    }
+}
+
+/// Whether `s` is a policy id: 1 to 128 bytes of ASCII letters, digits and `. _ - : /`.
+fn is_policy_id(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 128
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-' | b':' | b'/'))
+}
+
+/// Whether `reason` is a reason a verdict of `verdict` can be sent with: a guards' reason
+/// string (not the two a policy's verdict is recorded with), or a policy's
+/// (`policy:<id>` on a DENY or HITL, the other `policy_*:<id>` and `policy_default_deny`
+/// on a DENY).
+fn is_sent_reason(reason: &str, verdict: Verdict) -> bool {
+    if let Ok(r) = reason.parse::<Reason>() {
+        return !r.is_policy();
+    }
+    if reason == "policy_default_deny" {
+        return verdict == Verdict::Deny;
+    }
+    if let Some(id) = reason.strip_prefix("policy:") {
+        return verdict != Verdict::Allow && is_policy_id(id);
+    }
+    [
+        "policy_error:",
+        "policy_params_required:",
+        "policy_unrepresentable:",
+        "policy_label_limit:",
+    ]
+    .iter()
+    .any(|p| {
+        reason
+            .strip_prefix(p)
+            .is_some_and(|id| verdict == Verdict::Deny && is_policy_id(id))
+    })
+}
+
+/// The rules on a verdict's shadow notes and recorded params (format version 7).
+fn check_shadow_and_params(v: &VerdictRecord, version: u16) -> Result<(), &'static str> {
+    if version < 7 {
+        if !v.shadow.is_empty() {
+            return Err("shadow notes before format version 7");
+        }
+        if v.params.is_some() {
+            return Err("recorded params before format version 7");
+        }
+        return Ok(());
+    }
+    if v.shadow.len() > MAX_SHADOW_NOTES {
+        return Err("more than 16 shadow notes");
+    }
+    if !v.shadow.is_empty() && v.policy.is_none() {
+        return Err("shadow notes on a verdict without a policy note");
+    }
+    for n in &v.shadow {
+        if n.name != SHADOW_SET_NAME && !is_policy_id(&n.name) {
+            return Err("a shadow note's name is neither a policy id nor `*`");
+        }
+        if n.policy_id.as_deref().is_some_and(|id| !is_policy_id(id)) {
+            return Err("a shadow note's policy_id is not a policy id");
+        }
+        if !is_sent_reason(&n.reason, n.verdict) {
+            return Err("a shadow note's reason is not one its verdict can be sent with");
+        }
+    }
+    for (i, n) in v.shadow.iter().enumerate() {
+        if v.shadow.iter().skip(i + 1).any(|m| m.name == n.name) {
+            return Err("two shadow notes name the same candidate");
+        }
+    }
+    match &v.params {
+        Some(RecordedParams::Full(t)) if sha256(t.as_bytes()) != v.params_hash => {
+            Err("recorded full params do not hash to params_hash")
+        }
+        Some(RecordedParams::TooLarge { mode, .. }) if *mode == ParamsMode::Hash => {
+            Err("params too large for mode hash")
+        }
+        Some(RecordedParams::TooLarge { len, .. })
+            if usize::try_from(*len).is_ok_and(|l| l <= MAX_RECORDED_PARAMS) =>
+        {
+            Err("params recorded as too large though they fit")
+        }
+        _ => Ok(()),
     }
 }
 
@@ -923,7 +1065,7 @@ fn parse_fields(version: u16, c: &mut Cur<'_>) -> Parsed<AuditEntry> {
         6 => parse_decision(c, timestamp_ns)?,
         7 => parse_void(c, timestamp_ns, version)?,
         8 => parse_closed(c, timestamp_ns)?,
-        _ => parse_policy_set(c, timestamp_ns)?,
+        _ => parse_policy_set(c, timestamp_ns, version)?,
     };
     let prev_hash = Digest(c.arr()?);
     let signature = c.arr()?;
@@ -1024,6 +1166,37 @@ fn parse_verdict(c: &mut Cur<'_>, timestamp_ns: i64, version: u16) -> Parsed<Ver
     } else {
         None
     };
+    // Version 7: the shadow notes, then the recorded params.
+    let mut shadow_raw = Vec::new();
+    let mut params_raw = None;
+    if version >= 7 {
+        let count = c.u8()?;
+        if usize::from(count) > MAX_SHADOW_NOTES {
+            return Err(Stop::Malformed("more than 16 shadow notes"));
+        }
+        for _ in 0..count {
+            let name = c.str()?;
+            let verdict = c.u8()?;
+            let reason = c.str()?;
+            let policy_id = match flag(c, "bad shadow policy_id presence flag")? {
+                false => None,
+                true => Some(c.str()?),
+            };
+            shadow_raw.push((name, verdict, reason, policy_id));
+        }
+        let mode = c.u8()?;
+        if mode != 0 {
+            let mode = match mode {
+                1 => ParamsMode::Full,
+                2 => ParamsMode::Redacted,
+                _ => return Err(Stop::Malformed("unknown params mode code")),
+            };
+            params_raw = Some(match flag(c, "bad params recorded flag")? {
+                true => (mode, Ok(c.text()?)),
+                false => (mode, Err(c.u32()?)),
+            });
+        }
+    }
     Ok((|| {
         let policy = match note {
             None => None,
@@ -1040,6 +1213,29 @@ fn parse_verdict(c: &mut Cur<'_>, timestamp_ns: i64, version: u16) -> Parsed<Ver
                     })
                     .collect::<Result<Vec<_>, _>>()?,
             }),
+        };
+        let shadow = shadow_raw
+            .into_iter()
+            .map(|(name, verdict, reason, policy_id)| {
+                Ok(ShadowNote {
+                    name: utf8(name)?,
+                    verdict: entry::verdict_from_code(verdict)
+                        .ok_or("unknown shadow verdict code")?,
+                    reason: utf8(reason)?,
+                    policy_id: policy_id.map(utf8).transpose()?,
+                })
+            })
+            .collect::<Result<Vec<_>, &'static str>>()?;
+        let params = match params_raw {
+            None => None,
+            Some((mode, Ok(text))) => {
+                let text = utf8_text(text)?;
+                Some(match mode {
+                    ParamsMode::Redacted => RecordedParams::Redacted(text),
+                    _ => RecordedParams::Full(text),
+                })
+            }
+            Some((mode, Err(len))) => Some(RecordedParams::TooLarge { mode, len }),
         };
         Ok(VerdictRecord {
             timestamp_ns,
@@ -1064,6 +1260,8 @@ fn parse_verdict(c: &mut Cur<'_>, timestamp_ns: i64, version: u16) -> Parsed<Ver
             session_seq,
             budget_version,
             policy,
+            shadow,
+            params,
         })
     })())
 }
@@ -1224,12 +1422,18 @@ fn parse_closed(c: &mut Cur<'_>, timestamp_ns: i64) -> Parsed<Event> {
     })())
 }
 
-fn parse_policy_set(c: &mut Cur<'_>, timestamp_ns: i64) -> Parsed<Event> {
+fn parse_policy_set(c: &mut Cur<'_>, timestamp_ns: i64, version: u16) -> Parsed<Event> {
     let digest = Digest(c.arr()?);
     let policies = c.u32()?;
     let default_deny = c.u8()?;
     let trip = c.u8()?;
     let cause = c.str()?;
+    // Version 7: the shadow counts.
+    let (shadow_policies, shadow_set) = if version >= 7 {
+        (c.u32()?, c.u8()?)
+    } else {
+        (0, 0)
+    };
     Ok((|| {
         Ok(Event::PolicySet(PolicySetRecord {
             timestamp_ns,
@@ -1239,6 +1443,8 @@ fn parse_policy_set(c: &mut Cur<'_>, timestamp_ns: i64) -> Parsed<Event> {
             trip_on_refusal: bool_value(trip, "bad trip_on_refusal flag")?,
             cause: PolicySetCause::from_word(&utf8(cause)?)
                 .ok_or("cause of a policy-set entry is not start or reload")?,
+            shadow_policies,
+            shadow_set: bool_value(shadow_set, "bad shadow_set flag")?,
         }))
     })())
 }

@@ -16,6 +16,7 @@
 //!   tails. Callers get a [`Pending`] they can `.await` or [`Pending::wait`] on.
 //! - [`read_tail`]: the entries from a given index on, for replay.
 //! - [`keys`], [`checkpoint`], [`export`]: key files, signed checkpoints, auditor export.
+//! - [`params`]: what a verdict records of its call's params (`[audit] params`).
 //!
 //! What this crate does **not** do: it decides nothing (verdicts come from
 //! `tollgate-core`), it has no async runtime dependency, and it never seeks back to write:
@@ -41,6 +42,7 @@ pub mod export;
 pub mod files;
 pub mod format;
 pub mod keys;
+pub mod params;
 pub mod tail;
 pub mod verify;
 pub mod writer;
@@ -53,9 +55,10 @@ pub use checkpoint::Checkpoint;
 pub use completion::{pair as pending_pair, Completer, Pending};
 pub use ed25519_dalek::{SigningKey, VerifyingKey};
 pub use entry::{
-    AuditEntry, CloseReason, CloseRecord, CostStatus, DecisionRecord, Event, PolicyEffect,
-    PolicyNote, PolicySetCause, PolicySetRecord, SessionEvent, SessionRecord, SettlementRecord,
-    VerdictRecord, VoidRecord,
+    AuditEntry, CloseReason, CloseRecord, CostStatus, DecisionRecord, Event, ParamsMode,
+    PolicyEffect, PolicyNote, PolicySetCause, PolicySetRecord, RecordedParams, SessionEvent,
+    SessionRecord, SettlementRecord, ShadowNote, VerdictRecord, VoidRecord, MAX_RECORDED_PARAMS,
+    MAX_SHADOW_NOTES, REDACTED_MARKER, SHADOW_SET_NAME,
 };
 pub use keys::KeyId;
 pub use tail::{read_tail, TailEnd, TailError};

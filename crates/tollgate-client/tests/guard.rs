@@ -441,3 +441,59 @@ fn policies_after_the_audit_are_recorded_and_unnamable_ids_refused() {
     assert_eq!(c.decision.verdict, Verdict::Deny);
     assert_eq!(c.decision.reason, Reason::MalformedInput);
 }
+
+/// Issue 19 in library mode: a `@shadow` forbid never refuses a library call, and the
+/// local log's verdict names its would-be DENY (the same decision path as the daemon's).
+#[test]
+fn a_shadow_forbid_is_recorded_in_the_local_log_and_never_enforced() {
+    let dir = tempfile::tempdir().unwrap();
+    let logs = dir.path().join("audit");
+    let key = tollgate_audit::keys::generate().unwrap();
+    let public = key.verifying_key();
+    let (writer, _) =
+        tollgate_audit::Writer::open(tollgate_audit::WriterConfig::new(&logs), key).unwrap();
+    std::fs::write(
+        dir.path().join("s.cedar"),
+        "@id(\"no-pay\") @shadow forbid (principal, action == Action::\"pay\", resource);",
+    )
+    .unwrap();
+    let section = tollgate_policy::files::Section {
+        files: vec!["s.cedar".into()],
+        ..Default::default()
+    };
+    let settings = tollgate_policy::files::Settings::from_section(section, dir.path()).unwrap();
+    let set = tollgate_policy::files::enforced(&settings).unwrap().0;
+    let who = AuditIdentity {
+        session_id: "s1".into(),
+        agent_id: "bot".into(),
+        organization_id: "acme".into(),
+    };
+    let g = Guard::new(appendix_a())
+        .with_policies(set)
+        .unwrap()
+        .with_audit(writer, who)
+        .unwrap();
+    let cost = Money::from_usd(0.01).unwrap();
+    let v = g.check("pay", &json::parse_str(r#"{"amount":5}"#).unwrap(), cost);
+    assert!(v.allowed(), "{v:?}");
+    drop(g);
+    let opts = tollgate_audit::VerifyOptions {
+        trusted_key: Some(public),
+        ..Default::default()
+    };
+    let mut shadow = Vec::new();
+    tollgate_audit::verify_paths(&[logs], &opts, &mut |e| {
+        if let tollgate_audit::Event::Session(tollgate_audit::SessionEvent::Verdict(v)) = &e.event {
+            shadow.push((v.verdict, v.shadow.clone()));
+        }
+    })
+    .unwrap();
+    assert_eq!(shadow.len(), 1);
+    assert_eq!(shadow[0].0, Verdict::Allow);
+    let n = &shadow[0].1;
+    assert_eq!(n.len(), 1);
+    assert_eq!(
+        (n[0].name.as_str(), n[0].verdict, n[0].reason.as_str()),
+        ("no-pay", Verdict::Deny, "policy:no-pay")
+    );
+}

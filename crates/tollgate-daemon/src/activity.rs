@@ -469,9 +469,36 @@ impl<S: SessionStore> Service<S> {
             ),
             Some(Reason::OpaqueContext) => "Part of the call's context cannot be evaluated (an opaque value its client flagged), so no rule can judge it and it fails closed to a human: rule 10.".to_owned(),
             Some(Reason::TransitionDeferEscalate) => "It waits for a human: deferred or escalated by an operator (rule 4, the HITL transition contract).".to_owned(),
-            Some(Reason::PolicyHold) => "A `@hitl` policy of the daemon's [policy] set holds it for a human (the verdict's reason, `policy:<id>`, names the policy).".to_owned(),
+            Some(Reason::PolicyHold) => self.policy_hold_explanation(s, p),
             Some(r) => format!("Held with reason `{}` by {key}.", r.as_str()),
             None => "Why it was held was not recorded.".to_owned(),
+        }
+    }
+
+    /// A policy's hold: the policy the held verdict's entry names (the activity index
+    /// keeps each session's recent calls with the reason they were sent), and its `@hitl`
+    /// text if the set in force still has that policy marked `@hitl`.
+    fn policy_hold_explanation(&self, s: &Session, p: &PendingTransition) -> String {
+        let reason = self
+            .activity
+            .calls(&s.meta.session_id, usize::MAX)
+            .into_iter()
+            .find(|c| c.call_number == p.call_number)
+            .map(|c| c.reason);
+        let Some(id) = reason.as_deref().and_then(|r| r.strip_prefix("policy:")) else {
+            return "A `@hitl` policy of the daemon's [policy] set holds it for a human (the verdict's reason, `policy:<id>`, names the policy).".to_owned();
+        };
+        let text = self
+            .policies()
+            .and_then(|e| e.policies.hitl_message(id).map(str::to_owned))
+            .filter(|t| !t.is_empty());
+        match text {
+            Some(t) => format!(
+                "The `@hitl` policy `{id}` of the daemon's [policy] set holds it for a human: \"{t}\"."
+            ),
+            None => format!(
+                "The `@hitl` policy `{id}` of the daemon's [policy] set holds it for a human."
+            ),
         }
     }
 

@@ -119,6 +119,8 @@ struct AuditSection {
     chain_id: Option<String>,
     migrate_at_start: Option<bool>,
     ca_file: Option<PathBuf>,
+    params: Option<String>,
+    redact: Option<Vec<String>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -375,6 +377,9 @@ pub struct AuditSettings {
     pub checkpoint_every_secs: u64,
     /// Where entries go: the local files (the settings above), or PostgreSQL.
     pub sink: AuditSink,
+    /// What a verdict records of its call's params (`params = "hash" | "full" |
+    /// "redacted"`, with `redact = [...]` paths; docs/audit-format.md, "Recorded params").
+    pub params: tollgate_audit::params::Recorder,
 }
 
 /// Where the audit trail is written.
@@ -441,6 +446,7 @@ impl Default for AuditSettings {
             checkpoint_every_entries: 10_000,
             checkpoint_every_secs: 60,
             sink: AuditSink::File,
+            params: tollgate_audit::params::Recorder::hash_only(),
         }
     }
 }
@@ -764,7 +770,20 @@ impl DaemonConfig {
         };
         let a = file.audit;
         let da = AuditSettings::default();
+        let params_mode = match a.params.as_deref() {
+            None => tollgate_audit::ParamsMode::Hash,
+            Some(w) => tollgate_audit::ParamsMode::from_word(w).ok_or_else(|| {
+                bad(
+                    "audit.params",
+                    format!("`{w}` is not hash, full or redacted"),
+                )
+            })?,
+        };
+        let params =
+            tollgate_audit::params::Recorder::new(params_mode, a.redact.as_deref().unwrap_or(&[]))
+                .map_err(|e| bad("audit.redact", e.to_string()))?;
         c.audit = AuditSettings {
+            params,
             dir: a.dir,
             key: a.key,
             fsync: match a.fsync {

@@ -69,6 +69,17 @@ pub(crate) async fn open(
         .unwrap_or_else(|| default_chain_id(&signing_key.verifying_key()));
     let journal = Arc::new(PgJournal::open(settings, signing_key, &chain_id).await?);
     tracing::info!(chain = %chain_id, "audit chain open in postgres");
+    if journal.format_version() < 7
+        && config.audit.params.mode() != tollgate_audit::ParamsMode::Hash
+    {
+        return Err(DaemonError::Unsupported(format!(
+            "chain `{chain_id}` is format version {}, which cannot record params (version 7); \
+             give the daemon a new chain_id (or key) to start a version-{} chain, or remove \
+             [audit] params",
+            journal.format_version(),
+            tollgate_pg::CHAIN_FORMAT_VERSION
+        )));
+    }
 
     let mut opts = RedisOptions::new(redis.url.clone());
     if let Some(path) = &redis.ca_file {

@@ -11,7 +11,9 @@
 //! What this module does **not** do: take a lock or allocate on a hot path (every hook is
 //! a few relaxed atomic adds), or put anything a peer chose into a label: organizations,
 //! agents, sessions, tools and operators never appear, so the page's size is fixed and it
-//! leaks nothing. The counters belong to the process (one daemon per process in
+//! leaks nothing. The one label not fixed in code is a shadow policy's id
+//! ([`shadow`]), which comes from the operator's policy files and is bounded
+//! ([`MAX_SHADOW_SERIES`]). The counters belong to the process (one daemon per process in
 //! production; tests that run several daemons in one process see their sum).
 
 use std::fmt::Write as _;
@@ -46,6 +48,48 @@ static REFUSALS: [AtomicU64; CODE_SLOTS] = [const { AtomicU64::new(0) }; CODE_SL
 pub const TRANSPORTS: [&str; 4] = ["socket", "grpc", "control", "other"];
 static CONNECTIONS_TOTAL: [AtomicU64; 4] = [const { AtomicU64::new(0) }; 4];
 static CONNECTIONS_OPEN: [AtomicI64; 4] = [const { AtomicI64::new(0) }; 4];
+
+/// The most shadow candidates `tollgate_policy_shadow_total` names (across reloads); the
+/// evaluations of any further one are counted under `policy="_other"`.
+pub const MAX_SHADOW_SERIES: usize = 256;
+/// Shadow evaluations by candidate, enforced verdict and would-be verdict. Locked only for
+/// verdicts that carry shadow notes (a set with shadow policies in force).
+static SHADOW: std::sync::Mutex<std::collections::BTreeMap<String, [[u64; 3]; 3]>> =
+    std::sync::Mutex::new(std::collections::BTreeMap::new());
+
+const fn verdict_row(v: Verdict) -> usize {
+    match v {
+        Verdict::Allow => 0,
+        Verdict::Deny => 1,
+        Verdict::Hitl => 2,
+    }
+}
+
+/// Count the shadow evaluations of one verdict: each note's candidate (a `@shadow`
+/// policy's id, or `*` for a set in shadow mode), with the verdict enforced and the one
+/// it would have had. Names come from the operator's policy files, never from a peer.
+pub fn shadow(enforced: Verdict, notes: &[tollgate_audit::ShadowNote]) {
+    if notes.is_empty() {
+        return;
+    }
+    let mut map = SHADOW
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    for n in notes {
+        let key = if map.contains_key(&n.name) || map.len() < MAX_SHADOW_SERIES {
+            n.name.clone()
+        } else {
+            "_other".to_owned()
+        };
+        let cell = map.entry(key).or_insert([[0; 3]; 3]);
+        if let Some(c) = cell
+            .get_mut(verdict_row(enforced))
+            .and_then(|r| r.get_mut(verdict_row(n.verdict)))
+        {
+            *c += 1;
+        }
+    }
+}
 
 /// Count a verdict the core returned, by verdict and reason.
 pub fn verdict(v: Verdict, reason: Reason) {
@@ -238,6 +282,31 @@ pub fn render_with(audit: tollgate_audit::Stats, store: StoreGauges) -> String {
                     "tollgate_verdicts_total{{verdict=\"{name}\",reason=\"{}\"}} {n}",
                     reason.as_str()
                 );
+            }
+        }
+    }
+
+    header(
+        &mut out,
+        "tollgate_policy_shadow_total",
+        "counter",
+        "Shadow policy evaluations, by candidate (a @shadow policy's id, or * for a set in shadow mode), the verdict enforced, the verdict it would have given, and whether the two agree.",
+    );
+    {
+        let map = SHADOW
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        for (policy, rows) in map.iter() {
+            for (enforced, row) in VERDICT_NAMES.iter().zip(rows) {
+                for (would, n) in VERDICT_NAMES.iter().zip(row) {
+                    if *n > 0 {
+                        let _ = writeln!(
+                            out,
+                            "tollgate_policy_shadow_total{{policy=\"{policy}\",enforced=\"{enforced}\",shadow=\"{would}\",agree=\"{}\"}} {n}",
+                            enforced == would
+                        );
+                    }
+                }
             }
         }
     }

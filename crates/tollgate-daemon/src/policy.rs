@@ -250,6 +250,8 @@ mod tests {
                 session_seq: 2,
                 budget_version: 0,
                 policy: Some(n.clone()),
+                shadow: Vec::new(),
+                params: None,
             };
             tollgate_audit::format::check_event(&record.into(), 6).unwrap();
             if tool == "crm" {

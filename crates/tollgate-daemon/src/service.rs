@@ -716,6 +716,13 @@ impl<S: SessionStore> Service<S> {
             crate::policy::SentParams::Match(v) => (false, Some(v)),
             crate::policy::SentParams::None => (false, None),
         };
+        // What the verdict records of the params (`[audit] params`), computed outside the
+        // session lock, with the digest they have; recorded only on an entry whose
+        // params_hash is that digest.
+        let recorded = args.as_ref().and_then(|a| {
+            let p = self.config.audit.params.record(a)?;
+            Some((tollgate_core::json::canonical_hash(a).ok()?, p))
+        });
         // The set in force for this call (a reload decides the next one), and the
         // session's principal in it (built outside the session lock).
         let enforced = self.policies();
@@ -765,8 +772,13 @@ impl<S: SessionStore> Service<S> {
                     released,
                     policy_reason: out.policy_reason(),
                     policy_text: out.policy_explanation(),
+                    shadow: out.record.shadow.clone(),
                 };
-                let record = out.record;
+                let mut record = out.record;
+                record.params = recorded
+                    .as_ref()
+                    .filter(|(digest, _)| *digest == record.params_hash)
+                    .map(|(_, p)| p.clone());
                 Change::Commit(Ok(decided), record.into())
             })
             .await
@@ -799,6 +811,7 @@ impl<S: SessionStore> Service<S> {
             .ok_or_else(|| refuse(ErrorCode::DaemonUnavailable, "verdict not journaled"))?;
         let d = decided.decision;
         crate::metrics::verdict(d.verdict, d.reason);
+        crate::metrics::shadow(d.verdict, &decided.shadow);
         let released_by_human = matches!(
             d.reason,
             Reason::TransitionApprove | Reason::TransitionModifySuccessor
@@ -1170,6 +1183,8 @@ struct Decided {
     policy_reason: Option<String>,
     /// Its explanation for people.
     policy_text: Option<String>,
+    /// The shadow candidates' would-be verdicts (for the metrics).
+    shadow: Vec<tollgate_audit::ShadowNote>,
 }
 
 pub(crate) fn not_found(id: &str) -> Refusal {

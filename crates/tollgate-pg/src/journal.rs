@@ -24,10 +24,12 @@ use crate::PgError;
 /// The format version of the records of a chain registered now (version 6: record kind
 /// 7, void, the shared budget's version in the entries that write it (version 4), kind 8,
 /// session closed (version 5), and kind 9, policy set, with the verdicts' policy notes
-/// and the opening's policy-set digest (version 6)). A chain registered earlier keeps the
-/// version its signed header names (3 to 5): its records go on in that version, and it
+/// and the opening's policy-set digest (version 6), and the verdicts' shadow notes and
+/// recorded params with the policy sets' shadow counts (version 7)). A chain registered
+/// earlier keeps the version its signed header names (3 to 6): its records go on in that
+/// version, and it
 /// cannot record what a later version added ([`PgJournal::format_version`]).
-pub const CHAIN_FORMAT_VERSION: u16 = 6;
+pub const CHAIN_FORMAT_VERSION: u16 = 7;
 
 /// The longest chain id, in bytes.
 pub const MAX_CHAIN_ID_BYTES: usize = 256;
@@ -206,7 +208,16 @@ impl PgJournal {
             let (c, p) = pending_pair();
             c.complete(Err(WriteError::Refused(format!(
                 "chain `{}` is format version {}, which cannot record a policy set (version 6); \
-                 give the daemon a new chain_id (or key) to start a version-6 chain",
+                 give the daemon a new chain_id (or key) to start a version-{CHAIN_FORMAT_VERSION} chain",
+                self.chain_id, self.version
+            ))));
+            return p;
+        }
+        if format::check_event(&event, self.version).is_err() {
+            let (c, p) = pending_pair();
+            c.complete(Err(WriteError::Refused(format!(
+                "chain `{}` is format version {}, which cannot record shadow policies (version 7); \
+                 give the daemon a new chain_id (or key) to start a version-{CHAIN_FORMAT_VERSION} chain",
                 self.chain_id, self.version
             ))));
             return p;

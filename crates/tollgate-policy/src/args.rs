@@ -14,10 +14,9 @@
 
 use std::collections::BTreeMap;
 
-use cedar_policy::RestrictedExpression;
 use tollgate_core::json::Value;
 
-use crate::model::Names;
+use crate::model::{CedarValue, Names};
 use crate::number::{map_number, CedarNumber, NumberType, Unrepresentable};
 
 /// The most JSON values (objects, arrays and scalars together) one call's args may hold;
@@ -73,7 +72,7 @@ pub enum Shape {
 #[derive(Debug)]
 pub struct Args {
     /// The record.
-    pub value: RestrictedExpression,
+    pub value: CedarValue,
     /// The paths that could not be represented, with why.
     pub issues: Vec<(ArgPath, ArgIssue)>,
 }
@@ -107,10 +106,8 @@ pub(crate) fn to_cedar(params: &Value, shape: &Shape, names: &Names) -> Args {
     }
 }
 
-fn empty_record() -> RestrictedExpression {
-    // An empty record has no duplicate keys.
-    RestrictedExpression::new_record(std::iter::empty())
-        .unwrap_or_else(|_| RestrictedExpression::new_set(std::iter::empty()))
+fn empty_record() -> CedarValue {
+    CedarValue::empty_record(None)
 }
 
 struct Cx<'n> {
@@ -132,7 +129,7 @@ impl Cx<'_> {
         }
     }
 
-    fn value(&mut self, v: &Value, shape: &Shape) -> RestrictedExpression {
+    fn value(&mut self, v: &Value, shape: &Shape) -> CedarValue {
         if self.budget == 0 {
             self.issue(ArgIssue::TooLarge);
             return empty_record();
@@ -143,8 +140,8 @@ impl Cx<'_> {
                 self.issue(ArgIssue::NullInArray);
                 empty_record()
             }
-            Value::Bool(b) => self.scalar(shape, RestrictedExpression::new_bool(*b)),
-            Value::String(s) => self.scalar(shape, RestrictedExpression::new_string(s.clone())),
+            Value::Bool(b) => self.scalar(shape, CedarValue::from(*b)),
+            Value::String(s) => self.scalar(shape, CedarValue::from(s.as_str())),
             Value::Number(n) => {
                 let declared = match shape {
                     Shape::Number(t) => Some(*t),
@@ -155,9 +152,17 @@ impl Cx<'_> {
                     }
                 };
                 match map_number(n, declared) {
-                    Ok(CedarNumber::Long(i)) => RestrictedExpression::new_long(i),
+                    Ok(CedarNumber::Long(i)) => CedarValue::from(i),
                     Ok(CedarNumber::Decimal(scaled)) => {
-                        self.names.decimal(CedarNumber::decimal_text(scaled))
+                        match self.names.decimal(CedarNumber::decimal_text(scaled)) {
+                            Some(d) => d,
+                            // The text is always one decimal takes; if Cedar refused it,
+                            // the number is unrepresentable rather than wrong.
+                            None => {
+                                self.issue(ArgIssue::Number(Unrepresentable::OutOfRange));
+                                empty_record()
+                            }
+                        }
                     }
                     Err(u) => {
                         self.issue(ArgIssue::Number(u));
@@ -175,10 +180,10 @@ impl Cx<'_> {
                     }
                 };
                 self.path_frozen += 1;
-                let members: Vec<RestrictedExpression> =
+                let members: Vec<CedarValue> =
                     items.iter().map(|i| self.value(i, &inner)).collect();
                 self.path_frozen -= 1;
-                RestrictedExpression::new_set(members)
+                CedarValue::set(members, None)
             }
             Value::Object(map) => {
                 let attrs = match shape {
@@ -205,20 +210,14 @@ impl Cx<'_> {
                     }
                     fields.push((k.clone(), converted));
                 }
-                // Keys of a parsed object are unique, so this cannot fail; if it did, the
-                // record is unrepresentable rather than wrong.
-                match RestrictedExpression::new_record(fields) {
-                    Ok(r) => r,
-                    Err(_) => {
-                        self.issue(ArgIssue::TypeMismatch);
-                        empty_record()
-                    }
-                }
+                // An object's keys are unique (it is a map), so the record holds every
+                // member.
+                CedarValue::record(fields, None)
             }
         }
     }
 
-    fn scalar(&mut self, shape: &Shape, e: RestrictedExpression) -> RestrictedExpression {
+    fn scalar(&mut self, shape: &Shape, e: CedarValue) -> CedarValue {
         match shape {
             Shape::Unknown | Shape::NotNumber => e,
             _ => {

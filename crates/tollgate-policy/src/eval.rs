@@ -1,13 +1,18 @@
 //! Evaluation: one call against the policies that can apply to its tool.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
 
-use cedar_policy::{Context, Decision, Entities, Request, RestrictedExpression};
+use cedar_policy::{Context, Entities, EntityUid, Request};
+use cedar_policy_core::ast::{EntityUIDEntry, Literal, ValueKind};
+use cedar_policy_core::evaluator::Evaluator;
+use cedar_policy_core::extensions::Extensions;
+use smol_str::SmolStr;
 use tollgate_core::labels::{Label, LabelSet};
 
 use crate::args::{self, overlaps, ArgIssue, ArgPath, Shape};
 use crate::load::{DefaultEffect, Inner, PolicyId, Slice};
-use crate::model::{self, Actor, Call};
+use crate::model::{self, Actor, Call, CedarValue};
 
 /// What the policies make of one call. The guards (SP/1.0's rules) decide the rest; see
 /// the crate documentation for how the two combine.
@@ -183,32 +188,48 @@ impl Inner {
             }
         };
 
-        let Some(request) = request(&self.names, slice.needs, actor, call, args_value) else {
+        let Some(context) = context(&self.names, slice.needs, call, args_value) else {
             // Our own values always build; if one did not, nothing may pass.
             return self.deny(
                 slice.members.first().copied().unwrap_or(usize::MAX),
                 DenyCause::Error("the request could not be built".into()),
             );
         };
-        let response = self
-            .authorizer
-            .is_authorized(&request, &slice.set, &actor.entities);
-        let diagnostics = response.diagnostics();
-        if response.decision() == Decision::Deny {
-            if let Some(i) = self.first(diagnostics.reason().map(ToString::to_string)) {
-                return self.deny(i, DenyCause::Forbid);
-            }
-        }
-        let errored = diagnostics.errors().map(|e| match e {
-            cedar_policy::AuthorizationError::PolicyEvaluationError(e) => {
-                (e.policy_id().to_string(), e.inner().to_string())
-            }
-        });
+        // Cedar's evaluator on each condition, combined as Cedar's authorizer combines
+        // them (a policy that errs is skipped, a satisfied forbid wins), with what Tollgate
+        // adds: the first satisfied forbid in set order decides (so evaluation stops
+        // there), else the first policy that erred refuses the call.
+        let known = |uid: &EntityUid| EntityUIDEntry::known(uid.as_ref().clone(), None);
+        let request = cedar_policy_core::ast::Request::new_unchecked(
+            known(&actor.principal),
+            known(&self.names.action(call.tool)),
+            known(&actor.resource),
+            Some(context),
+        );
+        let evaluator = Evaluator::new(
+            request,
+            actor.entities.as_ref(),
+            Extensions::all_available(),
+        );
         let mut first_error: Option<(usize, String)> = None;
-        for (id, text) in errored {
-            if let Some(&i) = self.index_of.get(&id) {
-                if first_error.as_ref().is_none_or(|(j, _)| i < *j) {
-                    first_error = Some((i, text));
+        let mut permits: Vec<usize> = Vec::new();
+        for c in &slice.conditions {
+            let satisfied = match evaluator.interpret(&c.expr, &c.env) {
+                Ok(v) => match v.value_kind() {
+                    ValueKind::Lit(Literal::Bool(b)) => Ok(*b),
+                    // A conjunction is a boolean or an error; never reached.
+                    _ => Err("the policy's condition is not a boolean".to_owned()),
+                },
+                Err(e) => Err(e.to_string()),
+            };
+            match satisfied {
+                Ok(true) if c.forbid => return self.deny(c.index, DenyCause::Forbid),
+                Ok(true) => permits.push(c.index),
+                Ok(false) => {}
+                Err(text) => {
+                    if first_error.as_ref().is_none_or(|(j, _)| c.index < *j) {
+                        first_error = Some((c.index, text));
+                    }
                 }
             }
         }
@@ -216,18 +237,14 @@ impl Inner {
             let text: String = text.chars().take(MAX_ERROR_TEXT).collect();
             return self.deny(i, DenyCause::Error(text));
         }
-        if response.decision() == Decision::Deny {
-            // Nothing forbade, nothing errored: no permit matched.
+        if permits.is_empty() {
+            // Nothing forbade, nothing erred: no permit matched.
             return outcome(match self.default {
                 DefaultEffect::Allow => Effect::Pass,
                 DefaultEffect::Deny => Effect::DefaultDeny,
             });
         }
-        let mut permits: Vec<usize> = diagnostics
-            .reason()
-            .filter_map(|id| self.index_of.get(&id.to_string()).copied())
-            .collect();
-        permits.sort_unstable();
+        // Permits were evaluated in set order.
         if !call.approved {
             for &i in &permits {
                 if let Some(m) = self.meta.get(i) {
@@ -324,85 +341,219 @@ impl Inner {
     }
 }
 
-fn request(
+/// The request's context: the fields `needs` names, built as Cedar values (not as
+/// restricted expressions for Cedar to evaluate again: see [`model::Names`]).
+fn context(
     names: &model::Names,
     needs: model::Needs,
-    actor: &Actor,
     call: &Call<'_>,
-    args: Option<RestrictedExpression>,
-) -> Option<Request> {
+    args: Option<CedarValue>,
+) -> Option<cedar_policy_core::ast::Context> {
     let s = &call.session;
-    let mut pairs: Vec<(String, RestrictedExpression)> = Vec::with_capacity(5);
+    let mut pairs: BTreeMap<SmolStr, CedarValue> = BTreeMap::new();
     if needs.tool {
-        pairs.push((
-            "tool".to_owned(),
-            RestrictedExpression::new_string(call.tool.to_owned()),
-        ));
+        pairs.insert("tool".into(), CedarValue::from(call.tool));
     }
     if needs.cost {
-        pairs.push((
-            "cost_usd".to_owned(),
-            model::money_decimal(names, call.cost, true),
-        ));
+        pairs.insert(
+            "cost_usd".into(),
+            model::money_decimal(names, call.cost, true)?,
+        );
     }
     if needs.now {
-        pairs.push((
-            "now".to_owned(),
-            names.datetime(model::datetime_text(call.now)),
-        ));
+        pairs.insert(
+            "now".into(),
+            names.datetime(model::datetime_text(call.now))?,
+        );
     }
     if needs.session() {
-        let mut session: Vec<(String, RestrictedExpression)> = Vec::with_capacity(5);
+        let mut session: BTreeMap<SmolStr, CedarValue> = BTreeMap::new();
         if needs.calls {
             let calls = i64::try_from(s.calls).unwrap_or(i64::MAX);
-            session.push(("calls".to_owned(), RestrictedExpression::new_long(calls)));
+            session.insert("calls".into(), CedarValue::from(calls));
         }
         if needs.initial {
-            session.push((
-                "budget_initial_usd".to_owned(),
-                model::money_decimal(names, s.budget_initial, false),
-            ));
+            session.insert(
+                "budget_initial_usd".into(),
+                model::money_decimal(names, s.budget_initial, false)?,
+            );
         }
         if needs.remaining {
-            session.push((
-                "budget_remaining_usd".to_owned(),
-                model::money_decimal(names, s.budget_remaining, false),
-            ));
+            session.insert(
+                "budget_remaining_usd".into(),
+                model::money_decimal(names, s.budget_remaining, false)?,
+            );
         }
         if needs.fraction {
-            session.push((
-                "budget_fraction".to_owned(),
-                model::fraction_decimal(names, s.budget_remaining, s.budget_initial),
-            ));
+            session.insert(
+                "budget_fraction".into(),
+                model::fraction_decimal(names, s.budget_remaining, s.budget_initial)?,
+            );
         }
         if needs.labels {
-            let labels = s
-                .labels
-                .iter()
-                .map(|l| RestrictedExpression::new_string(l.as_str().to_owned()));
-            session.push(("labels".to_owned(), RestrictedExpression::new_set(labels)));
+            let labels = s.labels.iter().map(|l| CedarValue::from(l.as_str()));
+            session.insert("labels".into(), CedarValue::set(labels, None));
         }
-        pairs.push((
-            "session".to_owned(),
-            RestrictedExpression::new_record(session).ok()?,
-        ));
+        pairs.insert(
+            "session".into(),
+            CedarValue::record_arc(Arc::new(session), None),
+        );
     }
     if let Some(a) = args {
-        pairs.push(("args".to_owned(), a));
+        pairs.insert("args".into(), a);
     }
-    let context = Context::from_pairs(pairs).ok()?;
-    let action = names.action(call.tool);
-    Request::new(
-        actor.principal.clone(),
-        action,
-        actor.resource.clone(),
-        context,
-        None,
-    )
-    .ok()
+    Some(cedar_policy_core::ast::Context::Value(Arc::new(pairs)))
 }
 
 /// The distinct tools some policy names (for listings and tests).
 pub(crate) fn named_tools(inner: &Inner) -> HashSet<&str> {
     inner.slices.keys().map(String::as_str).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cedar_policy::RestrictedExpression;
+    use proptest::prelude::*;
+    use tollgate_core::json::parse_str;
+    use tollgate_core::labels::LabelSet;
+    use tollgate_core::Money;
+
+    use crate::model::SessionView;
+
+    /// The context as Cedar's public API builds it from restricted expressions (what
+    /// `context` did before it built values directly): the reference.
+    fn reference(call: &Call<'_>, args: Option<RestrictedExpression>) -> Context {
+        let s = &call.session;
+        let money = |m: Money, up: bool| {
+            let (q, r) = (m.0.div_euclid(100_000), m.0.rem_euclid(100_000));
+            let ticks = if up && r != 0 { q + 1 } else { q };
+            RestrictedExpression::new_decimal(crate::number::CedarNumber::decimal_text(ticks))
+        };
+        let fraction = if s.budget_initial.0 <= 0 {
+            0
+        } else {
+            let v = (i128::from(s.budget_remaining.0.max(0)) * 10_000)
+                .div_euclid(i128::from(s.budget_initial.0));
+            i64::try_from(v.clamp(0, 10_000)).unwrap()
+        };
+        let labels = s
+            .labels
+            .iter()
+            .map(|l| RestrictedExpression::new_string(l.as_str().to_owned()));
+        let session = RestrictedExpression::new_record([
+            (
+                "calls".to_owned(),
+                RestrictedExpression::new_long(i64::try_from(s.calls).unwrap_or(i64::MAX)),
+            ),
+            (
+                "budget_initial_usd".to_owned(),
+                money(s.budget_initial, false),
+            ),
+            (
+                "budget_remaining_usd".to_owned(),
+                money(s.budget_remaining, false),
+            ),
+            (
+                "budget_fraction".to_owned(),
+                RestrictedExpression::new_decimal(crate::number::CedarNumber::decimal_text(
+                    fraction,
+                )),
+            ),
+            ("labels".to_owned(), RestrictedExpression::new_set(labels)),
+        ])
+        .unwrap();
+        let mut pairs = vec![
+            (
+                "tool".to_owned(),
+                RestrictedExpression::new_string(call.tool.to_owned()),
+            ),
+            ("cost_usd".to_owned(), money(call.cost, true)),
+            (
+                "now".to_owned(),
+                RestrictedExpression::new_datetime(model::datetime_text(call.now)),
+            ),
+            ("session".to_owned(), session),
+        ];
+        if let Some(a) = args {
+            pairs.push(("args".to_owned(), a));
+        }
+        Context::from_pairs(pairs).unwrap()
+    }
+
+    /// `args` as Cedar's JSON reader gives it (numbers as Long or `decimal`, as
+    /// `crate::number` maps them).
+    fn reference_args(v: &tollgate_core::json::Value) -> RestrictedExpression {
+        use tollgate_core::json::Value as J;
+        match v {
+            J::Bool(b) => RestrictedExpression::new_bool(*b),
+            J::String(s) => RestrictedExpression::new_string(s.clone()),
+            J::Number(n) => match crate::number::map_number(n, None).unwrap() {
+                crate::number::CedarNumber::Long(i) => RestrictedExpression::new_long(i),
+                crate::number::CedarNumber::Decimal(d) => {
+                    RestrictedExpression::new_decimal(crate::number::CedarNumber::decimal_text(d))
+                }
+            },
+            J::Array(a) => RestrictedExpression::new_set(a.iter().map(reference_args)),
+            J::Object(m) => RestrictedExpression::new_record(
+                m.iter()
+                    .filter(|(_, v)| !v.is_null())
+                    .map(|(k, v)| (k.clone(), reference_args(v))),
+            )
+            .unwrap(),
+            J::Null => unreachable!("no null in the generated args"),
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+        /// The context built from values is the one Cedar builds from restricted
+        /// expressions, for every field, any money (negative, huge, fractional nanos),
+        /// any time and any labels.
+        #[test]
+        fn the_context_is_the_one_cedar_builds(
+            cost in any::<i64>(),
+            initial in any::<i64>(),
+            remaining in any::<i64>(),
+            calls in any::<u64>(),
+            now in any::<i64>(),
+            labels in proptest::collection::vec("[a-z][a-z0-9-]{0,12}", 0..5),
+            amount in -1_000_000_000i64..1_000_000_000,
+            places in 0u32..5,
+        ) {
+            let names = model::Names::new().unwrap();
+            let labels: Vec<_> = labels
+                .iter()
+                .map(|l| tollgate_core::labels::Label::parse(l).unwrap())
+                .collect();
+            let labels = LabelSet::new().with(&labels).unwrap();
+            let number = if places == 0 {
+                amount.to_string()
+            } else {
+                format!("{}.{:0width$}", amount, amount.unsigned_abs() % 10u64.pow(places), width = places as usize)
+            };
+            let params = parse_str(&format!(
+                r#"{{"amount": {number}, "to": "x@y", "tags": ["a", 1, true], "nested": {{"k": [2.5], "n": null}}}}"#
+            ))
+            .unwrap();
+            let call = Call {
+                tool: "pay",
+                args: Some(&params),
+                cost: Money(cost),
+                now,
+                session: SessionView {
+                    calls,
+                    budget_initial: Money(initial),
+                    budget_remaining: Money(remaining),
+                    labels: &labels,
+                },
+                approved: false,
+            };
+            let converted = args::to_cedar(&params, &Shape::Unknown, &names);
+            prop_assert!(converted.issues.is_empty(), "{:?}", converted.issues);
+            let ours = Context::from(context(&names, model::Needs::all(), &call, Some(converted.value)).unwrap());
+            prop_assert_eq!(ours, reference(&call, Some(reference_args(&params))));
+        }
+    }
 }

@@ -10,6 +10,7 @@
 //! default = "deny"             # "allow" (the default) or "deny"
 //! schema = "tools.cedarschema" # optional
 //! trip_on_refusal = false      # whether a policy's DENY trips the session's circuit
+//! mode = "enforce"             # or "shadow": evaluate and record, enforce nothing
 //! ```
 //!
 //! This module is the crate's only I/O: it reads the files a section names, each bounded
@@ -32,6 +33,9 @@ pub struct Section {
     pub schema: Option<PathBuf>,
     /// Whether a policy's DENY trips the session's circuit (default: no).
     pub trip_on_refusal: Option<bool>,
+    /// `enforce` (the default) or `shadow` (the whole set is evaluated on every call and
+    /// its would-be verdicts recorded, and nothing is enforced: [`crate::shadow`]).
+    pub mode: Option<String>,
 }
 
 /// A `[policy]` section, checked, with its paths resolved.
@@ -45,6 +49,8 @@ pub struct Settings {
     pub schema: Option<PathBuf>,
     /// Whether a policy's DENY trips the session's circuit (default: no).
     pub trip_on_refusal: bool,
+    /// `mode = "shadow"`: the whole set runs in shadow ([`crate::shadow::whole_set`]).
+    pub shadow: bool,
 }
 
 /// A section that cannot be used: the key (`policy.files`, ...) and why.
@@ -75,11 +81,22 @@ impl Settings {
                 message: format!("`{text}` is not allow or deny"),
             })?,
         };
+        let shadow = match section.mode.as_deref() {
+            None | Some("enforce") => false,
+            Some("shadow") => true,
+            Some(text) => {
+                return Err(SectionError {
+                    key: "policy.mode",
+                    message: format!("`{text}` is not enforce or shadow"),
+                })
+            }
+        };
         Ok(Settings {
             files: section.files.into_iter().map(resolve).collect(),
             default,
             schema: section.schema.map(resolve),
             trip_on_refusal: section.trip_on_refusal.unwrap_or(false),
+            shadow,
         })
     }
 }
@@ -133,7 +150,12 @@ pub fn load(settings: &Settings) -> Result<(Policies, Vec<Finding>), FilesError>
         let lines: Vec<String> = e.findings.iter().map(ToString::to_string).collect();
         FilesError::Refused(lines.join("\n"))
     })?;
-    Ok((loaded.policies, loaded.warnings))
+    let policies = if settings.shadow {
+        crate::shadow::whole_set(loaded.policies)
+    } else {
+        loaded.policies
+    };
+    Ok((policies, loaded.warnings))
 }
 
 /// [`load`], as a session enforces the set.
@@ -201,6 +223,7 @@ mod tests {
             default: DefaultEffect::Allow,
             schema: None,
             trip_on_refusal: true,
+            shadow: false,
         };
         let (set, _) = enforced(&settings(vec![ok.clone()])).unwrap();
         assert_eq!(set.policies.len(), 1);

@@ -48,7 +48,8 @@
 //!
 //! `@id("...")` names a policy (else it is `policyN`); `@hitl` or `@hitl("message")` on a
 //! permit holds the calls it matches for a human; `@label("a, b")` on a permit attaches
-//! flow labels. `@description`, `@owner` and `@doc` are free text. Any other annotation is
+//! flow labels; `@shadow` runs a policy in [`shadow`] (evaluated and recorded, never
+//! enforced). `@description`, `@owner` and `@doc` are free text. Any other annotation is
 //! an error: a misspelt `@hitl` must not quietly turn a hold into an allow.
 
 #![cfg_attr(
@@ -71,6 +72,7 @@ pub mod load;
 pub mod model;
 pub mod number;
 pub mod schema;
+pub mod shadow;
 
 use std::sync::Arc;
 
@@ -101,19 +103,43 @@ impl Policies {
         self.inner.default
     }
 
-    /// How many policies.
+    /// How many policies the files hold, the shadow ones included.
     pub fn len(&self) -> usize {
-        self.inner.meta.len()
+        self.inner.total
     }
 
     /// Whether there are none.
     pub fn is_empty(&self) -> bool {
-        self.inner.meta.is_empty()
+        self.inner.total == 0
     }
 
-    /// The policies' ids, in set order.
+    /// How many of the policies run in shadow ([`shadow`]): the `@shadow` ones, or all of
+    /// them for a set in shadow mode.
+    pub fn shadow_len(&self) -> usize {
+        self.inner.shadow_count
+    }
+
+    /// Whether the whole set runs in shadow ([`shadow::whole_set`]): it enforces nothing.
+    pub fn is_shadow_set(&self) -> bool {
+        self.inner.shadow_set
+    }
+
+    /// The shadow candidates, in set order: each call is decided once more with each
+    /// ([`shadow::Shadow`]); empty without shadow policies.
+    pub fn shadows(&self) -> &[shadow::Shadow] {
+        &self.inner.shadows
+    }
+
+    /// The enforced policies' ids, in set order (a `@shadow` policy is not enforced).
     pub fn ids(&self) -> impl Iterator<Item = &PolicyId> {
         self.inner.meta.iter().map(|m| &m.id)
+    }
+
+    /// The `@hitl` text of policy `id` (empty for a bare `@hitl`), or `None` when the set
+    /// has no such policy or it is not marked `@hitl`.
+    pub fn hitl_message(&self, id: &str) -> Option<&str> {
+        let i = *self.inner.index_of.get(id)?;
+        self.inner.meta.get(i)?.hitl.as_deref()
     }
 
     /// The tools some policy names in its action scope, sorted.

@@ -30,6 +30,9 @@ pub const MAX_NESTING: usize = 64;
 pub const MAX_ANNOTATION_BYTES: usize = 1024;
 /// The longest policy id, in bytes.
 pub const MAX_ID_BYTES: usize = 128;
+/// The most `@shadow` policies in one set: each is evaluated on every call it can apply
+/// to, as an extra evaluation of the set (docs/policy.md, "Shadow").
+pub const MAX_SHADOW_POLICIES: usize = 15;
 
 /// A file's name (as errors show it) and text.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -223,12 +226,15 @@ pub(crate) struct Meta {
     pub needs: crate::model::Needs,
     /// No `when` or `unless`.
     pub unconditional: bool,
+    /// `@shadow`: evaluated and recorded, never enforced.
+    pub shadow: bool,
 }
 
 /// The policies that can apply to one tool, as a Cedar set of their own.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Slice {
-    pub set: PolicySet,
+    /// Each member's condition, forbids first, then permits, each in set order.
+    pub conditions: Vec<Condition>,
     /// Indexes into `Inner::meta`, ascending.
     pub members: Vec<usize>,
     /// The members that are unconditional forbids.
@@ -237,6 +243,21 @@ pub(crate) struct Slice {
     pub has_permit: bool,
     /// The context fields its members read.
     pub needs: crate::model::Needs,
+}
+
+/// One policy's condition: Cedar's conjunction of its scope constraints and its `when`
+/// and `unless` clauses, built once when the set is loaded. (Cedar's authorizer builds it
+/// again, a copy of the whole expression, for every policy of every request.)
+#[derive(Debug, Clone)]
+pub(crate) struct Condition {
+    /// Index into `Inner::meta`.
+    pub index: usize,
+    /// A `forbid`.
+    pub forbid: bool,
+    /// The expression.
+    pub expr: cedar_policy_core::ast::Expr,
+    /// Its slots (none: Tollgate loads static policies only).
+    pub env: cedar_policy_core::ast::SlotEnv,
 }
 
 #[derive(Debug)]
@@ -253,6 +274,14 @@ pub(crate) struct Inner {
     pub other: Slice,
     pub authorizer: Authorizer,
     pub names: crate::model::Names,
+    /// Every policy of the files, the shadow ones included.
+    pub total: usize,
+    /// How many of them run in shadow (all of them for a set in shadow mode).
+    pub shadow_count: usize,
+    /// The whole set runs in shadow ([`crate::shadow::whole_set`]).
+    pub shadow_set: bool,
+    /// The shadow candidates, in set order ([`crate::shadow`]).
+    pub shadows: Vec<crate::shadow::Shadow>,
 }
 
 struct Parsed {
@@ -380,7 +409,15 @@ pub(crate) fn too_deep(text: &str) -> Option<usize> {
 }
 
 /// The annotations Tollgate reads, and those it lets through as documentation.
-const KNOWN_ANNOTATIONS: &[&str] = &["id", "hitl", "label", "description", "owner", "doc"];
+const KNOWN_ANNOTATIONS: &[&str] = &[
+    "id",
+    "hitl",
+    "label",
+    "shadow",
+    "description",
+    "owner",
+    "doc",
+];
 
 /// Load `files` into one set.
 pub fn load(files: &[Source], options: &Options) -> Result<Loaded, LoadError> {
@@ -533,6 +570,21 @@ pub fn load(files: &[Source], options: &Options) -> Result<Loaded, LoadError> {
         }
     }
 
+    let shadow: Vec<usize> = (0..meta.len())
+        .filter(|&i| meta.get(i).is_some_and(|m| m.shadow))
+        .collect();
+    if shadow.len() > MAX_SHADOW_POLICIES {
+        cx.error(
+            "tollgate::too-many-shadow",
+            format!(
+                "{} @shadow policies; a set holds at most {MAX_SHADOW_POLICIES}",
+                shadow.len()
+            ),
+            (None, None),
+            Some("each @shadow policy is one more evaluation of every call; run a whole set in shadow with `mode = \"shadow\"`"),
+        );
+    }
+
     if cx.findings.iter().any(|f| f.severity == Severity::Error) {
         return Err(LoadError {
             findings: cx.findings,
@@ -540,12 +592,6 @@ pub fn load(files: &[Source], options: &Options) -> Result<Loaded, LoadError> {
     }
 
     let digest = digest(options, &policies, &meta);
-    let index_of = meta
-        .iter()
-        .enumerate()
-        .map(|(i, m)| (m.id.as_str().to_owned(), i))
-        .collect();
-    let (slices, other) = index(&policies, &meta, schema.as_ref());
     let Some(names) = crate::model::Names::new() else {
         cx.error(
             "tollgate::internal",
@@ -557,24 +603,105 @@ pub fn load(files: &[Source], options: &Options) -> Result<Loaded, LoadError> {
             findings: cx.findings,
         });
     };
-    let inner = Inner {
+    let base = Base {
         default: options.default,
         digest,
         schema,
         shapes,
-        meta,
-        index_of,
-        slices,
-        other,
-        authorizer: Authorizer::new(),
         names,
+        total: meta.len(),
     };
+    // The enforced set holds the policies not in shadow; each `@shadow` policy's
+    // candidate is the enforced set with that policy enforced too, in set order.
+    let enforced: Vec<usize> = (0..meta.len()).filter(|i| !shadow.contains(i)).collect();
+    let mut shadows = Vec::with_capacity(shadow.len());
+    for &s in &shadow {
+        let mut idx = enforced.clone();
+        let at = idx.partition_point(|&i| i < s);
+        idx.insert(at, s);
+        let Some(m) = meta.get(s) else { continue };
+        let candidate = base.build(&policies, &meta, &idx, Vec::new());
+        shadows.push(crate::shadow::Shadow::policy(
+            m.id.clone(),
+            crate::Policies {
+                inner: Arc::new(candidate),
+            },
+            at,
+        ));
+    }
+    let mut inner = base.build(&policies, &meta, &enforced, shadows);
+    inner.shadow_count = shadow.len();
     Ok(Loaded {
         policies: crate::Policies {
             inner: Arc::new(inner),
         },
         warnings: cx.findings,
     })
+}
+
+/// What every set built from one load shares.
+pub(crate) struct Base {
+    pub default: DefaultEffect,
+    pub digest: Digest,
+    pub schema: Option<cedar_policy::Schema>,
+    pub shapes: BTreeMap<String, Shape>,
+    pub names: crate::model::Names,
+    pub total: usize,
+}
+
+impl Base {
+    /// The set of the policies at `idx` (ascending indexes into `policies` and `meta`).
+    pub(crate) fn build(
+        &self,
+        policies: &[cedar_policy::Policy],
+        meta: &[Meta],
+        idx: &[usize],
+        shadows: Vec<crate::shadow::Shadow>,
+    ) -> Inner {
+        let ps: Vec<cedar_policy::Policy> = idx
+            .iter()
+            .filter_map(|&i| policies.get(i).cloned())
+            .collect();
+        let ms: Vec<Meta> = idx.iter().filter_map(|&i| meta.get(i).cloned()).collect();
+        let index_of = ms
+            .iter()
+            .enumerate()
+            .map(|(i, m)| (m.id.as_str().to_owned(), i))
+            .collect();
+        let (slices, other) = index(&ps, &ms, self.schema.as_ref());
+        Inner {
+            default: self.default,
+            digest: self.digest,
+            schema: self.schema.clone(),
+            shapes: self.shapes.clone(),
+            meta: ms,
+            index_of,
+            slices,
+            other,
+            authorizer: Authorizer::new(),
+            names: self.names.clone(),
+            total: self.total,
+            shadow_count: 0,
+            shadow_set: false,
+            shadows,
+        }
+    }
+}
+
+impl Inner {
+    /// A set that enforces nothing (default allow, no policy), sharing this one's schema:
+    /// what a set in shadow mode enforces.
+    pub(crate) fn enforcing_nothing(&self, digest: Digest) -> Inner {
+        let base = Base {
+            default: DefaultEffect::Allow,
+            digest,
+            schema: self.schema.clone(),
+            shapes: self.shapes.clone(),
+            names: self.names.clone(),
+            total: self.total,
+        };
+        base.build(&[], &[], &[], Vec::new())
+    }
 }
 
 /// Check one policy's annotations and give it its id.
@@ -589,11 +716,7 @@ fn annotations(
     let mut ok = true;
     for (key, value) in policy.annotations() {
         if !KNOWN_ANNOTATIONS.contains(&key) {
-            let help = if key == "shadow" {
-                "shadow policies are not supported by this version; remove the policy or the annotation"
-            } else {
-                "Tollgate reads @id, @hitl and @label, and allows @description, @owner and @doc; a misspelt @hitl or @label would silently change what the policy does"
-            };
+            let help = "Tollgate reads @id, @hitl, @label and @shadow, and allows @description, @owner and @doc; a misspelt @hitl or @label would silently change what the policy does";
             cx.error(
                 "tollgate::unknown-annotation",
                 format!("unknown annotation `@{key}`"),
@@ -677,6 +800,7 @@ fn annotations(
         reads,
         needs,
         unconditional: !policy.has_non_scope_constraint(),
+        shadow: policy.annotation("shadow").is_some(),
     })
 }
 
@@ -820,14 +944,20 @@ fn index(
             let (Some(p), Some(m)) = (policies.get(i), meta.get(i)) else {
                 continue;
             };
-            // Ids are unique in `policies`, so adding cannot fail.
-            let _ = slice.set.add(p.clone());
+            let ast: &cedar_policy_core::ast::Policy = p.as_ref();
+            slice.conditions.push(Condition {
+                index: i,
+                forbid: m.forbid,
+                expr: ast.condition(),
+                env: ast.env().clone(),
+            });
             if m.forbid && m.unconditional {
                 let _ = slice.unconditional_forbids.add(p.clone());
             }
             slice.has_permit |= !m.forbid;
             slice.needs = slice.needs.union(m.needs);
         }
+        slice.conditions.sort_by_key(|c| (!c.forbid, c.index));
         slice.members = idx.clone();
         slice
     };

@@ -162,39 +162,52 @@ impl Needs {
     }
 }
 
-/// Names parsed once per set: Cedar's public constructors (`new_decimal`, `EntityTypeName`
-/// from text) run its full parser for a name on every call, which costs more than an
-/// evaluation.
+/// Names parsed, and extension functions looked up, once per set: Cedar's public
+/// constructors (`new_decimal`, `EntityTypeName` from text) run its full parser for a name
+/// on every call, and a context built from restricted expressions is evaluated again by
+/// Cedar, which together cost more than an evaluation. The context is built from Cedar's
+/// values directly instead ([`Names::decimal`] calls the `decimal` constructor itself, with
+/// the same text a policy's `decimal("...")` would give it, so the value is the same).
 #[derive(Debug, Clone)]
 pub(crate) struct Names {
-    decimal: cedar_policy_core::ast::Name,
-    datetime: cedar_policy_core::ast::Name,
+    decimal: &'static cedar_policy_core::ast::ExtensionFunction,
+    datetime: &'static cedar_policy_core::ast::ExtensionFunction,
     pub action: EntityTypeName,
 }
+
+/// A Cedar value, as the context is built from.
+pub(crate) type CedarValue = cedar_policy_core::ast::Value;
 
 impl Names {
     pub fn new() -> Option<Names> {
         use cedar_policy_core::ast::Name;
+        use cedar_policy_core::extensions::Extensions;
+        let all = Extensions::all_available();
+        let decimal = Name::parse_unqualified_name("decimal").ok()?;
+        let datetime = Name::parse_unqualified_name("datetime").ok()?;
         Some(Names {
-            decimal: Name::parse_unqualified_name("decimal").ok()?,
-            datetime: Name::parse_unqualified_name("datetime").ok()?,
+            decimal: all.func(&decimal).ok()?,
+            datetime: all.func(&datetime).ok()?,
             action: type_name("Action")?,
         })
     }
 
-    fn call(name: &cedar_policy_core::ast::Name, text: String) -> RestrictedExpression {
-        use cedar_policy_core::ast::RestrictedExpr;
-        RestrictedExpr::call_extension_fn(name.clone(), [RestrictedExpr::val(text)]).into()
+    fn call(f: &cedar_policy_core::ast::ExtensionFunction, text: String) -> Option<CedarValue> {
+        match f.call(&[CedarValue::from(text)]) {
+            Ok(cedar_policy_core::ast::PartialValue::Value(v)) => Some(v),
+            _ => None,
+        }
     }
 
-    /// `decimal("text")`.
-    pub fn decimal(&self, text: String) -> RestrictedExpression {
-        Names::call(&self.decimal, text)
+    /// `decimal("text")`; `None` if Cedar refuses the text (never for the text
+    /// [`crate::number::CedarNumber::decimal_text`] writes).
+    pub fn decimal(&self, text: String) -> Option<CedarValue> {
+        Names::call(self.decimal, text)
     }
 
-    /// `datetime("text")`.
-    pub fn datetime(&self, text: String) -> RestrictedExpression {
-        Names::call(&self.datetime, text)
+    /// `datetime("text")`; `None` if Cedar refuses the text.
+    pub fn datetime(&self, text: String) -> Option<CedarValue> {
+        Names::call(self.datetime, text)
     }
 
     /// `Action::"tool"`.
@@ -247,8 +260,8 @@ pub(crate) fn actor_entities(
 /// Nano-dollars per 0.0001 USD.
 const NANOS_PER_TICK: i64 = 100_000;
 
-/// A money amount as `decimal` text, rounded up (`ceil`) or down.
-pub(crate) fn money_decimal(names: &Names, m: Money, up: bool) -> RestrictedExpression {
+/// A money amount as a `decimal`, rounded up (`ceil`) or down.
+pub(crate) fn money_decimal(names: &Names, m: Money, up: bool) -> Option<CedarValue> {
     let q = m.0.div_euclid(NANOS_PER_TICK);
     let r = m.0.rem_euclid(NANOS_PER_TICK);
     let ticks = if up && r != 0 { q + 1 } else { q };
@@ -261,7 +274,7 @@ pub(crate) fn fraction_decimal(
     names: &Names,
     remaining: Money,
     initial: Money,
-) -> RestrictedExpression {
+) -> Option<CedarValue> {
     let ticks = if initial.0 <= 0 {
         0
     } else {
@@ -324,31 +337,35 @@ mod tests {
 
     #[test]
     fn money_rounds_in_the_documented_direction() {
-        let text = |e: RestrictedExpression| format!("{e:?}");
         let n = Names::new().unwrap();
+        let text = |v: Option<CedarValue>| v.unwrap().to_string();
         assert_eq!(
             text(money_decimal(&n, Money(150_000), true)),
-            text(RestrictedExpression::new_decimal("0.0002"))
+            r#"decimal("0.0002")"#
         );
         assert_eq!(
             text(money_decimal(&n, Money(150_000), false)),
-            text(RestrictedExpression::new_decimal("0.0001"))
+            r#"decimal("0.0001")"#
         );
         assert_eq!(
             text(money_decimal(&n, Money(1_000_000_000), true)),
-            text(RestrictedExpression::new_decimal("1.0000"))
+            r#"decimal("1.0000")"#
         );
         assert_eq!(
             text(fraction_decimal(&n, Money(1), Money(3))),
-            text(RestrictedExpression::new_decimal("0.3333"))
+            r#"decimal("0.3333")"#
         );
         assert_eq!(
             text(fraction_decimal(&n, Money(5), Money(0))),
-            text(RestrictedExpression::new_decimal("0.0000"))
+            r#"decimal("0.0000")"#
         );
         assert_eq!(
             text(fraction_decimal(&n, Money(9), Money(3))),
-            text(RestrictedExpression::new_decimal("1.0000"))
+            r#"decimal("1.0000")"#
+        );
+        assert_eq!(
+            text(n.datetime(datetime_text(0))),
+            r#"datetime("1970-01-01T00:00:00.000Z")"#
         );
     }
 }

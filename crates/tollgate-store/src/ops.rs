@@ -169,6 +169,8 @@ pub fn verdict_with(
         // The store that writes the shared budget sets it (`set_budget_version`).
         budget_version: 0,
         policy,
+        shadow: Vec::new(),
+        params: None,
     }
 }
 
@@ -443,14 +445,19 @@ pub fn replay(session: &mut Session, event: &SessionEvent) -> Result<(), FoldErr
                 reason: v.reason,
                 probabilistic: v.probabilistic,
             };
-            SessionEvent::Verdict(verdict_with(
+            let mut r = verdict_with(
                 session,
                 &call,
                 &decision,
                 v.policy.clone(),
                 v.call_number,
                 v.timestamp_ns,
-            ))
+            );
+            // Format version 7: what the shadow candidates would have done and what was
+            // recorded of the params change no state; they are inputs of the entry.
+            r.shadow.clone_from(&v.shadow);
+            r.params.clone_from(&v.params);
+            SessionEvent::Verdict(r)
         }
         SessionEvent::Settled(s) => SessionEvent::Settled(settle(
             session,

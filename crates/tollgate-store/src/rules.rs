@@ -9,7 +9,9 @@
 //! policy's DENY did not trip; [`set_record`] is the policy-set entry (record kind 9)
 //! written when a set comes into force; [`explain`] is what a person reads.
 
-use tollgate_audit::{PolicyEffect, PolicyNote, PolicySetCause, PolicySetRecord, VerdictRecord};
+use tollgate_audit::{
+    PolicyEffect, PolicyNote, PolicySetCause, PolicySetRecord, ShadowNote, VerdictRecord,
+};
 use tollgate_core::json::Value;
 use tollgate_core::{Decision, Digest, Params, ToolCall, UnixNanos, Verdict};
 use tollgate_policy::compose::{self, Composed, Enforced, Input};
@@ -94,21 +96,43 @@ pub fn decide(
         }
         _ => call,
     };
+    let mut shadow = Vec::new();
     let (decision, note, hold_message) = match rules.and_then(|r| r.actor.map(|a| (r.set, a))) {
         Some((set, actor)) => {
-            let c = compose::decide(
-                &session.policy.config,
-                Some(set),
-                &session.state,
-                call,
-                Input {
-                    actor,
-                    args,
-                    labels: &session.labels,
-                },
-                now,
-                rng,
-            );
+            let input = Input {
+                actor,
+                args,
+                labels: &session.labels,
+            };
+            let config = &session.policy.config;
+            let c = compose::decide(config, Some(set), &session.state, call, input, now, rng);
+            // INVARIANT (shadow-never-enforced): a shadow candidate's verdict goes into
+            // the record only; the decision applied is the enforced set's, `c`.
+            shadow = set
+                .policies
+                .shadows()
+                .iter()
+                .map(|s| {
+                    let would = if s.applies_to(call.tool_name) {
+                        let candidate = Enforced {
+                            policies: s.policies().clone(),
+                            trip_on_refusal: set.trip_on_refusal,
+                        };
+                        compose::decide(
+                            config,
+                            Some(&candidate),
+                            &session.state,
+                            call,
+                            input,
+                            now,
+                            rng,
+                        )
+                    } else {
+                        c.clone()
+                    };
+                    shadow_note(s.name(), &would)
+                })
+                .collect();
             let note = note(&c, set.policies.digest());
             (c.applied(), Some(note), c.hold_message().map(str::to_owned))
         }
@@ -118,7 +142,8 @@ pub fn decide(
             None,
         ),
     };
-    let record = ops::verdict_with(session, call, &decision, note, call_number, now);
+    let mut record = ops::verdict_with(session, call, &decision, note, call_number, now);
+    record.shadow = shadow;
     Decided {
         decision,
         record,
@@ -135,6 +160,18 @@ pub fn set_record(set: &Enforced, cause: PolicySetCause, now: i64) -> PolicySetR
         default_deny: set.policies.default_effect() == DefaultEffect::Deny,
         trip_on_refusal: set.trip_on_refusal,
         cause,
+        shadow_policies: u32::try_from(set.policies.shadow_len()).unwrap_or(u32::MAX),
+        shadow_set: set.policies.is_shadow_set(),
+    }
+}
+
+/// The shadow note of candidate `name` whose composition gave `would`.
+pub fn shadow_note(name: &str, would: &Composed) -> ShadowNote {
+    ShadowNote {
+        name: name.to_owned(),
+        verdict: would.verdict,
+        reason: would.reason(),
+        policy_id: would.policy_id().map(ToString::to_string),
     }
 }
 

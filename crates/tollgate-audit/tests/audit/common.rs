@@ -71,6 +71,8 @@ pub fn record(i: u64) -> VerdictRecord {
         session_seq: i + 1,
         budget_version: 0,
         policy: None,
+        shadow: Vec::new(),
+        params: None,
     }
 }
 

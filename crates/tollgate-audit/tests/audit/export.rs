@@ -280,3 +280,46 @@ fn version_4_exports_budget_versions_and_the_chain() {
     assert_eq!(row[col("budget_version")], "4");
     assert_eq!(row[col("revert_version")], "5");
 }
+
+/// Version 7 in the export: every shadow note with its would-be verdict, how many
+/// disagree, the recorded params (or, over the bound, their length only), and a policy
+/// set's shadow counts, from the known-answer file.
+#[test]
+fn shadow_notes_and_recorded_params_are_exported() {
+    let path =
+        std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/known-answer-v7.log");
+    let bytes = std::fs::read(path).unwrap();
+    let mut all = Vec::new();
+    tollgate_audit::verify::verify_visit(&[("v7", &bytes)], &opts(&key(1)), &mut |e| {
+        all.push(e.clone())
+    })
+    .unwrap();
+    let rows: Vec<json::Value> = all
+        .iter()
+        .map(|e| json::parse_str(&export::to_json_line(e, None)).unwrap())
+        .collect();
+    let get = |i: usize, k: &str| -> json::Value {
+        let json::Value::Object(m) = &rows[i] else {
+            panic!()
+        };
+        m.get(k).cloned().unwrap()
+    };
+    let s = |t: &str| json::Value::String(t.into());
+    assert_eq!(
+        get(2, "shadow"),
+        s("no-customer-reads=DENY(policy:no-customer-reads)")
+    );
+    assert_eq!(get(2, "shadow_disagree"), json::parse_str("1").unwrap());
+    assert_eq!(get(2, "params_mode"), s("full"));
+    assert_eq!(get(2, "params"), s(r#"{"customer":"c-17"}"#));
+    assert_eq!(get(3, "shadow_disagree"), json::parse_str("0").unwrap());
+    assert_eq!(get(3, "params_mode"), s("redacted"));
+    assert_eq!(get(4, "params"), json::Value::Null);
+    assert_eq!(get(4, "params_len"), json::parse_str("70000").unwrap());
+    assert_eq!(get(5, "shadow_set"), json::Value::Bool(true));
+    assert_eq!(get(5, "shadow_policies"), json::parse_str("4").unwrap());
+    assert_eq!(get(6, "shadow"), s("*=HITL(policy:big-pay)"));
+    assert_eq!(get(6, "params_mode"), s("hash"));
+    // CSV has the same columns.
+    assert_eq!(export::csv_header().split(',').count(), COLUMNS.len());
+}

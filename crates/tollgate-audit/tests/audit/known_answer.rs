@@ -7,9 +7,9 @@ use ed25519_dalek::SigningKey;
 use tollgate_audit::format::{self, FileHeader, Position};
 use tollgate_audit::verify::verify_visit;
 use tollgate_audit::{
-    keys, CloseReason, CloseRecord, CostStatus, DecisionRecord, Event, KeyId, PolicyEffect,
-    PolicyNote, PolicySetCause, PolicySetRecord, SessionEvent, SessionRecord, SettlementRecord,
-    VerdictRecord, VoidRecord,
+    keys, CloseReason, CloseRecord, CostStatus, DecisionRecord, Event, KeyId, ParamsMode,
+    PolicyEffect, PolicyNote, PolicySetCause, PolicySetRecord, RecordedParams, SessionEvent,
+    SessionRecord, SettlementRecord, ShadowNote, VerdictRecord, VoidRecord,
 };
 use tollgate_core::labels::Label;
 use tollgate_core::{BudgetScope, DenyReason, Digest, HumanDecision, Money, Reason, Verdict};
@@ -89,6 +89,8 @@ fn build_v1() -> Vec<u8> {
         session_seq: 0,
         budget_version: 0,
         policy: None,
+        shadow: Vec::new(),
+        params: None,
     };
     let r1 = VerdictRecord {
         timestamp_ns: T0 + 1_000_000,
@@ -161,6 +163,8 @@ fn v2_events() -> Vec<(i64, &'static str, Event)> {
         session_seq: 2,
         budget_version: 0,
         policy: None,
+        shadow: Vec::new(),
+        params: None,
     };
     let settled = SettlementRecord {
         timestamp_ns: T0 + 2_000_000,
@@ -590,6 +594,8 @@ fn v6_events() -> Vec<(i64, &'static str, Event)> {
             default_deny,
             trip_on_refusal,
             cause,
+            shadow_policies: 0,
+            shadow_set: false,
         })
     };
     vec![
@@ -670,6 +676,275 @@ fn version_6_is_reproduced_byte_for_byte() {
     // Kind 9 does not exist in version 5, and a policy note cannot be written there.
     assert!(format::parse_record_version(5, record(4)).is_err());
     assert!(build_file_result(5, &events[3..4]).is_err());
+}
+
+/// Version 7: a set with one `@shadow` policy comes into force (kind 9, 1 shadow
+/// policy), a session opens under it, an ALLOW whose shadow forbid would have refused it
+/// (params recorded in full), an ALLOW with its params redacted whose shadow agrees, an
+/// ALLOW whose params were over the bound (recorded as too large), then a reload into a set
+/// in shadow mode (kind 9, every policy in shadow) and an ALLOW that set would have held.
+fn v7_events() -> Vec<(i64, &'static str, Event)> {
+    let v6 = v6_events();
+    let set_a = format::sha256(b"policy set a");
+    let set_b = format::sha256(b"policy set b");
+    let ids = [
+        "0192f7c8-0000-7000-8000-000000000000",
+        "0192f7c8-0001-7000-8000-000000000001",
+        "0192f7c8-0002-7000-8000-000000000002",
+        "0192f7c8-0003-7000-8000-000000000003",
+        "0192f7c8-0004-7000-8000-000000000004",
+        "0192f7c8-0005-7000-8000-000000000005",
+        "0192f7c8-0006-7000-8000-000000000006",
+    ];
+    let at = |n: i64| T0 + n * 1_000_000;
+    let Event::PolicySet(mut start) = v6[0].2.clone() else {
+        unreachable!()
+    };
+    start.shadow_policies = 1;
+    let Event::Session(SessionEvent::Opened(opened)) = v6[1].2.clone() else {
+        unreachable!()
+    };
+    let Event::Session(SessionEvent::Verdict(allow)) = v6[2].2.clone() else {
+        unreachable!()
+    };
+    let full = r#"{"customer":"c-17"}"#;
+    let first = VerdictRecord {
+        params_hash: format::sha256(full.as_bytes()),
+        shadow: vec![ShadowNote {
+            name: "no-customer-reads".into(),
+            verdict: Verdict::Deny,
+            reason: "policy:no-customer-reads".into(),
+            policy_id: Some("no-customer-reads".into()),
+        }],
+        params: Some(RecordedParams::Full(full.into())),
+        ..allow.clone()
+    };
+    let redacted = VerdictRecord {
+        timestamp_ns: at(3),
+        call_number: 2,
+        tool_name: "http_get".into(),
+        params_hash: format::sha256(
+            br#"{"headers":{"authorization":"Bearer abc.def"},"url":"https://x.example"}"#,
+        ),
+        nonce: 8,
+        session_seq: 3,
+        budget_version: 3,
+        policy: Some(PolicyNote {
+            set_digest: set_a,
+            effect: PolicyEffect::Pass,
+            policy_id: None,
+            decided: false,
+            tripped: false,
+            labels: Vec::new(),
+        }),
+        shadow: vec![ShadowNote {
+            name: "no-customer-reads".into(),
+            verdict: Verdict::Allow,
+            reason: "within_thresholds".into(),
+            policy_id: None,
+        }],
+        params: Some(RecordedParams::Redacted(
+            r#"{"headers":{"authorization":"[REDACTED]"},"url":"https://x.example"}"#.into(),
+        )),
+        ..first.clone()
+    };
+    let large = VerdictRecord {
+        timestamp_ns: at(4),
+        call_number: 3,
+        params_hash: format::sha256(b"a large params object"),
+        nonce: 9,
+        session_seq: 4,
+        budget_version: 4,
+        params: Some(RecordedParams::TooLarge {
+            mode: ParamsMode::Redacted,
+            len: 70_000,
+        }),
+        ..redacted.clone()
+    };
+    let Event::PolicySet(mut reload) = v6[4].2.clone() else {
+        unreachable!()
+    };
+    reload.timestamp_ns = at(5);
+    reload.shadow_policies = 4;
+    reload.shadow_set = true;
+    let shadow_digest = format::sha256(b"policy set b in shadow");
+    reload.digest = shadow_digest;
+    let held = VerdictRecord {
+        timestamp_ns: at(6),
+        call_number: 4,
+        tool_name: "pay".into(),
+        params_hash: format::sha256(br#"{"amount":250.5}"#),
+        nonce: 10,
+        session_seq: 5,
+        budget_version: 5,
+        policy: Some(PolicyNote {
+            set_digest: shadow_digest,
+            effect: PolicyEffect::Pass,
+            policy_id: None,
+            decided: false,
+            tripped: false,
+            labels: Vec::new(),
+        }),
+        shadow: vec![ShadowNote {
+            name: "*".into(),
+            verdict: Verdict::Hitl,
+            reason: "policy:big-pay".into(),
+            policy_id: Some("big-pay".into()),
+        }],
+        params: None,
+        ..redacted.clone()
+    };
+    let _ = set_b;
+    vec![
+        (at(0), ids[0], Event::PolicySet(start)),
+        (at(1), ids[1], opened.into()),
+        (at(2), ids[2], first.into()),
+        (at(3), ids[3], redacted.into()),
+        (at(4), ids[4], large.into()),
+        (at(5), ids[5], Event::PolicySet(reload)),
+        (at(6), ids[6], held.into()),
+    ]
+}
+
+#[test]
+fn version_7_is_reproduced_byte_for_byte() {
+    let events = v7_events();
+    let stored = check_stored("known-answer-v7.log", &build_file(7, &events));
+    let mut seen = Vec::new();
+    let s = verify_visit(
+        &[("known-answer-v7.log", &stored)],
+        &opts(&key(1)),
+        &mut |e| {
+            seen.push(e.clone());
+        },
+    )
+    .unwrap();
+    assert_eq!(s.entries, 7);
+    assert_eq!(u16::from_be_bytes([stored[8], stored[9]]), 7);
+    let kinds: Vec<u8> = seen.iter().map(|e| e.event.kind()).collect();
+    assert_eq!(kinds, [9, 4, 1, 1, 1, 9, 1]);
+    for (e, (ts, id, ev)) in seen.iter().zip(&events) {
+        assert_eq!(&e.event, ev);
+        assert_eq!(e.timestamp_ns, *ts);
+        assert_eq!(e.entry_id.to_string(), *id);
+    }
+    let digest = format::sha256(&stored).to_string();
+    assert!(
+        doc().contains(&digest),
+        "docs lack the v7 known answer's SHA-256 {digest}"
+    );
+    let offsets: Vec<usize> = (0..7)
+        .scan(format::HEADER_LEN, |off, _| {
+            let here = *off;
+            *off += format::parse_record_version(7, &stored[here..]).unwrap().1;
+            Some(here)
+        })
+        .collect();
+    let record = |i: usize| {
+        let (_, n) = format::parse_record_version(7, &stored[offsets[i]..]).unwrap();
+        &stored[offsets[i]..offsets[i] + n]
+    };
+    assert_eq!(doc_block("shadow-record-v7"), hex(record(2)));
+    assert_eq!(doc_block("redacted-record-v7"), hex(record(3)));
+    // The redacted record holds no byte of the secret; the full one hashes to its digest.
+    assert!(!record(3).windows(7).any(|w| w == b"abc.def"));
+    // Shadow notes, recorded params and shadow counts cannot be written in version 6.
+    assert!(build_file_result(6, &events[2..3]).is_err());
+    assert!(build_file_result(6, &events[0..1]).is_err());
+    let mut plain = events[0].clone();
+    if let Event::PolicySet(p) = &mut plain.2 {
+        p.shadow_policies = 0;
+    }
+    assert!(build_file_result(6, &[plain]).is_ok());
+}
+
+#[test]
+fn version_7_refuses_shadow_notes_and_params_that_do_not_hold() {
+    let Event::Session(SessionEvent::Verdict(first)) = v7_events()[2].2.clone() else {
+        unreachable!()
+    };
+    let ok = |v: &VerdictRecord| format::check_event(&Event::from(v.clone()), 7);
+    assert!(ok(&first).is_ok());
+    let with = |f: &dyn Fn(&mut VerdictRecord)| {
+        let mut v = first.clone();
+        f(&mut v);
+        v
+    };
+    let note = first.shadow[0].clone();
+    // Full params must hash to params_hash (a verifier checks the text it is given).
+    assert!(ok(&with(
+        &|v| v.params = Some(RecordedParams::Full(r#"{"customer":"c-18"}"#.into()))
+    ))
+    .is_err());
+    // Redacted params need not (the hash is of the true params).
+    assert!(ok(&with(
+        &|v| v.params = Some(RecordedParams::Redacted("{}".into()))
+    ))
+    .is_ok());
+    // "Too large" only for params over the bound, and never for mode hash.
+    let too = |mode, len| Some(RecordedParams::TooLarge { mode, len });
+    assert!(ok(&with(&|v| v.params = too(ParamsMode::Full, 16_384))).is_err());
+    assert!(ok(&with(&|v| v.params = too(ParamsMode::Full, 16_385))).is_ok());
+    assert!(ok(&with(&|v| v.params = too(ParamsMode::Hash, 70_000))).is_err());
+    // A shadow note's name, policy and reason.
+    let bad = |n: ShadowNote| with(&move |v| v.shadow = vec![n.clone()]);
+    assert!(ok(&bad(ShadowNote {
+        name: "a b".into(),
+        ..note.clone()
+    }))
+    .is_err());
+    assert!(ok(&bad(ShadowNote {
+        name: "*".into(),
+        ..note.clone()
+    }))
+    .is_ok());
+    assert!(ok(&bad(ShadowNote {
+        reason: "nonsense".into(),
+        ..note.clone()
+    }))
+    .is_err());
+    assert!(ok(&bad(ShadowNote {
+        reason: "policy_deny".into(),
+        ..note.clone()
+    }))
+    .is_err());
+    assert!(ok(&bad(ShadowNote {
+        verdict: Verdict::Allow,
+        ..note.clone()
+    }))
+    .is_err());
+    assert!(ok(&bad(ShadowNote {
+        policy_id: Some("".into()),
+        ..note.clone()
+    }))
+    .is_err());
+    // The same candidate twice, more than 16 notes, notes without a policy note.
+    assert!(ok(&with(&|v| v.shadow = vec![note.clone(), note.clone()])).is_err());
+    let many: Vec<ShadowNote> = (0..17)
+        .map(|i| ShadowNote {
+            name: format!("p{i}"),
+            ..note.clone()
+        })
+        .collect();
+    assert!(ok(&with(&|v| v.shadow = many.clone())).is_err());
+    assert!(ok(&with(&|v| v.policy = None)).is_err());
+    // A policy-set entry's shadow counts.
+    let Event::PolicySet(set) = v7_events()[5].2.clone() else {
+        unreachable!()
+    };
+    let ok_set = |p: &PolicySetRecord| format::check_event(&Event::PolicySet(p.clone()), 7);
+    assert!(ok_set(&set).is_ok());
+    assert!(ok_set(&PolicySetRecord {
+        shadow_policies: 3,
+        ..set.clone()
+    })
+    .is_err());
+    assert!(ok_set(&PolicySetRecord {
+        shadow_policies: 5,
+        shadow_set: false,
+        ..set.clone()
+    })
+    .is_err());
 }
 
 #[test]
@@ -860,6 +1135,7 @@ fn record_hashes_are_documented() {
         "known-answer-v4.log",
         "known-answer-v5.log",
         "known-answer-v6.log",
+        "known-answer-v7.log",
     ] {
         let bytes = std::fs::read(data_path(name)).unwrap();
         let version = u16::from_be_bytes([bytes[8], bytes[9]]);

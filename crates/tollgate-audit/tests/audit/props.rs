@@ -8,8 +8,9 @@ use std::sync::{Arc, Mutex};
 use tollgate_audit::format::{self, FileHeader, HEADER_LEN};
 
 use tollgate_audit::{
-    read_tail, verify, CostStatus, DecisionRecord, Event, SessionEvent, SessionRecord,
-    SettlementRecord, VerdictRecord, VerifyOptions, Writer,
+    read_tail, verify, CostStatus, DecisionRecord, Event, ParamsMode, PolicyEffect, PolicyNote,
+    RecordedParams, SessionEvent, SessionRecord, SettlementRecord, ShadowNote, VerdictRecord,
+    VerifyOptions, Writer,
 };
 use tollgate_core::{BudgetScope, DenyReason, Digest, HumanDecision, Money, Reason, Verdict};
 
@@ -34,48 +35,108 @@ fn arb_record() -> impl Strategy<Value = VerdictRecord> {
             any::<u64>(),
             proptest::option::of(any::<[u8; 32]>()),
         ),
+        // Version 7: shadow notes (with a policy note), recorded params.
+        (
+            proptest::collection::vec((0usize..3, any::<bool>()), 0..4),
+            0usize..4,
+            "\\PC{0,60}",
+            16_385u32..,
+        ),
     )
-        .prop_map(|(a, b, c)| VerdictRecord {
-            timestamp_ns: a.0,
-            session_id: a.1,
-            agent_id: a.2,
-            organization_id: a.3,
-            call_number: a.4,
-            tool_name: a.5,
-            params_hash: Digest(b.0),
-            verdict: [Verdict::Allow, Verdict::Deny, Verdict::Hitl][b.1],
-            deny_reason: b.2.map(|i| {
-                [
-                    DenyReason::CircuitOpen,
-                    DenyReason::BudgetExhausted,
-                    DenyReason::MaxRepeatExceeded,
-                    DenyReason::WindowExceeded,
-                    DenyReason::GlobalLimit,
-                    DenyReason::PolicyViolation,
-                    DenyReason::AuthFailed,
-                    DenyReason::Timeout,
-                ][i]
-            }),
-            // The two policy reasons need a policy note (format version 6).
-            reason: Some(Reason::ALL[b.3])
-                .filter(|r| !r.is_policy())
-                .unwrap_or(Reason::WithinThresholds),
-            probabilistic: b.4,
-            budget_before: Money(c.0),
-            budget_after: Money(c.1),
-            // Version 2: an operator exactly on a verdict that releases an approved call.
-            operator_id: matches!(
-                Reason::ALL[b.3],
-                Reason::TransitionApprove | Reason::TransitionModifySuccessor
-            )
-            .then(|| c.2.unwrap_or_default()),
-            estimated_cost: Money(c.3),
-            nonce: c.4,
-            config_digest: c.5.map(Digest),
-            session_seq: c.4 | 1,
-            budget_version: c.4.rotate_left(17),
-            policy: None,
+        .prop_map(|(a, b, c, d)| {
+            let mut v = verdict(a, b, c);
+            if !d.0.is_empty() {
+                v.policy = Some(PolicyNote {
+                    set_digest: Digest([7; 32]),
+                    effect: PolicyEffect::Pass,
+                    policy_id: None,
+                    decided: false,
+                    tripped: false,
+                    labels: Vec::new(),
+                });
+            }
+            v.shadow =
+                d.0.iter()
+                    .enumerate()
+                    .map(|(i, &(w, by_policy))| {
+                        let verdict = [Verdict::Allow, Verdict::Deny, Verdict::Hitl][w];
+                        let policy = by_policy && verdict != Verdict::Allow;
+                        ShadowNote {
+                            name: if i == 0 { "*".into() } else { format!("p{i}") },
+                            verdict,
+                            reason: if policy {
+                                format!("policy:p{i}")
+                            } else {
+                                "within_thresholds".into()
+                            },
+                            policy_id: policy.then(|| format!("p{i}")),
+                        }
+                    })
+                    .collect();
+            v.params = match d.1 {
+                0 => None,
+                1 => {
+                    v.params_hash = format::sha256(d.2.as_bytes());
+                    Some(RecordedParams::Full(d.2))
+                }
+                2 => Some(RecordedParams::Redacted(d.2)),
+                _ => Some(RecordedParams::TooLarge {
+                    mode: ParamsMode::Full,
+                    len: d.3,
+                }),
+            };
+            v
         })
+}
+
+type PartA = (i64, String, String, String, u64, String);
+type PartB = ([u8; 32], usize, Option<usize>, usize, bool);
+type PartC = (i64, i64, Option<String>, i64, u64, Option<[u8; 32]>);
+
+fn verdict(a: PartA, b: PartB, c: PartC) -> VerdictRecord {
+    VerdictRecord {
+        timestamp_ns: a.0,
+        session_id: a.1,
+        agent_id: a.2,
+        organization_id: a.3,
+        call_number: a.4,
+        tool_name: a.5,
+        params_hash: Digest(b.0),
+        verdict: [Verdict::Allow, Verdict::Deny, Verdict::Hitl][b.1],
+        deny_reason: b.2.map(|i| {
+            [
+                DenyReason::CircuitOpen,
+                DenyReason::BudgetExhausted,
+                DenyReason::MaxRepeatExceeded,
+                DenyReason::WindowExceeded,
+                DenyReason::GlobalLimit,
+                DenyReason::PolicyViolation,
+                DenyReason::AuthFailed,
+                DenyReason::Timeout,
+            ][i]
+        }),
+        // The two policy reasons need a policy note (format version 6).
+        reason: Some(Reason::ALL[b.3])
+            .filter(|r| !r.is_policy())
+            .unwrap_or(Reason::WithinThresholds),
+        probabilistic: b.4,
+        budget_before: Money(c.0),
+        budget_after: Money(c.1),
+        // Version 2: an operator exactly on a verdict that releases an approved call.
+        operator_id: matches!(
+            Reason::ALL[b.3],
+            Reason::TransitionApprove | Reason::TransitionModifySuccessor
+        )
+        .then(|| c.2.unwrap_or_default()),
+        estimated_cost: Money(c.3),
+        nonce: c.4,
+        config_digest: c.5.map(Digest),
+        session_seq: c.4 | 1,
+        budget_version: c.4.rotate_left(17),
+        policy: None,
+        shadow: Vec::new(),
+        params: None,
+    }
 }
 
 fn arb_opened() -> impl Strategy<Value = SessionRecord> {

@@ -61,6 +61,8 @@ fn the_pure_and_storage_layers_have_no_runtime_network_or_protobuf() {
             "serde",
             "serde_json",
             "sha2",
+            // Cedar's string type, for building a request's context as Cedar values.
+            "smol_str",
             "thiserror",
         ],
     );

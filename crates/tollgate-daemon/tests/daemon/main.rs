@@ -19,7 +19,9 @@ mod hostile;
 mod identity;
 mod lifecycle;
 mod policy;
+mod recorded;
 mod settlement;
+mod shadow;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;

@@ -222,6 +222,7 @@ fn with_rules(c: &mut DaemonConfig, dir: &Path, trip: bool) {
         default: DefaultEffect::Deny,
         schema: None,
         trip_on_refusal: trip,
+        shadow: false,
     });
 }
 
@@ -427,7 +428,9 @@ async fn approval_and_reload(via: &Via, socket: &Path, dir: &Path) {
         .unwrap();
     assert_eq!(p.transition.as_ref().unwrap().held_reason, "policy_hold");
     assert!(
-        p.held_explanation.contains("`@hitl` policy") && !p.held_explanation.contains("[guard"),
+        p.held_explanation.contains("`@hitl` policy `big-pay`")
+            && p.held_explanation.contains("payment over 100 USD")
+            && !p.held_explanation.contains("[guard"),
         "{}",
         p.held_explanation
     );
@@ -614,6 +617,7 @@ async fn a_permit_all_set_changes_no_verdict() {
                 default: DefaultEffect::Allow,
                 schema: None,
                 trip_on_refusal: false,
+                shadow: false,
             });
         }
         let d = start(cfg).await;

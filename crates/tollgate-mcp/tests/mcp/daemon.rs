@@ -402,6 +402,7 @@ async fn daemon_with_policy(dir: &Path, cedar: &str) -> Running {
         default: tollgate_policy::DefaultEffect::Allow,
         schema: None,
         trip_on_refusal: false,
+        shadow: false,
     });
     Running::start(c).await
 }

@@ -95,6 +95,8 @@ pub fn verdict(session: &str, seq: u64) -> SessionEvent {
         session_seq: seq,
         budget_version: 0,
         policy: None,
+        shadow: Vec::new(),
+        params: None,
     })
 }
 

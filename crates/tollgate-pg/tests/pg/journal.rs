@@ -451,21 +451,29 @@ fn policy_set(
         default_deny: false,
         trip_on_refusal: false,
         cause,
+        shadow_policies: 0,
+        shadow_set: false,
     }
 }
 
-/// Format version 6 in PostgreSQL: a chain registered now holds policy-set entries
-/// (record kind 9, no place in any session's history, so no claim) and verdicts with
-/// policy notes, signed and linked like every entry, in the order submitted; the chain
-/// verifies and the verifier gives them back as written.
+/// Format versions 6 and 7 in PostgreSQL: a chain registered now (version 7) holds
+/// policy-set entries (record kind 9, no place in any session's history, so no claim; with
+/// their shadow counts) and verdicts with policy notes, shadow notes and recorded params,
+/// signed and linked like every entry, in the order submitted; the chain verifies and the
+/// verifier gives them back as written.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_version_6_chain_holds_policy_sets_and_policy_notes() {
-    use tollgate_audit::{PolicyEffect, PolicyNote, PolicySetCause, SessionEvent};
+async fn a_new_chain_holds_policy_sets_policy_notes_shadow_notes_and_params() {
+    use tollgate_audit::{
+        PolicyEffect, PolicyNote, PolicySetCause, RecordedParams, SessionEvent, ShadowNote,
+    };
     let s = migrated("v6chain").await;
     let j = PgJournal::open(s.settings(), key(6), "d6").await.unwrap();
-    assert_eq!(j.format_version(), 6);
-    assert_eq!(tollgate_pg::CHAIN_FORMAT_VERSION, 6);
-    let start = j.submit_policy_set(policy_set(0xa1, PolicySetCause::Start));
+    assert_eq!(j.format_version(), 7);
+    assert_eq!(tollgate_pg::CHAIN_FORMAT_VERSION, 7);
+    let start = j.submit_policy_set(tollgate_audit::PolicySetRecord {
+        shadow_policies: 1,
+        ..policy_set(0xa1, PolicySetCause::Start)
+    });
     let mut refused = verdict("s", 1);
     if let SessionEvent::Verdict(v) = &mut refused {
         v.verdict = tollgate_core::Verdict::Deny;
@@ -480,6 +488,13 @@ async fn a_version_6_chain_holds_policy_sets_and_policy_notes() {
             tripped: false,
             labels: Vec::new(),
         });
+        v.shadow = vec![ShadowNote {
+            name: "shadow-rule".into(),
+            verdict: tollgate_core::Verdict::Allow,
+            reason: "within_thresholds".into(),
+            policy_id: None,
+        }];
+        v.params = Some(RecordedParams::Redacted(r#"{"k":"[REDACTED]"}"#.into()));
     }
     let a = j.submit(refused.clone());
     // Two policy sets in one batch: neither takes a claim, so neither conflicts.
@@ -510,7 +525,7 @@ async fn a_version_6_chain_holds_policy_sets_and_policy_notes() {
     assert!(reports.iter().all(|r| r.result.is_ok()), "{reports:?}");
     assert_eq!(seen.len(), 4);
     assert!(
-        matches!(&seen[0], Event::PolicySet(r) if r.digest.0 == [0xa1; 32] && r.cause == PolicySetCause::Start),
+        matches!(&seen[0], Event::PolicySet(r) if r.digest.0 == [0xa1; 32] && r.cause == PolicySetCause::Start && r.shadow_policies == 1),
         "{seen:?}"
     );
     assert_eq!(seen[1], Event::Session(refused));
@@ -569,31 +584,31 @@ async fn a_version_5_chain_goes_on_in_version_5_and_refuses_a_policy_set() {
     assert_eq!(reports[0].result.as_ref().unwrap().entries, 2);
 }
 
-/// A version-6 chain in PostgreSQL is byte for byte a version-6 log file: the known-answer
-/// file `known-answer-v6.log` (docs/audit-format.md, "Known answers": two policy sets, a
-/// session opened under the first, verdicts with policy notes) stored as a chain (its
-/// header in `chains`, each record a row) verifies with the PostgreSQL verifier, gives back
-/// its six entries, and a journal with its key continues it in version 6 (a policy set and
-/// a verdict linked after its last record).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_version_6_known_answer_file_is_a_chain() {
+/// A known-answer log file stored as chain `ka` in a new schema `schema` (its header in
+/// `chains`, each record a row), with the number of records stored.
+async fn known_answer_chain(
+    name: &str,
+    version: i16,
+    schema: &str,
+) -> (crate::common::Schema, tokio_postgres::Client, usize) {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../tollgate-audit/tests/data/known-answer-v6.log");
+        .join("../tollgate-audit/tests/data")
+        .join(name);
     let file = std::fs::read(path).unwrap();
     let (header, mut rest) = file.split_at(170);
-    let s = migrated("kav6").await;
+    let s = migrated(schema).await;
     let c = client().await.unwrap();
-    let signer = key(1);
-    let public = signer.verifying_key();
+    let public = key(1).verifying_key();
     c.execute(
         &format!(
             "INSERT INTO \"{}\".chains (chain_id, key_id, public_key, format_version, header)
-             VALUES ('ka', $1, $2, 6, $3)",
+             VALUES ('ka', $1, $2, $3, $4)",
             s.name
         ),
         &[
             &tollgate_audit::KeyId::of(public.as_bytes()).to_string(),
             &public.as_bytes().as_slice(),
+            &version,
             &header,
         ],
     )
@@ -621,7 +636,20 @@ async fn the_version_6_known_answer_file_is_a_chain() {
         idx += 1;
         rest = tail;
     }
-    assert_eq!(idx, 6);
+    (s, c, usize::try_from(idx).unwrap())
+}
+
+/// A version-6 chain in PostgreSQL is byte for byte a version-6 log file: the known-answer
+/// file `known-answer-v6.log` (docs/audit-format.md, "Known answers": two policy sets, a
+/// session opened under the first, verdicts with policy notes) stored as a chain verifies
+/// with the PostgreSQL verifier, gives back its six entries, and a journal with its key
+/// continues it in version 6 (a policy set and a verdict linked after its last record);
+/// a policy set with shadow policies (version 7) is refused there, nothing written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_version_6_known_answer_file_is_a_chain() {
+    let (s, c, stored) = known_answer_chain("known-answer-v6.log", 6, "kav6").await;
+    let public = key(1).verifying_key();
+    assert_eq!(stored, 6);
     let mut kinds = Vec::new();
     let reports = tollgate_pg::verify(&c, &s.name, None, &[public], &mut |_, e| {
         kinds.push(e.event.kind());
@@ -633,6 +661,15 @@ async fn the_version_6_known_answer_file_is_a_chain() {
     // A journal with the file's key goes on after its last record, in version 6.
     let j = PgJournal::open(s.settings(), key(1), "ka").await.unwrap();
     assert_eq!(j.format_version(), 6);
+    let shadowed = tollgate_audit::PolicySetRecord {
+        shadow_policies: 1,
+        ..policy_set(7, tollgate_audit::PolicySetCause::Reload)
+    };
+    let e = j.submit_policy_set(shadowed).await.unwrap_err();
+    assert!(
+        matches!(&e, tollgate_audit::WriteError::Refused(m) if m.contains("cannot record shadow policies")),
+        "{e}"
+    );
     let a = j
         .submit_policy_set(policy_set(7, tollgate_audit::PolicySetCause::Reload))
         .await
@@ -642,4 +679,38 @@ async fn the_version_6_known_answer_file_is_a_chain() {
     j.close().await.unwrap();
     let reports = verify_all(&s.name).await;
     assert_eq!(reports[0].result.as_ref().unwrap().entries, 8);
+}
+
+/// The version-7 known-answer file (shadow notes, recorded params, a set in shadow mode)
+/// is a chain too, and a journal with its key continues it in version 7.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_version_7_known_answer_file_is_a_chain() {
+    let (s, c, stored) = known_answer_chain("known-answer-v7.log", 7, "kav7").await;
+    assert_eq!(stored, 7);
+    let mut seen = Vec::new();
+    let reports = tollgate_pg::verify(&c, &s.name, None, &[key(1).verifying_key()], &mut |_, e| {
+        seen.push(e.event.clone());
+    })
+    .await
+    .unwrap();
+    assert!(reports[0].result.is_ok(), "{reports:?}");
+    let kinds: Vec<u8> = seen.iter().map(Event::kind).collect();
+    assert_eq!(kinds, [9, 4, 1, 1, 1, 9, 1]);
+    assert!(matches!(&seen[5], Event::PolicySet(p) if p.shadow_set));
+    let j = PgJournal::open(s.settings(), key(1), "ka").await.unwrap();
+    assert_eq!(j.format_version(), 7);
+    let shadowed = tollgate_audit::PolicySetRecord {
+        shadow_policies: 2,
+        ..policy_set(7, tollgate_audit::PolicySetCause::Reload)
+    };
+    assert_eq!(j.submit_policy_set(shadowed).await.unwrap().index, 7);
+    j.close().await.unwrap();
+    assert_eq!(
+        verify_all(&s.name).await[0]
+            .result
+            .as_ref()
+            .unwrap()
+            .entries,
+        8
+    );
 }

@@ -90,7 +90,7 @@ fn tollgates_own_checks() {
             "p.cedar:2:1 tollgate::unknown-annotation",
         ),
         (
-            "@shadow\npermit(principal, action, resource);",
+            "@shadows\npermit(principal, action, resource);",
             "p.cedar:1:1 tollgate::unknown-annotation",
         ),
         (

@@ -8,7 +8,9 @@
 
 mod common;
 mod compose;
+mod differential;
 mod docs;
 mod load;
 mod outcomes;
 mod properties;
+mod shadow;

@@ -477,6 +477,8 @@ fn demo_write(a: &DemoWriteArgs) -> anyhow::Result<ExitCode> {
             session_seq: i / 3 + 1,
             budget_version: 0,
             policy: None,
+            shadow: Vec::new(),
+            params: None,
         };
         pending.push(w.submit(rec));
         if pending.len() as u64 >= a.pipeline.max(1) {

@@ -67,6 +67,8 @@ fn verdict(seq: u64) -> tollgate_audit::SessionEvent {
         session_seq: seq,
         budget_version: 0,
         policy: None,
+        shadow: Vec::new(),
+        params: None,
     })
 }
 
