@@ -2018,4 +2018,12 @@ permit (principal, action, resource) when { context.args.x };"#;
         assert!(t[b..].starts_with("permit"), "{}", &t[b..]);
         assert_eq!(find_key(t, 0, t.len(), "x"), t.find("x }"));
     }
+
+    #[test]
+    fn shadow_policies_are_checked_too() {
+        let r = run("@id(\"trial\") @shadow\nforbid (principal, action == Action::\"pay\", resource)\nwhen { context.args.amonut.greaterThan(decimal(\"1.0\")) };\n");
+        assert!(r.loaded.is_ok(), "{:?}", r.all());
+        assert!(!r.ok());
+        assert_eq!(codes(&r), vec!["3:8 Error tollgate::unknown-argument"]);
+    }
 }
