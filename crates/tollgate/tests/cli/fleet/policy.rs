@@ -837,3 +837,131 @@ fn a_version_5_chain_serves_without_policies_and_refuses_them_naming_the_chain()
     assert_eq!(code(&o), 0, "{}", text(&o));
     assert!(stdout(&o).contains("chain old5: ok:"), "{}", text(&o));
 }
+
+/// Issue 19: a chain registered in format version 6 goes on in version 6 and takes a plain
+/// `[policy]` set, but cannot record what version 7 adds: a daemon whose set has a
+/// `@shadow` policy, or with `[audit] params` other than `hash`, refuses to start, naming
+/// the chain and its version.
+#[test]
+fn a_version_6_chain_refuses_shadow_policies_and_recorded_params_naming_the_chain() {
+    use tollgate_audit::format::{self, FileHeader};
+    let dir = tempfile::tempdir().unwrap();
+    let dir = dir.path();
+    std::fs::set_permissions(dir, std::os::unix::fs::PermissionsExt::from_mode(0o750)).unwrap();
+    std::fs::write(dir.join("rules.cedar"), NO_SHELL).unwrap();
+    std::fs::write(
+        dir.join("shadow.cedar"),
+        "@id(\"shadow-no-pay\") @shadow forbid (principal, action == Action::\"pay\", resource);\n",
+    )
+    .unwrap();
+    let key = tollgate_audit::SigningKey::from_bytes(&[10; 32]);
+    std::fs::write(
+        dir.join("audit.key"),
+        tollgate_audit::keys::secret_key_text(&key),
+    )
+    .unwrap();
+    std::fs::set_permissions(
+        dir.join("audit.key"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o600),
+    )
+    .unwrap();
+    let (prefix, schema) = (unique("tgv6"), unique("tgv6"));
+    let fleet = Fleet::leftovers(schema.clone(), prefix.clone());
+    rt().block_on(async {
+        let mut c = tollgate_pg::connect(&tollgate_pg::PgSettings::new(SHARED_PG))
+            .await
+            .unwrap();
+        tollgate_pg::migrate(&mut c, &schema).await.unwrap();
+        let header =
+            FileHeader::new_signed_version(6, &key, 0, 0, format::genesis_hash(), 1).encode();
+        c.execute(
+            &format!(
+                "INSERT INTO {schema}.chains (chain_id, key_id, public_key, format_version, header)
+                 VALUES ('old6', $1, $2, 6, $3)"
+            ),
+            &[
+                &tollgate_audit::KeyId::of(key.verifying_key().as_bytes()).to_string(),
+                &key.verifying_key().as_bytes().as_slice(),
+                &header,
+            ],
+        )
+        .await
+        .unwrap();
+    });
+    let config = |audit: &str, policy: &str| {
+        std::fs::write(
+            dir.join("fleet.toml"),
+            format!(
+                "[state]\nbackend = \"redis\"\nurl = \"{SHARED_REDIS}\"\nkey_prefix = \"{prefix}\"\ndurability = \"none\"\n\
+                 [audit]\nsink = \"postgres\"\nurl = \"{SHARED_PG}\"\nschema = \"{schema}\"\nchain_id = \"old6\"\n{audit}\n\
+                 {policy}\
+                 [[organization]]\nid = \"acme\"\nsecret = \"{SECRET}\"\noperator_secret = \"{OPERATOR_SECRET}\"\n"
+            ),
+        )
+        .unwrap();
+    };
+    // A plain set: it serves, in version 6, and the forbid decides.
+    config("", "[policy]\nfiles = [\"rules.cedar\"]\n");
+    let serve = crate::daemon::Serve::start_with(dir, &["--config", s(&dir.join("fleet.toml"))]);
+    rt().block_on(async {
+        let mut c = tollgate_client::ClientConfig::new(
+            dir.join("tollgate.sock"),
+            "acme",
+            SECRET.as_bytes(),
+            "agent-1",
+        );
+        c.timeout = Duration::from_secs(5);
+        let agent = DaemonClient::connect(c).await.unwrap();
+        let v = agent
+            .pre_exec("shell", &json::parse_str("{}").unwrap(), 0.0)
+            .await;
+        assert_eq!(v.reason, "policy:no-shell", "{v:?}");
+    });
+    assert!(serve.terminate().success());
+    // A @shadow policy: refused, naming the chain.
+    config(
+        "",
+        "[policy]\nfiles = [\"rules.cedar\", \"shadow.cedar\"]\n",
+    );
+    let out = refused_start(dir);
+    assert!(
+        text(&out)
+            .contains("chain `old6` is format version 6, which cannot record shadow policies"),
+        "{}",
+        text(&out)
+    );
+    // A whole set in shadow mode: refused too.
+    config(
+        "",
+        "[policy]\nfiles = [\"rules.cedar\"]\nmode = \"shadow\"\n",
+    );
+    let out = refused_start(dir);
+    assert!(
+        text(&out).contains("cannot record shadow policies"),
+        "{}",
+        text(&out)
+    );
+    // Recorded params: refused, naming the chain.
+    config("params = \"full\"", "");
+    let out = refused_start(dir);
+    assert!(
+        text(&out).contains("chain `old6` is format version 6, which cannot record params"),
+        "{}",
+        text(&out)
+    );
+    // The chain holds the version-6 entries of the first run, and verifies.
+    let all = chains(&fleet);
+    assert!(all["old6"]
+        .iter()
+        .any(|e| matches!(e, Event::PolicySet(p) if p.shadow_policies == 0)));
+    let o = tollgate(&[
+        "audit",
+        "verify",
+        "--postgres",
+        SHARED_PG,
+        "--schema",
+        &schema,
+    ]);
+    assert_eq!(code(&o), 0, "{}", text(&o));
+    assert!(stdout(&o).contains("chain old6: ok:"), "{}", text(&o));
+}
