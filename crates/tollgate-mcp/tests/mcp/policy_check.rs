@@ -113,7 +113,7 @@ fn daemon_mode_checks_the_names_the_host_sees() {
     );
     let (code, out) = check(&kit, &["p.cedar"]);
     assert_eq!(code, 1, "{out}");
-    assert!(out.contains("did you mean"), "{out}");
+    assert!(out.contains("did you mean `a__echo`?"), "{out}");
     // Without files there is nothing to check.
     let (code, out) = check(&kit, &[]);
     assert_eq!(code, 2, "{out}");
