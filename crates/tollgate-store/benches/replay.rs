@@ -121,7 +121,10 @@ fn main() {
     };
     let mut all: Vec<AuditEntry> = Vec::with_capacity(usize::try_from(written).unwrap());
     let t = Instant::now();
-    tollgate_audit::verify_paths(&[dir.clone()], &opts, &mut |e| all.push(e.clone())).unwrap();
+    tollgate_audit::verify_paths(std::slice::from_ref(&dir), &opts, &mut |e| {
+        all.push(e.clone())
+    })
+    .unwrap();
     let secs = t.elapsed().as_secs_f64();
     println!(
         "verify: {} entries in {secs:.2} s: {:.0} entries/s",

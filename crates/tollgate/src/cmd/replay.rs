@@ -499,7 +499,7 @@ impl Progress {
     }
 
     fn tick(&mut self, entries: u64) {
-        if !self.on || entries % 4096 != 0 || self.last.elapsed().as_millis() < 200 {
+        if !self.on || !entries.is_multiple_of(4096) || self.last.elapsed().as_millis() < 200 {
             return;
         }
         self.last = Instant::now();
