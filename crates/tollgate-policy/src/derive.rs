@@ -14,6 +14,9 @@
 //! - **a policy that can never match**: Cedar's `impossible policy` (every condition is
 //!   false for every tool it names), or, with `--mcp`, a resource `Upstream::"X"` that is
 //!   no upstream of the gateway or offers none of the tools the policy names: a warning.
+//! - **a comparison that is never true**: `context.args.currency == "usd"` where the
+//!   tool's `enum` for it is `["EUR", "USD"]` (and `!=` that is always true): a warning
+//!   (`tollgate::outside-enum`).
 //!
 //! Every finding has the policy's file, line and column.
 //!
@@ -614,6 +617,8 @@ fn hidden(t: &Ty, path: &str) -> Option<String> {
 #[derive(Debug, Clone)]
 struct DerivedTool {
     args: Ty,
+    /// Its input schemas as given (one per definition), for their `enum`s.
+    schemas: Vec<Json>,
     origins: Vec<String>,
     /// The resources its calls come with, when known.
     resources: Option<BTreeSet<String>>,
@@ -667,6 +672,8 @@ struct Pol {
     /// Paths below `context` it reads, each with the index of its first key only tested
     /// with `has` (the path's length when none is).
     reads: Vec<(Vec<String>, usize)>,
+    /// `path == literal` (true) and `path != literal` (false) comparisons it makes.
+    comparisons: Vec<(Vec<String>, Json, bool)>,
 }
 
 struct Cx<'a> {
@@ -762,8 +769,58 @@ fn declares_request(action: &Json) -> bool {
     non_empty("principalTypes") || non_empty("resourceTypes")
 }
 
+/// Where a policy's effect (`permit`/`forbid`) starts: after its annotations, blank space
+/// and comments, so a search for a name in the policy does not find it in an `@id`.
+fn body_start(text: &str, start: usize, end: usize) -> usize {
+    let bytes = text.as_bytes();
+    let end = end.min(bytes.len());
+    let mut i = start;
+    while i < end {
+        match bytes.get(i) {
+            Some(b) if b.is_ascii_whitespace() => i += 1,
+            Some(b'/') if bytes.get(i + 1) == Some(&b'/') => {
+                while i < end && bytes.get(i) != Some(&b'\n') {
+                    i += 1;
+                }
+            }
+            Some(b'@') => {
+                i += 1;
+                while i < end
+                    && bytes
+                        .get(i)
+                        .is_some_and(|b| b.is_ascii_alphanumeric() || *b == b'_')
+                {
+                    i += 1;
+                }
+                while i < end && bytes.get(i).is_some_and(u8::is_ascii_whitespace) {
+                    i += 1;
+                }
+                if bytes.get(i) == Some(&b'(') {
+                    // `("...")`: skip to the closing parenthesis outside the string.
+                    let mut in_string = false;
+                    while i < end {
+                        match bytes.get(i) {
+                            Some(b'\\') if in_string => i += 1,
+                            Some(b'"') => in_string = !in_string,
+                            Some(b')') if !in_string => {
+                                i += 1;
+                                break;
+                            }
+                            _ => {}
+                        }
+                        i += 1;
+                    }
+                }
+            }
+            _ => break,
+        }
+    }
+    i.min(end)
+}
+
 /// The first offset of any of `needles` in `text[start..end]`, if there is one.
 fn find_in(text: &str, start: usize, end: usize, needles: &[String]) -> Option<usize> {
+    let start = body_start(text, start, end);
     let span = text.get(start..end.min(text.len()))?;
     needles
         .iter()
@@ -774,6 +831,7 @@ fn find_in(text: &str, start: usize, end: usize, needles: &[String]) -> Option<u
 
 /// Where a policy reads argument `key`: `.key`, `has key`, `"key"`.
 fn find_key(text: &str, start: usize, end: usize, key: &str) -> Option<usize> {
+    let start = body_start(text, start, end);
     let span = text.get(start..end.min(text.len()))?;
     let ident_end = |rest: &str| {
         !rest
@@ -844,6 +902,96 @@ fn close_enough(a: &str, b: &str) -> bool {
 
 /// The deepest policy structure walked for reads (as [`crate::analysis`]).
 const MAX_WALK_DEPTH: usize = 512;
+
+/// The `context.PATH == literal` and `!=` comparisons in a policy (either side), with
+/// whether it is `==`.
+fn comparisons_of(est: &Json) -> Vec<(Vec<String>, Json, bool)> {
+    fn path_of(v: &Json, depth: usize) -> Option<Vec<String>> {
+        if depth > MAX_WALK_DEPTH {
+            return None;
+        }
+        let obj = v.as_object()?;
+        if obj.get("Var").and_then(Json::as_str) == Some("context") && obj.len() == 1 {
+            return Some(Vec::new());
+        }
+        let inner = obj.get(".")?;
+        let mut path = path_of(inner.get("left")?, depth + 1)?;
+        path.push(inner.get("attr")?.as_str()?.to_owned());
+        Some(path)
+    }
+    fn go(v: &Json, depth: usize, out: &mut Vec<(Vec<String>, Json, bool)>) {
+        if depth > MAX_WALK_DEPTH || out.len() > 1_000 {
+            return;
+        }
+        if let Some(obj) = v.as_object() {
+            for (op, eq) in [("==", true), ("!=", false)] {
+                let Some(inner) = obj.get(op) else { continue };
+                let (Some(l), Some(r)) = (inner.get("left"), inner.get("right")) else {
+                    continue;
+                };
+                for (a, b) in [(l, r), (r, l)] {
+                    let literal = b.get("Value").filter(|x| !x.is_object() && !x.is_array());
+                    if let (Some(path), Some(lit)) = (path_of(a, 0), literal) {
+                        out.push((path, lit.clone(), eq));
+                    }
+                }
+            }
+            for c in obj.values() {
+                go(c, depth + 1, out);
+            }
+        } else if let Some(items) = v.as_array() {
+            for c in items {
+                go(c, depth + 1, out);
+            }
+        }
+    }
+    let mut out = Vec::new();
+    go(est, 0, &mut out);
+    out
+}
+
+/// The values an input schema's `enum` (or `const`) allows at `path` below its root, when
+/// it has one there (local `$ref`s, an `allOf` of one schema and a `T | null` union are
+/// looked through); `None` when it does not say.
+fn enum_at(root: &Json, path: &[String]) -> Option<Vec<Json>> {
+    fn resolve<'a>(root: &'a Json, mut s: &'a Json) -> Option<&'a Json> {
+        for _ in 0..MAX_SCHEMA_DEPTH {
+            let o = s.as_object()?;
+            if let Some(r) = o.get("$ref") {
+                s = root.pointer(r.as_str()?.strip_prefix('#')?)?;
+            } else if let Some([only]) = o.get("allOf").and_then(Json::as_array).map(Vec::as_slice)
+            {
+                s = only;
+            } else if let Some(bs) = o
+                .get("anyOf")
+                .or_else(|| o.get("oneOf"))
+                .and_then(Json::as_array)
+            {
+                let non_null: Vec<&Json> = bs
+                    .iter()
+                    .filter(|b| b.get("type").and_then(Json::as_str) != Some("null"))
+                    .collect();
+                match non_null.as_slice() {
+                    [one] => s = one,
+                    _ => return None,
+                }
+            } else {
+                return Some(s);
+            }
+        }
+        None
+    }
+    let mut s = resolve(root, root)?;
+    for k in path {
+        s = resolve(root, s.get("properties")?.get(k)?)?;
+    }
+    let values: Vec<Json> = match (s.get("const"), s.get("enum").and_then(Json::as_array)) {
+        (Some(c), _) => vec![c.clone()],
+        (None, Some(e)) => e.clone(),
+        (None, None) => return None,
+    };
+    Some(values.into_iter().filter(|v| !v.is_null()).collect())
+}
 
 /// The paths below `context` a policy reads, each with the index of the first key only
 /// tested with `has`; `None` when the structure is too deep to walk (then it reads all).
@@ -944,9 +1092,9 @@ fn collect(files: &[Source]) -> Vec<Pol> {
         if !seen.insert(id.clone()) {
             continue;
         }
-        let reads = policy
-            .to_json()
-            .map_or_else(|_| vec![(Vec::new(), 0)], |est| reads_of(&est));
+        let est = policy.to_json().ok();
+        let reads = est.as_ref().map_or_else(|| vec![(Vec::new(), 0)], reads_of);
+        let comparisons = est.as_ref().map(comparisons_of).unwrap_or_default();
         out.push(Pol {
             policy: policy.new_id(cedar_policy::PolicyId::new(id.as_str())),
             id,
@@ -954,6 +1102,7 @@ fn collect(files: &[Source]) -> Vec<Pol> {
             start,
             end,
             reads,
+            comparisons,
         });
     }
     out
@@ -1235,6 +1384,55 @@ pub fn check(files: &[Source], options: &Options, tools: &[ToolDef]) -> Report {
                 )),
             );
         }
+        // `context.args.x == "v"` where no tool's `enum` for `x` has `v`.
+        let mut compared = HashSet::new();
+        for (path, literal, eq) in &p.comparisons {
+            let Some(("args", args_path)) = path.split_first().map(|(f, r)| (f.as_str(), r)) else {
+                continue;
+            };
+            if derived_here.is_empty() || author_here || !compared.insert((path, literal)) {
+                continue;
+            }
+            let mut allowed: Vec<Json> = Vec::new();
+            let all_enumerated = derived_here.iter().all(|(_, t)| {
+                t.schemas
+                    .iter()
+                    .all(|schema| match enum_at(schema, args_path) {
+                        Some(values) => {
+                            allowed.extend(values);
+                            true
+                        }
+                        None => false,
+                    })
+            });
+            if !all_enumerated || allowed.contains(literal) {
+                continue;
+            }
+            let shown = serde_json::to_string(literal).unwrap_or_default();
+            let mut listed: Vec<String> = allowed
+                .iter()
+                .map(|v| serde_json::to_string(v).unwrap_or_default())
+                .collect();
+            listed.sort();
+            listed.dedup();
+            listed.truncate(20);
+            let at = find_in(text, p.start, p.end, std::slice::from_ref(&shown));
+            let place = cx.at(p.file, Some(at.unwrap_or(p.start)));
+            cx.push(
+                Severity::Warning,
+                "tollgate::outside-enum",
+                format!(
+                    "for policy `{}`, `context.args.{}` is one of {} in the tools' input schemas, so `{} {shown}` is {}",
+                    p.id,
+                    args_path.join("."),
+                    listed.join(", "),
+                    if *eq { "==" } else { "!=" },
+                    if *eq { "never true" } else { "always true" }
+                ),
+                place,
+                Some("check the value's spelling and case against the tool's enum".into()),
+            );
+        }
         // A resource no upstream is, or one offering none of the tools named.
         let resource = match p.policy.resource_constraint() {
             ResourceConstraint::Eq(uid) | ResourceConstraint::In(uid)
@@ -1384,6 +1582,7 @@ fn derive_tools(tools: &[ToolDef]) -> BTreeMap<String, DerivedTool> {
                     t.name.clone(),
                     DerivedTool {
                         args,
+                        schemas: vec![t.input_schema.clone()],
                         origins: vec![t.origin.clone()],
                         resources: t.resource.clone().map(|r| BTreeSet::from([r])),
                     },
@@ -1391,6 +1590,7 @@ fn derive_tools(tools: &[ToolDef]) -> BTreeMap<String, DerivedTool> {
             }
             Some(entry) => {
                 entry.args = merge(&entry.args, &args);
+                entry.schemas.push(t.input_schema.clone());
                 entry.origins.push(t.origin.clone());
                 match (&mut entry.resources, &t.resource) {
                     (Some(set), Some(r)) => {
@@ -1787,5 +1987,43 @@ when { context.args.query != "" && (context.args has limit && context.args.limit
             &odd,
         );
         assert!(r.ok(), "{:?}", r.all());
+    }
+
+    #[test]
+    fn a_value_outside_the_enum_is_a_warning() {
+        let r = run("@id(\"x\")\nforbid (principal, action == Action::\"pay\", resource)\nwhen { context.args.currency == \"usd\" };\n@id(\"y\")\nforbid (principal, action == Action::\"pay\", resource)\nunless { \"EUR\" == context.args.currency || context.args.to == \"usd\" };\n");
+        assert!(r.ok(), "{:?}", r.all());
+        assert_eq!(codes(&r), vec!["3:33 Warning tollgate::outside-enum"]);
+        assert!(
+            r.findings[0].message.contains("one of \"EUR\", \"USD\""),
+            "{}",
+            r.findings[0]
+        );
+        // Through a $ref and a nullable union.
+        let schema = json!({"type": "object", "properties": {"c": {"anyOf": [{"$ref": "#/$defs/C"}, {"type": "null"}]}}, "$defs": {"C": {"type": "string", "enum": ["a", "b"]}}});
+        assert_eq!(
+            enum_at(&schema, &["c".to_owned()]),
+            Some(vec![json!("a"), json!("b")])
+        );
+        assert_eq!(enum_at(&schema, &["d".to_owned()]), None);
+    }
+
+    #[test]
+    fn names_are_found_after_the_annotations() {
+        let t = r#"// c
+@id("a \") x") @hitl
+@label ("l")
+permit (principal, action, resource) when { context.args.x };"#;
+        let b = body_start(t, 0, t.len());
+        assert!(t[b..].starts_with("permit"), "{}", &t[b..]);
+        assert_eq!(find_key(t, 0, t.len(), "x"), t.find("x }"));
+    }
+
+    #[test]
+    fn shadow_policies_are_checked_too() {
+        let r = run("@id(\"trial\") @shadow\nforbid (principal, action == Action::\"pay\", resource)\nwhen { context.args.amonut.greaterThan(decimal(\"1.0\")) };\n");
+        assert!(r.loaded.is_ok(), "{:?}", r.all());
+        assert!(!r.ok());
+        assert_eq!(codes(&r), vec!["3:8 Error tollgate::unknown-argument"]);
     }
 }

@@ -127,6 +127,18 @@ fn a_policy_that_can_never_match_is_a_warning() {
     let t = stdout(&out);
     assert!(t.contains(":1:1: warning[tollgate::never-matches]"), "{t}");
     assert!(t.contains("ok: 1 policies, 1 warnings"), "{t}");
+    // A value the tool's enum does not have.
+    let out = check(
+        dir.path(),
+        "@id(\"usd\")\nforbid (principal, action == Action::\"pay\", resource)\n\
+         when { context.args.currency == \"usd\" };\n",
+    );
+    assert_eq!(code(&out), 0, "{}", text(&out));
+    assert!(
+        stdout(&out).contains(":3:33: warning[tollgate::outside-enum]"),
+        "{}",
+        stdout(&out)
+    );
     let out = check(
         dir.path(),
         "@id(\"n\")\nforbid (principal, action == Action::\"pay\", resource)\n\
@@ -253,6 +265,34 @@ fn mcp_refuses_what_it_cannot_check() {
         "{}",
         text(&out)
     );
+    // An upstream that never speaks MCP: given up after the connect timeout, and stopped
+    // (its process is dead, or a zombie waiting for init, once the check has exited).
+    let pid_file = dir.path().join("silent.pid");
+    let silent = write(
+        dir.path(),
+        "silent.toml",
+        &format!(
+            "[gateway]\nconnect_timeout_secs = 1\n[[upstream]]\nname = \"silent\"\ncommand = \"sh\"\nargs = [\"-c\", \"echo $$ > {}; exec sleep 120 2>/dev/null\"]\n",
+            pid_file.display()
+        ),
+    );
+    let out = tollgate(&["policy", "check", "--mcp", &silent, &p]);
+    assert_eq!(code(&out), 2, "{}", text(&out));
+    assert!(
+        text(&out)
+            .contains("upstream `silent`: cannot list its tools: did not initialize within 1s"),
+        "{}",
+        text(&out)
+    );
+    let pid = std::fs::read_to_string(&pid_file).unwrap();
+    let stat = std::fs::read_to_string(format!("/proc/{}/stat", pid.trim())).unwrap_or_default();
+    let state = stat.rsplit(") ").next().and_then(|r| r.chars().next());
+    let stopped = matches!(state, None | Some('Z') | Some('X'));
+    if !stopped {
+        // Left running by a broken check: stop it before failing.
+        let _ = std::process::Command::new("kill").arg(pid.trim()).status();
+    }
+    assert!(stopped, "the upstream is still running: {stat}");
     // No files and no [policy]: nothing to check.
     let out = tollgate(&["policy", "check", "--mcp", &cfg]);
     assert_eq!(code(&out), 2, "{}", text(&out));
