@@ -723,9 +723,10 @@ impl Cx<'_> {
         d: &dyn Diagnostic,
         code: &str,
         said: &HashSet<(String, Option<Location>)>,
+        help: Option<String>,
     ) {
         let offset = d.labels().and_then(|mut l| l.next()).map(|l| l.offset());
-        let help = d.help().map(|h| h.to_string());
+        let help = help.or_else(|| d.help().map(|h| h.to_string()));
         let place = self.at(file, offset);
         if said.contains(&(d.to_string(), place.1.clone())) {
             return;
@@ -861,7 +862,13 @@ fn find_key(text: &str, start: usize, end: usize, key: &str) -> Option<usize> {
 /// A help line listing what there is (at most 20 names).
 fn suggest<'a>(wanted: &str, names: impl Iterator<Item = &'a str>, what: &str) -> String {
     let names: Vec<&str> = names.collect();
-    let close = names.iter().find(|n| close_enough(wanted, n));
+    // A near spelling, else a longer name ending in it (`kit__echo` for `echo`: the names
+    // a host sees in daemon mode).
+    let close = names.iter().find(|n| close_enough(wanted, n)).or_else(|| {
+        names
+            .iter()
+            .find(|n| n.len() > wanted.len() && n.ends_with(wanted))
+    });
     let mut listed: Vec<&str> = names.iter().copied().take(20).collect();
     if names.len() > 20 {
         listed.push("...");
@@ -1514,7 +1521,17 @@ pub fn check(files: &[Source], options: &Options, tools: &[ToolDef]) -> Report {
             _ => "cedar::validation",
         };
         let file = file_of.get(id.as_str()).copied().unwrap_or(usize::MAX);
-        cx.diagnostic(Severity::Error, file, e, code, &said);
+        // Cedar's suggestion for an unknown action is its own; ours is the closest tool.
+        let help = match e {
+            E::UnrecognizedActionId(_) => {
+                let text = e.to_string();
+                text.split_once("Action::\"")
+                    .and_then(|(_, rest)| rest.split_once('"'))
+                    .map(|(name, _)| suggest(name, known.iter().map(String::as_str), "tools"))
+            }
+            _ => None,
+        };
+        cx.diagnostic(Severity::Error, file, e, code, &said, help);
         erred.insert(id);
     }
     for w in result.validation_warnings() {
@@ -1528,7 +1545,7 @@ pub fn check(files: &[Source], options: &Options, tools: &[ToolDef]) -> Report {
             _ => "cedar::validation",
         };
         let file = file_of.get(id.as_str()).copied().unwrap_or(usize::MAX);
-        cx.diagnostic(Severity::Warning, file, w, code, &said);
+        cx.diagnostic(Severity::Warning, file, w, code, &said, None);
     }
     cx.findings.sort_by(|a, b| {
         let key = |f: &Finding| {
@@ -2025,5 +2042,33 @@ permit (principal, action, resource) when { context.args.x };"#;
         assert!(r.loaded.is_ok(), "{:?}", r.all());
         assert!(!r.ok());
         assert_eq!(codes(&r), vec!["3:8 Error tollgate::unknown-argument"]);
+    }
+
+    #[test]
+    fn unnamed_policies_have_the_loaders_ids_and_their_own_file() {
+        let r = check(
+            &[
+                Source::new("a.cedar", "forbid (principal, action == Action::\"pay\", resource);\n"),
+                Source::new(
+                    "b.cedar",
+                    "\n\nforbid (principal, action == Action::\"search\", resource)\nwhen { context.args.qeury == \"x\" };\n",
+                ),
+            ],
+            &Options::default(),
+            &tools(),
+        );
+        let f = r
+            .findings
+            .iter()
+            .find(|f| f.severity == Severity::Error)
+            .unwrap();
+        let l = f.location.as_ref().unwrap();
+        assert_eq!((l.file.as_str(), l.line), ("b.cedar", 4), "{f}");
+        assert!(f.message.contains("policy `policy1`"), "{f}");
+        // The loader's own warnings name the same ids.
+        assert!(r
+            .all()
+            .iter()
+            .any(|w| w.code == "tollgate::no-id" && w.message.contains("policy1")));
     }
 }

@@ -113,7 +113,7 @@ fn daemon_mode_checks_the_names_the_host_sees() {
     );
     let (code, out) = check(&kit, &["p.cedar"]);
     assert_eq!(code, 1, "{out}");
-    assert!(out.contains("did you mean"), "{out}");
+    assert!(out.contains("did you mean `a__echo`?"), "{out}");
     // Without files there is nothing to check.
     let (code, out) = check(&kit, &[]);
     assert_eq!(code, 2, "{out}");
@@ -137,4 +137,49 @@ fn an_upstream_that_cannot_be_listed_stops_the_check() {
         out.contains("upstream `gone`: cannot list its tools: cannot start `/nonexistent/server`"),
         "{out}"
     );
+}
+
+/// A Streamable HTTP upstream is reached as the gateway reaches it (it is not started,
+/// so nothing is stopped); a stdio one next to it is started; both lists count, and a
+/// name both offer merges their argument types.
+#[test]
+fn an_http_upstream_and_a_stdio_one_are_both_listed() {
+    use std::io::BufRead;
+    let mut http = Command::new(TESTKIT)
+        .arg("upstream-http")
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut url = String::new();
+    std::io::BufReader::new(http.stdout.take().unwrap())
+        .read_line(&mut url)
+        .unwrap();
+    let kit = Kit::with_upstreams(
+        &format!(
+            "[[upstream]]\nname = \"web\"\nurl = \"{}\"\n\
+             [[upstream]]\nname = \"local\"\ncommand = \"{TESTKIT}\"\nargs = [\"upstream\"]\n",
+            url.trim()
+        ),
+        "[policy]\nfiles = [\"p.cedar\"]\n",
+    );
+    write(
+        &kit,
+        "p.cedar",
+        "@id(\"web-echo\")\n\
+         forbid (principal, action == Action::\"echo\", resource == Upstream::\"web\")\n\
+         when { context.args has text && context.args.text == \"x\" };\n\
+         @id(\"local-big\")\n\
+         forbid (principal, action == Action::\"big\", resource == Upstream::\"local\")\n\
+         when { context.args has bytes && context.args.bytes > 10 };\n",
+    );
+    let (code, out) = check(&kit, &[]);
+    let _ = http.kill();
+    let _ = http.wait();
+    assert_eq!(code, 0, "{out}");
+    // Nine tools each (nothing hidden here), one action per own name.
+    assert!(
+        out.contains("checked against 9 tools (2 upstreams of"),
+        "{out}"
+    );
+    assert!(out.contains("ok: 2 policies, 0 warnings"), "{out}");
 }

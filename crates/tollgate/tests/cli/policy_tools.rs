@@ -97,6 +97,7 @@ fn an_unknown_tool_is_an_error() {
     let t = stdout(&out);
     assert!(t.contains(":2:49: error[tollgate::unknown-tool]"), "{t}");
     assert!(t.contains("serach"), "{t}");
+    assert!(t.contains("help: did you mean `search`?"), "{t}");
 }
 
 #[test]
