@@ -2043,4 +2043,32 @@ permit (principal, action, resource) when { context.args.x };"#;
         assert!(!r.ok());
         assert_eq!(codes(&r), vec!["3:8 Error tollgate::unknown-argument"]);
     }
+
+    #[test]
+    fn unnamed_policies_have_the_loaders_ids_and_their_own_file() {
+        let r = check(
+            &[
+                Source::new("a.cedar", "forbid (principal, action == Action::\"pay\", resource);\n"),
+                Source::new(
+                    "b.cedar",
+                    "\n\nforbid (principal, action == Action::\"search\", resource)\nwhen { context.args.qeury == \"x\" };\n",
+                ),
+            ],
+            &Options::default(),
+            &tools(),
+        );
+        let f = r
+            .findings
+            .iter()
+            .find(|f| f.severity == Severity::Error)
+            .unwrap();
+        let l = f.location.as_ref().unwrap();
+        assert_eq!((l.file.as_str(), l.line), ("b.cedar", 4), "{f}");
+        assert!(f.message.contains("policy `policy1`"), "{f}");
+        // The loader's own warnings name the same ids.
+        assert!(r
+            .all()
+            .iter()
+            .any(|w| w.code == "tollgate::no-id" && w.message.contains("policy1")));
+    }
 }

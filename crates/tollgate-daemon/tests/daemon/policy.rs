@@ -727,3 +727,176 @@ async fn reloads_during_parallel_calls_are_ordered_in_the_log() {
     assert_eq!(verdicts, AGENTS * CALLS + RELOADS);
     assert_eq!(probed, expected);
 }
+
+/// Human decisions and approved re-dispatches racing reloads that put an emergency forbid
+/// in force and take it out again: every verdict on `pay` is the one the set its entry
+/// names decides (under the plain set a held call is HITL `big-pay` and its approved
+/// re-dispatch ALLOW; under the emergency set every call, approved or not, is DENY
+/// `emergency`), no approval slips a call past a forbid in force, an approval a forbid
+/// refused is spent, and no nonce is ALLOWed twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn approvals_racing_reloads_follow_the_set_each_entry_names() {
+    const AGENTS: usize = 6;
+    const ROUNDS: usize = 5;
+    const RELOADS: usize = 24;
+    let dir = tempfile::tempdir().unwrap();
+    let d = start(policy_config(dir.path(), false)).await;
+    let rules = dir.path().join("rules.cedar");
+    let op = crate::operator(&d.socket).await;
+    // The two sets' digests, as the daemon names them.
+    std::fs::write(&rules, format!("{RULES}\n{EMERGENCY}")).unwrap();
+    let emergency = op.policy_reload().await.unwrap().digest;
+    std::fs::write(&rules, RULES).unwrap();
+    let plain = op.policy_reload().await.unwrap().digest;
+    assert_ne!(emergency, plain);
+
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let reloader = {
+        let (rules, stop) = (rules.clone(), stop.clone());
+        let socket = d.socket.clone();
+        tokio::spawn(async move {
+            let op = crate::operator(&socket).await;
+            let mut r = 0;
+            while r < RELOADS || !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                let text = if r % 2 == 0 {
+                    format!("{RULES}\n{EMERGENCY}")
+                } else {
+                    RULES.to_owned()
+                };
+                std::fs::write(&rules, text).unwrap();
+                op.policy_reload().await.unwrap();
+                r += 1;
+                tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+            }
+            r
+        })
+    };
+    let mut agents = Vec::new();
+    for a in 0..AGENTS {
+        let socket = d.socket.clone();
+        agents.push(tokio::spawn(async move {
+            let c = connect(&socket, AGENT).await;
+            let op = crate::operator(&socket).await;
+            let mut seen = Vec::new();
+            for round in 0..ROUNDS {
+                let big = c.prepare(
+                    "pay",
+                    &params(&format!(r#"{{"amount":250.5,"to":"shop-{a}-{round}"}}"#)),
+                    0.01,
+                );
+                let v = c.pre_exec_request(big.clone()).await;
+                seen.push((v.verdict, v.reason.clone()));
+                if v.verdict != Verdict::Hitl {
+                    continue;
+                }
+                op.hitl_decide(sp1::HitlDecideRequest {
+                    session_id: c.session_id().to_owned(),
+                    decision: "approve".into(),
+                    operator_id: "alice".into(),
+                    call_number: v.call_number,
+                    ..Default::default()
+                })
+                .await
+                .unwrap();
+                let again = sp1::PreExecRequest {
+                    call_number: c.next_call_number(),
+                    ..big.clone()
+                };
+                let v = c.pre_exec_request(again).await;
+                seen.push((v.verdict, v.reason.clone()));
+                if v.verdict == Verdict::Deny {
+                    // The forbid refused the approved call: the approval is spent, so
+                    // the same call sent again is not released by it, whatever set is in
+                    // force by then.
+                    let third = sp1::PreExecRequest {
+                        call_number: c.next_call_number(),
+                        ..big
+                    };
+                    let v = c.pre_exec_request(third).await;
+                    assert_ne!(v.reason, "hitl_transition:approve", "{v:?}");
+                    seen.push((v.verdict, v.reason.clone()));
+                }
+            }
+            seen
+        }));
+    }
+    let mut answered = Vec::new();
+    for a in agents {
+        answered.extend(a.await.unwrap());
+    }
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let reloads = reloader.await.unwrap();
+    d.stop().await;
+    // The race happened: both outcomes of a re-dispatch were seen.
+    let approved = answered
+        .iter()
+        .filter(|(v, r)| *v == Verdict::Allow && r == "hitl_transition:approve")
+        .count();
+    let forbidden = answered
+        .iter()
+        .filter(|(v, r)| *v == Verdict::Deny && r == "policy:emergency")
+        .count();
+    assert!(approved > 0 && forbidden > 0, "{answered:?}");
+
+    let public = std::fs::read_to_string(dir.path().join("audit.pub")).unwrap();
+    let key = tollgate_audit::keys::parse_public_key(&public).unwrap();
+    let opts = tollgate_audit::VerifyOptions {
+        trusted_key: Some(key),
+        ..Default::default()
+    };
+    let mut sets = 0;
+    let mut pays = 0;
+    let mut allowed_nonces = std::collections::HashSet::new();
+    tollgate_audit::verify_paths(
+        &[dir.path().join("audit")],
+        &opts,
+        &mut |e| match &e.event {
+            Event::PolicySet(_) => sets += 1,
+            Event::Session(SessionEvent::Verdict(v)) if v.tool_name == "pay" => {
+                pays += 1;
+                let note = v.policy.as_ref().unwrap();
+                let named = note.set_digest.to_string();
+                let what = (
+                    v.verdict,
+                    v.reason.as_str(),
+                    note.policy_id.as_deref(),
+                    note.decided,
+                );
+                if named == emergency {
+                    assert_eq!(
+                        what,
+                        (Verdict::Deny, "policy_deny", Some("emergency"), true),
+                        "call {} of {}",
+                        v.call_number,
+                        v.session_id
+                    );
+                } else {
+                    assert_eq!(named, plain, "a verdict names a set never in force");
+                    assert!(
+                        matches!(
+                            what,
+                            (Verdict::Hitl, "policy_hold", Some("big-pay"), true)
+                                | (Verdict::Allow, "hitl_transition:approve", _, _)
+                        ),
+                        "call {} of {}: {what:?}",
+                        v.call_number,
+                        v.session_id
+                    );
+                }
+                if v.verdict == Verdict::Allow {
+                    assert!(
+                        allowed_nonces.insert((v.session_id.clone(), v.nonce)),
+                        "nonce {} of {} ALLOWed twice",
+                        v.nonce,
+                        v.session_id
+                    );
+                }
+            }
+            _ => {}
+        },
+    )
+    .unwrap();
+    // One entry per answer; the start's set and every reload are recorded.
+    assert_eq!(pays, answered.len());
+    assert_eq!(sets, 3 + reloads);
+}
