@@ -296,3 +296,57 @@ fn bad_input_exits_2() {
     assert_eq!(code(&o), 2, "{}", text(&o));
     assert!(text(&o).contains("bad.cedar"), "{}", text(&o));
 }
+
+/// A log that verifies (every signature and link) but does not fold (verdicts of sessions
+/// it never opened: `audit demo-write`'s) is refused like a broken one, with no replay
+/// result; so is a log signed by another key than `--key`'s.
+#[test]
+fn a_log_that_verifies_but_does_not_fold_exits_2() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    for name in ["audit", "other"] {
+        let o = tollgate(&["keygen", "--out", s(root), "--name", name]);
+        assert_eq!(code(&o), 0, "{}", text(&o));
+    }
+    let log = root.join("log");
+    let o = tollgate(&[
+        "audit",
+        "demo-write",
+        "--dir",
+        s(&log),
+        "--key",
+        s(&root.join("audit.key")),
+        "--count",
+        "5",
+    ]);
+    assert_eq!(code(&o), 0, "{}", text(&o));
+    let empty = root.join("empty.toml");
+    std::fs::write(&empty, "").unwrap();
+    let key = root.join("audit.pub");
+    let o = tollgate(&["audit", "verify", "--key", s(&key), s(&log)]);
+    assert_eq!(code(&o), 0, "{}", text(&o));
+    let o = tollgate(&[
+        "policy",
+        "replay",
+        "--config",
+        s(&empty),
+        "--key",
+        s(&key),
+        s(&log),
+    ]);
+    assert_eq!(code(&o), 2, "{}", text(&o));
+    assert!(text(&o).contains("does not fold"), "{}", text(&o));
+    assert!(stdout(&o).is_empty(), "{}", text(&o));
+    let other = root.join("other.pub");
+    let o = tollgate(&[
+        "policy",
+        "replay",
+        "--config",
+        s(&empty),
+        "--key",
+        s(&other),
+        s(&log),
+    ]);
+    assert_eq!(code(&o), 2, "{}", text(&o));
+    assert!(text(&o).contains("BROKEN"), "{}", text(&o));
+}
