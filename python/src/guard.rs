@@ -122,6 +122,8 @@ impl PyGuard {
         max_held_calls = tollgate_core::config::DEFAULT_MAX_HELD_CALLS,
         audit_log = None,
         audit_key = None,
+        audit_params = "hash",
+        audit_redact = None,
         session_id = "local",
         agent_id = "local",
         organization_id = "local",
@@ -147,6 +149,8 @@ impl PyGuard {
         max_held_calls: u32,
         audit_log: Option<PathBuf>,
         audit_key: Option<PathBuf>,
+        audit_params: &str,
+        audit_redact: Option<Vec<String>>,
         session_id: &str,
         agent_id: &str,
         organization_id: &str,
@@ -192,6 +196,20 @@ impl PyGuard {
                 "audit_key is given without audit_log",
             ));
         }
+        // What the log records of the params (the daemon's `[audit] params`).
+        let mode = tollgate_audit::ParamsMode::from_word(audit_params).ok_or_else(|| {
+            PyValueError::new_err(format!(
+                "audit_params: `{audit_params}` is not hash, full or redacted"
+            ))
+        })?;
+        let recorder =
+            tollgate_audit::params::Recorder::new(mode, audit_redact.as_deref().unwrap_or(&[]))
+                .map_err(|e| PyValueError::new_err(format!("audit_redact: {e}")))?;
+        if audit_log.is_none() && mode != tollgate_audit::ParamsMode::Hash {
+            return Err(PyValueError::new_err(
+                "audit_params is given without audit_log",
+            ));
+        }
         let who = AuditIdentity {
             session_id: session_id.to_owned(),
             agent_id: agent_id.to_owned(),
@@ -199,7 +217,7 @@ impl PyGuard {
         };
         // Named from the start, so the policies' principal is the guard's ids with or
         // without an audit log.
-        let mut guard = tollgate_client::Guard::new_as(config, who.clone());
+        let mut guard = tollgate_client::Guard::new_as(config, who.clone()).with_params(recorder);
         let mut policy_warnings = Vec::new();
         if let Some(p) = &policy {
             let settings = crate::policy::settings(p)?;

@@ -442,6 +442,39 @@ def test_library_mode_a_set_in_shadow_mode_enforces_nothing_and_records_what_it_
         tollgate.Guard(policy={"files": ["tools.cedar"], "mode": "log-only"})
 
 
+def test_library_mode_the_audit_log_records_redacted_params(tmp_path):
+    """Issue 19: `audit_params="redacted"` records the params with secrets replaced; the
+    secret is not in the log's bytes; the exported params_hash is the true params' hash
+    (`tollgate canonical --hash`)."""
+    import json
+    import subprocess
+
+    from conftest import tollgate_bin
+
+    subprocess.run([tollgate_bin(), "keygen", "--out", str(tmp_path)], check=True, capture_output=True)
+    log = tmp_path / "audit"
+    params = {"api_key": "k-5e6f7a8b9c", "q": "weather"}
+    g = tollgate.Guard(audit_log=log, audit_key=tmp_path / "audit.key", audit_params="redacted",
+                       session_id="py-params", agent_id="bot")
+    assert g.check("search", params).allowed
+    del g
+    for f in log.iterdir():
+        assert b"k-5e6f7a8b9c" not in f.read_bytes(), f
+    rows = subprocess.run([tollgate_bin(), "audit", "export", "--format", "jsonl", "--key",
+                           str(tmp_path / "audit.pub"), str(log)], capture_output=True, text=True, check=True).stdout
+    verdicts = [r for r in map(json.loads, rows.splitlines()) if r.get("tool_name")]
+    assert verdicts[0]["params_mode"] == "redacted", verdicts
+    assert json.loads(verdicts[0]["params"]) == {"api_key": "[REDACTED]", "q": "weather"}, verdicts
+    (tmp_path / "p.json").write_text(json.dumps(params))
+    hashed = subprocess.run([tollgate_bin(), "canonical", "--hash", str(tmp_path / "p.json")],
+                            capture_output=True, text=True, check=True).stdout.strip()
+    assert verdicts[0]["params_hash"] == hashed
+    with pytest.raises(ValueError, match="audit_params"):
+        tollgate.Guard(audit_params="all")
+    with pytest.raises(ValueError, match="without audit_log"):
+        tollgate.Guard(audit_params="full")
+
+
 def test_library_mode_the_principal_is_the_audited_identity(tmp_path):
     """The principal is `Agent::"ORG/AGENT"` of the guard's ids, with an audit log and
     without one."""

@@ -118,6 +118,8 @@ class Guard:
         max_held_calls: int = 16,
         audit_log: Union[str, os.PathLike[str], None] = None,
         audit_key: Union[str, os.PathLike[str], None] = None,
+        audit_params: str = "hash",
+        audit_redact: Optional[List[str]] = None,
         session_id: str = "local",
         agent_id: str = "local",
         organization_id: str = "local",

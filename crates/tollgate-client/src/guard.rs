@@ -79,6 +79,8 @@ pub struct Guard {
     audit: Option<(tollgate_audit::Writer, u64)>,
     /// The policy set in force, if any.
     rules: Option<GuardRules>,
+    /// What the audit log's verdicts record of the params ([`Guard::with_params`]).
+    params: tollgate_audit::params::Recorder,
 }
 
 /// A guard's policy set and its session's principal in it, per upstream (the resource:
@@ -206,6 +208,7 @@ impl Guard {
             session: Mutex::new(session),
             audit: None,
             rules: None,
+            params: tollgate_audit::params::Recorder::hash_only(),
         }
     }
 
@@ -286,7 +289,19 @@ impl Guard {
             session: Mutex::new(session),
             audit: Some((writer, generation)),
             rules,
+            params: self.params.clone(),
         })
+    }
+
+    /// What the audit log's verdicts record of each call's params, as the daemon's
+    /// `[audit] params` (docs/audit-format.md, "Recorded params"): the hash only (the
+    /// default), the canonical JSON, or that JSON with secrets redacted. Only with an
+    /// audit log ([`Guard::with_audit`]).
+    pub fn with_params(self, recorder: tollgate_audit::params::Recorder) -> Guard {
+        Guard {
+            params: recorder,
+            ..self
+        }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Session> {
@@ -363,6 +378,15 @@ impl Guard {
         // The policies read the params as `context.args` when they have a canonical form
         // (as the daemon gets them: the clients send only those).
         let args = call.params.canonical_digest().is_ok().then_some(params);
+        // What the log records of the params, outside the lock, with their digest: kept
+        // only on an entry whose params_hash is that digest.
+        let recorded = if self.audit.is_some() {
+            self.params
+                .record(params)
+                .and_then(|p| Some((json::canonical_hash(params).ok()?, p)))
+        } else {
+            None
+        };
         let now = now_ns();
         let (decided, call_number, pending, budget_remaining) = {
             let mut s = self.lock();
@@ -377,7 +401,11 @@ impl Guard {
                 });
             let out = rules::decide(&mut s, rules, &call, args, call_number, now, random_draw());
             let said = (out.decision, out.reason(), out.policy_explanation());
-            let pending = self.submit(out.record.into());
+            let mut record = out.record;
+            record.params = recorded
+                .filter(|(digest, _)| *digest == record.params_hash)
+                .map(|(_, p)| p);
+            let pending = self.submit(record.into());
             (said, call_number, pending, s.state.budget_remaining)
         };
         let (decision, reason, policy_explanation) = decided;

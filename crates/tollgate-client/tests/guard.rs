@@ -497,3 +497,54 @@ fn a_shadow_forbid_is_recorded_in_the_local_log_and_never_enforced() {
         ("no-pay", Verdict::Deny, "policy:no-pay")
     );
 }
+
+/// Issue 19 part 2 in library mode: `with_params` records a call's params in the local
+/// log as the daemon's `[audit] params` does; redacted, the secret is not in the log's
+/// bytes, the log verifies and the true params hash to the entry's params_hash.
+#[test]
+fn redacted_params_in_the_local_log_keep_the_secret_out_and_the_hash_true() {
+    use tollgate_audit::params::Recorder;
+    use tollgate_audit::{ParamsMode, RecordedParams};
+    let dir = tempfile::tempdir().unwrap();
+    let logs = dir.path().join("audit");
+    let key = tollgate_audit::keys::generate().unwrap();
+    let public = key.verifying_key();
+    let (writer, _) =
+        tollgate_audit::Writer::open(tollgate_audit::WriterConfig::new(&logs), key).unwrap();
+    let who = AuditIdentity {
+        session_id: "s1".into(),
+        agent_id: "bot".into(),
+        organization_id: "acme".into(),
+    };
+    let g = Guard::new(appendix_a())
+        .with_params(Recorder::new(ParamsMode::Redacted, &[]).unwrap())
+        .with_audit(writer, who)
+        .unwrap();
+    let params = json::parse_str(r#"{"password":"hunter2-xyz","user":"ann"}"#).unwrap();
+    let v = g.check("login", &params, Money::from_usd(0.01).unwrap());
+    assert!(v.allowed(), "{v:?}");
+    drop(g);
+    for e in std::fs::read_dir(&logs).unwrap() {
+        let bytes = std::fs::read(e.unwrap().path()).unwrap();
+        assert!(!bytes.windows(11).any(|w| w == b"hunter2-xyz"));
+    }
+    let opts = tollgate_audit::VerifyOptions {
+        trusted_key: Some(public),
+        ..Default::default()
+    };
+    let mut seen = Vec::new();
+    tollgate_audit::verify_paths(&[logs], &opts, &mut |e| {
+        if let tollgate_audit::Event::Session(tollgate_audit::SessionEvent::Verdict(v)) = &e.event {
+            seen.push(v.clone());
+        }
+    })
+    .unwrap();
+    assert_eq!(seen.len(), 1);
+    assert_eq!(seen[0].params_hash, json::canonical_hash(&params).unwrap());
+    assert_eq!(
+        seen[0].params,
+        Some(RecordedParams::Redacted(
+            r#"{"password":"[REDACTED]","user":"ann"}"#.into()
+        ))
+    );
+}

@@ -181,6 +181,7 @@ mod ledger;
 mod memory;
 pub mod ops;
 pub mod record;
+pub mod replay;
 pub mod rules;
 mod session;
 

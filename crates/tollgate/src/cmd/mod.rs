@@ -13,5 +13,6 @@ pub mod mcp;
 pub mod migrate;
 pub mod operator_token;
 pub mod policy;
+pub mod replay;
 pub mod serve;
 pub mod soak;

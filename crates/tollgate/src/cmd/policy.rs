@@ -39,6 +39,10 @@ enum PolicyCommand {
         #[command(flatten)]
         conn: crate::cmd::hitl::Conn,
     },
+    /// Replay a recorded audit log under a candidate configuration and policy set: print
+    /// the verdicts that would flip (exit 1), or exit 0 when none would; 3 when some
+    /// verdicts could not be replayed, 2 for a broken log or bad input.
+    Replay(crate::cmd::replay::Args),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -97,6 +101,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     match &args.command {
         PolicyCommand::Check(a) => check(a),
         PolicyCommand::Reload { conn } => reload(conn),
+        PolicyCommand::Replay(a) => Ok(crate::cmd::replay::run(a)),
     }
 }
 

@@ -357,3 +357,109 @@ fn a_broken_audit_log_stops_serve_with_its_cause_said_once() {
     assert_eq!(t.matches(cause).count(), 1, "{t}");
     assert!(t.contains("opening the audit log"), "{t}");
 }
+
+/// Issue 19 through the real binary: `tollgate serve` with `[audit] params = "redacted"`
+/// and a `@shadow` forbid. The forbidden call is ALLOWed and its exported entry names the
+/// would-be DENY; the secrets in a call's params are nowhere in the log's bytes; `audit
+/// verify` passes; and the original params, canonicalized by `tollgate canonical --hash`,
+/// hash to the exported `params_hash`.
+#[test]
+fn serve_records_shadow_verdicts_and_redacted_params_that_verify() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    std::fs::write(
+        dir.join("shadow.cedar"),
+        "@id(\"no-pay\") @shadow forbid (principal, action == Action::\"pay\", resource);\n",
+    )
+    .unwrap();
+    let config = dir.join("tollgate.toml");
+    std::fs::write(
+        &config,
+        "[audit]\nparams = \"redacted\"\nredact = [\"card.number\"]\n\n[policy]\nfiles = [\"shadow.cedar\"]\n",
+    )
+    .unwrap();
+    let original = r#"{"headers": {"Authorization": "Bearer tok-9f8e7d6c5b4a"}, "api_key": "key-0a1b2c3d4e",
+        "card": {"number": "5500-0000-0000-0004", "brand": "mc"}, "url": "https://example.test/x"}"#;
+    std::fs::write(dir.join("original.json"), original).unwrap();
+    let daemon = Serve::start_with(dir, &["--config", s(&config)]);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let agent = DaemonClient::connect(daemon.client_config("bot"))
+            .await
+            .unwrap();
+        let v = agent
+            .pre_exec("http_get", &json::parse_str(original).unwrap(), 0.0)
+            .await;
+        assert!(v.allowed(), "{v:?}");
+        let v = agent
+            .pre_exec("pay", &json::parse_str(r#"{"amount":3}"#).unwrap(), 0.0)
+            .await;
+        assert_eq!(v.verdict, Verdict::Allow, "{v:?}");
+    });
+    assert!(daemon.terminate().success());
+
+    let verify = tollgate(&[
+        "audit",
+        "verify",
+        "--key",
+        s(&dir.join("audit.pub")),
+        s(&dir.join("audit")),
+    ]);
+    assert_eq!(code(&verify), 0, "{}", text(&verify));
+    for e in std::fs::read_dir(dir.join("audit")).unwrap() {
+        let bytes = std::fs::read(e.unwrap().path()).unwrap();
+        for secret in ["tok-9f8e7d6c5b4a", "key-0a1b2c3d4e", "5500-0000-0000-0004"] {
+            assert!(
+                !bytes.windows(secret.len()).any(|w| w == secret.as_bytes()),
+                "{secret} is in the log"
+            );
+        }
+    }
+    let export = tollgate(&[
+        "audit",
+        "export",
+        "--format",
+        "jsonl",
+        "--key",
+        s(&dir.join("audit.pub")),
+        s(&dir.join("audit")),
+    ]);
+    assert_eq!(code(&export), 0, "{}", text(&export));
+    let rows: Vec<json::Value> = std::str::from_utf8(&export.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| json::parse_str(l).unwrap())
+        .collect();
+    let field = |row: &json::Value, k: &str| -> String {
+        let json::Value::Object(m) = row else {
+            panic!()
+        };
+        match m.get(k) {
+            Some(json::Value::String(s)) => s.clone(),
+            Some(json::Value::Number(n)) => format!("{n:?}"),
+            other => format!("{other:?}"),
+        }
+    };
+    let row = |tool: &str| {
+        rows.iter()
+            .find(|r| field(r, "tool_name") == tool)
+            .unwrap()
+            .clone()
+    };
+    let get = row("http_get");
+    assert_eq!(field(&get, "params_mode"), "redacted");
+    let recorded = field(&get, "params");
+    assert!(
+        recorded.contains("[REDACTED]") && recorded.contains("https://example.test/x"),
+        "{recorded}"
+    );
+    let hashed = tollgate(&["canonical", "--hash", s(&dir.join("original.json"))]);
+    assert_eq!(code(&hashed), 0, "{}", text(&hashed));
+    assert_eq!(crate::stdout(&hashed).trim(), field(&get, "params_hash"));
+    let pay = row("pay");
+    assert_eq!(field(&pay, "verdict"), "ALLOW");
+    assert_eq!(field(&pay, "shadow"), "no-pay=DENY(policy:no-pay)");
+}

@@ -25,6 +25,7 @@ mod operator_token;
 mod pg;
 mod policy;
 mod policy_tools;
+mod replay;
 mod servers;
 
 pub fn tollgate(args: &[&str]) -> Output {

@@ -1,0 +1,583 @@
+//! Replay of a recorded audit log under a candidate configuration (issue 19 part 3,
+//! `tollgate policy replay`): what a changed guard configuration or policy set would have
+//! decided for every call the log records.
+//!
+//! Two folds run side by side over the verified entries, in chain order:
+//!
+//! - the **recorded** fold is the store's own [`Ledger`] (the functions of [`crate::ops`]
+//!   re-applied to each entry's inputs, each regenerated record compared with the logged
+//!   one), so a log that verifies but does not fold is refused, not replayed;
+//! - the **candidate** fold opens each session afresh under the candidate's guard
+//!   configuration (per agent, as the daemon picks it) and policy set, and decides each
+//!   recorded call with [`rules::decide`], the one decision path of the daemon and the
+//!   library `Guard`, at the daemon's recorded time. The candidate's verdict is applied
+//!   to the candidate's own session: budgets, circuit, repeat counts, holds and labels
+//!   follow the candidate's decisions, not the recorded ones.
+//!
+//! What the recorded history says happened after a call goes on where it still can:
+//!
+//! - a settlement is applied to the candidate's session unless the candidate's verdict on
+//!   that call differed from the recorded one (a call the candidate refused or held never
+//!   ran, so it has nothing to settle; a call the candidate allowed and the daemon did not
+//!   has no recorded cost: its reservation stays outstanding);
+//! - a human's decision is applied when the candidate holds that call too; otherwise it is
+//!   skipped (a hold the candidate adds was never put to anyone, so it stays undecided);
+//! - a session's closing closes the candidate's session.
+//!
+//! Entries that cannot be replayed are counted, never guessed ([`Unreplayable`]); the
+//! candidate's session then takes the recorded outcome, and every later verdict of that
+//! session says so ([`Outcome::after_divergence`]).
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+use tollgate_audit::{
+    Event, PolicyEffect, PolicyNote, RecordedParams, SessionEvent, VerdictRecord,
+    MAX_RECORDED_PARAMS,
+};
+use tollgate_core::json::{self, Limits, Value};
+use tollgate_core::{
+    Decision, Digest, HumanDecision, Params, Reason, Successor, ToolCall, Verdict,
+};
+use tollgate_policy::compose::{self, Enforced, Input};
+use tollgate_policy::{Actor, LOCAL_UPSTREAM};
+
+use crate::rules::{self, Rules};
+use crate::session::{Budget, BudgetKey, Policy, Session, SessionMeta};
+use crate::{ops, Ledger, LedgerError};
+
+/// The highest draw below 1: with it the probabilistic layer denies only at probability 1.
+const DRAW_HIGH: f64 = 1.0 - f64::EPSILON / 2.0;
+
+/// What is replayed: the guard configurations new sessions get and the policy set.
+#[derive(Debug, Clone)]
+pub struct Candidate {
+    /// The guard every agent gets unless overridden.
+    pub default_guard: Arc<Policy>,
+    /// Per-agent guards (complete configurations).
+    pub agent_guards: HashMap<String, Arc<Policy>>,
+    /// The policy set, if any.
+    pub set: Option<Arc<Enforced>>,
+}
+
+impl Candidate {
+    fn guard_for(&self, agent: &str) -> Arc<Policy> {
+        self.agent_guards
+            .get(agent)
+            .unwrap_or(&self.default_guard)
+            .clone()
+    }
+}
+
+/// Why a recorded verdict entry could not be replayed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Unreplayable {
+    /// A policy of the candidate reads the call's arguments (`context.args`) and the log
+    /// does not hold them ([`recorded_args`]).
+    Args {
+        /// The first policy that reads them.
+        policy: String,
+    },
+    /// The candidate's verdict depends on the probabilistic layer's random draw, which
+    /// the log does not hold, and the recorded outcome does not determine it.
+    Draw,
+}
+
+impl Unreplayable {
+    /// A short name for counts: `args` or `draw`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Unreplayable::Args { .. } => "args",
+            Unreplayable::Draw => "draw",
+        }
+    }
+}
+
+/// What became of one recorded verdict entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Outcome {
+    /// The recorded verdict's reason string (`within_thresholds`, `policy:<id>`, ...).
+    pub recorded_reason: String,
+    /// The candidate's verdict and reason string, or why there is none.
+    pub candidate: Result<(Verdict, String), Unreplayable>,
+    /// Whether an earlier entry of the same session already differed (a flip, a changed
+    /// reason) or could not be replayed: the candidate's session state was then its own,
+    /// and this verdict may follow from that earlier difference.
+    pub after_divergence: bool,
+}
+
+/// Entries of the recorded history the candidate's sessions did not take.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Skipped {
+    /// Settlements of calls whose candidate verdict differed from the recorded one.
+    pub settlements: u64,
+    /// Human decisions on calls the candidate did not hold.
+    pub decisions: u64,
+}
+
+/// A candidate's session.
+#[derive(Debug)]
+struct Replica {
+    session: Session,
+    /// The session's principal in the candidate's set.
+    actor: Option<Actor>,
+    /// The shared budget's key (`None`: the session's own budget).
+    shared: Option<BudgetKey>,
+    /// Whether an entry already differed or could not be replayed.
+    diverged: bool,
+    /// Calls whose candidate verdict differed from the recorded one.
+    differs: HashSet<u64>,
+}
+
+/// The two folds ([`Ledger`] and the candidate's), entry by entry.
+#[derive(Debug)]
+pub struct Replay {
+    recorded: Ledger,
+    candidate: Candidate,
+    sessions: HashMap<String, Replica>,
+    budgets: HashMap<BudgetKey, Budget>,
+    /// What the candidate's sessions did not take of the recorded history.
+    pub skipped: Skipped,
+}
+
+/// The call's arguments, when the entry records them: the one place that decides whether
+/// an argument rule can be replayed. Only params recorded in full (format version 7,
+/// `[audit] params = "full"`) whose canonical hash is the entry's `params_hash` are the
+/// call's: redacted params are not (a rule would read the marker), params too large to
+/// record are absent, and so are all params of older formats (hashes only).
+pub fn recorded_args(v: &VerdictRecord) -> Option<Value> {
+    let Some(RecordedParams::Full(text)) = &v.params else {
+        return None;
+    };
+    let limits = Limits {
+        max_bytes: MAX_RECORDED_PARAMS,
+        ..Limits::default()
+    };
+    let value = json::parse(text.as_bytes(), limits).ok()?;
+    (Params::json(&value).canonical_digest().ok()? == v.params_hash).then_some(value)
+}
+
+/// The call a verdict entry records, as [`ops::replay`] rebuilds it.
+fn recorded_call(v: &VerdictRecord) -> ToolCall<'_> {
+    let params = if v.verdict == Verdict::Deny && v.reason == Reason::MalformedInput {
+        Params::unreadable()
+    } else {
+        Params::digest(v.params_hash)
+    };
+    ToolCall {
+        tool_name: &v.tool_name,
+        params,
+        nonce: (v.nonce != 0).then_some(v.nonce),
+        estimated_cost: v.estimated_cost,
+        raw_params: None,
+    }
+}
+
+/// The recorded verdict's reason string.
+pub fn recorded_reason(v: &VerdictRecord) -> String {
+    v.policy
+        .as_ref()
+        .and_then(PolicyNote::reason)
+        .unwrap_or_else(|| v.reason.as_str().to_owned())
+}
+
+impl Replay {
+    /// A replay of a log from its first entry under `candidate`.
+    pub fn new(candidate: Candidate) -> Replay {
+        Replay {
+            recorded: Ledger::new(),
+            candidate,
+            sessions: HashMap::new(),
+            budgets: HashMap::new(),
+            skipped: Skipped::default(),
+        }
+    }
+
+    /// Fold entry `index` (already verified: signature and link) into both folds. A
+    /// verdict entry gives its [`Outcome`]. An entry the recorded fold refuses is an error
+    /// (the log does not fold; nothing after it may be trusted).
+    pub fn fold(&mut self, index: u64, event: &Event) -> Result<Option<Outcome>, LedgerError> {
+        let outcome = match event {
+            Event::Session(SessionEvent::Verdict(v)) if index >= self.recorded.next_index => {
+                self.verdict(v)
+            }
+            _ => None,
+        };
+        // The verifier checked every link; the ledger checks the order and the fold.
+        self.recorded.fold(index, Digest::default(), None, event)?;
+        if let Event::Session(e) = event {
+            self.follow(e);
+        }
+        Ok(outcome)
+    }
+
+    /// The candidate's sessions follow a non-verdict entry of the recorded history (the
+    /// recorded fold took it, so its session exists).
+    fn follow(&mut self, e: &SessionEvent) {
+        match e {
+            SessionEvent::Verdict(_) => {}
+            SessionEvent::Opened(r) => {
+                let policy = self.candidate.guard_for(&r.agent_id);
+                let meta = SessionMeta {
+                    session_id: r.session_id.clone(),
+                    agent_id: r.agent_id.clone(),
+                    organization_id: r.organization_id.clone(),
+                    budget_scope: policy.config.budget_scope,
+                    created_at_ns: r.timestamp_ns,
+                };
+                let mut session = Session::new(meta, policy, r.timestamp_ns);
+                let shared = session.meta.shared_budget_key();
+                if let Some(k) = &shared {
+                    let b = *self
+                        .budgets
+                        .entry(k.clone())
+                        .or_insert_with(|| Budget::of(&session.state));
+                    b.load_into(&mut session.state);
+                }
+                let actor = self.candidate.set.as_ref().and_then(|set| {
+                    session.policy_set = Some(set.policies.digest());
+                    set.policies
+                        .actor(&r.organization_id, &r.agent_id, LOCAL_UPSTREAM)
+                });
+                ops::open(&mut session, r.timestamp_ns);
+                self.sessions.insert(
+                    r.session_id.clone(),
+                    Replica {
+                        session,
+                        actor,
+                        shared,
+                        diverged: false,
+                        differs: HashSet::new(),
+                    },
+                );
+            }
+            SessionEvent::Settled(s) => {
+                let Some(rep) = self.sessions.get_mut(&s.session_id) else {
+                    return;
+                };
+                if rep.differs.contains(&s.call_number) {
+                    self.skipped.settlements += 1;
+                    return;
+                }
+                with_budget(&mut self.budgets, rep, |session| {
+                    ops::settle(
+                        session,
+                        s.call_number,
+                        f64::from_bits(s.reported_cost_bits),
+                        s.success,
+                        s.error_signal,
+                        s.timestamp_ns,
+                    );
+                });
+            }
+            SessionEvent::HumanDecision(d) => {
+                let Some(rep) = self.sessions.get_mut(&d.session_id) else {
+                    return;
+                };
+                let held = rep
+                    .session
+                    .state
+                    .transition_of_call(d.call_number)
+                    .is_some();
+                let applied = held
+                    && with_budget(&mut self.budgets, rep, |session| {
+                        let successor = d
+                            .successor
+                            .map(|(nonce, args_digest)| Successor { nonce, args_digest });
+                        if d.decision == HumanDecision::Expire {
+                            ops::expire(session, Some(d.call_number), d.timestamp_ns).is_ok()
+                        } else {
+                            ops::human_decision(
+                                session,
+                                Some(d.call_number),
+                                d.decision.clone(),
+                                successor,
+                                &d.operator_id,
+                                &d.note,
+                                d.timestamp_ns,
+                            )
+                            .is_ok()
+                        }
+                    });
+                if !applied {
+                    self.skipped.decisions += 1;
+                }
+            }
+            SessionEvent::Closed(c) => {
+                if let Some(mut rep) = self.sessions.remove(&c.session_id) {
+                    with_budget(&mut self.budgets, &mut rep, |session| {
+                        ops::close(session, c.reason, c.timestamp_ns);
+                    });
+                }
+            }
+        }
+    }
+
+    /// The candidate's verdict on a recorded call, applied to its session. `None` when the
+    /// session is unknown (the recorded fold then refuses the entry).
+    fn verdict(&mut self, v: &VerdictRecord) -> Option<Outcome> {
+        let set = self.candidate.set.as_deref();
+        let recorded = &self.recorded;
+        let rep = self.sessions.get_mut(&v.session_id)?;
+        let recorded_reason = recorded_reason(v);
+        let after_divergence = rep.diverged;
+        let call = recorded_call(v);
+        let args = recorded_args(v);
+        let now = v.timestamp_ns;
+        if let Some(k) = &rep.shared {
+            if let Some(b) = self.budgets.get(k) {
+                b.load_into(&mut rep.session.state);
+            }
+        }
+        let recorded_state = |id: &str| recorded.session(id);
+        let candidate = match replayable(rep, set, v, &call, args.as_ref(), recorded_state) {
+            Ok(rng) => {
+                let rules = set.map(|set| Rules {
+                    set,
+                    actor: rep.actor.as_ref(),
+                });
+                let d = rules::decide(
+                    &mut rep.session,
+                    rules,
+                    &call,
+                    args.as_ref(),
+                    v.call_number,
+                    now,
+                    rng,
+                );
+                let verdict = d.decision.verdict;
+                let reason = d.reason();
+                if verdict != v.verdict {
+                    rep.differs.insert(v.call_number);
+                }
+                if verdict != v.verdict || reason != recorded_reason {
+                    rep.diverged = true;
+                }
+                Ok((verdict, reason))
+            }
+            Err(why) => {
+                // Not guessed: the candidate's session takes what the daemon did.
+                let decision = Decision {
+                    verdict: v.verdict,
+                    deny_reason: v.deny_reason,
+                    reason: v.reason,
+                    probabilistic: v.probabilistic,
+                };
+                ops::verdict_with(
+                    &mut rep.session,
+                    &call,
+                    &decision,
+                    v.policy.clone(),
+                    v.call_number,
+                    now,
+                );
+                rep.diverged = true;
+                Err(why)
+            }
+        };
+        if let Some(k) = &rep.shared {
+            self.budgets
+                .insert(k.clone(), Budget::of(&rep.session.state));
+        }
+        Some(Outcome {
+            recorded_reason,
+            candidate,
+            after_divergence,
+        })
+    }
+
+    /// How many sessions are open in the candidate's fold.
+    pub fn open_sessions(&self) -> usize {
+        self.sessions.len()
+    }
+}
+
+/// Whether the candidate can decide `call` from what the log holds, and with which draw.
+/// Pure probes ([`compose::decide`], [`tollgate_core::decide`]) on the candidate's state;
+/// the decision itself is then [`rules::decide`]'s.
+fn replayable(
+    rep: &Replica,
+    set: Option<&Enforced>,
+    v: &VerdictRecord,
+    call: &ToolCall<'_>,
+    args: Option<&Value>,
+    recorded_state: impl FnOnce(&str) -> Option<Session>,
+) -> Result<f64, Unreplayable> {
+    let s = &rep.session;
+    let config = &s.policy.config;
+    let probe = |rng: f64| {
+        set.zip(rep.actor.as_ref()).map(|(set, actor)| {
+            compose::decide(
+                config,
+                Some(set),
+                &s.state,
+                call,
+                Input {
+                    actor,
+                    args,
+                    labels: &s.labels,
+                },
+                v.timestamp_ns,
+                rng,
+            )
+        })
+    };
+    // Arguments: a policy that reads them, and none recorded. When the daemon itself
+    // refused the call for want of them, it had none either: replayed exactly.
+    if args.is_none() {
+        let lacked = v
+            .policy
+            .as_ref()
+            .is_some_and(|n| n.decided && n.effect == PolicyEffect::ParamsRequired);
+        if let Some(policy) = set.and_then(|set| set.policies.reads_args(call.tool_name)) {
+            if !lacked {
+                let needs = probe(DRAW_HIGH).is_some_and(|c| {
+                    matches!(
+                        c.policy,
+                        Some(tollgate_policy::Effect::Deny {
+                            cause: tollgate_policy::DenyCause::ParamsRequired,
+                            ..
+                        })
+                    )
+                });
+                if needs {
+                    return Err(Unreplayable::Args {
+                        policy: policy.to_string(),
+                    });
+                }
+            }
+        }
+    }
+    // The draw: the probabilistic layer denies when the draw is below a probability, so
+    // the verdict is the same for every draw exactly when it is at both ends.
+    let low = tollgate_core::decide(config, &s.state, call, v.timestamp_ns, 0.0);
+    let high = tollgate_core::decide(config, &s.state, call, v.timestamp_ns, DRAW_HIGH);
+    if low == high {
+        return Ok(DRAW_HIGH);
+    }
+    // The recorded outcome fixes the draw when the candidate's guards are the recorded
+    // ones on the same state, and the guards (not a policy) decided the recorded verdict:
+    // the layer fired (`probabilistic`) or it did not.
+    let policy_decided = v.policy.as_ref().is_some_and(|n| n.decided);
+    if !policy_decided {
+        if let Some(r) = recorded_state(&v.session_id) {
+            if r.policy.digest == s.policy.digest && r.state == s.state {
+                return Ok(if v.probabilistic { 0.0 } else { DRAW_HIGH });
+            }
+        }
+    }
+    // Else only when the policies decide the same whatever the draw.
+    match (probe(0.0), probe(DRAW_HIGH)) {
+        (Some(a), Some(b)) if a.verdict == b.verdict && a.reason() == b.reason() => Ok(DRAW_HIGH),
+        _ => Err(Unreplayable::Draw),
+    }
+}
+
+/// Run `f` on `rep`'s session with its shared budget loaded, and store the budget back.
+fn with_budget<R>(
+    budgets: &mut HashMap<BudgetKey, Budget>,
+    rep: &mut Replica,
+    f: impl FnOnce(&mut Session) -> R,
+) -> R {
+    if let Some(b) = rep.shared.as_ref().and_then(|k| budgets.get(k)) {
+        b.load_into(&mut rep.session.state);
+    }
+    let r = f(&mut rep.session);
+    if let Some(k) = &rep.shared {
+        budgets.insert(k.clone(), Budget::of(&rep.session.state));
+    }
+    r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tollgate_core::{BudgetScope, GuardConfig, Money, Ratio};
+
+    fn guard(jitter_ppm: u32) -> GuardConfig {
+        GuardConfig {
+            budget: Money(1_000_000_000),
+            probabilistic_deny: true,
+            deny_jitter_ratio: Ratio::from_ppm(jitter_ppm),
+            ..GuardConfig::default()
+        }
+    }
+
+    /// A session under `guard(500_000)`: a large call, then two small ones below 20% of
+    /// the budget, decided with the draws 0.9 (the layer does not fire) and 0.1 (it does).
+    fn log() -> Vec<Event> {
+        let policy = Arc::new(Policy::new(guard(500_000)));
+        let meta = SessionMeta {
+            session_id: "s".into(),
+            agent_id: "a".into(),
+            organization_id: "o".into(),
+            budget_scope: BudgetScope::PerSession,
+            created_at_ns: 1,
+        };
+        let mut s = Session::new(meta, policy, 1);
+        let mut out = vec![Event::Session(ops::open(&mut s, 1).into())];
+        for (n, (cost, rng)) in [(850_000_000, 0.5), (10_000_000, 0.9), (10_000_000, 0.1)]
+            .into_iter()
+            .enumerate()
+        {
+            let n = n as u64 + 1;
+            let call = ToolCall {
+                tool_name: "t",
+                params: Params::digest(Digest([n as u8; 32])),
+                nonce: None,
+                estimated_cost: Money(cost),
+                raw_params: None,
+            };
+            let d = rules::decide(&mut s, None, &call, None, n, 10 + n as i64, rng);
+            out.push(Event::Session(d.record.into()));
+        }
+        out
+    }
+
+    fn replay(jitter_ppm: u32) -> Vec<Outcome> {
+        let mut r = Replay::new(Candidate {
+            default_guard: Arc::new(Policy::new(guard(jitter_ppm))),
+            agent_guards: HashMap::new(),
+            set: None,
+        });
+        log()
+            .iter()
+            .enumerate()
+            .filter_map(|(i, e)| r.fold(i as u64, e).unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn the_recorded_outcome_fixes_an_unrecorded_draw_only_for_the_same_guards_on_the_same_state() {
+        let recorded: Vec<_> = log()
+            .into_iter()
+            .filter_map(|e| match e {
+                Event::Session(SessionEvent::Verdict(v)) => Some((v.verdict, v.probabilistic)),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            recorded,
+            [
+                (Verdict::Allow, false),
+                (Verdict::Allow, false),
+                (Verdict::Deny, true)
+            ],
+            "the log has a draw that did not fire and one that did"
+        );
+        // The same guards: both draw-dependent verdicts are replayed, as recorded.
+        let same = replay(500_000);
+        assert!(same.iter().all(|o| o.candidate.is_ok()), "{same:?}");
+        let verdicts: Vec<Verdict> = same
+            .iter()
+            .map(|o| o.candidate.as_ref().unwrap().0)
+            .collect();
+        assert_eq!(verdicts, [Verdict::Allow, Verdict::Allow, Verdict::Deny]);
+        // Other guards: the draw is not known, so neither is the verdict: counted.
+        let other = replay(600_000);
+        assert!(other[0].candidate.is_ok(), "{other:?}");
+        assert_eq!(other[1].candidate, Err(Unreplayable::Draw));
+        assert_eq!(other[2].candidate, Err(Unreplayable::Draw));
+        assert!(other[2].after_divergence);
+    }
+}

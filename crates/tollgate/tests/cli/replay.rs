@@ -1,0 +1,352 @@
+//! `tollgate policy replay`: a real daemon's log replayed under its own configuration (no
+//! flip, exit 0) and under planted changes (a forbid added, a threshold lowered, a budget
+//! halved), each of whose flips must be exactly what a daemon running the changed
+//! configuration decides for the same calls; a tampered log is refused (exit 2).
+
+use std::path::Path;
+
+use tollgate_client::DaemonClient;
+use tollgate_core::{json, Verdict};
+
+use crate::{code, s, stdout, text, tollgate};
+
+const BASE_GUARD: &str =
+    "[guard.default]\nbudget_usd = 1.0\nmax_repeat_calls = 3\nprobabilistic_deny = false\n";
+const NO_SHELL: &str =
+    "@id(\"no-shell\") forbid (principal, action == Action::\"shell\", resource);\n";
+const BIG_PAY: &str = "@id(\"big-pay\") forbid (principal, action == Action::\"pay\", resource) when { context.args has n && context.args.n > 5 };\n";
+const FULL_PARAMS: &str = "[audit]\nparams = \"full\"\n";
+const NO_PAY: &str = "@id(\"no-pay\") forbid (principal, action == Action::\"pay\", resource);\n";
+
+/// The calls every daemon in this module is asked, in order: a repeated search (the repeat
+/// limit), payments and searches with distinct params, a forbidden shell; each costs
+/// $0.08, so a $1.00 budget runs out near the end and a $0.50 one in the middle.
+fn calls() -> Vec<(&'static str, String)> {
+    let mut out = vec![
+        ("search", r#"{"q":1}"#.to_owned()),
+        ("search", r#"{"q":1}"#.to_owned()),
+        ("search", r#"{"q":1}"#.to_owned()),
+        ("shell", r#"{"cmd":"ls"}"#.to_owned()),
+    ];
+    for i in 0..12 {
+        let tool = if i % 2 == 0 { "pay" } else { "search" };
+        out.push((tool, format!(r#"{{"n":{i}}}"#)));
+    }
+    out.push(("shell", r#"{"cmd":"pwd"}"#.to_owned()));
+    out
+}
+
+/// A configuration in `dir` (its policy file beside it): the guard text and the policies.
+fn config(dir: &Path, name: &str, guard: &str, policies: &str) -> std::path::PathBuf {
+    let rules = dir.join(format!("{name}.cedar"));
+    std::fs::write(&rules, policies).unwrap();
+    let path = dir.join(format!("{name}.toml"));
+    std::fs::write(
+        &path,
+        format!("{guard}\n[policy]\nfiles = [\"{name}.cedar\"]\n"),
+    )
+    .unwrap();
+    path
+}
+
+/// Run the calls against a daemon started with `config`; its verdicts (call number,
+/// verdict, reason) and its data directory.
+fn run_daemon(
+    dir: &Path,
+    name: &str,
+    config: &Path,
+) -> (Vec<(u64, Verdict, String)>, std::path::PathBuf) {
+    let data = dir.join(format!("data-{name}"));
+    std::fs::create_dir(&data).unwrap();
+    std::fs::set_permissions(&data, std::os::unix::fs::PermissionsExt::from_mode(0o750)).unwrap();
+    let serve = crate::daemon::Serve::start_with(&data, &["--config", s(config)]);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let client = rt
+        .block_on(DaemonClient::connect(serve.client_config("bot")))
+        .unwrap();
+    let mut verdicts = Vec::new();
+    for (tool, params) in calls() {
+        let v = rt.block_on(client.pre_exec(tool, &json::parse_str(&params).unwrap(), 0.08));
+        assert!(v.error.is_none(), "{v:?}");
+        verdicts.push((v.call_number, v.verdict, v.reason));
+    }
+    drop(client);
+    assert!(serve.terminate().success());
+    (verdicts, data)
+}
+
+/// `(call_number, recorded, candidate, candidate_reason)` of every flip the JSON report
+/// lists.
+fn flips(report: &json::Value) -> Vec<(u64, String, String, String)> {
+    let str_of = |v: &json::Value, k: &str| v.get(k).and_then(|x| x.as_str()).unwrap().to_owned();
+    match report.get("flip_examples").unwrap() {
+        json::Value::Array(items) => items
+            .iter()
+            .map(|f| {
+                (
+                    f.get("call_number").and_then(json::Value::as_u64).unwrap(),
+                    str_of(f, "recorded"),
+                    str_of(f, "candidate"),
+                    str_of(f, "candidate_reason"),
+                )
+            })
+            .collect(),
+        other => panic!("{other:?}"),
+    }
+}
+
+fn replay(args: &[&str]) -> (i32, json::Value, String) {
+    let mut all = vec!["policy", "replay", "--format", "json", "--examples", "1000"];
+    all.extend_from_slice(args);
+    let o = tollgate(&all);
+    let t = text(&o);
+    let report = json::parse_str(stdout(&o).trim()).unwrap_or(json::Value::Null);
+    (code(&o), report, t)
+}
+
+fn count(report: &json::Value, k: &str) -> u64 {
+    report.get(k).and_then(json::Value::as_u64).unwrap()
+}
+
+#[test]
+fn replay_finds_exactly_the_flips_a_planted_change_makes_and_none_for_the_config_itself() {
+    let dir = tempfile::tempdir().unwrap();
+    // The log records params in full, so argument rules can be replayed.
+    let base_guard = format!("{FULL_PARAMS}{BASE_GUARD}");
+    let base = config(dir.path(), "base", &base_guard, NO_SHELL);
+    let (recorded, data) = run_daemon(dir.path(), "base", &base);
+    // The log has what the test needs: a policy's refusal, a repeat refusal, the budget.
+    let reasons: Vec<&str> = recorded.iter().map(|(_, _, r)| r.as_str()).collect();
+    assert!(reasons.contains(&"policy:no-shell"), "{recorded:?}");
+    assert!(reasons.contains(&"within_thresholds"), "{recorded:?}");
+    let key = data.join("audit.pub");
+    let log = data.join("audit");
+
+    // Self-check: the very configuration that wrote the log: nothing flips, nothing
+    // changes, every verdict replayed.
+    let (c, report, t) = replay(&["--config", s(&base), "--key", s(&key), s(&log)]);
+    assert_eq!(c, 0, "{t}");
+    assert_eq!(count(&report, "flips"), 0, "{t}");
+    assert_eq!(count(&report, "reason_changes"), 0, "{t}");
+    assert_eq!(count(&report, "unreplayable"), 0, "{t}");
+    assert_eq!(count(&report, "verdicts"), recorded.len() as u64, "{t}");
+    assert_eq!(count(&report, "replayed"), recorded.len() as u64, "{t}");
+    // The text form says the same.
+    let o = tollgate(&[
+        "policy",
+        "replay",
+        "--config",
+        s(&base),
+        "--key",
+        s(&key),
+        s(&log),
+    ]);
+    assert_eq!(code(&o), 0, "{}", text(&o));
+    assert!(
+        stdout(&o).contains(" 0 flip(s), 0 reason change(s), 0 not replayable"),
+        "{}",
+        text(&o)
+    );
+
+    // Planted changes. Each one's truth: a daemon running it, asked the same calls.
+    let forbid = config(
+        dir.path(),
+        "forbid",
+        BASE_GUARD,
+        &format!("{NO_SHELL}{NO_PAY}"),
+    );
+    let args_rule = config(
+        dir.path(),
+        "args",
+        BASE_GUARD,
+        &format!("{NO_SHELL}{BIG_PAY}"),
+    );
+    let lower = config(
+        dir.path(),
+        "lower",
+        "[guard.default]\nbudget_usd = 1.0\nmax_repeat_calls = 2\nprobabilistic_deny = false\n",
+        NO_SHELL,
+    );
+    let halved = config(
+        dir.path(),
+        "halved",
+        "[guard.default]\nbudget_usd = 0.5\nmax_repeat_calls = 3\nprobabilistic_deny = false\n",
+        NO_SHELL,
+    );
+    for (name, candidate, extra) in [
+        ("forbid", &forbid, None),
+        // The forbid again, as `--policy` files replacing the base configuration's.
+        (
+            "forbid-by-flag",
+            &base,
+            Some(dir.path().join("forbid.cedar")),
+        ),
+        ("lower", &lower, None),
+        // An argument rule, on the recorded params.
+        ("args", &args_rule, None),
+        ("halved", &halved, None),
+    ] {
+        let truth_config = if extra.is_some() { &forbid } else { candidate };
+        let (truth, _) = run_daemon(dir.path(), name, truth_config);
+        let expected: Vec<(u64, String, String, String)> = recorded
+            .iter()
+            .zip(&truth)
+            .filter(|(r, t)| r.1 != t.1)
+            .map(|(r, t)| (r.0, r.1.to_string(), t.1.to_string(), t.2.clone()))
+            .collect();
+        assert!(!expected.is_empty(), "{name}: the change flips nothing");
+        let mut args = vec!["--config", s(candidate), "--key", s(&key)];
+        if let Some(p) = &extra {
+            args.extend(["--policy", s(p)]);
+        }
+        args.push(s(&log));
+        let (c, report, t) = replay(&args);
+        assert_eq!(c, 1, "{name}: {t}");
+        assert_eq!(flips(&report), expected, "{name}: {t}");
+        assert_eq!(
+            count(&report, "flips"),
+            expected.len() as u64,
+            "{name}: {t}"
+        );
+        assert_eq!(count(&report, "unreplayable"), 0, "{name}: {t}");
+    }
+
+    // The same argument rule on a log of hashes only (the default): the payments it
+    // would read cannot be replayed; counted, nothing flips: exit 3.
+    let hashes = config(dir.path(), "hashes", BASE_GUARD, NO_SHELL);
+    let (hash_verdicts, hash_data) = run_daemon(dir.path(), "hashes", &hashes);
+    let args_hash = config(
+        dir.path(),
+        "args-hash",
+        BASE_GUARD,
+        &format!("{NO_SHELL}{BIG_PAY}"),
+    );
+    let (c, report, t) = replay(&[
+        "--config",
+        s(&args_hash),
+        "--key",
+        s(&hash_data.join("audit.pub")),
+        s(&hash_data.join("audit")),
+    ]);
+    assert_eq!(c, 3, "{t}");
+    assert_eq!(count(&report, "flips"), 0, "{t}");
+    // Every payment the policies were asked about: all but those refused by an open
+    // circuit (rule 2, before the policies).
+    let pays = calls()
+        .iter()
+        .zip(&hash_verdicts)
+        .filter(|((tool, _), (_, _, reason))| *tool == "pay" && reason != "circuit_open")
+        .count() as u64;
+    assert!(pays > 0, "{hash_verdicts:?}");
+    assert_eq!(count(&report, "unreplayable"), pays, "{t}");
+    assert_eq!(
+        count(&report, "replayed") + pays,
+        count(&report, "verdicts"),
+        "{t}"
+    );
+
+    // A tampered log: one byte of the last file changed. Refused, nothing replayed.
+    let mut files: Vec<_> = std::fs::read_dir(&log)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "log"))
+        .collect();
+    files.sort();
+    let last = files.last().unwrap();
+    let mut bytes = std::fs::read(last).unwrap();
+    let at = bytes.len() - 40;
+    bytes[at] ^= 0x01;
+    std::fs::write(last, &bytes).unwrap();
+    let o = tollgate(&[
+        "policy",
+        "replay",
+        "--config",
+        s(&base),
+        "--key",
+        s(&key),
+        s(&log),
+    ]);
+    assert_eq!(code(&o), 2, "{}", text(&o));
+    assert!(text(&o).contains("BROKEN"), "{}", text(&o));
+    assert!(stdout(&o).is_empty(), "{}", text(&o));
+}
+
+#[test]
+fn bad_input_exits_2() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("missing.toml");
+    let o = tollgate(&["policy", "replay", "--config", s(&missing), s(dir.path())]);
+    assert_eq!(code(&o), 2, "{}", text(&o));
+    let bad_policy = config(
+        dir.path(),
+        "bad",
+        BASE_GUARD,
+        "permit (principal, action, resource)\nwhen {\n",
+    );
+    let o = tollgate(&[
+        "policy",
+        "replay",
+        "--config",
+        s(&bad_policy),
+        s(dir.path()),
+    ]);
+    assert_eq!(code(&o), 2, "{}", text(&o));
+    assert!(text(&o).contains("bad.cedar"), "{}", text(&o));
+}
+
+/// A log that verifies (every signature and link) but does not fold (verdicts of sessions
+/// it never opened: `audit demo-write`'s) is refused like a broken one, with no replay
+/// result; so is a log signed by another key than `--key`'s.
+#[test]
+fn a_log_that_verifies_but_does_not_fold_exits_2() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    for name in ["audit", "other"] {
+        let o = tollgate(&["keygen", "--out", s(root), "--name", name]);
+        assert_eq!(code(&o), 0, "{}", text(&o));
+    }
+    let log = root.join("log");
+    let o = tollgate(&[
+        "audit",
+        "demo-write",
+        "--dir",
+        s(&log),
+        "--key",
+        s(&root.join("audit.key")),
+        "--count",
+        "5",
+    ]);
+    assert_eq!(code(&o), 0, "{}", text(&o));
+    let empty = root.join("empty.toml");
+    std::fs::write(&empty, "").unwrap();
+    let key = root.join("audit.pub");
+    let o = tollgate(&["audit", "verify", "--key", s(&key), s(&log)]);
+    assert_eq!(code(&o), 0, "{}", text(&o));
+    let o = tollgate(&[
+        "policy",
+        "replay",
+        "--config",
+        s(&empty),
+        "--key",
+        s(&key),
+        s(&log),
+    ]);
+    assert_eq!(code(&o), 2, "{}", text(&o));
+    assert!(text(&o).contains("does not fold"), "{}", text(&o));
+    assert!(stdout(&o).is_empty(), "{}", text(&o));
+    let other = root.join("other.pub");
+    let o = tollgate(&[
+        "policy",
+        "replay",
+        "--config",
+        s(&empty),
+        "--key",
+        s(&other),
+        s(&log),
+    ]);
+    assert_eq!(code(&o), 2, "{}", text(&o));
+    assert!(text(&o).contains("BROKEN"), "{}", text(&o));
+}
