@@ -160,6 +160,20 @@ fn verify_speed(c: &mut Criterion) {
             assert_eq!(s.entries, n);
         })
     });
+    // The same log anchored on the checkpoint the writer left at shutdown (it counts
+    // every entry): links and the checkpoint's signature instead of every signature.
+    let anchored = VerifyOptions {
+        checkpoint: Some(tollgate_audit::read_checkpoint(dir.path()).unwrap()),
+        anchor_on_checkpoint: true,
+        ..opts.clone()
+    };
+    g.bench_function("10k_entries_anchored", |b| {
+        b.iter(|| {
+            let s = verify(&[("bench", &bytes)], &anchored).unwrap();
+            assert!(s.checkpoint_matched);
+            assert_eq!(s.entries, n);
+        })
+    });
     g.finish();
 }
 

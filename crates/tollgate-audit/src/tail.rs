@@ -302,7 +302,7 @@ fn read_file(
             Some(k) if first_visited < window.len() => {
                 let start_key = *tip.key.get_or_insert(*k);
                 let visited = window.get(first_visited..).unwrap_or_default();
-                verify::check_signatures(visited, start_key)
+                verify::check_signatures(visited, start_key, None)
             }
             _ => Vec::new(),
         };

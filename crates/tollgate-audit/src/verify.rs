@@ -24,6 +24,7 @@ const PARALLEL_MIN: usize = 256;
 pub(crate) fn check_signatures(
     window: &[(usize, format::Record<'_>, usize)],
     start_key: VerifyingKey,
+    anchor: Option<u64>,
 ) -> Vec<bool> {
     // The key each record must verify under: hand-overs are applied in order. (A
     // hand-over that is itself forged fails its own signature check first.)
@@ -38,6 +39,14 @@ pub(crate) fn check_signatures(
         }
     }
     let check = |(_, r, _): &(usize, format::Record<'_>, usize), k: &VerifyingKey| {
+        // Below the anchor (a checkpoint whose signature is checked, and whose last hash
+        // the chain must reach), an entry is authenticated by its link alone; a key
+        // hand-over is checked all the same, since it says which key signs what follows.
+        if anchor.is_some_and(|a| r.entry.index < a)
+            && !matches!(r.entry.event, Event::KeyHandover { .. })
+        {
+            return true;
+        }
         let sig = ed25519_dalek::Signature::from_bytes(&r.entry.signature);
         k.verify_strict(&r.signed_bytes(), &sig).is_ok()
     };
@@ -82,6 +91,14 @@ pub struct VerifyOptions {
     /// Check Ed25519 signatures (on by default). The writer turns this off to scan the
     /// tail file quickly when it opens a log; never turn it off to verify.
     pub check_signatures: bool,
+    /// Let `checkpoint` vouch for the entries it counts (off by default): their
+    /// signatures are not checked, only their chain links, which end at the checkpoint's
+    /// `last-hash` under the checkpoint's own signature (checked, with the key the checked
+    /// hand-overs lead to). Key hand-overs, and every entry after the checkpoint, are
+    /// checked as always. As strong as checking every signature: an entry changed, added
+    /// or removed before the checkpoint breaks the chain of hashes that the checkpoint
+    /// signs (docs/audit-format.md "Verification"). Without `checkpoint`, no effect.
+    pub anchor_on_checkpoint: bool,
 }
 
 impl Default for VerifyOptions {
@@ -91,6 +108,7 @@ impl Default for VerifyOptions {
             checkpoint: None,
             allow_head_gap: false,
             check_signatures: true,
+            anchor_on_checkpoint: false,
         }
     }
 }
@@ -483,8 +501,14 @@ impl Verifier {
                     }
                 }
             }
+            let anchor = self
+                .opts
+                .checkpoint
+                .as_ref()
+                .filter(|_| self.opts.anchor_on_checkpoint)
+                .map(|c| c.count);
             let signatures_ok = if self.opts.check_signatures {
-                check_signatures(&window, tip.key)
+                check_signatures(&window, tip.key, anchor)
             } else {
                 vec![true; window.len()]
             };

@@ -196,6 +196,8 @@ fn options(
             .transpose()?,
         allow_head_gap,
         check_signatures: true,
+        // `audit verify` checks every signature, checkpoint or not.
+        anchor_on_checkpoint: false,
     })
 }
 
