@@ -350,3 +350,94 @@ fn a_log_that_verifies_but_does_not_fold_exits_2() {
     assert_eq!(code(&o), 2, "{}", text(&o));
     assert!(text(&o).contains("BROKEN"), "{}", text(&o));
 }
+
+/// Run the calls through the library `Guard` (the Python package's and the MCP gateway's
+/// decision path) configured as `config` says, with an audit log in `dir/log-NAME`
+/// recording params in full; its verdicts and the log.
+fn run_guard(
+    dir: &Path,
+    name: &str,
+    config: &Path,
+) -> (
+    Vec<(u64, Verdict, String)>,
+    std::path::PathBuf,
+    std::path::PathBuf,
+) {
+    use tollgate_audit::{keys, params::Recorder, ParamsMode, Writer, WriterConfig};
+    use tollgate_client::{AuditIdentity, Guard};
+    let daemon = tollgate_daemon::config::DaemonConfig::load(config).unwrap();
+    let (set, _) = tollgate_policy::files::enforced(daemon.policy.as_ref().unwrap()).unwrap();
+    let keydir = dir.join(format!("keys-{name}"));
+    std::fs::create_dir(&keydir).unwrap();
+    let o = tollgate(&["keygen", "--out", s(&keydir)]);
+    assert_eq!(code(&o), 0, "{}", text(&o));
+    let key = keys::parse_secret_key(&std::fs::read_to_string(keydir.join("audit.key")).unwrap())
+        .unwrap();
+    let log = dir.join(format!("log-{name}"));
+    let (writer, _) = Writer::open(WriterConfig::new(&log), key).unwrap();
+    let who = AuditIdentity {
+        session_id: format!("guard-{name}"),
+        agent_id: "bot".into(),
+        organization_id: "default".into(),
+    };
+    let guard = Guard::new_as(daemon.default_guard.clone(), who.clone())
+        .with_policies(set)
+        .unwrap()
+        .with_audit(writer, who)
+        .unwrap()
+        .with_params(Recorder::new(ParamsMode::Full, &[]).unwrap());
+    let mut verdicts = Vec::new();
+    for (tool, params) in calls() {
+        let c = guard.check(
+            tool,
+            &json::parse_str(&params).unwrap(),
+            tollgate_core::Money(80_000_000),
+        );
+        verdicts.push((c.call_number, c.decision.verdict, c.reason.clone()));
+    }
+    // Dropping the guard shuts its writer down (every entry was durable before its
+    // verdict was returned).
+    drop(guard);
+    (verdicts, keydir.join("audit.pub"), log)
+}
+
+/// The library guard's log (what the Python package and the MCP gateway write): replayed
+/// under the configuration it ran with, nothing flips; under an added forbid and a halved
+/// budget, exactly the flips of a guard running the change.
+#[test]
+fn a_library_guard_log_replays_under_its_own_config_with_no_flip() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = config(dir.path(), "base", BASE_GUARD, NO_SHELL);
+    let (recorded, key, log) = run_guard(dir.path(), "base", &base);
+    let (c, report, t) = replay(&["--config", s(&base), "--key", s(&key), s(&log)]);
+    assert_eq!(c, 0, "{t}");
+    assert_eq!(count(&report, "flips"), 0, "{t}");
+    assert_eq!(count(&report, "reason_changes"), 0, "{t}");
+    assert_eq!(count(&report, "replayed"), recorded.len() as u64, "{t}");
+    let forbid = config(
+        dir.path(),
+        "forbid",
+        BASE_GUARD,
+        &format!("{NO_SHELL}{NO_PAY}{BIG_PAY}"),
+    );
+    let halved = config(
+        dir.path(),
+        "halved",
+        "[guard.default]\nbudget_usd = 0.5\nmax_repeat_calls = 3\nprobabilistic_deny = false\n",
+        NO_SHELL,
+    );
+    for (name, candidate) in [("forbid", &forbid), ("halved", &halved)] {
+        let (truth, _, _) = run_guard(dir.path(), name, candidate);
+        let expected: Vec<(u64, String, String, String)> = recorded
+            .iter()
+            .zip(&truth)
+            .filter(|(r, t)| r.1 != t.1)
+            .map(|(r, t)| (r.0, r.1.to_string(), t.1.to_string(), t.2.clone()))
+            .collect();
+        assert!(!expected.is_empty(), "{name}");
+        let (c, report, t) = replay(&["--config", s(candidate), "--key", s(&key), s(&log)]);
+        assert_eq!(c, 1, "{name}: {t}");
+        assert_eq!(flips(&report), expected, "{name}: {t}");
+        assert_eq!(count(&report, "unreplayable"), 0, "{name}: {t}");
+    }
+}
