@@ -43,7 +43,9 @@ fn log_invocation(tool: &str) {
             .append(true)
             .open(path)
         {
-            let _ = writeln!(f, "{tool}");
+            // One write per line: `writeln!` on a file writes the name and the newline
+            // separately, and calls running at once interleaved them ("addadd", "").
+            let _ = f.write_all(format!("{tool}\n").as_bytes());
         }
     }
 }
