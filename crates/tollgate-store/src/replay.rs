@@ -449,7 +449,11 @@ fn replayable(
         }
     }
     // The draw: the probabilistic layer denies when the draw is below a probability, so
-    // the verdict is the same for every draw exactly when it is at both ends.
+    // the verdict is the same for every draw exactly when it is at both ends. A guard
+    // without the layer never reads the draw.
+    if !config.probabilistic_deny {
+        return Ok(DRAW_HIGH);
+    }
     let low = tollgate_core::decide(config, &s.state, call, v.timestamp_ns, 0.0);
     let high = tollgate_core::decide(config, &s.state, call, v.timestamp_ns, DRAW_HIGH);
     if low == high {
