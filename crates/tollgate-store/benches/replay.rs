@@ -2,7 +2,9 @@
 //! (openings, verdicts decided by `rules::decide`, settlements, closings) written by the
 //! real audit writer, then
 //!
-//! - `verify`: the audit crate's verifier over the files (signatures and links);
+//! - `verify`: the audit crate's verifier over the files (signatures and links), then
+//!   anchored on the writer's checkpoint (links, hand-overs and the checkpoint's
+//!   signature), alone and folding as it goes (end to end, as the command runs);
 //! - `fold`: `tollgate_store::replay::Replay` over the verified entries, under the very
 //!   configuration that wrote them (every verdict replayed, none flips) and under a
 //!   candidate with a `forbid` added (one tool's verdicts flip);
@@ -132,11 +134,42 @@ fn main() {
         all.len() as f64 / secs
     );
 
+    // The writer's checkpoint (written at shutdown, counting every entry) vouching for
+    // the signatures, as `tollgate policy replay` verifies a log directory.
+    let anchored = VerifyOptions {
+        checkpoint: Some(tollgate_audit::read_checkpoint(&dir).unwrap()),
+        anchor_on_checkpoint: true,
+        ..opts.clone()
+    };
+    let mut k = 0u64;
+    let t = Instant::now();
+    tollgate_audit::verify_paths(std::slice::from_ref(&dir), &anchored, &mut |_| k += 1).unwrap();
+    let secs = t.elapsed().as_secs_f64();
+    println!(
+        "verify anchored on the checkpoint: {k} entries in {secs:.2} s: {:.0} entries/s",
+        k as f64 / secs
+    );
+
     let same = Candidate {
         default_guard: policy.clone(),
         agent_guards: HashMap::new(),
         set: None,
     };
+    // End to end as the command runs: anchored verification, folding each entry as it
+    // is verified.
+    let mut replay = Replay::new(same.clone());
+    let mut k = 0u64;
+    let t = Instant::now();
+    tollgate_audit::verify_paths(std::slice::from_ref(&dir), &anchored, &mut |e| {
+        k += 1;
+        replay.fold(e.index, &e.event).unwrap();
+    })
+    .unwrap();
+    let secs = t.elapsed().as_secs_f64();
+    println!(
+        "verify anchored + fold (same config): {k} entries in {secs:.2} s: {:.0} entries/s",
+        k as f64 / secs
+    );
     let forbid = tollgate_policy::load(
         &[tollgate_policy::Source::new(
             "bench.cedar",

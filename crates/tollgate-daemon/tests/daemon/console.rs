@@ -1624,3 +1624,81 @@ async fn fifty_held_calls_are_filtered_grouped_and_cleared_from_the_keyboard() {
     drop(sessions);
     d.stop().await;
 }
+
+/// Issue 18: a call a `@hitl` policy holds is explained in the console by that policy, its
+/// id and its `@hitl` text, never by a guard setting; the session's calls show the reason
+/// the agent was sent (`policy:<id>`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_a_policy_holds_is_explained_by_the_policy_in_the_browser() {
+    let Some((chromium, chromedriver)) = browser_binaries() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let mut c = configured(dir.path(), port);
+    let rules = dir.path().join("rules.cedar");
+    std::fs::write(
+        &rules,
+        "@id(\"prod-deploys\") @hitl(\"production deploys need a second pair of eyes\")\n\
+         permit (principal, action == Action::\"deploy\", resource);\n",
+    )
+    .unwrap();
+    c.policy = Some(tollgate_daemon::config::PolicySettings {
+        files: vec![rules],
+        default: tollgate_policy::DefaultEffect::Allow,
+        schema: None,
+        trip_on_refusal: false,
+        shadow: false,
+    });
+    let d = start(c).await;
+    let addr = d.control.unwrap();
+    // An agent on the default guard, which holds nothing itself.
+    let agent = crate::connect(&d.socket, "helper").await;
+    let sid = agent.session_id().to_owned();
+    let v = call(&agent, 1, 71_001, "search", r#"{"q":"x"}"#, &[]).await;
+    assert_eq!(v.verdict, tollgate_core::Verdict::Allow, "{v:?}");
+    hold_tool(&d, &agent, SECRET, 2, "deploy", r#"{"service":"api"}"#, &[]).await;
+
+    let b = Browser::start(&chromium, &chromedriver, dir.path()).await;
+    b.sign_in(addr, ALICE).await;
+    let card = card_of(&sid, 2);
+    b.until(
+        "the held call's card",
+        "return !!document.querySelector(arguments[0] + ' .why')",
+        json!([card]),
+    )
+    .await;
+    let why = b
+        .js(
+            "return document.querySelector(arguments[0] + ' .why').textContent",
+            json!([card]),
+        )
+        .await;
+    let why = why.as_str().unwrap();
+    assert!(
+        why.contains(
+            "The `@hitl` policy `prod-deploys` of the daemon's [policy] set holds it for a human: \"production deploys need a second pair of eyes\"."
+        ) && why.contains("(policy_hold)")
+            && !why.contains("[guard"),
+        "{why}"
+    );
+    let context = b
+        .until(
+            "the session's last calls",
+            "const t = document.querySelector(arguments[0] + ' .context table'); return t && t.innerText",
+            json!([card]),
+        )
+        .await;
+    let rows: Vec<&str> = context.as_str().unwrap().lines().collect();
+    assert!(rows.len() >= 3, "{context}");
+    for (row, want) in rows[1..].iter().zip([
+        ["#2", "deploy", "HITL", "policy:prod-deploys"],
+        ["#1", "search", "ALLOW", ""],
+    ]) {
+        for w in want {
+            assert!(row.contains(w), "`{w}` not in `{row}`:\n{context}");
+        }
+    }
+    b.close().await;
+    d.stop().await;
+}

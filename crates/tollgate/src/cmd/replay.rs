@@ -176,8 +176,19 @@ fn replay(args: &Args) -> Result<ExitCode, String> {
                 })
         })
         .transpose()?;
+    // One log directory with the writer's checkpoint: let the checkpoint vouch for the
+    // entries it counts (docs/audit-format.md "Anchored on a checkpoint"): links, key
+    // hand-overs and the checkpoint's signature are checked, and every entry after it in
+    // full, as strong as checking every signature and about 25 times faster. Otherwise
+    // (files, several directories, no checkpoint, an unreadable one) every signature.
+    let checkpoint = match args.paths.as_slice() {
+        [dir] if dir.is_dir() => tollgate_audit::read_checkpoint(dir).ok(),
+        _ => None,
+    };
     let opts = VerifyOptions {
         trusted_key,
+        anchor_on_checkpoint: checkpoint.is_some(),
+        checkpoint,
         ..VerifyOptions::default()
     };
     let mut progress = Progress::new(std::io::stderr().is_terminal());

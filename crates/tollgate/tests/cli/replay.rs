@@ -272,6 +272,28 @@ fn replay_finds_exactly_the_flips_a_planted_change_makes_and_none_for_the_config
     assert_eq!(code(&o), 2, "{}", text(&o));
     assert!(text(&o).contains("BROKEN"), "{}", text(&o));
     assert!(stdout(&o).is_empty(), "{}", text(&o));
+
+    // A byte changed in the first entry, which the directory's checkpoint counts (replay
+    // lets the checkpoint vouch for those entries' signatures): refused all the same, by
+    // the chain of links the checkpoint signs.
+    bytes[at] ^= 0x01;
+    std::fs::write(last, &bytes).unwrap();
+    let first = files.first().unwrap();
+    let mut head = std::fs::read(first).unwrap();
+    head[tollgate_audit::format::HEADER_LEN + 60] ^= 0x01;
+    std::fs::write(first, &head).unwrap();
+    let o = tollgate(&[
+        "policy",
+        "replay",
+        "--config",
+        s(&base),
+        "--key",
+        s(&key),
+        s(&log),
+    ]);
+    assert_eq!(code(&o), 2, "{}", text(&o));
+    assert!(text(&o).contains("BROKEN"), "{}", text(&o));
+    assert!(stdout(&o).is_empty(), "{}", text(&o));
 }
 
 #[test]
