@@ -98,7 +98,7 @@ use cedar_policy::{ActionConstraint, PolicySet, ResourceConstraint};
 use miette::Diagnostic;
 use serde_json::{json, Map, Value as Json};
 
-use crate::load::{line_col, Finding, Location, Options, PolicyId, Severity, Source};
+use crate::load::{line_col, Ctx, Finding, Location, Options, PolicyId, Severity, Source};
 
 /// The largest tools file, in bytes (the MCP gateway's default message bound).
 pub const MAX_TOOLS_BYTES: usize = 4 << 20;
@@ -676,47 +676,10 @@ struct Pol {
     comparisons: Vec<(Vec<String>, Json, bool)>,
 }
 
-struct Cx<'a> {
-    files: &'a [Source],
-    findings: Vec<Finding>,
-}
-
-impl Cx<'_> {
-    fn at(&self, file: usize, offset: Option<usize>) -> (Option<String>, Option<Location>) {
-        let Some(src) = self.files.get(file) else {
-            return (None, None);
-        };
-        let loc = offset.map(|o| {
-            let (line, column) = line_col(&src.text, o);
-            Location {
-                file: src.name.clone(),
-                line,
-                column,
-            }
-        });
-        (Some(src.name.clone()), loc)
-    }
-
-    fn push(
-        &mut self,
-        severity: Severity,
-        code: &str,
-        message: String,
-        place: (Option<String>, Option<Location>),
-        help: Option<String>,
-    ) {
-        self.findings.push(Finding {
-            severity,
-            code: code.to_owned(),
-            message,
-            file: place.0,
-            location: place.1,
-            help,
-        });
-    }
-
+// The findings are gathered in the loader's context (`load::Ctx`, its `at` and `push`).
+impl Ctx<'_> {
     /// A Cedar diagnostic at its first labelled span, unless `said` has it already.
-    fn diagnostic(
+    fn tools_diagnostic(
         &mut self,
         severity: Severity,
         file: usize,
@@ -1118,13 +1081,13 @@ fn collect(files: &[Source]) -> Vec<Pol> {
 /// Check `files` (loaded with `options`, as the daemon or gateway would) against `tools`.
 pub fn check(files: &[Source], options: &Options, tools: &[ToolDef]) -> Report {
     let loaded = crate::load(files, options);
-    let mut cx = Cx {
+    let mut cx = Ctx {
         files,
         findings: Vec::new(),
     };
     let derived = derive_tools(tools);
     let tool_count = derived.len();
-    let done = |cx: Cx<'_>, loaded| Report {
+    let done = |cx: Ctx<'_>, loaded| Report {
         loaded,
         findings: cx.findings,
         tools: tool_count,
@@ -1531,7 +1494,7 @@ pub fn check(files: &[Source], options: &Options, tools: &[ToolDef]) -> Report {
             }
             _ => None,
         };
-        cx.diagnostic(Severity::Error, file, e, code, &said, help);
+        cx.tools_diagnostic(Severity::Error, file, e, code, &said, help);
         erred.insert(id);
     }
     for w in result.validation_warnings() {
@@ -1545,7 +1508,7 @@ pub fn check(files: &[Source], options: &Options, tools: &[ToolDef]) -> Report {
             _ => "cedar::validation",
         };
         let file = file_of.get(id.as_str()).copied().unwrap_or(usize::MAX);
-        cx.diagnostic(Severity::Warning, file, w, code, &said, None);
+        cx.tools_diagnostic(Severity::Warning, file, w, code, &said, None);
     }
     cx.findings.sort_by(|a, b| {
         let key = |f: &Finding| {

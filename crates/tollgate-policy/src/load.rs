@@ -290,13 +290,19 @@ struct Parsed {
     policy: cedar_policy::Policy,
 }
 
-struct Ctx<'a> {
-    files: &'a [Source],
-    findings: Vec<Finding>,
+/// Findings being gathered over a set's files (the loader's, and `derive`'s checks).
+pub(crate) struct Ctx<'a> {
+    pub(crate) files: &'a [Source],
+    pub(crate) findings: Vec<Finding>,
 }
 
 impl Ctx<'_> {
-    fn at(&self, file: usize, offset: Option<usize>) -> (Option<String>, Option<Location>) {
+    /// The file and location of byte `offset` of file `file`.
+    pub(crate) fn at(
+        &self,
+        file: usize,
+        offset: Option<usize>,
+    ) -> (Option<String>, Option<Location>) {
         let Some(src) = self.files.get(file) else {
             return (None, None);
         };
@@ -311,7 +317,8 @@ impl Ctx<'_> {
         (Some(src.name.clone()), loc)
     }
 
-    fn push(
+    /// Record a finding.
+    pub(crate) fn push(
         &mut self,
         severity: Severity,
         code: &str,
