@@ -88,8 +88,9 @@ pub(crate) enum SentParams {
     /// None sent (or the client itself said its params are not canonical).
     None,
     /// Sent, and their canonical form hashes to `tool_params_hash`: the params, parsed
-    /// once (the policies read them as `context.args`).
-    Match(Value),
+    /// once (the policies read them as `context.args`), and that digest (what
+    /// `[audit] params` records them under).
+    Match(Value, Digest),
     /// Sent, and they are not JSON, not canonicalizable, or hash to something else: the
     /// client's params and hash disagree. The call is decided as malformed input, a DENY
     /// that trips the session's circuit.
@@ -120,7 +121,7 @@ pub(crate) fn sent_params(r: &sp1::PreExecRequest) -> Result<SentParams, Refusal
     };
     let digest = Params::json(&value).canonical_digest().ok();
     Ok(match (digest, Digest::from_slice(&r.tool_params_hash)) {
-        (Some(d), Some(h)) if d == h => SentParams::Match(value),
+        (Some(d), Some(h)) if d == h => SentParams::Match(value, d),
         _ => SentParams::Mismatch,
     })
 }
@@ -144,7 +145,7 @@ mod tests {
             br#"{"amount":100.5,"to":"x"}"#,
             r#"{"to":"x","amount":100.50}"#,
         );
-        assert!(matches!(sent_params(&ok).unwrap(), SentParams::Match(_)));
+        assert!(matches!(sent_params(&ok).unwrap(), SentParams::Match(..)));
         let other = request(br#"{"amount":1}"#, r#"{"amount":2}"#);
         assert_eq!(sent_params(&other).unwrap(), SentParams::Mismatch);
         let not_json = request(b"{\"amount\":", r#"{"amount":2}"#);

@@ -711,18 +711,18 @@ impl<S: SessionStore> Service<S> {
         // Params sent beside their hash must be the params hashed: else the client lied,
         // and the call is malformed input (a DENY that trips the circuit). Parsed once:
         // the policies read them as `context.args`.
-        let (lied, args) = match crate::policy::sent_params(&r)? {
-            crate::policy::SentParams::Mismatch => (true, None),
-            crate::policy::SentParams::Match(v) => (false, Some(v)),
-            crate::policy::SentParams::None => (false, None),
+        let (lied, args, digest) = match crate::policy::sent_params(&r)? {
+            crate::policy::SentParams::Mismatch => (true, None, None),
+            crate::policy::SentParams::Match(v, d) => (false, Some(v), Some(d)),
+            crate::policy::SentParams::None => (false, None, None),
         };
         // What the verdict records of the params (`[audit] params`), computed outside the
-        // session lock, with the digest they have; recorded only on an entry whose
-        // params_hash is that digest.
-        let recorded = args.as_ref().and_then(|a| {
-            let p = self.config.audit.params.record(a)?;
-            Some((tollgate_core::json::canonical_hash(a).ok()?, p))
-        });
+        // session lock, with the digest `sent_params` checked them against; recorded only
+        // on an entry whose params_hash is that digest.
+        let recorded = args
+            .as_ref()
+            .zip(digest)
+            .and_then(|(a, d)| Some((d, self.config.audit.params.record(a)?)));
         // The set in force for this call (a reload decides the next one), and the
         // session's principal in it (built outside the session lock).
         let enforced = self.policies();
