@@ -377,13 +377,12 @@ impl Guard {
         };
         // The policies read the params as `context.args` when they have a canonical form
         // (as the daemon gets them: the clients send only those).
-        let args = call.params.canonical_digest().is_ok().then_some(params);
-        // What the log records of the params, outside the lock, with their digest: kept
+        let digest = call.params.canonical_digest().ok();
+        let args = digest.is_some().then_some(params);
+        // What the log records of the params, outside the lock, with that digest: kept
         // only on an entry whose params_hash is that digest.
         let recorded = if self.audit.is_some() {
-            self.params
-                .record(params)
-                .and_then(|p| Some((json::canonical_hash(params).ok()?, p)))
+            digest.and_then(|d| Some((d, self.params.record(params)?)))
         } else {
             None
         };
