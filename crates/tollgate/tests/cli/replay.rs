@@ -248,7 +248,22 @@ fn replay_finds_exactly_the_flips_a_planted_change_makes_and_none_for_the_config
         "{t}"
     );
 
-    // A tampered log: one byte of the last file changed. Refused, nothing replayed.
+    // A log that does not verify: refused, nothing replayed.
+    let refused = || {
+        let o = tollgate(&[
+            "policy",
+            "replay",
+            "--config",
+            s(&base),
+            "--key",
+            s(&key),
+            s(&log),
+        ]);
+        assert_eq!(code(&o), 2, "{}", text(&o));
+        assert!(text(&o).contains("BROKEN"), "{}", text(&o));
+        assert!(stdout(&o).is_empty(), "{}", text(&o));
+    };
+    // A tampered log: one byte of the last file changed.
     let mut files: Vec<_> = std::fs::read_dir(&log)
         .unwrap()
         .map(|e| e.unwrap().path())
@@ -260,18 +275,7 @@ fn replay_finds_exactly_the_flips_a_planted_change_makes_and_none_for_the_config
     let at = bytes.len() - 40;
     bytes[at] ^= 0x01;
     std::fs::write(last, &bytes).unwrap();
-    let o = tollgate(&[
-        "policy",
-        "replay",
-        "--config",
-        s(&base),
-        "--key",
-        s(&key),
-        s(&log),
-    ]);
-    assert_eq!(code(&o), 2, "{}", text(&o));
-    assert!(text(&o).contains("BROKEN"), "{}", text(&o));
-    assert!(stdout(&o).is_empty(), "{}", text(&o));
+    refused();
 
     // A byte changed in the first entry, which the directory's checkpoint counts (replay
     // lets the checkpoint vouch for those entries' signatures): refused all the same, by
@@ -282,18 +286,7 @@ fn replay_finds_exactly_the_flips_a_planted_change_makes_and_none_for_the_config
     let mut head = std::fs::read(first).unwrap();
     head[tollgate_audit::format::HEADER_LEN + 60] ^= 0x01;
     std::fs::write(first, &head).unwrap();
-    let o = tollgate(&[
-        "policy",
-        "replay",
-        "--config",
-        s(&base),
-        "--key",
-        s(&key),
-        s(&log),
-    ]);
-    assert_eq!(code(&o), 2, "{}", text(&o));
-    assert!(text(&o).contains("BROKEN"), "{}", text(&o));
-    assert!(stdout(&o).is_empty(), "{}", text(&o));
+    refused();
 }
 
 #[test]
