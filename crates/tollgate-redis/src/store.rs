@@ -1526,8 +1526,9 @@ async fn confirmer(inner: Arc<Inner>, mut rx: mpsc::UnboundedReceiver<Confirm>) 
                     expire,
                     ..
                 } => {
-                    // An ended session's expiry, the marker and the record before it, and
-                    // the hold of a refund (its entry is committed: it may be spent now).
+                    // The hold of a refund (its entry is committed: it may be spent now),
+                    // an ended session's expiry, and last the marker and the record before
+                    // it: cut before it, the marker stays for a settler to finish.
                     let hold = hold.as_ref().map(|(k, h)| (k.as_str(), h.as_str()));
                     for c in confirm_commands(session_key, *seq, hold, *expire) {
                         match c {
