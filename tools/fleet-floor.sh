@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# The servers' floor for one fleet decision, without Tollgate: the CPU Redis spends on one
-# call of a script shaped like the compare-and-set (HGET v, HGET b, one HSET of v, b, d,
-# the marker and the record before, one HDEL, PERSIST, with a record of RECORD bytes) plus
-# the ZADD/ZREM beside it, and the CPU PostgreSQL spends per audit entry written as the
-# journal writes them (one statement inserting BATCH entries and their claims, with the
-# schema's keys, foreign keys and triggers, synchronous commit). Measured from
-# /proc/PID/stat of the servers; other clients of a shared machine count too (run it on
-# an idle one, or compare with a run of nothing).
+# The servers' floor for one fleet decision, without Tollgate: the CPU Redis spends on
+# what one decision sends it (the staging HSET of a record of RECORD bytes into a field of
+# its own, then a script shaped like the compare-and-set, on names only: HGET v, HGET c, one
+# HSET of v, c, d, the marker and p:<seq>, HGET of the dropped marker's p:, one HDEL of the
+# marker, its p: and the record it names, PERSIST), plus the index's ZADD/ZREM beside it,
+# and the CPU PostgreSQL spends per audit entry written as the journal writes them (one
+# statement inserting BATCH entries and their claims, with the schema's keys, foreign keys
+# and triggers, synchronous commit). Measured from /proc/PID/stat of the servers; other
+# clients of a shared machine count too (run it on an idle one, or compare with a run of
+# nothing).
 #
 # Usage: tools/fleet-floor.sh [RECORD=9000] [BATCH=20]
 set -euo pipefail
@@ -19,20 +21,23 @@ tick=$(getconf CLK_TCK)
 redis_pid=$(pgrep -o -x redis-server)
 blob=$(head -c "$record" /dev/zero | tr '\0' x)
 lua="local v = tonumber(redis.call('HGET', KEYS[1], 'v') or '0')
-local b = redis.call('HGET', KEYS[1], 'b') or ''
-redis.call('HSET', KEYS[1], 'v', v + 1, 'b', ARGV[1], 'd', 'daemon-1', 'u:' .. (v + 1), '{\"at_ms\":1,\"seq\":1}', 'p:' .. (v + 1), b)
-redis.call('HDEL', KEYS[1], 'u:' .. v, 'p:' .. v)
+local cur = redis.call('HGET', KEYS[1], 'c') or 'b'
+redis.call('HSET', KEYS[1], 'v', v + 1, 'c', ARGV[1], 'd', 'daemon-1', 'u:' .. (v + 1), '{\"at_ms\":1,\"seq\":1}', 'p:' .. (v + 1), cur)
+local p = redis.call('HGET', KEYS[1], 'p:' .. v)
+if p and p ~= ARGV[1] then redis.call('HDEL', KEYS[1], 'u:' .. v, 'p:' .. v, p) else redis.call('HDEL', KEYS[1], 'u:' .. v, 'p:' .. v) end
 redis.call('PERSIST', KEYS[1])
 return {1, v + 1, 0}"
 sha=$(redis-cli script load "$lua")
 n=40000
 r0=$(cpu_of "$redis_pid")
-redis-benchmark -q -n "$n" -c 64 evalsha "$sha" 1 "tgfloor:{s:__rand_int__}:s" "$blob" >/dev/null
+# The staged record, then the script (64 sessions).
+redis-benchmark -q -n "$n" -c 64 -r 64 hset "tgfloor:{s:__rand_int__}:s" "r:1" "$blob" >/dev/null
+redis-benchmark -q -n "$n" -c 64 -r 64 evalsha "$sha" 1 "tgfloor:{s:__rand_int__}:s" "r:1" >/dev/null
 redis-benchmark -q -n "$n" -c 64 -r 64 zadd tgfloor:unconfirmed 1 "m__rand_int__" >/dev/null
 redis-benchmark -q -n "$n" -c 64 -r 64 zrem tgfloor:unconfirmed "m__rand_int__" >/dev/null
 r1=$(cpu_of "$redis_pid")
 redis-cli --scan --pattern 'tgfloor*' | xargs -r redis-cli del >/dev/null
-echo "redis: $(echo "($r1 - $r0) / $tick * 1000000 / $n" | bc -l | xargs printf '%.1f') us of CPU per script call + ZADD + ZREM (record $record bytes, 64 clients)"
+echo "redis: $(echo "($r1 - $r0) / $tick * 1000000 / $n" | bc -l | xargs printf '%.1f') us of CPU per staged record + script call + ZADD + ZREM (record $record bytes, 64 clients)"
 
 psql -qAt -U postgres -h 127.0.0.1 -d test 2>/dev/null <<SQL
 DROP SCHEMA IF EXISTS tgfloor CASCADE;
