@@ -27,6 +27,21 @@
 //! Entries that cannot be replayed are counted, never guessed ([`Unreplayable`]); the
 //! candidate's session then takes the recorded outcome, and every later verdict of that
 //! session says so ([`Outcome::after_divergence`]).
+//!
+//! **A shared budget** (per agent, per organization) is spent by many sessions, in a fleet
+//! through many daemons. The candidate decides each call with the budget the daemon saw
+//! (the entry's own `budget_before`: what every other session had left of it, whichever
+//! daemon served them) plus the candidate's own difference on that budget so far: the
+//! difference in initial amounts, and what the candidate's verdicts and the settlements
+//! it took spent more or less than the recorded ones. Under the very configuration that
+//! wrote the log the difference stays 0 and every call sees exactly what the daemon saw;
+//! in a single log (one chain orders every change) it is the same as folding the
+//! candidate's budget on its own.
+//!
+//! **A fleet's chains** ([`Replay::fleet`]) are folded in the order [`merge::merge`]
+//! gives (each session by its places, each shared budget by its versions); the recorded
+//! fold is then each session's own ([`ops::replay`] with each entry's recorded budget
+//! amounts), and a void (record kind 7) holds its session's place and changes nothing.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -37,14 +52,18 @@ use tollgate_audit::{
 };
 use tollgate_core::json::{self, Limits, Value};
 use tollgate_core::{
-    Decision, Digest, HumanDecision, Params, Reason, Successor, ToolCall, Verdict,
+    Decision, Digest, HumanDecision, Money, Params, Reason, Successor, ToolCall, Verdict,
 };
 use tollgate_policy::compose::{self, Enforced, Input};
 use tollgate_policy::{Actor, LOCAL_UPSTREAM};
 
+use crate::ops::FoldError;
 use crate::rules::{self, Rules};
 use crate::session::{Budget, BudgetKey, Policy, Session, SessionMeta};
 use crate::{ops, Ledger, LedgerError};
+
+pub mod merge;
+pub mod report;
 
 /// The highest draw below 1: with it the probabilistic layer denies only at probability 1.
 const DRAW_HIGH: f64 = 1.0 - f64::EPSILON / 2.0;
@@ -67,6 +86,154 @@ impl Candidate {
             .unwrap_or(&self.default_guard)
             .clone()
     }
+}
+
+impl Candidate {
+    /// A candidate with the guards `default_guard` and `agent_guards` and the policy set
+    /// of `settings` (a `[policy]` section), whose files `replace` replaces when it names
+    /// any (`--policy`; the section's default, schema and trip setting still apply, and
+    /// without a section the default is allow). The loader's warnings are returned as
+    /// text; a set that does not load is an error naming every finding.
+    pub fn load(
+        default_guard: tollgate_core::GuardConfig,
+        agent_guards: HashMap<String, tollgate_core::GuardConfig>,
+        settings: Option<&tollgate_policy::files::Settings>,
+        replace: &[std::path::PathBuf],
+    ) -> Result<(Candidate, Vec<String>), String> {
+        let mut settings = settings.cloned();
+        if !replace.is_empty() {
+            let mut s = settings.unwrap_or(tollgate_policy::files::Settings {
+                files: Vec::new(),
+                default: tollgate_policy::DefaultEffect::Allow,
+                schema: None,
+                trip_on_refusal: false,
+                shadow: false,
+            });
+            s.files = replace.to_vec();
+            settings = Some(s);
+        }
+        let mut warnings = Vec::new();
+        let set = match &settings {
+            None => None,
+            Some(s) => {
+                let (enforced, found) =
+                    tollgate_policy::files::enforced(s).map_err(|e| e.to_string())?;
+                warnings.extend(found.iter().map(ToString::to_string));
+                Some(Arc::new(enforced))
+            }
+        };
+        Ok((
+            Candidate {
+                default_guard: Arc::new(Policy::new(default_guard)),
+                agent_guards: agent_guards
+                    .into_iter()
+                    .map(|(a, g)| (a, Arc::new(Policy::new(g))))
+                    .collect(),
+                set,
+            },
+            warnings,
+        ))
+    }
+}
+
+/// Why a log was not replayed (`tollgate policy replay` exits 2, printing no result).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refused {
+    /// The log does not verify, or does not fold: the message says where.
+    #[error("BROKEN: {0}; nothing replayed")]
+    Broken(String),
+    /// The files cannot be read.
+    #[error("{0}")]
+    Io(String),
+}
+
+/// Verify the log `paths` (files, or directories of rotated files, in chain order) and
+/// replay it under `candidate`, as `tollgate policy replay` does: with `trusted_key` the
+/// log must be signed by it (else the first file's key is trusted, and the result says
+/// so); one directory holding its writer's checkpoint is verified anchored on it (links,
+/// hand-overs and the checkpoint's signature; every entry after it in full), anything
+/// else with every signature. `progress` sees the count of entries folded so far. A log
+/// that does not verify or does not fold gives no report.
+pub fn replay_paths(
+    paths: &[std::path::PathBuf],
+    trusted_key: Option<tollgate_audit::VerifyingKey>,
+    candidate: Candidate,
+    examples: usize,
+    progress: &mut dyn FnMut(u64),
+) -> Result<(report::Report, bool), Refused> {
+    let checkpoint = match paths {
+        [dir] if dir.is_dir() => tollgate_audit::read_checkpoint(dir).ok(),
+        _ => None,
+    };
+    let opts = tollgate_audit::VerifyOptions {
+        trusted_key,
+        anchor_on_checkpoint: checkpoint.is_some(),
+        checkpoint,
+        ..tollgate_audit::VerifyOptions::default()
+    };
+    let mut fold = Replay::new(candidate);
+    let mut report = report::Report::new(examples);
+    let mut broken: Option<String> = None;
+    let verified = tollgate_audit::verify_paths(paths, &opts, &mut |e| {
+        if broken.is_some() {
+            return;
+        }
+        report.entries += 1;
+        progress(report.entries);
+        match fold.fold(e.index, &e.event) {
+            Err(err) => broken = Some(format!("the log does not fold: {err}")),
+            Ok(None) => {}
+            Ok(Some(outcome)) => {
+                if let Event::Session(SessionEvent::Verdict(v)) = &e.event {
+                    report.add(None, e.index, v, outcome);
+                }
+            }
+        }
+    });
+    let summary = match verified {
+        Ok(s) => s,
+        Err(tollgate_audit::PathsError::Break(b)) => return Err(Refused::Broken(b.to_string())),
+        Err(e @ tollgate_audit::PathsError::Io { .. }) => return Err(Refused::Io(e.to_string())),
+    };
+    if let Some(b) = broken {
+        return Err(Refused::Broken(b));
+    }
+    report.skipped(fold.skipped);
+    Ok((report, summary.key_trusted))
+}
+
+/// Replay a fleet's chains (each already verified, whole) under `candidate`: merged into
+/// one order ([`merge::merge`]) and folded ([`Replay::fleet`]). `progress` sees the count
+/// of entries folded so far. Chains that do not merge or fold give no report.
+pub fn replay_chains(
+    chains: &[merge::Chain],
+    candidate: Candidate,
+    examples: usize,
+    progress: &mut dyn FnMut(u64),
+) -> Result<report::Report, Refused> {
+    let order = merge::merge(chains)
+        .map_err(|e| Refused::Broken(format!("the chains do not fold: {e}")))?;
+    let mut fold = Replay::fleet(candidate);
+    let mut report = report::Report::new(examples);
+    // Entries outside the merged order (policy sets, ...) are counted too.
+    report.entries = chains.iter().map(|c| c.entries.len() as u64).sum();
+    for (n, at) in order.iter().enumerate() {
+        progress(n as u64 + 1);
+        let Some(chain) = chains.get(at.chain) else {
+            continue;
+        };
+        let Some((index, event)) = chain.entries.get(at.entry) else {
+            continue;
+        };
+        let outcome = fold.fold(*index, event).map_err(|err| {
+            Refused::Broken(format!("the chains do not fold: chain {} {err}", chain.id))
+        })?;
+        if let (Some(outcome), Event::Session(SessionEvent::Verdict(v))) = (outcome, event) {
+            report.add(Some(&chain.id), *index, v, outcome);
+        }
+    }
+    report.skipped(fold.skipped);
+    Ok(report)
 }
 
 /// Why a recorded verdict entry could not be replayed.
@@ -129,13 +296,129 @@ struct Replica {
     differs: HashSet<u64>,
 }
 
-/// The two folds ([`Ledger`] and the candidate's), entry by entry.
+/// A shared budget in the candidate's fold: its amounts, and how far its remaining amount
+/// is from the recorded one (see the module's text).
+#[derive(Debug, Clone, Copy)]
+struct Shared {
+    budget: Budget,
+    /// The candidate's remaining amount minus the recorded one, after the last entry.
+    delta: i128,
+}
+
+/// The recorded fold: one chain's [`Ledger`], or a fleet's sessions ([`Fleet`]).
+#[derive(Debug)]
+enum Recorded {
+    Chain(Ledger),
+    Fleet(Fleet),
+}
+
+impl Recorded {
+    /// The recorded session `id` before its next entry, with the budget amounts the
+    /// verdict `v` recorded loaded (for a fleet's sessions, whose shared budgets are not
+    /// folded across chains).
+    fn session(&self, id: &str, v: &VerdictRecord) -> Option<Session> {
+        match self {
+            Recorded::Chain(l) => l.session(id),
+            Recorded::Fleet(f) => f.sessions.get(id).cloned().map(|mut s| {
+                if s.meta.shared_budget_key().is_some() {
+                    s.state.budget_remaining = v.budget_before;
+                }
+                s
+            }),
+        }
+    }
+}
+
+/// The recorded fold of a fleet's chains, taken in [`merge::merge`]'s order: every
+/// session folded on its own by [`ops::replay`] (each regenerated record compared with
+/// the logged one), with a shared budget's remaining amount taken from each entry (no
+/// chain holds the budget's order; the module's text says why that is enough).
+#[derive(Debug, Default)]
+struct Fleet {
+    sessions: HashMap<String, Session>,
+}
+
+/// The remaining amount of its budget an entry records before its change, and after.
+fn recorded_amounts(e: &SessionEvent) -> (Money, Money) {
+    match e {
+        SessionEvent::Opened(r) => (r.budget_before, r.budget_before),
+        SessionEvent::Verdict(r) => (r.budget_before, r.budget_after),
+        SessionEvent::Settled(r) => (r.budget_before, r.budget_after),
+        SessionEvent::HumanDecision(r) => (r.budget_remaining, r.budget_remaining),
+        SessionEvent::Closed(r) => (r.budget_remaining, r.budget_remaining),
+    }
+}
+
+impl Fleet {
+    fn fold(&mut self, event: &Event) -> Result<(), FoldError> {
+        match event {
+            Event::Session(SessionEvent::Opened(r)) => {
+                if self.sessions.contains_key(&r.session_id) {
+                    return Err(FoldError::Session {
+                        session: r.session_id.clone(),
+                        what: "opened twice".to_owned(),
+                    });
+                }
+                let mut s = ops::session_from_record(r)?;
+                if s.meta.shared_budget_key().is_some() {
+                    s.state.budget_remaining = r.budget_before;
+                }
+                let regenerated = ops::open(&mut s, r.timestamp_ns);
+                ops::check_opened(&regenerated, r)?;
+                self.sessions.insert(r.session_id.clone(), s);
+            }
+            Event::Session(e) => {
+                let id = e.session_id();
+                let s = self
+                    .sessions
+                    .get_mut(id)
+                    .ok_or_else(|| FoldError::Session {
+                        session: id.to_owned(),
+                        what: "an entry for a session that was never opened".to_owned(),
+                    })?;
+                if s.meta.shared_budget_key().is_some() {
+                    s.state.budget_remaining = recorded_amounts(e).0;
+                }
+                ops::replay(s, e)?;
+                if matches!(e, SessionEvent::Closed(_)) {
+                    self.sessions.remove(id);
+                }
+            }
+            // The place is held; the session is as it was before the voided change.
+            Event::Void(v) => match self.sessions.get_mut(&v.session_id) {
+                Some(s) => {
+                    let expected = s.seq.saturating_add(1);
+                    if v.session_seq != expected {
+                        return Err(FoldError::OutOfOrder {
+                            session: v.session_id.clone(),
+                            expected,
+                            found: v.session_seq,
+                        });
+                    }
+                    s.seq = expected;
+                }
+                // A voided opening: the session never was.
+                None if v.session_seq == 1 => {}
+                None => {
+                    return Err(FoldError::Session {
+                        session: v.session_id.clone(),
+                        what: "a void for a session that was never opened".to_owned(),
+                    })
+                }
+            },
+            Event::KeyHandover { .. } | Event::Recovery { .. } | Event::PolicySet(_) => {}
+        }
+        Ok(())
+    }
+}
+
+/// The two folds (the recorded one and the candidate's), entry by entry.
 #[derive(Debug)]
 pub struct Replay {
-    recorded: Ledger,
+    recorded: Recorded,
     candidate: Candidate,
     sessions: HashMap<String, Replica>,
-    budgets: HashMap<BudgetKey, Budget>,
+    budgets: HashMap<BudgetKey, Shared>,
     /// What the candidate's sessions did not take of the recorded history.
     pub skipped: Skipped,
 }
@@ -182,10 +465,20 @@ pub fn recorded_reason(v: &VerdictRecord) -> String {
 }
 
 impl Replay {
-    /// A replay of a log from its first entry under `candidate`.
+    /// A replay of a log (one chain) from its first entry under `candidate`.
     pub fn new(candidate: Candidate) -> Replay {
+        Replay::with(Recorded::Chain(Ledger::new()), candidate)
+    }
+
+    /// A replay of a fleet's chains under `candidate`: the entries are then given in
+    /// [`merge::merge`]'s order, each with its index in its own chain.
+    pub fn fleet(candidate: Candidate) -> Replay {
+        Replay::with(Recorded::Fleet(Fleet::default()), candidate)
+    }
+
+    fn with(recorded: Recorded, candidate: Candidate) -> Replay {
         Replay {
-            recorded: Ledger::new(),
+            recorded,
             candidate,
             sessions: HashMap::new(),
             budgets: HashMap::new(),
@@ -197,14 +490,21 @@ impl Replay {
     /// verdict entry gives its [`Outcome`]. An entry the recorded fold refuses is an error
     /// (the log does not fold; nothing after it may be trusted).
     pub fn fold(&mut self, index: u64, event: &Event) -> Result<Option<Outcome>, LedgerError> {
+        let fresh = match &self.recorded {
+            Recorded::Chain(l) => index >= l.next_index,
+            Recorded::Fleet(_) => true,
+        };
         let outcome = match event {
-            Event::Session(SessionEvent::Verdict(v)) if index >= self.recorded.next_index => {
-                self.verdict(v)
-            }
+            Event::Session(SessionEvent::Verdict(v)) if fresh => self.verdict(v),
             _ => None,
         };
-        // The verifier checked every link; the ledger checks the order and the fold.
-        self.recorded.fold(index, Digest::default(), None, event)?;
+        match &mut self.recorded {
+            // The verifier checked every link; the ledger checks the order and the fold.
+            Recorded::Chain(l) => l.fold(index, Digest::default(), None, event)?,
+            Recorded::Fleet(f) => f
+                .fold(event)
+                .map_err(|source| LedgerError::Fold { index, source })?,
+        }
         if let Event::Session(e) = event {
             self.follow(e);
         }
@@ -228,11 +528,16 @@ impl Replay {
                 let mut session = Session::new(meta, policy, r.timestamp_ns);
                 let shared = session.meta.shared_budget_key();
                 if let Some(k) = &shared {
-                    let b = *self
-                        .budgets
-                        .entry(k.clone())
-                        .or_insert_with(|| Budget::of(&session.state));
-                    b.load_into(&mut session.state);
+                    // The first session of a budget creates it in the candidate's fold
+                    // with the candidate's amount; the difference is from the recorded
+                    // configuration's.
+                    let initial = session.state.budget_initial;
+                    let b = self.budgets.entry(k.clone()).or_insert_with(|| Shared {
+                        budget: Budget::of(&session.state),
+                        delta: i128::from(initial.0) - i128::from(r.budget_initial.0),
+                    });
+                    b.budget.remaining = plus(r.budget_before, b.delta);
+                    b.budget.load_into(&mut session.state);
                 }
                 let actor = self.candidate.set.as_ref().and_then(|set| {
                     session.policy_set = Some(set.policies.digest());
@@ -257,9 +562,10 @@ impl Replay {
                 };
                 if rep.differs.contains(&s.call_number) {
                     self.skipped.settlements += 1;
+                    with_budget(&mut self.budgets, rep, e, |_| {});
                     return;
                 }
-                with_budget(&mut self.budgets, rep, |session| {
+                with_budget(&mut self.budgets, rep, e, |session| {
                     ops::settle(
                         session,
                         s.call_number,
@@ -280,7 +586,7 @@ impl Replay {
                     .transition_of_call(d.call_number)
                     .is_some();
                 let applied = held
-                    && with_budget(&mut self.budgets, rep, |session| {
+                    && with_budget(&mut self.budgets, rep, e, |session| {
                         let successor = d
                             .successor
                             .map(|(nonce, args_digest)| Successor { nonce, args_digest });
@@ -305,7 +611,7 @@ impl Replay {
             }
             SessionEvent::Closed(c) => {
                 if let Some(mut rep) = self.sessions.remove(&c.session_id) {
-                    with_budget(&mut self.budgets, &mut rep, |session| {
+                    with_budget(&mut self.budgets, &mut rep, e, |session| {
                         ops::close(session, c.reason, c.timestamp_ns);
                     });
                 }
@@ -324,12 +630,11 @@ impl Replay {
         let call = recorded_call(v);
         let args = recorded_args(v);
         let now = v.timestamp_ns;
-        if let Some(k) = &rep.shared {
-            if let Some(b) = self.budgets.get(k) {
-                b.load_into(&mut rep.session.state);
-            }
+        if let Some(b) = rep.shared.as_ref().and_then(|k| self.budgets.get_mut(k)) {
+            b.budget.remaining = plus(v.budget_before, b.delta);
+            b.budget.load_into(&mut rep.session.state);
         }
-        let recorded_state = |id: &str| recorded.session(id);
+        let recorded_state = |id: &str| recorded.session(id, v);
         let candidate = match replayable(rep, set, v, &call, args.as_ref(), recorded_state) {
             Ok(rng) => {
                 let rules = set.map(|set| Rules {
@@ -375,9 +680,9 @@ impl Replay {
                 Err(why)
             }
         };
-        if let Some(k) = &rep.shared {
-            self.budgets
-                .insert(k.clone(), Budget::of(&rep.session.state));
+        if let Some(b) = rep.shared.as_ref().and_then(|k| self.budgets.get_mut(k)) {
+            b.budget = Budget::of(&rep.session.state);
+            b.delta = i128::from(b.budget.remaining.0) - i128::from(v.budget_after.0);
         }
         Some(Outcome {
             recorded_reason,
@@ -464,7 +769,10 @@ fn replayable(
     // the layer fired (`probabilistic`) or it did not.
     let policy_decided = v.policy.as_ref().is_some_and(|n| n.decided);
     if !policy_decided {
-        if let Some(r) = recorded_state(&v.session_id) {
+        if let Some(mut r) = recorded_state(&v.session_id) {
+            // The spent amount is not an input of the decision (and a fleet's recorded
+            // fold does not fold a shared budget's).
+            r.state.budget_spent = s.state.budget_spent;
             if r.policy.digest == s.policy.digest && r.state == s.state {
                 return Ok(if v.probabilistic { 0.0 } else { DRAW_HIGH });
             }
@@ -477,18 +785,31 @@ fn replayable(
     }
 }
 
-/// Run `f` on `rep`'s session with its shared budget loaded, and store the budget back.
+/// `recorded` plus the candidate's difference `delta`, at least 0 (within the order a
+/// fleet's chains give, the candidate's own fold never goes below 0).
+fn plus(recorded: Money, delta: i128) -> Money {
+    let v = (i128::from(recorded.0) + delta).clamp(0, i128::from(i64::MAX));
+    Money(i64::try_from(v).unwrap_or(i64::MAX))
+}
+
+/// Run `f` on `rep`'s session for the recorded entry `e`, with its shared budget loaded
+/// as the candidate has it at `e` (the recorded amount plus the candidate's difference),
+/// and store the budget and the difference back.
 fn with_budget<R>(
-    budgets: &mut HashMap<BudgetKey, Budget>,
+    budgets: &mut HashMap<BudgetKey, Shared>,
     rep: &mut Replica,
+    e: &SessionEvent,
     f: impl FnOnce(&mut Session) -> R,
 ) -> R {
-    if let Some(b) = rep.shared.as_ref().and_then(|k| budgets.get(k)) {
-        b.load_into(&mut rep.session.state);
+    let (before, after) = recorded_amounts(e);
+    if let Some(b) = rep.shared.as_ref().and_then(|k| budgets.get_mut(k)) {
+        b.budget.remaining = plus(before, b.delta);
+        b.budget.load_into(&mut rep.session.state);
     }
     let r = f(&mut rep.session);
-    if let Some(k) = &rep.shared {
-        budgets.insert(k.clone(), Budget::of(&rep.session.state));
+    if let Some(b) = rep.shared.as_ref().and_then(|k| budgets.get_mut(k)) {
+        b.budget = Budget::of(&rep.session.state);
+        b.delta = i128::from(b.budget.remaining.0) - i128::from(after.0);
     }
     r
 }
@@ -549,6 +870,62 @@ mod tests {
             .enumerate()
             .filter_map(|(i, e)| r.fold(i as u64, e).unwrap())
             .collect()
+    }
+
+    /// A fleet's void holds its session's place and changes nothing: the session's next
+    /// entry folds after it, and every verdict replays as recorded.
+    #[test]
+    fn a_void_holds_its_place_in_a_fleet_fold() {
+        let mut events = log();
+        // Entry 3 (the session's place 3) never committed: a void holds it, and the
+        // later entry's place moves up by one.
+        let Event::Session(SessionEvent::Verdict(mut last)) = events.pop().unwrap() else {
+            panic!()
+        };
+        let void = Event::Void(tollgate_audit::VoidRecord {
+            timestamp_ns: last.timestamp_ns,
+            session_id: "s".into(),
+            session_seq: last.session_seq,
+            chain_id: "c".into(),
+            reason: tollgate_audit::VoidRecord::UNCONFIRMED_AT_SETTLE.into(),
+            budget_version: 0,
+            budget_before: Money::ZERO,
+            budget_after: Money::ZERO,
+            revert_version: 0,
+        });
+        last.session_seq += 1;
+        events.push(void);
+        events.push(Event::Session(SessionEvent::Verdict(last)));
+        let mut r = Replay::fleet(Candidate {
+            default_guard: Arc::new(Policy::new(guard(500_000))),
+            agent_guards: HashMap::new(),
+            set: None,
+        });
+        let outcomes: Vec<Outcome> = events
+            .iter()
+            .enumerate()
+            .filter_map(|(i, e)| r.fold(i as u64, e).unwrap())
+            .collect();
+        assert_eq!(outcomes.len(), 3);
+        assert!(
+            outcomes
+                .iter()
+                .all(|o| o.candidate.as_ref().is_ok_and(|c| c.1 == o.recorded_reason)),
+            "{outcomes:?}"
+        );
+        // The same entries without the void do not fold (place 4 after place 2).
+        let mut r = Replay::fleet(Candidate {
+            default_guard: Arc::new(Policy::new(guard(500_000))),
+            agent_guards: HashMap::new(),
+            set: None,
+        });
+        let folded: Result<Vec<_>, _> = events
+            .iter()
+            .filter(|e| !matches!(e, Event::Void(_)))
+            .enumerate()
+            .map(|(i, e)| r.fold(i as u64, e))
+            .collect();
+        assert!(folded.is_err());
     }
 
     #[test]
