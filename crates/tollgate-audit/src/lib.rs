@@ -55,10 +55,11 @@ pub use checkpoint::Checkpoint;
 pub use completion::{pair as pending_pair, Completer, Pending};
 pub use ed25519_dalek::{SigningKey, VerifyingKey};
 pub use entry::{
-    AuditEntry, CloseReason, CloseRecord, CostStatus, DecisionRecord, Event, ParamsMode,
-    PolicyEffect, PolicyNote, PolicySetCause, PolicySetRecord, RecordedParams, SessionEvent,
-    SessionRecord, SettlementRecord, ShadowNote, VerdictRecord, VoidRecord, MAX_RECORDED_PARAMS,
-    MAX_SHADOW_NOTES, REDACTED_MARKER, SHADOW_SET_NAME,
+    is_recordable_upstream, recorded_upstream, AuditEntry, CloseReason, CloseRecord, CostStatus,
+    DecisionRecord, Draw, Event, ParamsMode, PolicyEffect, PolicyNote, PolicySetCause,
+    PolicySetRecord, RecordedParams, SessionEvent, SessionRecord, SettlementRecord, ShadowNote,
+    VerdictRecord, VoidRecord, MAX_RECORDED_PARAMS, MAX_SHADOW_NOTES, MAX_UPSTREAM_BYTES,
+    REDACTED_MARKER, SHADOW_SET_NAME,
 };
 pub use keys::KeyId;
 pub use tail::{read_tail, TailEnd, TailError};

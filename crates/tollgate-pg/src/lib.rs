@@ -2,7 +2,7 @@
 //!
 //! Each daemon of a fleet writes its own signed, chain-linked audit chain into one
 //! PostgreSQL database. The rows hold the exact record bytes of the file log
-//! (docs/audit-format.md, format version 6 for a chain registered now), signed and linked through the same
+//! (docs/audit-format.md, format version 8 for a chain registered now), signed and linked through the same
 //! [`tollgate_audit::Chainer`] as the file writer, so the file verifier checks them.
 //! docs/postgres.md describes the schema, roles, TLS and what a break looks like.
 //!

@@ -20,7 +20,7 @@ pub struct ChainInfo {
     pub key_id: String,
     /// Its public key as registered.
     pub public_key: Vec<u8>,
-    /// Its signed header (170 bytes, format version 6, or 3 to 5 for an older chain; file 0, index 0, genesis).
+    /// Its signed header (170 bytes, format version 8, or 3 to 7 for an older chain; file 0, index 0, genesis).
     pub header: Vec<u8>,
 }
 

@@ -286,14 +286,37 @@ pub struct Skipped {
 #[derive(Debug)]
 struct Replica {
     session: Session,
-    /// The session's principal in the candidate's set.
-    actor: Option<Actor>,
+    /// The session's principal and resource in the candidate's set, per upstream (the
+    /// local one first; format version 8 names others), built once each: `None` when
+    /// the names are too long for one (every call then fails closed, as it did live).
+    actors: Vec<(String, Option<Arc<Actor>>)>,
     /// The shared budget's key (`None`: the session's own budget).
     shared: Option<BudgetKey>,
     /// Whether an entry already differed or could not be replayed.
     diverged: bool,
     /// Calls whose candidate verdict differed from the recorded one.
     differs: HashSet<u64>,
+}
+
+impl Replica {
+    /// The session's principal in `set` for calls to tools of `upstream`, built once.
+    fn actor(
+        &mut self,
+        set: &Enforced,
+        upstream: &str,
+        organization: &str,
+        agent: &str,
+    ) -> Option<Arc<Actor>> {
+        if let Some((_, a)) = self.actors.iter().find(|(u, _)| u == upstream) {
+            return a.clone();
+        }
+        let a = set
+            .policies
+            .actor(organization, agent, upstream)
+            .map(Arc::new);
+        self.actors.push((upstream.to_owned(), a.clone()));
+        a
+    }
 }
 
 /// A shared budget in the candidate's fold: its amounts, and how far its remaining amount
@@ -539,17 +562,23 @@ impl Replay {
                     b.budget.remaining = plus(r.budget_before, b.delta);
                     b.budget.load_into(&mut session.state);
                 }
-                let actor = self.candidate.set.as_ref().and_then(|set| {
-                    session.policy_set = Some(set.policies.digest());
-                    set.policies
-                        .actor(&r.organization_id, &r.agent_id, LOCAL_UPSTREAM)
-                });
+                let actors = match &self.candidate.set {
+                    None => Vec::new(),
+                    Some(set) => {
+                        session.policy_set = Some(set.policies.digest());
+                        let local = set
+                            .policies
+                            .actor(&r.organization_id, &r.agent_id, LOCAL_UPSTREAM)
+                            .map(Arc::new);
+                        vec![(LOCAL_UPSTREAM.to_owned(), local)]
+                    }
+                };
                 ops::open(&mut session, r.timestamp_ns);
                 self.sessions.insert(
                     r.session_id.clone(),
                     Replica {
                         session,
-                        actor,
+                        actors,
                         shared,
                         diverged: false,
                         differs: HashSet::new(),
@@ -635,11 +664,30 @@ impl Replay {
             b.budget.load_into(&mut rep.session.state);
         }
         let recorded_state = |id: &str| recorded.session(id, v);
-        let candidate = match replayable(rep, set, v, &call, args.as_ref(), recorded_state) {
+        // The resource the call was decided for: its upstream (format version 8), else
+        // the local one.
+        let actor = set.and_then(|set| {
+            rep.actor(
+                set,
+                v.upstream.as_deref().unwrap_or(LOCAL_UPSTREAM),
+                &v.organization_id,
+                &v.agent_id,
+            )
+        });
+        let probed = replayable(
+            rep,
+            set,
+            actor.as_deref(),
+            v,
+            &call,
+            args.as_ref(),
+            recorded_state,
+        );
+        let candidate = match probed {
             Ok(rng) => {
                 let rules = set.map(|set| Rules {
                     set,
-                    actor: rep.actor.as_ref(),
+                    actor: actor.as_deref(),
                 });
                 let d = rules::decide(
                     &mut rep.session,
@@ -703,6 +751,7 @@ impl Replay {
 fn replayable(
     rep: &Replica,
     set: Option<&Enforced>,
+    actor: Option<&Actor>,
     v: &VerdictRecord,
     call: &ToolCall<'_>,
     args: Option<&Value>,
@@ -711,7 +760,7 @@ fn replayable(
     let s = &rep.session;
     let config = &s.policy.config;
     let probe = |rng: f64| {
-        set.zip(rep.actor.as_ref()).map(|(set, actor)| {
+        set.zip(actor).map(|(set, actor)| {
             compose::decide(
                 config,
                 Some(set),
@@ -753,9 +802,14 @@ fn replayable(
             }
         }
     }
-    // The draw: the probabilistic layer denies when the draw is below a probability, so
-    // the verdict is the same for every draw exactly when it is at both ends. A guard
-    // without the layer never reads the draw.
+    // The draw the daemon decided with, when the entry records it (format version 8,
+    // a guard with the probabilistic layer on): every candidate decides with it.
+    if let Some(d) = v.draw {
+        return Ok(d.value());
+    }
+    // Else: the probabilistic layer denies when the draw is below a probability, so the
+    // verdict is the same for every draw exactly when it is at both ends. A guard without
+    // the layer never reads the draw.
     if !config.probabilistic_deny {
         return Ok(DRAW_HIGH);
     }
@@ -829,7 +883,8 @@ mod tests {
     }
 
     /// A session under `guard(500_000)`: a large call, then two small ones below 20% of
-    /// the budget, decided with the draws 0.9 (the layer does not fire) and 0.1 (it does).
+    /// the budget, decided with the draws 0.9 (the layer does not fire) and 0.1 (it does);
+    /// each verdict records its draw (format version 8).
     fn log() -> Vec<Event> {
         let policy = Arc::new(Policy::new(guard(500_000)));
         let meta = SessionMeta {
@@ -859,17 +914,56 @@ mod tests {
         out
     }
 
-    fn replay(jitter_ppm: u32) -> Vec<Outcome> {
+    /// The same log as an older version wrote it: no draw recorded.
+    fn log_without_draws() -> Vec<Event> {
+        let mut events = log();
+        for e in &mut events {
+            if let Event::Session(SessionEvent::Verdict(v)) = e {
+                assert!(v.draw.is_some(), "the guard has the layer on: {v:?}");
+                v.draw = None;
+            }
+        }
+        events
+    }
+
+    fn replay_of(events: &[Event], jitter_ppm: u32) -> Vec<Outcome> {
         let mut r = Replay::new(Candidate {
             default_guard: Arc::new(Policy::new(guard(jitter_ppm))),
             agent_guards: HashMap::new(),
             set: None,
         });
-        log()
+        events
             .iter()
             .enumerate()
             .filter_map(|(i, e)| r.fold(i as u64, e).unwrap())
             .collect()
+    }
+
+    fn replay(jitter_ppm: u32) -> Vec<Outcome> {
+        replay_of(&log_without_draws(), jitter_ppm)
+    }
+
+    /// With the draws recorded (format version 8), a candidate with other guards decides
+    /// with the very draws: the 0.1 draw fires under a jitter of 0.6 too, and the 0.9 one
+    /// does not; under a jitter of 0.05 neither fires (a DENY->ALLOW flip), all replayed.
+    #[test]
+    fn recorded_draws_replay_every_candidate_deterministically() {
+        let verdicts = |jitter| -> Vec<Verdict> {
+            replay_of(&log(), jitter)
+                .into_iter()
+                .map(|o| o.candidate.unwrap().0)
+                .collect()
+        };
+        assert_eq!(
+            verdicts(600_000),
+            [Verdict::Allow, Verdict::Allow, Verdict::Deny]
+        );
+        assert_eq!(
+            verdicts(50_000),
+            [Verdict::Allow, Verdict::Allow, Verdict::Allow]
+        );
+        // A log without them: the same candidates cannot be replayed.
+        assert_eq!(replay(600_000)[2].candidate, Err(Unreplayable::Draw));
     }
 
     /// A fleet's void holds its session's place and changes nothing: the session's next
@@ -930,7 +1024,7 @@ mod tests {
 
     #[test]
     fn the_recorded_outcome_fixes_an_unrecorded_draw_only_for_the_same_guards_on_the_same_state() {
-        let recorded: Vec<_> = log()
+        let recorded: Vec<_> = log_without_draws()
             .into_iter()
             .filter_map(|e| match e {
                 Event::Session(SessionEvent::Verdict(v)) => Some((v.verdict, v.probabilistic)),

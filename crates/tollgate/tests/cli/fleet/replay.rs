@@ -279,3 +279,114 @@ fn a_fleet_log_replays_under_its_own_config_with_no_flip_and_a_planted_change_gi
     assert!(t.contains("BROKEN"), "{t}");
     assert!(!t.contains("\"flips\""), "{t}");
 }
+
+/// Format version 8 records the probabilistic layer's draw; a chain registered in version
+/// 7 cannot: a daemon on it serves without the layer (its entries replay, exit 0), and
+/// with `probabilistic_deny` on, for every agent or for one, refuses to start, naming the
+/// chain and its version.
+#[test]
+fn a_version_7_chain_replays_and_refuses_the_probabilistic_layer_naming_the_chain() {
+    use tollgate_audit::format::{self, FileHeader};
+    let dir = tempfile::tempdir().unwrap();
+    let dir = dir.path();
+    std::fs::set_permissions(dir, std::os::unix::fs::PermissionsExt::from_mode(0o750)).unwrap();
+    let key = tollgate_audit::SigningKey::from_bytes(&[11; 32]);
+    std::fs::write(
+        dir.join("audit.key"),
+        tollgate_audit::keys::secret_key_text(&key),
+    )
+    .unwrap();
+    std::fs::set_permissions(
+        dir.join("audit.key"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o600),
+    )
+    .unwrap();
+    let (prefix, schema) = (super::unique("tgv7"), super::unique("tgv7"));
+    let fleet = Fleet::leftovers(schema.clone(), prefix.clone());
+    rt().block_on(async {
+        let mut c = tollgate_pg::connect(&tollgate_pg::PgSettings::new(SHARED_PG))
+            .await
+            .unwrap();
+        tollgate_pg::migrate(&mut c, &schema).await.unwrap();
+        let header =
+            FileHeader::new_signed_version(7, &key, 0, 0, format::genesis_hash(), 1).encode();
+        c.execute(
+            &format!(
+                "INSERT INTO {schema}.chains (chain_id, key_id, public_key, format_version, header)
+                 VALUES ('old7', $1, $2, 7, $3)"
+            ),
+            &[
+                &tollgate_audit::KeyId::of(key.verifying_key().as_bytes()).to_string(),
+                &key.verifying_key().as_bytes().as_slice(),
+                &header,
+            ],
+        )
+        .await
+        .unwrap();
+    });
+    let config = |guards: &str| {
+        std::fs::write(
+            dir.join("fleet.toml"),
+            format!(
+                "[state]\nbackend = \"redis\"\nurl = \"{SHARED_REDIS}\"\nkey_prefix = \"{prefix}\"\ndurability = \"none\"\n\
+                 [audit]\nsink = \"postgres\"\nurl = \"{SHARED_PG}\"\nschema = \"{schema}\"\nchain_id = \"old7\"\n\
+                 {guards}\n\
+                 [[organization]]\nid = \"acme\"\nsecret = \"{}\"\noperator_secret = \"{}\"\n",
+                super::SECRET,
+                super::OPERATOR_SECRET
+            ),
+        )
+        .unwrap();
+    };
+    // Without the layer: it serves, in version 7.
+    config("[guard.default]\nbudget_usd = 1.0\n");
+    let serve = crate::daemon::Serve::start_with(dir, &["--config", s(&dir.join("fleet.toml"))]);
+    rt().block_on(async {
+        let mut c = tollgate_client::ClientConfig::new(
+            dir.join("tollgate.sock"),
+            "acme",
+            super::SECRET.as_bytes(),
+            "agent-1",
+        );
+        c.timeout = std::time::Duration::from_secs(5);
+        let agent = DaemonClient::connect(c).await.unwrap();
+        for n in 0..3 {
+            let p = json::parse_str(&format!(r#"{{"n":{n}}}"#)).unwrap();
+            assert!(agent.pre_exec("search", &p, 0.1).await.allowed());
+        }
+    });
+    assert!(serve.terminate().success());
+    // Its entries replay under its own configuration.
+    let o = tollgate(&[
+        "policy",
+        "replay",
+        "--config",
+        s(&dir.join("fleet.toml")),
+        "--postgres",
+        SHARED_PG,
+        "--schema",
+        &schema,
+    ]);
+    assert_eq!(code(&o), 0, "{}", text(&o));
+    assert!(
+        stdout(&o).contains("replayed 3 of 3 verdicts"),
+        "{}",
+        text(&o)
+    );
+    // With the layer on: refused, naming the chain; for one agent's guard too.
+    for guards in [
+        "[guard.default]\nbudget_usd = 1.0\nprobabilistic_deny = true\n",
+        "[guard.default]\nbudget_usd = 1.0\n[guard.agents.risky]\nprobabilistic_deny = true\n",
+    ] {
+        config(guards);
+        let out = super::policy::refused_start(dir);
+        assert!(
+            text(&out).contains(
+                "chain `old7` is format version 7, which cannot record the probabilistic layer's draws"
+            ),
+            "{}",
+            text(&out)
+        );
+    }
+    drop(fleet);
+}
