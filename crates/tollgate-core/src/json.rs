@@ -648,6 +648,107 @@ pub fn write_canonical<S: Sink + ?Sized>(v: &Value, out: &mut S) -> Result<(), N
     Ok(())
 }
 
+/// Writes one canonical JSON object straight into bytes, member by member: for hot paths
+/// (a session record on every decision) that would otherwise build a [`Value`] tree only
+/// to write it. The caller gives the keys in canonical order (byte order, as
+/// [`write_canonical`] sorts them; debug builds check it) and writes each member's value
+/// with [`ObjectWriter::str`], [`ObjectWriter::int`], [`ObjectWriter::value`] or a nested
+/// writer from [`ObjectWriter::object`]. The bytes equal [`write_canonical`]'s of the same
+/// object.
+#[derive(Debug)]
+pub struct ObjectWriter<'a> {
+    out: &'a mut Vec<u8>,
+    members: usize,
+    #[cfg(debug_assertions)]
+    last: Option<String>,
+}
+
+impl<'a> ObjectWriter<'a> {
+    /// Open an object at the end of `out`.
+    pub fn new(out: &'a mut Vec<u8>) -> ObjectWriter<'a> {
+        out.push(b'{');
+        ObjectWriter {
+            out,
+            members: 0,
+            #[cfg(debug_assertions)]
+            last: None,
+        }
+    }
+
+    /// Write `"key":`, and return the buffer the member's value goes to.
+    pub fn key(&mut self, key: &str) -> &mut Vec<u8> {
+        #[cfg(debug_assertions)]
+        {
+            debug_assert!(
+                self.last.as_deref().is_none_or(|l| l.as_bytes() < key.as_bytes()),
+                "keys out of canonical order: {:?} then {key:?}",
+                self.last
+            );
+            self.last = Some(key.to_owned());
+        }
+        if self.members > 0 {
+            self.out.push(b',');
+        }
+        self.members += 1;
+        write_string(key, &mut *self.out);
+        self.out.push(b':');
+        &mut *self.out
+    }
+
+    /// A string member.
+    pub fn str(&mut self, key: &str, v: &str) {
+        let out = self.key(key);
+        write_string(v, out);
+    }
+
+    /// An integer member.
+    pub fn int(&mut self, key: &str, v: impl Into<i128>) {
+        let out = self.key(key);
+        write_int(v.into(), out);
+    }
+
+    /// A boolean member.
+    pub fn bool(&mut self, key: &str, v: bool) {
+        let out = self.key(key);
+        out.extend_from_slice(if v { b"true" } else { b"false" });
+    }
+
+    /// A `null` member.
+    pub fn null(&mut self, key: &str) {
+        self.key(key).extend_from_slice(b"null");
+    }
+
+    /// A member whose value is a [`Value`], written canonically.
+    pub fn value(&mut self, key: &str, v: &Value) -> Result<(), NonFinite> {
+        let out = self.key(key);
+        write_canonical(v, out)
+    }
+
+    /// A member that is itself an object, written by `f` (closed when it returns).
+    pub fn object<R>(&mut self, key: &str, f: impl FnOnce(&mut ObjectWriter<'_>) -> R) -> R {
+        let out = self.key(key);
+        let mut inner = ObjectWriter::new(out);
+        let r = f(&mut inner);
+        inner.end();
+        r
+    }
+
+    /// Close the object.
+    pub fn end(self) {
+        self.out.push(b'}');
+    }
+}
+
+/// Write the canonical form of a JSON string (quotes and escapes included).
+pub fn write_canonical_str(s: &str, out: &mut Vec<u8>) {
+    write_string(s, out);
+}
+
+/// Write the canonical form of an integer.
+pub fn write_canonical_int(i: i128, out: &mut Vec<u8>) {
+    write_int(i, out);
+}
+
 /// The canonical bytes of `v`.
 pub fn to_canonical_vec(v: &Value) -> Result<Vec<u8>, NonFinite> {
     let mut out = Vec::new();

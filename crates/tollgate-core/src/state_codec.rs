@@ -185,8 +185,99 @@ pub fn to_value(state: &SessionState) -> Value {
 
 /// The canonical bytes of the state: [`to_value`] through the canonical writer.
 pub fn encode(state: &SessionState) -> Vec<u8> {
-    // The state holds no floats, the only thing the canonical writer can refuse.
-    json::to_canonical_vec(&to_value(state)).unwrap_or_default()
+    let mut out = Vec::with_capacity(512 + 21 * state.seen_nonces.len());
+    write_canonical(state, &mut out);
+    out
+}
+
+/// Append the canonical bytes of the state ([`encode`]'s) to `out`, written member by
+/// member rather than through a [`Value`] tree: a fleet writes a session record on every
+/// decision. The members are in canonical (byte) order; the tests check the bytes against
+/// [`to_value`] through the canonical writer.
+pub fn write_canonical(state: &SessionState, out: &mut Vec<u8>) {
+    let mut o = json::ObjectWriter::new(out);
+    o.int("budget_initial", state.budget_initial.0);
+    o.int("budget_remaining", state.budget_remaining.0);
+    o.int("budget_spent", state.budget_spent.0);
+    match state.circuit_trip_reason {
+        Some(r) => o.str("circuit_trip_reason", r.as_str()),
+        None => o.null("circuit_trip_reason"),
+    }
+    o.bool("circuit_tripped", state.circuit_tripped);
+    o.int("circuit_tripped_at_ns", state.circuit_tripped_at_ns);
+    o.int("last_activity_ns", state.last_activity_ns);
+    o.bool("last_error_signal", state.last_error_signal);
+    match state.last_params_hash {
+        Some(d) => o.str("last_params_hash", &d.to_string()),
+        None => o.null("last_params_hash"),
+    }
+    match state.last_tool_name.as_deref() {
+        Some(t) => o.str("last_tool_name", t),
+        None => o.null("last_tool_name"),
+    }
+    // The parallel-holds extension's further held calls; absent when there are none.
+    if !state.more_pending.is_empty() {
+        let out = o.key("more_pending");
+        out.push(b'[');
+        for (i, p) in state.more_pending.iter().enumerate() {
+            if i > 0 {
+                out.push(b',');
+            }
+            // Held calls are rare and small: through the value tree.
+            let _ = json::write_canonical(&pending_value(p), out);
+        }
+        out.push(b']');
+    }
+    match &state.pending {
+        Some(p) => {
+            let _ = o.value("pending", &pending_value(p));
+        }
+        None => o.null("pending"),
+    }
+    o.object("repeat_counts", |c| {
+        for (k, n) in &state.repeat_counts {
+            c.int(k, *n);
+        }
+    });
+    {
+        let out = o.key("reservations");
+        out.push(b'[');
+        for (i, (call, r)) in state.reservations.iter().enumerate() {
+            if i > 0 {
+                out.push(b',');
+            }
+            out.push(b'[');
+            json::write_canonical_int(i128::from(*call), out);
+            out.push(b',');
+            json::write_canonical_int(i128::from(r.estimated.0), out);
+            out.push(b',');
+            json::write_canonical_int(i128::from(r.deducted.0), out);
+            out.push(b']');
+        }
+        out.push(b']');
+    }
+    {
+        let out = o.key("seen_nonces");
+        out.push(b'[');
+        for (i, n) in state.seen_nonces.iter().enumerate() {
+            if i > 0 {
+                out.push(b',');
+            }
+            json::write_canonical_int(i128::from(*n), out);
+        }
+        out.push(b']');
+    }
+    o.int("started_at_ns", state.started_at_ns);
+    o.str("status", status_str(state.status));
+    o.int("total_calls", state.total_calls);
+    o.int("v", VERSION);
+    o.object("window_counts", |c| {
+        for (k, n) in &state.window_counts {
+            c.int(k, *n);
+        }
+    });
+    o.int("window_start_ns", state.window_start_ns);
+    o.end();
 }
 
 /// Decode bytes written by [`encode`].
@@ -825,6 +916,11 @@ mod tests {
             prop_assert_eq!(&back, &s);
             // One encoding per state: re-encoding gives the same bytes.
             prop_assert_eq!(encode(&back), bytes);
+        }
+
+        #[test]
+        fn the_direct_writer_writes_the_value_trees_bytes(s in state()) {
+            prop_assert_eq!(encode(&s), json::to_canonical_vec(&to_value(&s)).unwrap());
         }
 
         #[test]

@@ -120,6 +120,65 @@ pub fn hold_field(id: &str, seq: u64) -> String {
     format!("{HOLD_FIELD}{id}\x1f{seq}")
 }
 
+/// One command of the confirmer's pipeline ([`confirm_commands`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ConfirmCommand {
+    /// `HDEL key fields…`.
+    Hdel {
+        /// The hash.
+        key: String,
+        /// Its fields to delete.
+        fields: Vec<String>,
+    },
+    /// `PEXPIRE key ms`.
+    Pexpire {
+        /// The key.
+        key: String,
+        /// Milliseconds.
+        ms: u64,
+    },
+}
+
+/// What the confirmer sends once change `seq` of a session is confirmed (its entry
+/// committed), in order: the change's hold (`hold`: the budget hash and the hold's field),
+/// if it put one (a refund); for a change that ended the session, the hash's expiry
+/// (`expire_ms`: the session's TTL, set only now that no unconfirmed change is left in it:
+/// see [`plan_commit`]); and last, the marker and the record before it from the session
+/// hash `session_key`.
+///
+/// The commands go in one pipeline, not a transaction: a dropped connection or a Redis
+/// restart can cut it after any of them. So the marker goes last: while it is there,
+/// whoever settles it (an entry: its place is claimed) drops the hold and sets the expiry
+/// in the same script call ([`plan_revert`]), and everything before it is safe alone (the
+/// entry is committed: the change is never voided, so its refund need not be held). A
+/// marker dropped first would leave, if the pipeline were cut there, a hold that nothing
+/// takes off: its amount could never be spent again.
+pub fn confirm_commands(
+    session_key: &str,
+    seq: u64,
+    hold: Option<(&str, &str)>,
+    expire_ms: Option<u64>,
+) -> Vec<ConfirmCommand> {
+    let mut out = Vec::with_capacity(3);
+    if let Some((budget_key, field)) = hold {
+        out.push(ConfirmCommand::Hdel {
+            key: budget_key.to_owned(),
+            fields: vec![field.to_owned()],
+        });
+    }
+    if let Some(ms) = expire_ms {
+        out.push(ConfirmCommand::Pexpire {
+            key: session_key.to_owned(),
+            ms: ms.max(1),
+        });
+    }
+    out.push(ConfirmCommand::Hdel {
+        key: session_key.to_owned(),
+        fields: vec![marker_field(seq), prev_field(seq)],
+    });
+    out
+}
+
 /// The holds in a budget hash (fields `h:…`), bounded like the hash.
 pub fn holds_from_fields(f: &Fields) -> Result<Holds, StoreError> {
     let mut out = Holds::new();
@@ -551,6 +610,13 @@ pub struct Planned {
 /// script checks). Checks what the embedded engine checks (one change, through `ops`, to
 /// this session). `confirmed_upto`: own markers up to it have committed entries and are
 /// dropped.
+///
+/// A commit sets no expiry, not even one that ends the session (`Change::End`): it pushes
+/// an unconfirmed marker, and a hash holding one must not expire, or a daemon that died
+/// before its entry committed leaves a change that is neither in the log nor voidable
+/// (the settler finds nothing to revert). An end's expiry is set once its marker goes:
+/// by the confirmer ([`confirm_commands`]) or by the settlement that settles it
+/// ([`plan_revert`]).
 #[allow(clippy::too_many_arguments)]
 pub fn plan_commit(
     view: &View,
@@ -561,7 +627,6 @@ pub fn plan_commit(
     me: &str,
     now_ms: i64,
     confirmed_upto: u64,
-    ttl_ms: u64,
 ) -> Result<Planned, StoreError> {
     let id = view.session.meta.session_id.as_str();
     let seq = view.session.seq;
@@ -608,11 +673,6 @@ pub fn plan_commit(
         },
     };
     let drop = own_confirmed(view, me, confirmed_upto);
-    let ttl = if s.state.status == SessionStatus::Terminated {
-        ttl_ms
-    } else {
-        0
-    };
     // A refund is held until its entry is confirmed: nobody spends it before (a void
     // takes it back, and must find it there).
     let hold = (dr > 0).then(|| (hold_field(id, s.seq), dr));
@@ -632,7 +692,7 @@ pub fn plan_commit(
             daemon: me.to_owned(),
             marker: Some((s.seq, marker.encode())),
             drop,
-            ttl_ms: ttl,
+            ttl_ms: 0,
             hold,
             drop_holds,
             release: None,
@@ -711,7 +771,12 @@ pub fn plan_revert(
         (Some((_, old)), Some(new)) if old != new => Some(encode_budget(&new)),
         _ => None,
     };
-    let ttl = if s.state.status == SessionStatus::Terminated {
+    // An ended session expires once no unconfirmed change is left in its hash.
+    let settled_all = view
+        .markers
+        .keys()
+        .all(|q| outcomes.iter().any(|(seq, _)| seq == q));
+    let ttl = if s.state.status == SessionStatus::Terminated && settled_all {
         ttl_ms
     } else {
         0

@@ -19,9 +19,9 @@ use tollgate_store::{
 };
 
 use crate::cas::{
-    after_done, after_join, budget_from_fields, check_markers, dips_into_holds, hold_field,
-    marker_field, plan_commit, plan_open, plan_revert, prev_field, settle_needs_budget,
-    settling_parts, settling_value, view_from_fields, void_budget, Bounds, CasReply, CasRequest,
+    after_done, after_join, budget_from_fields, check_markers, confirm_commands, dips_into_holds,
+    hold_field, plan_commit, plan_open, plan_revert, settle_needs_budget, settling_parts,
+    settling_value, view_from_fields, void_budget, Bounds, CasReply, CasRequest, ConfirmCommand,
     Fields, Holds, MarkerAction, Planned, View, MAX_FIELDS,
 };
 use crate::keys::Keys;
@@ -205,6 +205,8 @@ enum Confirm {
         member: String,
         /// The budget hash and the change's hold on it (a refund), if any.
         hold: Option<(String, String)>,
+        /// The change ended the session: its hash's expiry (ms), set now.
+        expire: Option<u64>,
     },
     /// Just the index member (the marker is gone).
     Index { member: String },
@@ -823,6 +825,7 @@ impl Inner {
         group: String,
         seq: u64,
         held: bool,
+        ends: bool,
     ) -> Durable {
         let (completer, pending) = tollgate_audit::pending_pair::<Appended>();
         let inner = Arc::clone(self);
@@ -850,6 +853,7 @@ impl Inner {
                         session_key: inner.keys.session(&group, &id),
                         member: Keys::member(&group, &id, seq),
                         hold: held.then(|| (inner.keys.budget(&group), hold_field(&id, seq))),
+                        expire: ends.then(|| inner.ttl_ms()),
                         id,
                     });
                 }
@@ -918,6 +922,7 @@ impl Inner {
         let group = slot.group.clone().ok_or_else(|| corrupt("no group"))?;
         let seq = event.session_seq();
         let held = planned.request.hold.is_some();
+        let ends = planned.session.state.status == tollgate_core::SessionStatus::Terminated;
         let reply = self.cas(pre, &planned.request, "apply").await;
         let reply = match reply {
             Ok(CasReply::Joined {
@@ -977,7 +982,7 @@ impl Inner {
                     .insert(seq);
                 let d = self.journal.submit(event);
                 Ok(Written::Done(
-                    self.watch(d, id.to_owned(), group, seq, held),
+                    self.watch(d, id.to_owned(), group, seq, held, ends),
                     state,
                 ))
             }
@@ -1331,7 +1336,6 @@ impl RedisStore {
                         &inner.opts.daemon_id,
                         now_ms(),
                         inner.confirmed_upto(id),
-                        inner.ttl_ms(),
                     )?;
                     if let (true, Some(cur)) =
                         (planned.request.budget_blob.is_some(), view.settling.clone())
@@ -1377,12 +1381,14 @@ impl RedisStore {
                         }
                         pre.push(c);
                     }
-                    if planned.request.ttl_ms > 0 {
+                    if planned.session.state.status == tollgate_core::SessionStatus::Terminated {
+                        // An end: the session leaves the index, and its `loc` key expires
+                        // (its hash does once the end is confirmed: `confirm_commands`).
                         let mut c = redis::cmd("SREM");
                         c.arg(inner.keys.idx()).arg(id);
                         pre.push(c);
                         let mut c = redis::cmd("PEXPIRE");
-                        c.arg(inner.keys.loc(id)).arg(planned.request.ttl_ms);
+                        c.arg(inner.keys.loc(id)).arg(inner.ttl_ms().max(1));
                         pre.push(c);
                     }
                     let (w, s2, b2) = inner
@@ -1517,24 +1523,29 @@ async fn confirmer(inner: Arc<Inner>, mut rx: mpsc::UnboundedReceiver<Confirm>) 
                     session_key,
                     member,
                     hold,
+                    expire,
                     ..
                 } => {
-                    // The marker and the record before it.
-                    p.cmd("HDEL")
-                        .arg(session_key)
-                        .arg(marker_field(*seq))
-                        .arg(prev_field(*seq))
-                        .ignore();
-                    if let Some((budget_key, h)) = hold {
-                        // The refund's entry is committed: it may be spent now.
-                        p.cmd("HDEL").arg(budget_key).arg(h).ignore();
+                    // The hold of a refund (its entry is committed: it may be spent now),
+                    // an ended session's expiry, and last the marker and the record before
+                    // it: cut before it, the marker stays for a settler to finish.
+                    let hold = hold.as_ref().map(|(k, h)| (k.as_str(), h.as_str()));
+                    for c in confirm_commands(session_key, *seq, hold, *expire) {
+                        match c {
+                            ConfirmCommand::Hdel { key, fields } => {
+                                p.cmd("HDEL").arg(key).arg(fields).ignore()
+                            }
+                            ConfirmCommand::Pexpire { key, ms } => {
+                                p.cmd("PEXPIRE").arg(key).arg(ms).ignore()
+                            }
+                        };
                         n += 1;
                     }
                     p.cmd("ZREM")
                         .arg(inner.keys.unconfirmed())
                         .arg(member)
                         .ignore();
-                    n += 2;
+                    n += 1;
                 }
                 Confirm::Index { member } => {
                     p.cmd("ZREM")

@@ -80,12 +80,42 @@ fn canonical(v: &Value) -> Vec<u8> {
     out
 }
 
-/// The record bytes of a session.
+/// The record bytes of a session: [`session_value`]'s canonical bytes, written member by
+/// member (a fleet writes one on every decision; the tests check the bytes are the same).
 pub fn encode_session(s: &Session) -> Vec<u8> {
-    canonical(&session_value(s))
+    let mut out = Vec::with_capacity(1024 + 21 * s.state.seen_nonces.len());
+    let mut o = json::ObjectWriter::new(&mut out);
+    o.str("agent_id", s.meta.agent_id.as_str());
+    o.str("budget_scope", scope_str(s.meta.budget_scope));
+    o.int("created_at_ns", s.meta.created_at_ns);
+    if !s.labels.is_empty() {
+        let out = o.key("labels");
+        out.push(b'[');
+        for (i, l) in s.labels.iter().enumerate() {
+            if i > 0 {
+                out.push(b',');
+            }
+            json::write_canonical_str(l.as_str(), out);
+        }
+        out.push(b']');
+    }
+    o.int("last_call_number", s.last_call_number);
+    o.str("organization_id", s.meta.organization_id.as_str());
+    o.str("policy", s.policy.json.as_str());
+    if let Some(d) = &s.policy_set {
+        o.str("policy_set", &d.to_string());
+    }
+    o.int("seq", s.seq);
+    o.str("session_id", s.meta.session_id.as_str());
+    state_codec::write_canonical(&s.state, o.key("state"));
+    o.int("v", RECORD_VERSION);
+    o.end();
+    out
 }
 
-/// The session record as a value.
+/// The session record as a value: the reference [`encode_session`]'s bytes are checked
+/// against.
+#[cfg(test)]
 fn session_value(s: &Session) -> Value {
     let mut m = BTreeMap::new();
     let mut put = |k: &str, v: Value| {
@@ -359,6 +389,35 @@ mod tests {
     }
 
     #[test]
+    fn the_direct_writer_writes_the_value_trees_bytes() {
+        let mut s = session();
+        assert_eq!(encode_session(&s), canonical(&session_value(&s)));
+        s.labels = LabelSet::new()
+            .with(&[Label::parse("pii").unwrap(), Label::parse("a.b").unwrap()])
+            .unwrap();
+        s.policy_set = Some(Digest([7; 32]));
+        s.state.more_pending = vec![PendingTransition::default()];
+        s.state.repeat_counts.insert("t\"o\u{1}ol".into(), 3);
+        s.state.window_counts.insert("x".into(), 1);
+        s.state.window_counts.insert("é".into(), u32::MAX);
+        s.state.reservations.insert(
+            4,
+            tollgate_core::state::Reservation {
+                estimated: Money(-1),
+                deducted: Money(i64::MIN),
+            },
+        );
+        s.state.last_params_hash = Some(Digest([0xfe; 32]));
+        s.state.last_tool_name = Some("a\nb".into());
+        s.state.circuit_trip_reason = Some(tollgate_core::Reason::ALL[0]);
+        for n in 0..2000 {
+            s.state.seen_nonces.insert(n * 7_919, 1024);
+        }
+        assert_eq!(encode_session(&s), canonical(&session_value(&s)));
+        assert_eq!(decode_session(&encode_session(&s), 1 << 20, -1).unwrap(), s);
+    }
+
+    #[test]
     fn session_records_are_strict() {
         let text = String::from_utf8(encode_session(&session())).unwrap();
         let extra = text.replacen("{", "{\"zz\":1,", 1);
@@ -410,6 +469,7 @@ mod tests {
                 bytes[at] = b;
             }
             if let Ok(s) = decode_session(&bytes, 1 << 20, 0) {
+                proptest::prop_assert_eq!(encode_session(&s), canonical(&session_value(&s)));
                 proptest::prop_assert_eq!(decode_session(&encode_session(&s), 1 << 20, 0).unwrap(), s);
             }
         }

@@ -1380,6 +1380,54 @@ async fn enrolled_agents_over_grpc_get_their_own_guard_and_nobody_else_does() {
     assert_eq!(opened, 1);
 }
 
+/// Issue 15 §3 without `require_enrollment`: acme enrolls `reviewed` (named by its
+/// certificate) but takes claimed ids too. A certificate of acme that names no agent may
+/// register under a claimed id, but not as the enrolled agent: that id is reserved to a
+/// certificate naming it, which is served under its own guard (HITL always).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_required_enrollment_a_certificate_naming_no_agent_cannot_claim_an_enrolled_id() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::new(dir.path());
+    let mut cfg = pki.daemon_config(dir.path());
+    cfg.enrollment.insert(
+        crate::ORG.into(),
+        tollgate_daemon::config::Enrollment {
+            required: false,
+            agents: [("reviewed".to_owned(), None)].into_iter().collect(),
+        },
+    );
+    let daemon = tollgate_daemon::Daemon::start(cfg).await.unwrap();
+    let grpc = daemon.grpc_addr().unwrap();
+    let running = crate::run(daemon);
+    let connect = |cert: (String, String), agent: &str| {
+        DaemonClient::connect(ClientConfig::grpc(
+            pki.client(grpc, Some(cert)),
+            crate::ORG,
+            agent,
+        ))
+    };
+    let p = json::parse_str("{}").unwrap();
+    // A claimed id: served (no enrollment required).
+    let claimed = connect(pki.acme_agent(), "someone").await.unwrap();
+    assert_eq!(claimed.pre_exec("t", &p, 0.0).await.verdict, Verdict::Allow);
+    // The attack: the same certificate claims the enrolled id (to be taken for it).
+    let e = connect(pki.acme_agent(), "reviewed").await.unwrap_err();
+    assert_eq!(e.reason(), "fail_closed:authentication_failed", "{e}");
+    // The enrolled agent's own certificate: served as it, under its guard.
+    let reviewed = pki.acme.issue(&[], &["spiffe://acme/reviewed"], false);
+    let agent = connect(reviewed, "reviewed").await.unwrap();
+    assert_eq!(agent.pre_exec("t", &p, 0.0).await.verdict, Verdict::Hitl);
+    running.stop().await;
+    let opened: Vec<String> = session_events(dir.path())
+        .into_iter()
+        .filter_map(|e| match e {
+            tollgate_audit::SessionEvent::Opened(s) => Some(s.agent_id),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(opened, ["someone", "reviewed"]);
+}
+
 /// Issue 17 §4 over gRPC: `CloseSession` ends the session (audited), and every later rpc
 /// about it is `NOT_FOUND`: the same core as the socket's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -405,3 +405,72 @@ async fn only_the_unconfirmed_change_is_marked_and_indexed_with_the_record_it_re
     drop(a);
     cleanup(&p).await;
 }
+
+/// Milliseconds until `key` expires (-1: no expiry, -2: no key).
+async fn pttl(key: &str) -> i64 {
+    let client = redis::Client::open(REDIS).unwrap();
+    let mut c = client.get_multiplexed_async_connection().await.unwrap();
+    redis::cmd("PTTL")
+        .arg(key)
+        .query_async(&mut c)
+        .await
+        .unwrap()
+}
+
+/// An agent's close (`Change::End`) sets no expiry on the session's hash while it is
+/// unconfirmed: a hash that expired with it would leave a close neither in the log nor
+/// voidable. Confirmed, the hash expires (`session_ttl`); written and never committed (its
+/// daemon died), it is voided and the session is back, with no expiry; committed and never
+/// confirmed, the settlement that keeps it sets the expiry.
+#[tokio::test]
+async fn an_ended_session_expires_only_once_its_close_is_confirmed() {
+    use tollgate_audit::CloseReason;
+    use tollgate_store::{ops, Change};
+    let _scripts = crate::support::SCRIPTS.read().await;
+    let close = |s: &mut tollgate_store::Session| {
+        Change::End((), ops::close(s, CloseReason::Agent, 2_000).into())
+    };
+    for mode in [crate::support::COMMIT, HANG, COMMIT_THEN_HANG] {
+        let p = prefix("ttl");
+        let book = Arc::new(Book::default());
+        let ja = TestJournal::new(book.clone());
+        let a = store(options(&p), ja.clone()).await;
+        create(&a, org_session("e1", "org-e", 1_000)).await;
+        let key = format!("{p}:{{o:org-e}}:s:e1");
+        ja.mode.store(mode, Ordering::SeqCst);
+        let ((), durable) = a.apply("e1", close).await.unwrap();
+        if mode == crate::support::COMMIT {
+            durable.await.unwrap();
+            crate::support::wait_confirmed(&key).await;
+            assert!(pttl(&key).await > 0, "a confirmed close expires");
+            assert!(a.get("e1").await.unwrap().is_none());
+            cleanup(&p).await;
+            continue;
+        }
+        // The daemon dies with its close written, marked unconfirmed.
+        drop(durable);
+        drop(a);
+        assert_eq!(markers(&key).await, vec!["u:2".to_owned()]);
+        assert_eq!(pttl(&key).await, -1, "an unconfirmed close sets no expiry");
+        let mut opts = options(&p);
+        opts.grace = Duration::from_millis(200);
+        let b = store(opts, TestJournal::new(book.clone())).await;
+        while !markers(&key).await.is_empty() {
+            b.sweep().await.unwrap();
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let claim = book.claims.lock().unwrap().get(&("e1".into(), 2)).copied();
+        if mode == HANG {
+            // Voided: the session was never closed, and lives on.
+            assert_eq!(claim, Some(Claim::Void));
+            assert!(b.get("e1").await.unwrap().is_some());
+            assert_eq!(pttl(&key).await, -1);
+        } else {
+            // Kept: the settlement sets the expiry the confirmer did not.
+            assert_eq!(claim, Some(Claim::Entry));
+            assert!(b.get("e1").await.unwrap().is_none());
+            assert!(pttl(&key).await > 0, "a settled close expires");
+        }
+        cleanup(&p).await;
+    }
+}

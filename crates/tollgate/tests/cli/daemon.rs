@@ -326,6 +326,37 @@ fn serve_prints_where_both_secrets_are() {
     assert!(daemon.terminate().success());
 }
 
+/// Issue 15 §3: without enrollment, agent ids are claims. `serve` says so at start when
+/// per-agent guards (or `per_agent` budgets) are configured for an organization that does
+/// not enroll those agents; with the agents enrolled and enrollment required, it does not.
+#[test]
+fn serve_warns_when_per_agent_guards_rest_on_claimed_ids() {
+    let tmp = tempfile::tempdir().unwrap();
+    let guards = "[guard.default]\nbudget_scope = \"per_agent\"\n\
+                  [guard.agents.research-bot]\nhitl_mode = \"always\"\n\
+                  [[organization]]\nid = \"acme\"\nsecret = \"an agents' secret of some length\"\n";
+    let claimed = "WARNING: organization `acme`: the per-agent guards of `research-bot` apply to \
+                   claimed agent ids, not enrolled agents";
+    let fresh = "WARNING: organization `acme`: per_agent budgets are kept per claimed agent id";
+    let enrolled = "require_enrollment = true\n[[organization.agent]]\nid = \"research-bot\"\n\
+                    secret = \"research-bot's own secret\"\n";
+    for (name, extra, warned) in [("claims", "", true), ("enrolled", enrolled, false)] {
+        let dir = tmp.path().join(name);
+        let file = tmp.path().join(format!("{name}.toml"));
+        std::fs::write(&file, format!("{guards}{extra}")).unwrap();
+        let mut daemon = Serve::start_with(&dir, &["--config", s(&file)]);
+        let banner = daemon.banner();
+        for want in [claimed, fresh] {
+            assert_eq!(
+                banner.contains(want),
+                warned,
+                "{name}: `{want}` in:\n{banner}"
+            );
+        }
+        assert!(daemon.terminate().success());
+    }
+}
+
 #[test]
 fn demo_runs_appendix_a_as_written() {
     let out = tollgate(&["demo"]);

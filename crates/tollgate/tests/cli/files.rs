@@ -455,3 +455,53 @@ fn a_short_secret_file_stops_the_daemon_naming_it() {
         "{err}"
     );
 }
+
+/// Issue 15 §4, the operators' side: a generated operator-secret file cut short
+/// (`secrets/<org>.operator.secret`, empty or 15 bytes) stops the daemon at start naming
+/// that file, not the agents' secret beside it; so does a configured
+/// `operator_secret_file` that short.
+#[test]
+fn a_short_operator_secret_file_stops_the_daemon_naming_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("data");
+    std::fs::create_dir_all(dir.join("secrets")).unwrap();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o750)).unwrap();
+    let agents = dir.join("secrets/default.secret");
+    std::fs::write(&agents, format!("{}\n", "ab".repeat(32))).unwrap();
+    let operators = dir.join("secrets/default.operator.secret");
+    for text in ["", "0123456789abcde\n"] {
+        std::fs::write(&operators, text).unwrap();
+        let out = run_briefly(&["serve", "--data-dir", s(&dir)], 20)
+            .unwrap_or_else(|| panic!("the daemon started with the operator secret {text:?}"));
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains(s(&operators)) && err.contains("at least 16"),
+            "{text:?}: {err}"
+        );
+        assert!(!err.contains(s(&agents)), "{err}");
+    }
+    let short = tmp.path().join("operators.secret");
+    std::fs::write(&short, "tooshort\n").unwrap();
+    let config = tmp.path().join("tollgate.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[[organization]]\nid = \"acme\"\nsecret = \"an agents' secret of some length\"\n\
+             operator_secret_file = \"{}\"\n",
+            s(&short)
+        ),
+    )
+    .unwrap();
+    let out = run_briefly(
+        &["serve", "--config", s(&config), "--data-dir", s(&dir)],
+        20,
+    )
+    .expect("the daemon started with a short configured operator secret");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(s(&short)) && err.contains("at least 16"),
+        "{err}"
+    );
+}

@@ -41,6 +41,12 @@ const OPERATOR_SECRET: &str = "fleet-test-operators-secret-0123456789";
 const BUDGET_NANOS: i64 = 2_000_000_000; // $2
 const AGENTS: usize = 200;
 const DAEMONS: usize = 3;
+/// The load test's calls cost 1 to 4 units (0.4 to 1.6 mills, 1 mill on average): the
+/// budget pays for 2,000 calls of the mean cost.
+const UNIT_NANOS: i64 = 400_000;
+/// Calls each agent of the load test makes (distinct nonces, each cost 8 times): the
+/// 200 agents ask 200 × 32 × 1 mill = $6.40, 3.2 times the budget.
+const CALLS_PER_AGENT: u64 = 32;
 
 fn unique(tag: &str) -> String {
     static N: AtomicU64 = AtomicU64::new(0);
@@ -280,6 +286,15 @@ struct Seen {
     resumed: u64,
     /// Registrations and resumptions refused (a dead daemon, an outage): retried.
     refused_joins: u64,
+    /// Σ of the estimated costs of the distinct calls answered (each nonce once): what
+    /// the agents asked of the budget.
+    demanded_nanos: i64,
+    /// Calls DENYed because the budget could not pay for them (`budget_exhausted`,
+    /// `budget_overrun`), and DENYs of any reason.
+    budget_denies: u64,
+    denies: u64,
+    /// Agents that made all their calls (with `Behaviour::calls`).
+    finished: u64,
 }
 
 /// One agent: its current session and where it goes.
@@ -304,14 +319,17 @@ struct Behaviour {
     /// organization's budget while the others spend it) or resumes its session through
     /// the next daemon, in turn.
     churn: bool,
-    /// Stop the run once an agent is told the budget has less left than any call costs.
-    until_spent: bool,
+    /// Each agent makes this many calls (distinct nonces), each answered, then stops;
+    /// `None`: calls until the run's time is up.
+    calls: Option<u64>,
+    /// What one unit of a call's cost is (calls cost 1 to 4 units); 0: 1 mill.
+    unit_nanos: i64,
 }
 
-/// Every agent fires calls until `stop`: each call a fresh nonce and a cost of 1-4 mills;
-/// an ALLOW is settled at its estimate. A call with no answer is resent with the same
-/// nonce and call number (after resuming the session, through another daemon if its own
-/// is gone) until it is answered or the run stops.
+/// Every agent fires calls until `stop` (or until it made `how.calls`): each call a fresh
+/// nonce and a cost of 1-4 units; an ALLOW is settled at its estimate. A call with no
+/// answer is resent with the same nonce and call number (after resuming the session,
+/// through another daemon if its own is gone) until it is answered or the run stops.
 async fn load(
     fleet: &Fleet,
     agents: &mut [Agent],
@@ -338,7 +356,16 @@ async fn load(
             // back next (a new session, or a resume through the next daemon).
             let mut left_on_session = 2 + (index as u64 % 5);
             let mut fresh_next = false;
+            let unit = if how.unit_nanos > 0 {
+                how.unit_nanos as f64 / 1e9
+            } else {
+                0.001
+            };
             while !stop.load(Ordering::Relaxed) {
+                if how.calls.is_some_and(|k| n >= k) && pending.is_none() {
+                    seen.lock().unwrap().finished += 1;
+                    break;
+                }
                 let c = match &client {
                     Some(c) => c,
                     None => {
@@ -386,7 +413,7 @@ async fn load(
                     None => {
                         n += 1;
                         let nonce = (salt << 48) | ((index as u64) << 32) | n;
-                        (nonce, 0.001 * ((n % 4) as f64 + 1.0))
+                        (nonce, unit * ((n % 4) as f64 + 1.0))
                     }
                 };
                 let call_number = next_call;
@@ -401,7 +428,7 @@ async fn load(
                         ..Default::default()
                     })
                     .await;
-                let Some(response) = &v.response else {
+                if v.response.is_none() {
                     // Refused or unanswered: it may or may not have been decided. Resume
                     // (the session's last call number says which) and resend it with the
                     // same nonce: decided again if it was not, a replay if it was.
@@ -410,13 +437,20 @@ async fn load(
                     client = None;
                     tokio::time::sleep(Duration::from_millis(20)).await;
                     continue;
-                };
-                if how.until_spent && response.budget_remaining_nanos < 1_000_000 {
-                    stop.store(true, Ordering::Relaxed);
                 }
                 pending = None;
                 next_call += 1;
-                seen.lock().unwrap().answered += 1;
+                {
+                    let mut s = seen.lock().unwrap();
+                    s.answered += 1;
+                    s.demanded_nanos += (cost * 1e9).round() as i64;
+                    if v.verdict == Verdict::Deny {
+                        s.denies += 1;
+                        if matches!(v.reason.as_str(), "budget_exhausted" | "budget_overrun") {
+                            s.budget_denies += 1;
+                        }
+                    }
+                }
                 if v.verdict == Verdict::Allow {
                     seen.lock()
                         .unwrap()
@@ -675,9 +709,9 @@ async fn register(fleet: &Fleet, org: &'static str, agents: usize) -> Vec<Agent>
     v
 }
 
-/// Run the load for at most `secs` (less if `how.until_spent` and the budget runs out),
-/// with `fault` run on its own thread meanwhile (given what the agents saw so far and
-/// the stop flag).
+/// Run the load for at most `secs` (less once every agent made `how.calls`, if set: then
+/// `secs` only keeps a hung run from hanging the suite), with `fault` run on its own
+/// thread meanwhile (given what the agents saw so far and the stop flag).
 #[allow(clippy::too_many_arguments)]
 fn run(
     rt: &tokio::runtime::Runtime,
@@ -705,7 +739,16 @@ fn run(
             stop.store(true, Ordering::Relaxed);
         })
     };
-    rt.block_on(load(fleet, agents, alive, stop, seen.clone(), salt, how));
+    rt.block_on(load(
+        fleet,
+        agents,
+        alive,
+        stop.clone(),
+        seen.clone(),
+        salt,
+        how,
+    ));
+    stop.store(true, Ordering::Relaxed);
     stopper.join().unwrap();
     fault.join().unwrap();
     Arc::try_unwrap(seen).ok().unwrap().into_inner().unwrap()
@@ -718,12 +761,15 @@ fn all_alive() -> Vec<Arc<AtomicBool>> {
 }
 
 /// Issue 15 §1: 200 agents of one organization, registering new sessions and resuming
-/// theirs on other daemons throughout the load, spend one budget through three daemons
-/// until it is gone (asking several times over what it holds). Only exactness is
+/// theirs on other daemons throughout the load, spend one budget through three daemons:
+/// 32 calls each, asking 3.2 times what the budget holds, so that it runs out
+/// early and the rest of the load is DENYed for want of budget. Only exactness is
 /// checked, never speed: the chains ALLOW no more than the budget, Redis's remaining
-/// budget is the budget minus exactly what the chains took, no nonce is ALLOWed twice,
-/// every ALLOW an agent saw is in a chain. Then the same with a daemon killed (SIGKILL)
-/// once a quarter of the budget is spent, its agents resuming through the others.
+/// budget is the budget minus exactly what the chains took, and is what the chains fold
+/// to by their budget versions; no nonce is ALLOWed twice; every ALLOW an agent saw is
+/// in a chain. Then the same with a daemon killed (SIGKILL) once a quarter of the budget
+/// is spent, its agents resuming through the others and resending what went unanswered.
+/// `tools/repeat-fleet-load.sh N` runs it N times in a row (docs/fleet.md, "Testing").
 #[test]
 fn three_daemons_share_one_budget_without_overspending_then_one_is_killed() {
     let tmp = tempfile::tempdir().unwrap();
@@ -732,16 +778,45 @@ fn three_daemons_share_one_budget_without_overspending_then_one_is_killed() {
     let alive = all_alive();
     let how = Behaviour {
         churn: true,
-        until_spent: true,
+        calls: Some(CALLS_PER_AGENT),
+        unit_nanos: UNIT_NANOS,
+    };
+    // The load asks several times what the budget holds, and is DENYed for it.
+    let asked_enough = |seen: &Seen, phase: &str| {
+        eprintln!(
+            "{phase}: {} answered ({} ALLOWed, {} DENYed of which {} for the budget), \
+             ${:.4} asked of ${:.4}, {} registered, {} resumed, {} resent, {} refused joins",
+            seen.answered,
+            seen.allowed.len(),
+            seen.denies,
+            seen.budget_denies,
+            seen.demanded_nanos as f64 / 1e9,
+            BUDGET_NANOS as f64 / 1e9,
+            seen.registered,
+            seen.resumed,
+            seen.resent,
+            seen.refused_joins,
+        );
+        assert_eq!(
+            seen.finished, AGENTS as u64,
+            "{phase}: every agent made its calls"
+        );
+        assert!(
+            seen.demanded_nanos >= 3 * BUDGET_NANOS,
+            "{phase}: the agents asked {} of {BUDGET_NANOS}",
+            seen.demanded_nanos
+        );
+        assert!(seen.budget_denies > 0, "{phase}: the budget ran out");
+        assert!(
+            seen.registered > 0 && seen.resumed > 0,
+            "{phase}: the agents churned"
+        );
     };
 
     // 1. No overspend, no double ALLOW.
     let mut agents = rt.block_on(register(&fleet, "acme", AGENTS));
-    let seen = run(&rt, &fleet, &mut agents, &alive, 120, 1, how, |_, _| {});
-    assert!(
-        seen.registered > 0 && seen.resumed > 0,
-        "the agents churned"
-    );
+    let seen = run(&rt, &fleet, &mut agents, &alive, 600, 1, how, |_, _| {});
+    asked_enough(&seen, "no fault");
     let chains = rt.block_on(check(&fleet, &alive, &agents, &seen));
     assert_eq!(chains.chains, DAEMONS);
     assert_eq!(chains.voids, 0, "nothing crashed, nothing is voided");
@@ -760,14 +835,15 @@ fn three_daemons_share_one_budget_without_overspending_then_one_is_killed() {
     let mut agents = rt.block_on(register(&fleet, "beta", AGENTS));
     let pid = fleet.daemons[0].as_ref().unwrap().child.id();
     let dead = alive[0].clone();
-    // A quarter of the budget at the cheapest cost: spent before the kill.
-    let quarter = (BUDGET_NANOS / 4 / 4_000_000) as usize;
+    // ALLOWs worth a quarter of the budget at the dearest cost (312), at most a
+    // quarter of it, before the kill.
+    let quarter = (BUDGET_NANOS / 4 / (4 * UNIT_NANOS)) as usize;
     let seen2 = run(
         &rt,
         &fleet,
         &mut agents,
         &alive,
-        120,
+        600,
         2,
         how,
         move |seen, stop| {
@@ -781,6 +857,7 @@ fn three_daemons_share_one_budget_without_overspending_then_one_is_killed() {
         },
     );
     fleet.kill_9(0);
+    asked_enough(&seen2, "kill -9");
     assert!(seen2.resent > 0, "some calls were in flight at the kill");
     let before = chains;
     let chains = rt.block_on(check(&fleet, &alive, &agents, &seen2));
