@@ -680,7 +680,9 @@ impl<'a> ObjectWriter<'a> {
         #[cfg(debug_assertions)]
         {
             debug_assert!(
-                self.last.as_deref().is_none_or(|l| l.as_bytes() < key.as_bytes()),
+                self.last
+                    .as_deref()
+                    .is_none_or(|l| l.as_bytes() < key.as_bytes()),
                 "keys out of canonical order: {:?} then {key:?}",
                 self.last
             );

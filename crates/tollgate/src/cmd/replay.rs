@@ -37,8 +37,18 @@ use tollgate_store::replay::{Candidate, Refused};
 pub struct Args {
     /// The candidate configuration (`tollgate serve`'s TOML): its guards (`[guard.*]`) and
     /// its `[policy]` are replayed.
-    #[arg(long, value_name = "CANDIDATE.toml")]
-    config: PathBuf,
+    #[arg(
+        long,
+        value_name = "CANDIDATE.toml",
+        required_unless_present = "mcp",
+        conflicts_with = "mcp"
+    )]
+    config: Option<PathBuf>,
+    /// Or the MCP gateway's configuration (library mode): its `[guard]` and `[policy]`
+    /// are replayed, each call for the upstream its entry names (what the gateway's own
+    /// log replays under).
+    #[arg(long, value_name = "mcp.toml")]
+    mcp: Option<PathBuf>,
     /// A policy file replacing the configuration's `[policy]` files (repeatable, in set
     /// order; `[policy]`'s default, schema and trip_on_refusal still apply).
     #[arg(long = "policy", value_name = "FILE.cedar")]
@@ -93,14 +103,20 @@ pub fn run(args: &Args) -> ExitCode {
 }
 
 fn candidate(args: &Args) -> Result<Candidate, String> {
-    let config = DaemonConfig::load(&args.config)
-        .map_err(|e| format!("`{}`: {e}", args.config.display()))?;
-    let (candidate, warnings) = Candidate::load(
-        config.default_guard.clone(),
-        config.agent_guards.clone().into_iter().collect(),
-        config.policy.as_ref(),
-        &args.policies,
-    )?;
+    let (candidate, warnings) = match (&args.config, &args.mcp) {
+        (_, Some(mcp)) => tollgate_mcp::replay::load(mcp, &args.policies)?,
+        (Some(path), None) => {
+            let config =
+                DaemonConfig::load(path).map_err(|e| format!("`{}`: {e}", path.display()))?;
+            Candidate::load(
+                config.default_guard.clone(),
+                config.agent_guards.clone().into_iter().collect(),
+                config.policy.as_ref(),
+                &args.policies,
+            )?
+        }
+        (None, None) => return Err("give --config or --mcp".into()),
+    };
     for w in warnings {
         errln!("{w}");
     }

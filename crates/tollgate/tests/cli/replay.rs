@@ -456,3 +456,80 @@ fn a_library_guard_log_replays_under_its_own_config_with_no_flip() {
         assert_eq!(count(&report, "unreplayable"), 0, "{name}: {t}");
     }
 }
+
+/// `--mcp mcp.toml`: a library-mode gateway's configuration is the candidate (its
+/// `[guard]` and `[policy]`), and each call is decided for the upstream its entry names.
+/// The log here is the one the gateway's library decider writes (`Guard::check_in` with
+/// the tool's upstream; the gateway itself writes and replays one in
+/// crates/tollgate-mcp/tests/mcp/replay.rs). A daemon-mode mcp.toml is refused (exit 2).
+#[test]
+fn an_mcp_toml_is_a_candidate_and_its_upstreams_are_the_resources() {
+    use tollgate_audit::{keys, params::Recorder, ParamsMode, Writer, WriterConfig};
+    use tollgate_client::{AuditIdentity, Guard};
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::write(
+        d.join("tools.cedar"),
+        "@id(\"kit-big-pay\") forbid (principal, action == Action::\"pay\", resource == Upstream::\"kit\") when { context.args has n && context.args.n > 5 };\n",
+    )
+    .unwrap();
+    let mcp = d.join("mcp.toml");
+    std::fs::write(
+        &mcp,
+        "[[upstream]]\nname = \"kit\"\ncommand = \"/nonexistent/kit\"\n\
+         [guard]\nbudget_usd = 1.0\nmax_repeat_calls = 3\n\
+         [policy]\nfiles = [\"tools.cedar\"]\n",
+    )
+    .unwrap();
+    let o = tollgate(&["keygen", "--out", s(d)]);
+    assert_eq!(code(&o), 0, "{}", text(&o));
+    let key =
+        keys::parse_secret_key(&std::fs::read_to_string(d.join("audit.key")).unwrap()).unwrap();
+    let config = tollgate_mcp::Config::load(&mcp).unwrap();
+    let tollgate_mcp::config::Mode::Library(l) = &config.mode else {
+        panic!()
+    };
+    let (set, _) = tollgate_policy::files::enforced(l.policy.as_ref().unwrap()).unwrap();
+    let (writer, _) = Writer::open(WriterConfig::new(d.join("audit")), key).unwrap();
+    let who = AuditIdentity::default();
+    let guard = Guard::new_as(l.guard.clone(), who.clone())
+        .with_policies(set)
+        .unwrap()
+        .with_audit(writer, who)
+        .unwrap()
+        .with_params(Recorder::new(ParamsMode::Full, &[]).unwrap());
+    let mut refused = 0;
+    for n in 0..10 {
+        let p = json::parse_str(&format!(r#"{{"n":{n}}}"#)).unwrap();
+        let c = guard.check_in("kit", "pay", &p, tollgate_core::Money(10_000_000), None);
+        refused += usize::from(c.reason == "policy:kit-big-pay");
+    }
+    assert_eq!(refused, 4);
+    drop(guard);
+    let log = d.join("audit");
+    let pubkey = d.join("audit.pub");
+    let (c, report, t) = replay(&["--mcp", s(&mcp), "--key", s(&pubkey), s(&log)]);
+    assert_eq!(c, 0, "{t}");
+    assert_eq!(count(&report, "flips"), 0, "{t}");
+    assert_eq!(count(&report, "replayed"), 10, "{t}");
+    // The same policies under a serve configuration: the entries still name their
+    // upstream, so the forbid still applies.
+    let serve = d.join("serve.toml");
+    std::fs::write(
+        &serve,
+        "[guard.default]\nbudget_usd = 1.0\nmax_repeat_calls = 3\n[policy]\nfiles = [\"tools.cedar\"]\n",
+    )
+    .unwrap();
+    let (c, report, t) = replay(&["--config", s(&serve), "--key", s(&pubkey), s(&log)]);
+    assert_eq!((c, count(&report, "flips")), (0, 0), "{t}");
+    // A daemon-mode gateway keeps no log of its own.
+    std::fs::write(
+        &mcp,
+        "[gateway]\nmode = \"daemon\"\n[[upstream]]\nname = \"kit\"\ncommand = \"/nonexistent/kit\"\n",
+    )
+    .unwrap();
+    let o = tollgate(&["policy", "replay", "--mcp", s(&mcp), s(&log)]);
+    assert_eq!(code(&o), 2, "{}", text(&o));
+    assert!(text(&o).contains("replay the daemon's log"), "{}", text(&o));
+    assert!(stdout(&o).is_empty(), "{}", text(&o));
+}
