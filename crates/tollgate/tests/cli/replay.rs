@@ -533,3 +533,54 @@ fn an_mcp_toml_is_a_candidate_and_its_upstreams_are_the_resources() {
     assert!(text(&o).contains("replay the daemon's log"), "{}", text(&o));
     assert!(stdout(&o).is_empty(), "{}", text(&o));
 }
+
+/// `tollgate_client::candidate::candidate_toml` (what the Python `Guard.replay_config()`
+/// writes) is a `tollgate serve` configuration whose default guard is exactly the library
+/// guard's, every key set apart from the defaults, and whose `[policy]` is its set's.
+#[test]
+fn a_library_guards_candidate_toml_reads_back_as_the_same_guard_and_set() {
+    use tollgate_core::{BudgetScope, GuardConfig, HitlMode, Money, Ratio, Settlement};
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("a \"b\".cedar"), NO_SHELL).unwrap();
+    let g = GuardConfig {
+        budget: Money(2_345_678_912),
+        budget_scope: BudgetScope::PerAgent,
+        max_repeat_calls: 7,
+        error_amplification: true,
+        timeout_seconds: 11,
+        window_duration_s: 13,
+        window_max_calls: 17,
+        max_total_calls: 19,
+        probabilistic_deny: true,
+        deny_jitter_ratio: Ratio::from_ppm(123_457),
+        hitl_mode: HitlMode::OnThreshold,
+        hitl_budget_threshold: Ratio::from_ppm(250_001),
+        settlement: Settlement::Actual,
+        parent_guard_id: None,
+        nonce_window: 23,
+        max_reservations: 29,
+        max_held_calls: 3,
+    };
+    let settings = tollgate_policy::files::Settings {
+        files: vec!["a \"b\".cedar".into()],
+        default: tollgate_policy::DefaultEffect::Deny,
+        schema: None,
+        trip_on_refusal: true,
+        shadow: true,
+    };
+    let toml = tollgate_client::candidate::candidate_toml(&g, Some(&settings), dir.path()).unwrap();
+    let path = dir.path().join("candidate.toml");
+    std::fs::write(&path, &toml).unwrap();
+    let config = tollgate_daemon::config::DaemonConfig::load(&path).unwrap();
+    assert_eq!(config.default_guard, g, "{toml}");
+    let read = config.policy.unwrap();
+    assert_eq!(read.files, [dir.path().join("a \"b\".cedar")], "{toml}");
+    assert_eq!(
+        (read.default, read.trip_on_refusal, read.shadow),
+        (tollgate_policy::DefaultEffect::Deny, true, true),
+        "{toml}"
+    );
+    // And the set loads from it (shadow mode: nothing enforced).
+    let (set, _) = tollgate_policy::files::enforced(&read).unwrap();
+    assert!(set.policies.is_shadow_set());
+}
