@@ -49,7 +49,7 @@ pub fn run(
     paths: &[PathBuf],
 ) -> Result<Report, Result<Refused, String>> {
     let (candidate, _) = load(config, replace).map_err(Err)?;
-    tollgate_store::replay::replay_paths(paths, key, candidate, examples, &mut |_| {})
+    tollgate_store::replay::replay_paths(paths, key, candidate, examples, &mut |_| ())
         .map(|(r, _)| r)
         .map_err(Ok)
 }

@@ -40,7 +40,9 @@ mod verify;
 pub use conn::{check_schema, connect, PgSettings, DEFAULT_SCHEMA, MAX_SCHEMA_LEN};
 pub use journal::{check_chain_id, PgJournal, PgStats, CHAIN_FORMAT_VERSION, MAX_CHAIN_ID_BYTES};
 pub use schema::{migrate, migrate_with, MigrateReport, RoleOutcome, SCHEMA_VERSION, WRITER_ROLE};
-pub use verify::{chain_name, list_chains, verify, verify_chain, ChainInfo, ChainReport};
+pub use verify::{
+    chain_name, count_entries, list_chains, verify, verify_chain, ChainInfo, ChainReport,
+};
 
 /// Why a PostgreSQL operation failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -73,6 +73,19 @@ pub async fn list_chains(
         .map_err(PgError::db("list chains"))
 }
 
+/// How many entries the chains of `schema` hold (every chain's rows): the total a
+/// progress display counts toward.
+pub async fn count_entries(client: &Client, schema: &str) -> Result<u64, PgError> {
+    check_schema(schema)?;
+    let s = quoted(schema);
+    let row = client
+        .query_one(&format!("SELECT count(*) FROM {s}.entries"), &[])
+        .await
+        .map_err(PgError::db("count entries"))?;
+    let n: i64 = row.try_get(0).map_err(PgError::db("count entries"))?;
+    Ok(u64::try_from(n).unwrap_or(0))
+}
+
 /// Verify one chain. The starting key is trusted from `keys` (the one whose bytes equal
 /// the registered key, else the first given: a chain signed by another key then breaks
 /// with an unknown key) or, with no keys given, from the `chains` table. `visit` sees

@@ -136,6 +136,34 @@ impl Candidate {
     }
 }
 
+/// How far a replay is: `done` of `total` (bytes of the log's files as they are on disk,
+/// or entries of a fleet's chains), and the entries folded so far.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Tick {
+    /// Entries verified and folded so far.
+    pub entries: u64,
+    /// How much of `total` is done.
+    pub done: u64,
+    /// The whole: known before the first entry.
+    pub total: u64,
+}
+
+/// How many records a log file's bytes hold (walking the length prefixes after the
+/// header, without checking them: a count for a progress display, not a verification).
+fn records_in(file: &[u8]) -> u64 {
+    let mut off = tollgate_audit::format::HEADER_LEN;
+    let mut n = 0u64;
+    while let Some(prefix) = file
+        .get(off..off.saturating_add(4))
+        .and_then(|p| <[u8; 4]>::try_from(p).ok())
+    {
+        let len = usize::try_from(u32::from_be_bytes(prefix)).unwrap_or(usize::MAX);
+        off = off.saturating_add(4).saturating_add(len);
+        n += 1;
+    }
+    n
+}
+
 /// Why a log was not replayed (`tollgate policy replay` exits 2, printing no result).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Refused {
@@ -152,15 +180,25 @@ pub enum Refused {
 /// log must be signed by it (else the first file's key is trusted, and the result says
 /// so); one directory holding its writer's checkpoint is verified anchored on it (links,
 /// hand-overs and the checkpoint's signature; every entry after it in full), anything
-/// else with every signature. `progress` sees the count of entries folded so far. A log
-/// that does not verify or does not fold gives no report.
+/// else with every signature. `progress` sees how far it is, in bytes of the files as they
+/// are on disk (a file's share grows with its entries verified). A log that does not
+/// verify or does not fold gives no report.
 pub fn replay_paths(
     paths: &[std::path::PathBuf],
     trusted_key: Option<tollgate_audit::VerifyingKey>,
     candidate: Candidate,
     examples: usize,
-    progress: &mut dyn FnMut(u64),
+    progress: &mut dyn FnMut(Tick),
 ) -> Result<(report::Report, bool), Refused> {
+    let files = tollgate_audit::collect_files(paths).map_err(|e| match e {
+        tollgate_audit::PathsError::Break(b) => Refused::Broken(b.to_string()),
+        e @ tollgate_audit::PathsError::Io { .. } => Refused::Io(e.to_string()),
+    })?;
+    let size = |p: &std::path::Path| std::fs::metadata(p).map_or(0, |m| m.len());
+    let total: u64 = files.iter().map(|f| size(f)).sum();
+    // The bytes of the files done, and the one being verified: its size on disk, its
+    // records, and how many of them were seen.
+    let at = std::cell::Cell::new((0u64, 0u64, 0u64, 0u64));
     let checkpoint = match paths {
         [dir] if dir.is_dir() => tollgate_audit::read_checkpoint(dir).ok(),
         _ => None,
@@ -174,22 +212,50 @@ pub fn replay_paths(
     let mut fold = Replay::new(candidate);
     let mut report = report::Report::new(examples);
     let mut broken: Option<String> = None;
-    let verified = tollgate_audit::verify_paths(paths, &opts, &mut |e| {
-        if broken.is_some() {
-            return;
-        }
-        report.entries += 1;
-        progress(report.entries);
-        match fold.fold(e.index, &e.event) {
-            Err(err) => broken = Some(format!("the log does not fold: {err}")),
-            Ok(None) => {}
-            Ok(Some(outcome)) => {
-                if let Event::Session(SessionEvent::Verdict(v)) = &e.event {
-                    report.add(None, e.index, v, outcome);
+    let mut on_file = |path: &std::path::Path, bytes: &[u8]| {
+        let (before, done_file, _, _) = at.get();
+        at.set((
+            before.saturating_add(done_file),
+            size(path),
+            records_in(bytes),
+            0,
+        ));
+    };
+    let verified = tollgate_audit::verify_paths_watched(
+        paths,
+        &opts,
+        &mut |e| {
+            if broken.is_some() {
+                return;
+            }
+            report.entries += 1;
+            let (before, file, records, seen) = at.get();
+            let seen = seen.saturating_add(1);
+            at.set((before, file, records, seen));
+            // Every 256th entry (and the first) is shown; the end once it is reached.
+            if report.entries % 256 == 1 {
+                let share =
+                    u128::from(file) * u128::from(seen.min(records)) / u128::from(records.max(1));
+                progress(Tick {
+                    entries: report.entries,
+                    done: before
+                        .saturating_add(u64::try_from(share).unwrap_or(u64::MAX))
+                        .min(total),
+                    total,
+                });
+            }
+            match fold.fold(e.index, &e.event) {
+                Err(err) => broken = Some(format!("the log does not fold: {err}")),
+                Ok(None) => {}
+                Ok(Some(outcome)) => {
+                    if let Event::Session(SessionEvent::Verdict(v)) = &e.event {
+                        report.add(None, e.index, v, outcome);
+                    }
                 }
             }
-        }
-    });
+        },
+        &mut on_file,
+    );
     let summary = match verified {
         Ok(s) => s,
         Err(tollgate_audit::PathsError::Break(b)) => return Err(Refused::Broken(b.to_string())),
@@ -198,18 +264,23 @@ pub fn replay_paths(
     if let Some(b) = broken {
         return Err(Refused::Broken(b));
     }
+    progress(Tick {
+        entries: report.entries,
+        done: total,
+        total,
+    });
     report.skipped(fold.skipped);
     Ok((report, summary.key_trusted))
 }
 
 /// Replay a fleet's chains (each already verified, whole) under `candidate`: merged into
-/// one order ([`merge::merge`]) and folded ([`Replay::fleet`]). `progress` sees the count
-/// of entries folded so far. Chains that do not merge or fold give no report.
+/// one order ([`merge::merge`]) and folded ([`Replay::fleet`]). `progress` sees how many
+/// of the merged entries were folded. Chains that do not merge or fold give no report.
 pub fn replay_chains(
     chains: &[merge::Chain],
     candidate: Candidate,
     examples: usize,
-    progress: &mut dyn FnMut(u64),
+    progress: &mut dyn FnMut(Tick),
 ) -> Result<report::Report, Refused> {
     let order = merge::merge(chains)
         .map_err(|e| Refused::Broken(format!("the chains do not fold: {e}")))?;
@@ -217,8 +288,13 @@ pub fn replay_chains(
     let mut report = report::Report::new(examples);
     // Entries outside the merged order (policy sets, ...) are counted too.
     report.entries = chains.iter().map(|c| c.entries.len() as u64).sum();
+    let total = order.len() as u64;
     for (n, at) in order.iter().enumerate() {
-        progress(n as u64 + 1);
+        progress(Tick {
+            entries: n as u64 + 1,
+            done: n as u64 + 1,
+            total,
+        });
         let Some(chain) = chains.get(at.chain) else {
             continue;
         };

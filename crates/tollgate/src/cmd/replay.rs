@@ -30,7 +30,7 @@ use tollgate_audit::{files, keys, VerifyingKey};
 use tollgate_daemon::config::DaemonConfig;
 use tollgate_store::replay::merge::Chain;
 use tollgate_store::replay::report::{Change, Report};
-use tollgate_store::replay::{Candidate, Refused};
+use tollgate_store::replay::{Candidate, Refused, Tick};
 
 /// Arguments of `tollgate policy replay`.
 #[derive(Debug, clap::Args)]
@@ -140,12 +140,13 @@ fn replay(args: &Args) -> Result<ExitCode, String> {
             if keys.len() > 1 {
                 return Err("one --key for a log's files (several are for --postgres)".into());
             }
+            progress.phase("replaying", Unit::Bytes, 0);
             match tollgate_store::replay::replay_paths(
                 &args.paths,
                 keys.first().copied(),
                 candidate,
                 args.examples,
-                &mut |n| progress.tick(n),
+                &mut |t| progress.tick(t),
             ) {
                 Ok((report, key_trusted)) => {
                     if !key_trusted {
@@ -196,6 +197,9 @@ fn replay_pg(
         .map_err(|e| e.to_string())?
         .block_on(async {
             let client = tollgate_pg::connect(&settings).await?;
+            // The rows are the total the verification counts toward.
+            let rows = tollgate_pg::count_entries(&client, &args.schema).await?;
+            progress.phase("verifying", Unit::Entries, rows);
             tollgate_pg::verify(&client, &args.schema, None, keys, &mut |chain, e| {
                 if chains.last().is_none_or(|c| c.id != chain) {
                     chains.push(Chain {
@@ -207,7 +211,11 @@ fn replay_pg(
                     c.entries.push((e.index, e.event.clone()));
                 }
                 verified += 1;
-                progress.tick(verified);
+                progress.tick(Tick {
+                    entries: verified,
+                    done: verified,
+                    total: rows,
+                });
             })
             .await
         })
@@ -224,12 +232,22 @@ fn replay_pg(
     if let Some(b) = reports.iter().find_map(|r| r.result.as_ref().err()) {
         return Ok(Err(Refused::Broken(b.to_string())));
     }
-    progress.restart();
+    let merged = chains
+        .iter()
+        .flat_map(|c| &c.entries)
+        .filter(|(_, e)| {
+            matches!(
+                e,
+                tollgate_audit::Event::Session(_) | tollgate_audit::Event::Void(_)
+            )
+        })
+        .count() as u64;
+    progress.phase("replaying", Unit::Entries, merged);
     Ok(tollgate_store::replay::replay_chains(
         &chains,
         candidate,
         args.examples,
-        &mut |n| progress.tick(n),
+        &mut |t| progress.tick(t),
     ))
 }
 
@@ -337,42 +355,119 @@ fn print_change(c: &Change) {
     );
 }
 
-/// A progress line on standard error, only when it is a terminal.
+/// A progress bar on standard error, only when it is a terminal: what is done of a total
+/// known before the first entry (the log files' bytes on disk; a fleet's rows, then its
+/// merged entries), redrawn at most every 200 ms, and always at the start of a phase and
+/// at its end; the line is cleared when the replay is done.
 struct Progress {
     on: bool,
-    last: Instant,
+    phase: &'static str,
+    unit: Unit,
+    last: Option<Instant>,
     shown: bool,
+    ended: bool,
+    tick: Tick,
 }
+
+/// What a bar counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Unit {
+    Bytes,
+    Entries,
+}
+
+/// The bar's width in characters.
+const BAR: u64 = 30;
 
 impl Progress {
     fn new(on: bool) -> Progress {
         Progress {
             on,
-            last: Instant::now(),
+            phase: "replaying",
+            unit: Unit::Bytes,
+            last: None,
             shown: false,
+            ended: false,
+            tick: Tick::default(),
         }
     }
 
-    fn tick(&mut self, entries: u64) {
-        if !self.on || !entries.is_multiple_of(4096) || self.last.elapsed().as_millis() < 200 {
+    /// A new phase, counting `unit`s toward `total`.
+    fn phase(&mut self, phase: &'static str, unit: Unit, total: u64) {
+        self.end_phase();
+        self.phase = phase;
+        self.unit = unit;
+        self.last = None;
+        self.ended = false;
+        self.tick = Tick {
+            total,
+            ..Tick::default()
+        };
+    }
+
+    fn tick(&mut self, t: Tick) {
+        self.tick = t;
+        if !self.on {
             return;
         }
-        self.last = Instant::now();
+        if self
+            .last
+            .is_some_and(|l| !t.entries.is_multiple_of(256) || l.elapsed().as_millis() < 200)
+        {
+            return;
+        }
+        self.draw();
+    }
+
+    fn draw(&mut self) {
+        self.last = Some(Instant::now());
         self.shown = true;
+        let t = self.tick;
+        let total = t.total.max(1);
+        let done = t.done.min(total);
+        let filled = done * BAR / total;
+        let percent = done * 100 / total;
+        let amount = match self.unit {
+            Unit::Bytes => format!("{} of {}", bytes(done), bytes(t.total)),
+            Unit::Entries => format!("{done} of {}", t.total),
+        };
         errln_raw(&format!(
-            "\rreplaying: {entries} entries verified and replayed"
+            "\r\x1b[2K{} [{}{}] {percent:>3}%  {amount}, {} entries",
+            self.phase,
+            "#".repeat(usize::try_from(filled).unwrap_or(0)),
+            " ".repeat(usize::try_from(BAR - filled).unwrap_or(0)),
+            t.entries
         ));
     }
 
-    /// Count again from 0 (the chains, verified, are now replayed).
-    fn restart(&mut self) {
-        self.last = Instant::now();
+    /// The phase's last state, drawn once.
+    fn end_phase(&mut self) {
+        if self.on && !self.ended && self.tick.entries > 0 {
+            self.ended = true;
+            self.draw();
+        }
     }
 
     fn done(&mut self) {
+        self.end_phase();
         if self.shown {
             errln_raw("\r\x1b[2K");
         }
+    }
+}
+
+/// A byte count as a person reads it.
+fn bytes(n: u64) -> String {
+    #[allow(clippy::cast_precision_loss)]
+    let f = n as f64;
+    if n >= 1 << 30 {
+        format!("{:.1} GiB", f / f64::from(1u32 << 30))
+    } else if n >= 1 << 20 {
+        format!("{:.1} MiB", f / f64::from(1u32 << 20))
+    } else if n >= 1 << 10 {
+        format!("{:.1} KiB", f / 1024.0)
+    } else {
+        format!("{n} B")
     }
 }
 

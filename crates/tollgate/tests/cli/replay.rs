@@ -584,3 +584,102 @@ fn a_library_guards_candidate_toml_reads_back_as_the_same_guard_and_set() {
     let (set, _) = tollgate_policy::files::enforced(&read).unwrap();
     assert!(set.policies.is_shadow_set());
 }
+
+/// Run `tollgate ARGS` with its standard error on a pseudo-terminal (standard output
+/// piped): the exit code and what it wrote on the terminal.
+pub fn on_a_terminal(args: &[&str]) -> (i32, String) {
+    use rustix::pty::{grantpt, openpt, ptsname, unlockpt, OpenptFlags};
+    use std::io::Read as _;
+    let master = openpt(OpenptFlags::RDWR | OpenptFlags::NOCTTY).unwrap();
+    grantpt(&master).unwrap();
+    unlockpt(&master).unwrap();
+    let name = ptsname(&master, Vec::new()).unwrap();
+    let slave = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(name.to_str().unwrap())
+        .unwrap();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(slave)
+        .spawn()
+        .unwrap();
+    // Read the terminal until the child's end of it is closed (EIO), standard output
+    // on its own thread so neither pipe fills.
+    let mut out = child.stdout.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = out.read_to_string(&mut s);
+        s
+    });
+    let mut master = std::fs::File::from(master);
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        match master.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => seen.extend_from_slice(&buf[..n]),
+        }
+    }
+    let status = child.wait().unwrap();
+    let _ = reader.join().unwrap();
+    (
+        status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&seen).into_owned(),
+    )
+}
+
+/// The progress bar: on a terminal, a bar toward a total known before the first entry
+/// (the log's bytes on disk), drawn at least at the start and at 100%, then cleared; on a
+/// pipe, none.
+#[test]
+fn a_progress_bar_is_drawn_on_a_terminal_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = config(dir.path(), "base", BASE_GUARD, NO_SHELL);
+    let (recorded, key, log) = run_guard(dir.path(), "bar", &base);
+    let args = [
+        "policy",
+        "replay",
+        "--config",
+        s(&base),
+        "--key",
+        s(&key),
+        s(&log),
+    ];
+    let (c, terminal) = on_a_terminal(&args);
+    assert_eq!(c, 0, "{terminal}");
+    let full = format!("replaying [{}] 100%", "#".repeat(30));
+    assert!(terminal.contains(&full), "{terminal:?}");
+    let size: u64 = std::fs::read_dir(&log)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "log"))
+        .map(|p| std::fs::metadata(p).unwrap().len())
+        .sum();
+    // The whole log: its files' bytes, and every entry (the policy set, the opening, the
+    // verdicts).
+    let kib = format!("{:.1} KiB", size as f64 / 1024.0);
+    assert!(size >= 1024, "{size}");
+    assert!(
+        terminal.contains(&format!(
+            "{full}  {kib} of {kib}, {} entries",
+            recorded.len() + 2
+        )),
+        "{terminal:?}"
+    );
+    // Drawn from the start, then cleared before the summary line.
+    assert!(terminal.starts_with("\r\x1b[2Kreplaying ["), "{terminal:?}");
+    assert!(
+        terminal.contains("\r\x1b[2Ktollgate: verified and replayed"),
+        "{terminal:?}"
+    );
+    let o = tollgate(&args);
+    assert_eq!(code(&o), 0, "{}", text(&o));
+    let piped = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !piped.contains('\r') && !piped.contains("replaying ["),
+        "{piped:?}"
+    );
+}

@@ -104,8 +104,10 @@ fn run_fleet(root: &Path, budget_usd: f64, rules: &str) -> Run {
     }
 }
 
-fn replay(fleet: &Fleet, args: &[&str]) -> (i32, json::Value, String) {
-    let mut all = vec![
+/// `policy replay --format json --examples 1000 --postgres URL --schema S --key ...` (each
+/// daemon's public key) and `args`.
+fn replay_args(fleet: &Fleet, args: &[&str]) -> Vec<String> {
+    let mut all: Vec<String> = [
         "policy",
         "replay",
         "--format",
@@ -116,16 +118,20 @@ fn replay(fleet: &Fleet, args: &[&str]) -> (i32, json::Value, String) {
         &fleet.pg_url,
         "--schema",
         &fleet.schema,
-    ];
-    let keys: Vec<String> = fleet
-        .dirs
-        .iter()
-        .map(|d| s(&d.join("audit.pub")).to_owned())
-        .collect();
-    for k in &keys {
-        all.extend(["--key", k.as_str()]);
+    ]
+    .iter()
+    .map(|a| (*a).to_owned())
+    .collect();
+    for d in &fleet.dirs {
+        all.extend(["--key".to_owned(), s(&d.join("audit.pub")).to_owned()]);
     }
-    all.extend_from_slice(args);
+    all.extend(args.iter().map(|a| (*a).to_owned()));
+    all
+}
+
+fn replay(fleet: &Fleet, args: &[&str]) -> (i32, json::Value, String) {
+    let all = replay_args(fleet, args);
+    let all: Vec<&str> = all.iter().map(String::as_str).collect();
     let o = tollgate(&all);
     let report = json::parse_str(stdout(&o).trim()).unwrap_or(json::Value::Null);
     (code(&o), report, text(&o))
@@ -226,6 +232,24 @@ fn a_fleet_log_replays_under_its_own_config_with_no_flip_and_a_planted_change_gi
         "{t}"
     );
     assert_eq!(count(&report, "skipped_settlements"), 0, "{t}");
+    // On a terminal: a bar toward the chains' rows while they are verified, then one
+    // toward the merged session entries while they are replayed.
+    let entries = count(&report, "entries");
+    let args = replay_args(fleet, &["--config", s(&own)]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let (c, terminal) = crate::replay::on_a_terminal(&args);
+    assert_eq!(c, 0, "{terminal}");
+    let full = "#".repeat(30);
+    assert!(
+        terminal.contains(&format!(
+            "verifying [{full}] 100%  {entries} of {entries}, {entries} entries"
+        )),
+        "{terminal:?}"
+    );
+    assert!(
+        terminal.contains(&format!("replaying [{full}] 100%")),
+        "{terminal:?}"
+    );
     // The same as a configuration of its guard and rules alone.
     let same = candidate(tmp.path(), "same", 2.0, NO_SHELL);
     let (c, report, t) = replay(fleet, &["--config", s(&same)]);
