@@ -24,13 +24,71 @@ pub const MAX_FIELDS: usize = 1024;
 /// The field prefix of an unconfirmed marker (`u:<seq>`).
 pub const MARKER_FIELD: &str = "u:";
 
-/// The field prefix of the record a marker's change replaced (`p:<seq>`): written by the
-/// script itself, from the `b` it overwrites, so the daemon never sends it.
+/// The field prefix that says where the record a marker's change replaced is (`p:<seq>`):
+/// written by the script itself, so the daemon never sends it. Its value is the name of
+/// the record field ([`RECORD_FIELD`], or [`LEGACY_RECORD_FIELD`]) that held the session
+/// before the change, or empty for the session's opening; in a hash written before
+/// record fields existed it is the record itself.
 pub const PREV_FIELD: &str = "p:";
 
-/// The field name of the record before change `seq` (beside its marker).
+/// The field name of the pointer to the record before change `seq` (beside its marker).
 pub fn prev_field(seq: u64) -> String {
     format!("{PREV_FIELD}{seq}")
+}
+
+/// The field that names the field holding the current record (`c`).
+pub const CURRENT_FIELD: &str = "c";
+
+/// The prefix of a record field (`r:<seq>:<daemon>:<n>`). A change's record is written
+/// into a fresh one by a plain `HSET` pipelined just before the script (so the record
+/// never passes through Lua: a script that copies a long string costs Redis several times
+/// more than the write), and the script makes it current by pointing [`CURRENT_FIELD`] at
+/// it, only if the versions match (else it deletes it). The record it replaces stays
+/// where it is, named by the change's `p:<seq>`, until the marker is dropped.
+pub const RECORD_FIELD: &str = "r:";
+
+/// Where a hash written before record fields existed keeps its record (`b`), and where
+/// the script looks when [`CURRENT_FIELD`] is absent.
+pub const LEGACY_RECORD_FIELD: &str = "b";
+
+/// The most record fields a view lists as orphans (staged by a write whose script never
+/// ran: a pipeline cut by a lost connection), for the next write to delete.
+pub const MAX_ORPHANS: usize = 16;
+
+/// A record field name no other write uses: the change's seq, the daemon, and a counter
+/// of this process. Unique, because two writes racing for one version must never stage
+/// into one field (the loser's `HSET` would overwrite the winner's record), and a retry
+/// must never overwrite a field an earlier attempt made current.
+pub fn staged_record_field(seq: u64, daemon: &str) -> String {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!("{RECORD_FIELD}{seq}:{daemon}:{n}")
+}
+
+/// The current record of a session hash: the field [`CURRENT_FIELD`] names, or
+/// [`LEGACY_RECORD_FIELD`] in a hash written before record fields existed.
+pub fn current_record(session: &Fields) -> Option<&Vec<u8>> {
+    match session.get(CURRENT_FIELD) {
+        Some(c) => session.get(std::str::from_utf8(c).ok()?),
+        None => session.get(LEGACY_RECORD_FIELD),
+    }
+}
+
+/// The fields of a session hash that holds nothing but staged records (no `v`): openings
+/// whose pipelines were cut after the staging `HSET`, so no session was ever written
+/// there. `None` for any other hash. The sweeper deletes exactly these fields (a later
+/// opening stages into a field of its own, which is never among them).
+pub fn orphan_only_fields(session: &Fields) -> Option<Vec<String>> {
+    (!session.is_empty()
+        && !session.contains_key("v")
+        && session.keys().all(|k| k.starts_with(RECORD_FIELD)))
+    .then(|| session.keys().take(MAX_ORPHANS).cloned().collect())
+}
+
+/// Whether a `p:<seq>` value names a record field (rather than holding an old-layout
+/// record itself, or being empty).
+fn names_record_field(v: &[u8]) -> bool {
+    v == LEGACY_RECORD_FIELD.as_bytes() || v.starts_with(RECORD_FIELD.as_bytes())
 }
 
 /// The first bytes of a session record in its stored form (field `b`): [`encode_stored`].
@@ -158,6 +216,7 @@ pub fn confirm_commands(
     seq: u64,
     hold: Option<(&str, &str)>,
     expire_ms: Option<u64>,
+    prev_record: &str,
 ) -> Vec<ConfirmCommand> {
     let mut out = Vec::with_capacity(3);
     if let Some((budget_key, field)) = hold {
@@ -172,9 +231,13 @@ pub fn confirm_commands(
             ms: ms.max(1),
         });
     }
+    let mut fields = vec![marker_field(seq), prev_field(seq)];
+    if !prev_record.is_empty() {
+        fields.push(prev_record.to_owned());
+    }
     out.push(ConfirmCommand::Hdel {
         key: session_key.to_owned(),
-        fields: vec![marker_field(seq), prev_field(seq)],
+        fields,
     });
     out
 }
@@ -274,6 +337,12 @@ pub struct CasRequest {
     pub expect_bv: u64,
     /// The new session record.
     pub session_blob: Vec<u8>,
+    /// The record field it is staged into ([`staged_record_field`]), which the script
+    /// makes current.
+    pub record_field: String,
+    /// Record fields to delete with the write: orphans the view found
+    /// ([`View::orphans`]).
+    pub drop_fields: Vec<String>,
     /// The new budget record, if the change moved the shared budget.
     pub budget_blob: Option<Vec<u8>>,
     /// The writing daemon's id (field `d`).
@@ -350,6 +419,10 @@ pub struct Marker {
     /// part of the marker's value: the script keeps it in field `p:<seq>` ([`PREV_FIELD`]),
     /// copied from the `b` the change replaced.
     pub prev: Vec<u8>,
+    /// The field holding `prev` in Redis (its `p:<seq>` value): dropped with the marker.
+    /// Empty when there is none (the opening, or an old-layout marker whose `p:<seq>`
+    /// holds the record itself).
+    pub prev_field: String,
     /// What it moved the shared budget's `remaining` by (0 for a per-session budget).
     pub delta_remaining: i64,
     /// What it moved the shared budget's `spent` by.
@@ -384,13 +457,15 @@ impl Marker {
         out
     }
 
-    /// Decode a marker of at most `max_bytes`, with `prev`, the value of its `p:<seq>`
-    /// field if there is one. A marker written before that field holds `prev` itself; one
-    /// with neither is corrupt (a void could not restore the record before it).
+    /// Decode a marker of at most `max_bytes`, with `prev`, the record before it (from
+    /// its `p:<seq>` field, resolved), and `prev_field`, the field that holds it. A marker
+    /// written before that field holds `prev` itself; one with neither is corrupt (a void
+    /// could not restore the record before it).
     pub fn decode(
         bytes: &[u8],
         max_bytes: usize,
         prev: Option<&[u8]>,
+        prev_field: String,
     ) -> Result<Marker, StoreError> {
         let v = json::parse(
             bytes,
@@ -418,6 +493,7 @@ impl Marker {
                 (None, Some(_)) => s("prev")?.into_bytes(),
                 (None, None) => return Err(bad("marker: its record before is missing")),
             },
+            prev_field,
             delta_remaining: i("dr")?,
             delta_spent: i("ds")?,
             // Markers written before these fields: 0 (the void then records no budget).
@@ -445,9 +521,14 @@ pub struct Bounds {
 pub struct View {
     /// The session hash's `v`.
     pub sv: u64,
-    /// The session record as stored at `sv` (field `b`): the `prev` of the next change's
-    /// marker, so a change never encodes the record it replaces.
+    /// The session record as stored at `sv`: the `prev` of the next change's marker, so a
+    /// change never encodes the record it replaces.
     pub blob: Vec<u8>,
+    /// The field holding it ([`CURRENT_FIELD`]'s value, or [`LEGACY_RECORD_FIELD`]).
+    pub cur: String,
+    /// Record fields that neither hold the current record nor a marker's record before
+    /// (at most [`MAX_ORPHANS`]): the next write deletes them.
+    pub orphans: Vec<String>,
     /// The session, its shared budget's amounts loaded.
     pub session: Session,
     /// Unconfirmed markers by seq.
@@ -497,21 +578,60 @@ pub fn view_from_fields(
     if session.len() > MAX_FIELDS {
         return Err(bad("session hash has too many fields"));
     }
+    if !session.contains_key("v") && session.keys().all(|k| k.starts_with(RECORD_FIELD)) {
+        // Only records staged by openings whose script never ran (their pipelines were
+        // cut): no session was written. The sweeper deletes them.
+        return Ok(None);
+    }
     let sv = parse_u64(session.get("v").ok_or_else(|| bad("session without v"))?)?;
-    let blob = session.get("b").ok_or_else(|| bad("session without b"))?;
+    let cur = match session.get(CURRENT_FIELD) {
+        Some(c) if c.starts_with(RECORD_FIELD.as_bytes()) => {
+            String::from_utf8(c.clone()).map_err(|_| bad("current record field is not UTF-8"))?
+        }
+        Some(_) => return Err(bad("current record field is not a record field")),
+        None => LEGACY_RECORD_FIELD.to_owned(),
+    };
+    let blob = session
+        .get(&cur)
+        .ok_or_else(|| bad("session without its current record"))?;
     let mut s = decode_stored(blob, bounds.max_blob_bytes, now)?;
     let mut markers = BTreeMap::new();
+    let mut kept = std::collections::BTreeSet::new();
+    kept.insert(cur.as_str());
     for (k, v) in session {
         if let Some(seq) = k.strip_prefix(MARKER_FIELD) {
             let seq = parse_u64(seq.as_bytes())?;
-            let prev = session.get(&prev_field(seq)).map(Vec::as_slice);
-            let m = Marker::decode(v, bounds.max_blob_bytes.saturating_mul(2) + 4096, prev)?;
+            let (prev, prev_name) = match session.get(&prev_field(seq)) {
+                Some(p) if names_record_field(p) => {
+                    let name = std::str::from_utf8(p)
+                        .map_err(|_| bad("record field name is not UTF-8"))?;
+                    let (name, rec) = session
+                        .get_key_value(name)
+                        .ok_or_else(|| bad("marker: its record before is missing"))?;
+                    kept.insert(name.as_str());
+                    (Some(rec.as_slice()), name.clone())
+                }
+                Some(p) => (Some(p.as_slice()), String::new()),
+                None => (None, String::new()),
+            };
+            let m = Marker::decode(
+                v,
+                bounds.max_blob_bytes.saturating_mul(2) + 4096,
+                prev,
+                prev_name,
+            )?;
             if m.seq != seq {
                 return Err(bad("marker seq differs from its field"));
             }
             markers.insert(seq, m);
         }
     }
+    let orphans = session
+        .keys()
+        .filter(|k| k.starts_with(RECORD_FIELD) && !kept.contains(k.as_str()))
+        .take(MAX_ORPHANS)
+        .cloned()
+        .collect();
     let (budget, holds, settling) = if s.meta.shared_budget_key().is_some() {
         let b = budget_from_fields(budget)?.ok_or_else(|| bad("shared budget is missing"))?;
         b.1.load_into(&mut s.state);
@@ -522,6 +642,8 @@ pub fn view_from_fields(
     Ok(Some(View {
         sv,
         blob: blob.clone(),
+        cur,
+        orphans,
         session: s,
         markers,
         budget,
@@ -663,6 +785,7 @@ pub fn plan_commit(
         daemon: me.to_owned(),
         at_ms: now_ms,
         prev: view.blob.clone(),
+        prev_field: view.cur.clone(),
         delta_remaining: dr,
         delta_spent: ds,
         budget_version: event.budget_version(),
@@ -688,6 +811,8 @@ pub fn plan_commit(
             expect_sv: view.sv,
             expect_bv: view.budget.map_or(0, |b| b.0),
             session_blob: encode_stored(&mut s),
+            record_field: staged_record_field(s.seq, me),
+            drop_fields: view.orphans.clone(),
             budget_blob,
             daemon: me.to_owned(),
             marker: Some((s.seq, marker.encode())),
@@ -788,6 +913,8 @@ pub fn plan_revert(
             expect_sv: view.sv,
             expect_bv: view.budget.map_or(0, |b| b.0),
             session_blob: encode_stored(&mut s),
+            record_field: staged_record_field(s.seq, me),
+            drop_fields: view.orphans.clone(),
             budget_blob: changed_budget,
             daemon: me.to_owned(),
             marker: None,
@@ -847,6 +974,7 @@ pub fn plan_open(
         daemon: me.to_owned(),
         at_ms: now_ms,
         prev: Vec::new(),
+        prev_field: String::new(),
         delta_remaining: 0,
         delta_spent: 0,
         budget_version: 0,
@@ -864,6 +992,8 @@ pub fn plan_open(
         expect_sv: 0,
         expect_bv: 0,
         session_blob: encode_stored(&mut s),
+        record_field: staged_record_field(s.seq, me),
+        drop_fields: Vec::new(),
         budget_blob: shared.then(|| encode_budget(&Budget::of(&s.state))),
         daemon: me.to_owned(),
         marker: Some((s.seq, marker.encode())),
@@ -908,6 +1038,8 @@ pub fn after_join(
     let view = View {
         sv,
         blob: planned.request.session_blob,
+        cur: planned.request.record_field,
+        orphans: Vec::new(),
         budget: Some((bv, b)),
         holds: holds_from_fields(budget)?,
         settling: settling_of(budget)?,
@@ -956,6 +1088,8 @@ pub fn after_done(view: View, planned: Planned, sv: u64, bv: u64) -> View {
     View {
         sv,
         blob: planned.request.session_blob,
+        cur: planned.request.record_field,
+        orphans: Vec::new(),
         session: planned.session,
         markers,
         budget,
@@ -974,6 +1108,7 @@ mod tests {
             daemon: "d1".into(),
             at_ms: 1_700_000_000_000,
             prev: br#"{"v":2,"x":"\"quoted\""}"#.to_vec(),
+            prev_field: "r:6:d1:0".into(),
             delta_remaining: -9_000_000_000_000_000,
             delta_spent: 5,
             budget_version: 12,
@@ -987,11 +1122,15 @@ mod tests {
         let bytes = m.encode();
         // The record before is not in the value (the script keeps it beside it).
         assert!(!String::from_utf8_lossy(&bytes).contains("quoted"));
-        assert_eq!(Marker::decode(&bytes, 1 << 20, Some(&m.prev)).unwrap(), m);
-        assert!(Marker::decode(&bytes, bytes.len() - 1, Some(&m.prev)).is_err());
-        assert!(Marker::decode(b"{\"seq\":1}", 1 << 20, Some(b"")).is_err());
+        let name = || m.prev_field.clone();
+        assert_eq!(
+            Marker::decode(&bytes, 1 << 20, Some(&m.prev), name()).unwrap(),
+            m
+        );
+        assert!(Marker::decode(&bytes, bytes.len() - 1, Some(&m.prev), name()).is_err());
+        assert!(Marker::decode(b"{\"seq\":1}", 1 << 20, Some(b""), name()).is_err());
         // Without its field the marker is corrupt: a void could not restore anything.
-        assert!(Marker::decode(&bytes, 1 << 20, None).is_err());
+        assert!(Marker::decode(&bytes, 1 << 20, None, name()).is_err());
     }
 
     #[test]
@@ -1011,7 +1150,14 @@ mod tests {
         map.insert("bv".to_owned(), int(12));
         map.insert("br".to_owned(), int(77));
         let bytes = json::to_canonical_vec(&Value::Object(map)).unwrap();
-        assert_eq!(Marker::decode(&bytes, 1 << 20, None).unwrap(), m);
+        let m = Marker {
+            prev_field: String::new(),
+            ..m
+        };
+        assert_eq!(
+            Marker::decode(&bytes, 1 << 20, None, String::new()).unwrap(),
+            m
+        );
     }
 
     fn session_with(nonces: &[u64], reservations: &[(u64, i64)]) -> Session {
@@ -1115,11 +1261,14 @@ mod tests {
     proptest::proptest! {
         #[test]
         fn garbage_never_panics(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..300)) {
-            let _ = Marker::decode(&bytes, 1 << 20, None);
+            let _ = Marker::decode(&bytes, 1 << 20, None, String::new());
             let mut f = Fields::new();
             f.insert("v".into(), bytes.clone());
             f.insert("b".into(), bytes.clone());
-            f.insert("u:1".into(), bytes);
+            f.insert("u:1".into(), bytes.clone());
+            f.insert("p:1".into(), b"r:1".to_vec());
+            f.insert("c".into(), b"r:2".to_vec());
+            f.insert("r:2".into(), bytes);
             let _ = budget_from_fields(&f);
             let _ = view_from_fields(&f, &f, Bounds { max_blob_bytes: 1 << 20 }, 0);
         }

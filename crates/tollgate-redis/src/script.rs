@@ -1,6 +1,9 @@
 //! The one server-side part: the CAS script, and [`Fake`], the same contract in Rust.
 //!
-//! Contract (`EVALSHA sha n KEYS… ARGV…`, atomic over its keys):
+//! Contract (`EVALSHA sha n KEYS… ARGV…`, atomic over its keys), for a write pipelined
+//! just after `HSET KEYS[1] <record field> <new record>` (the record is staged by a plain
+//! write and never passes through Lua, which costs Redis several times the write for a
+//! long string; see [`crate::cas::RECORD_FIELD`]):
 //!
 //! ```text
 //! `KEYS[1]`  session hash  P:{G}:s:<id>
@@ -8,7 +11,7 @@
 //! `ARGV[1]`  expected session v (0: absent)
 //! `ARGV[2]`  expected budget v  (0: absent)    checked only if `ARGV[4]` is not empty;
 //!          or `join`: open a session on the shared budget as it is (see below)
-//! `ARGV[3]`  new session record
+//! `ARGV[3]`  the record field the new session record was staged in ("r:…")
 //! `ARGV[4]`  new budget record or ""           ("" leaves the budget alone)
 //! `ARGV[5]`  daemon id                         (field d)
 //! `ARGV[6]`  marker field "u:<seq>" or ""      `ARGV[7]` its value
@@ -18,17 +21,22 @@
 //! then     m, then m hold fields to HDEL from the budget
 //! then     the settlement in progress this write finishes (field `s`), or ""
 //! then     for a join: the marker to push instead if the call starts the budget, or ""
+//! then     k, then k orphaned record fields to HDEL
 //! ```
 //!
-//! Versions match: `HSET session v=v+1 b d` and the marker `u:<seq>` with, beside it,
-//! `p:<seq>`: the `b` this write replaces (empty if none), copied by the script so the
-//! daemon never sends the record before (one HSET); drop the listed markers and their
-//! `p:` fields (one HDEL); set the expiry, write the budget (`v=v+1 b`) if given, put the hold and take the listed
-//! holds off the budget hash (holds never change its `v`); reply `{1, new sv, new bv}`
-//! (`new bv` 0 if the budget was not written: a version the script did not write comes
-//! with no amounts, so the reply never offers one to pair with amounts read elsewhere).
-//! A version differs, or the call would write the budget while a settlement it does not
-//! name is in progress (field `s` of the budget hash): write nothing; reply `{0, HGETALL
+//! Let `cur` be the field `c` names (the current record; `b` in a hash written before
+//! record fields existed). Versions match: `HSET session v=v+1 c=ARGV[3] d` and the
+//! marker `u:<seq>` with, beside it, `p:<seq>` = `cur` (the field still holding the record
+//! this write replaces; "" when the session is new), so the record before is kept where it
+//! is and never copied; a write with no marker (a revert) deletes `cur` instead. Drop the
+//! listed markers with their `p:` fields and the record fields those name, and the listed
+//! orphans (never `cur` nor the new record), in one HDEL; set the expiry, write the budget
+//! (`v=v+1 b`) if given, put the hold and take the listed holds off the budget hash (holds
+//! never change its `v`); reply `{1, new sv, new bv}` (`new bv` 0 if the budget was not
+//! written: a version the script did not write comes with no amounts, so the reply never
+//! offers one to pair with amounts read elsewhere). A version differs, or the call would
+//! write the budget while a settlement it does not name is in progress (field `s` of the
+//! budget hash): delete the staged record field, write nothing else; reply `{0, HGETALL
 //! session, HGETALL budget}`. A hash without `v` counts as version 0. A call that names
 //! the settlement in progress takes `s` off.
 //!
@@ -47,7 +55,10 @@
 
 use std::collections::HashMap;
 
-use crate::cas::{marker_field, prev_field, CasReply, CasRequest, Fields};
+use crate::cas::{
+    marker_field, prev_field, CasReply, CasRequest, Fields, CURRENT_FIELD, LEGACY_RECORD_FIELD,
+    RECORD_FIELD,
+};
 
 /// The CAS script.
 pub const CAS_LUA: &str = r"
@@ -64,40 +75,49 @@ if ARGV[2] == 'settle' then
   if ARGV[5] == '' then redis.call('HDEL', KEYS[2], 's') else redis.call('HSET', KEYS[2], 's', ARGV[5]) end
   return {3}
 end
+local cur = redis.call('HGET', KEYS[1], 'c') or 'b'
 local writes_budget = two and ARGV[4] ~= '' and not join
 local settling = false
 if two then settling = redis.call('HGET', KEYS[2], 's') end
 local n = tonumber(ARGV[9])
+local m = tonumber(ARGV[12 + n])
 local release = ''
-if two then release = ARGV[13 + n + tonumber(ARGV[12 + n])] end
+if two then release = ARGV[13 + n + m] end
 local blocked = writes_budget and settling and settling ~= release
 if sv ~= tonumber(ARGV[1]) or (writes_budget and bv ~= tonumber(ARGV[2])) or blocked then
+  if ARGV[3] ~= cur and string.sub(ARGV[3], 1, 2) == 'r:' then redis.call('HDEL', KEYS[1], ARGV[3]) end
   local b = {}
   if two then b = redis.call('HGETALL', KEYS[2]) end
   return {0, redis.call('HGETALL', KEYS[1]), b}
 end
-local w = {'v', sv + 1, 'b', ARGV[3], 'd', ARGV[5]}
+local w = {'v', sv + 1, 'c', ARGV[3], 'd', ARGV[5]}
 if ARGV[6] ~= '' then
   w[7] = ARGV[6]
   w[8] = ARGV[7]
   w[9] = 'p:' .. string.sub(ARGV[6], 3)
-  w[10] = redis.call('HGET', KEYS[1], 'b') or ''
+  if sv == 0 then w[10] = '' else w[10] = cur end
 end
 redis.call('HSET', KEYS[1], unpack(w))
-if n > 0 then
-  local d = {}
-  for i = 1, n do
-    d[2 * i - 1] = ARGV[9 + i]
-    d[2 * i] = 'p:' .. string.sub(ARGV[9 + i], 3)
-  end
-  redis.call('HDEL', KEYS[1], unpack(d))
+local d = {}
+if ARGV[6] == '' and sv > 0 then d[#d + 1] = cur end
+for i = 1, n do
+  local pf = 'p:' .. string.sub(ARGV[9 + i], 3)
+  local p = redis.call('HGET', KEYS[1], pf)
+  d[#d + 1] = ARGV[9 + i]
+  d[#d + 1] = pf
+  if p and (p == 'b' or string.sub(p, 1, 2) == 'r:') and p ~= ARGV[3] and p ~= cur then d[#d + 1] = p end
 end
+local k = tonumber(ARGV[15 + n + m])
+for i = 1, k do
+  local f = ARGV[15 + n + m + i]
+  if f ~= ARGV[3] and f ~= cur and string.sub(f, 1, 2) == 'r:' then d[#d + 1] = f end
+end
+if #d > 0 then redis.call('HDEL', KEYS[1], unpack(d)) end
 local ttl = tonumber(ARGV[8])
 if ttl > 0 then redis.call('PEXPIRE', KEYS[1], ttl) else redis.call('PERSIST', KEYS[1]) end
 if two then
   local h = 10 + n
   if ARGV[h] ~= '' then redis.call('HSET', KEYS[2], ARGV[h], ARGV[h + 1]) end
-  local m = tonumber(ARGV[h + 2])
   for i = 1, m do redis.call('HDEL', KEYS[2], ARGV[h + 2 + i]) end
   if settling and release ~= '' and settling == release then redis.call('HDEL', KEYS[2], 's') end
 end
@@ -106,7 +126,7 @@ if join then
   if two and bv == 0 and ARGV[4] ~= '' then
     redis.call('HSET', KEYS[2], 'v', 1, 'b', ARGV[4])
     created = 1
-    local cm = ARGV[14 + n + tonumber(ARGV[12 + n])]
+    local cm = ARGV[14 + n + m]
     if ARGV[6] ~= '' and cm ~= '' then redis.call('HSET', KEYS[1], ARGV[6], cm) end
   end
   local b = {}
@@ -166,7 +186,7 @@ pub fn keys_and_args(req: &CasRequest) -> (Vec<String>, Vec<Vec<u8>>) {
         } else {
             req.expect_bv.to_string().into_bytes()
         },
-        req.session_blob.clone(),
+        req.record_field.clone().into_bytes(),
         req.budget_blob.clone().unwrap_or_default(),
         req.daemon.clone().into_bytes(),
     ];
@@ -201,6 +221,10 @@ pub fn keys_and_args(req: &CasRequest) -> (Vec<String>, Vec<Vec<u8>>) {
     }
     args.push(req.release.clone().unwrap_or_default().into_bytes());
     args.push(req.created_marker.clone().unwrap_or_default());
+    args.push(req.drop_fields.len().to_string().into_bytes());
+    for f in &req.drop_fields {
+        args.push(f.clone().into_bytes());
+    }
     (keys, args)
 }
 
@@ -270,14 +294,40 @@ impl Fake {
         Ok(())
     }
 
-    /// The CAS script.
+    /// The staging `HSET` alone: a pipeline cut after it, whose script never ran (its
+    /// record field stays, an orphan, until a later write deletes it).
+    pub fn stage(&mut self, req: &CasRequest) {
+        self.hashes
+            .entry(req.session_key.clone())
+            .or_default()
+            .insert(req.record_field.clone(), req.session_blob.clone());
+    }
+
+    /// The write's pipeline: the staging `HSET`, then the CAS script.
     pub fn cas(&mut self, req: &CasRequest) -> CasReply {
+        self.stage(req);
+        self.script(req)
+    }
+
+    /// The CAS script alone (after [`Fake::stage`]).
+    pub fn script(&mut self, req: &CasRequest) -> CasReply {
         let sv = self.version(&req.session_key);
+        let cur = self
+            .hashes
+            .get(&req.session_key)
+            .and_then(|h| h.get(CURRENT_FIELD))
+            .map_or_else(
+                || LEGACY_RECORD_FIELD.to_owned(),
+                |c| String::from_utf8_lossy(c).into_owned(),
+            );
         let bv = req.budget_key.as_deref().map_or(0, |k| self.version(k));
         let writes_budget = req.budget_key.is_some() && req.budget_blob.is_some() && !req.join;
         let settling = req.budget_key.as_deref().and_then(|k| self.settling(k));
         let blocked = writes_budget && settling.is_some() && settling != req.release;
         if sv != req.expect_sv || (writes_budget && bv != req.expect_bv) || blocked {
+            if req.record_field != cur && req.record_field.starts_with(RECORD_FIELD) {
+                self.hdel(&req.session_key, &req.record_field);
+            }
             return CasReply::Conflict {
                 session: self.hgetall(&req.session_key),
                 budget: req
@@ -288,17 +338,36 @@ impl Fake {
             };
         }
         let h = self.hashes.entry(req.session_key.clone()).or_default();
-        let before = h.get("b").cloned().unwrap_or_default();
         h.insert("v".into(), (sv + 1).to_string().into_bytes());
-        h.insert("b".into(), req.session_blob.clone());
+        h.insert(CURRENT_FIELD.into(), req.record_field.clone().into_bytes());
         h.insert("d".into(), req.daemon.clone().into_bytes());
-        if let Some((seq, m)) = &req.marker {
-            h.insert(marker_field(*seq), m.clone());
-            h.insert(prev_field(*seq), before);
+        match &req.marker {
+            Some((seq, m)) => {
+                h.insert(marker_field(*seq), m.clone());
+                let before = if sv == 0 { String::new() } else { cur.clone() };
+                h.insert(prev_field(*seq), before.into_bytes());
+            }
+            None if sv > 0 => {
+                h.remove(&cur);
+            }
+            None => {}
         }
         for seq in &req.drop {
             h.remove(&marker_field(*seq));
-            h.remove(&prev_field(*seq));
+            if let Some(p) = h.remove(&prev_field(*seq)) {
+                let p = String::from_utf8_lossy(&p).into_owned();
+                if (p == LEGACY_RECORD_FIELD || p.starts_with(RECORD_FIELD))
+                    && p != req.record_field
+                    && p != cur
+                {
+                    h.remove(&p);
+                }
+            }
+        }
+        for f in &req.drop_fields {
+            if *f != req.record_field && *f != cur && f.starts_with(RECORD_FIELD) {
+                h.remove(f);
+            }
         }
         if req.ttl_ms > 0 {
             self.ttl.insert(req.session_key.clone(), req.ttl_ms);

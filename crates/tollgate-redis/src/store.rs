@@ -20,9 +20,9 @@ use tollgate_store::{
 
 use crate::cas::{
     after_done, after_join, budget_from_fields, check_markers, confirm_commands, dips_into_holds,
-    hold_field, plan_commit, plan_open, plan_revert, settle_needs_budget, settling_parts,
-    settling_value, view_from_fields, void_budget, Bounds, CasReply, CasRequest, ConfirmCommand,
-    Fields, Holds, MarkerAction, Planned, View, MAX_FIELDS,
+    hold_field, orphan_only_fields, plan_commit, plan_open, plan_revert, settle_needs_budget,
+    settling_parts, settling_value, view_from_fields, void_budget, Bounds, CasReply, CasRequest,
+    ConfirmCommand, Fields, Holds, MarkerAction, Planned, View, MAX_FIELDS,
 };
 use crate::keys::Keys;
 use crate::script::{keys_and_args, settle_keys_and_args, SettleRequest, CAS_LUA};
@@ -207,6 +207,8 @@ enum Confirm {
         hold: Option<(String, String)>,
         /// The change ended the session: its hash's expiry (ms), set now.
         expire: Option<u64>,
+        /// The record field holding the record before the change (empty: none).
+        prev_record: String,
     },
     /// Just the index member (the marker is gone).
     Index { member: String },
@@ -443,13 +445,20 @@ impl Inner {
         for c in pre {
             pipe.add_command(c.clone()).ignore();
         }
+        // The record, staged into its own field by a plain write: it never passes through
+        // Lua (docs/redis.md, "Record fields").
+        pipe.cmd("HSET")
+            .arg(&req.session_key)
+            .arg(&req.record_field)
+            .arg(req.session_blob.as_slice())
+            .ignore();
         let mut eval = redis::cmd("EVALSHA");
         eval.arg(&self.sha).arg(keys.len()).arg(&keys);
         for a in &args {
             eval.arg(a.as_slice());
         }
         pipe.add_command(eval);
-        let n = pre.len() + 1;
+        let n = pre.len() + 2;
         let mut reply = self.send(&pipe, n, false, op).await;
         if let Err(e) = &reply {
             if e.kind() == ErrorKind::NoScriptError {
@@ -818,6 +827,7 @@ impl Inner {
 
     /// Wrap the journal's completion: once the entry is durable, the change is
     /// confirmed (its marker dropped by the confirmer or the next CAS).
+    #[allow(clippy::too_many_arguments)]
     fn watch(
         self: &Arc<Self>,
         d: Durable,
@@ -826,6 +836,7 @@ impl Inner {
         seq: u64,
         held: bool,
         ends: bool,
+        prev_record: String,
     ) -> Durable {
         let (completer, pending) = tollgate_audit::pending_pair::<Appended>();
         let inner = Arc::clone(self);
@@ -854,6 +865,7 @@ impl Inner {
                         member: Keys::member(&group, &id, seq),
                         hold: held.then(|| (inner.keys.budget(&group), hold_field(&id, seq))),
                         expire: ends.then(|| inner.ttl_ms()),
+                        prev_record,
                         id,
                     });
                 }
@@ -923,6 +935,11 @@ impl Inner {
         let seq = event.session_seq();
         let held = planned.request.hold.is_some();
         let ends = planned.session.state.status == tollgate_core::SessionStatus::Terminated;
+        let prev_record = planned
+            .marker
+            .as_ref()
+            .map(|m| m.prev_field.clone())
+            .unwrap_or_default();
         let reply = self.cas(pre, &planned.request, "apply").await;
         let reply = match reply {
             Ok(CasReply::Joined {
@@ -954,6 +971,8 @@ impl Inner {
                         View {
                             sv,
                             blob: planned.request.session_blob,
+                            cur: planned.request.record_field,
+                            orphans: Vec::new(),
                             budget: None,
                             markers: planned.marker.map(|m| (m.seq, m)).into_iter().collect(),
                             session: planned.session,
@@ -982,7 +1001,7 @@ impl Inner {
                     .insert(seq);
                 let d = self.journal.submit(event);
                 Ok(Written::Done(
-                    self.watch(d, id.to_owned(), group, seq, held, ends),
+                    self.watch(d, id.to_owned(), group, seq, held, ends, prev_record),
                     state,
                 ))
             }
@@ -1524,13 +1543,14 @@ async fn confirmer(inner: Arc<Inner>, mut rx: mpsc::UnboundedReceiver<Confirm>) 
                     member,
                     hold,
                     expire,
+                    prev_record,
                     ..
                 } => {
                     // The hold of a refund (its entry is committed: it may be spent now),
                     // an ended session's expiry, and last the marker and the record before
                     // it: cut before it, the marker stays for a settler to finish.
                     let hold = hold.as_ref().map(|(k, h)| (k.as_str(), h.as_str()));
-                    for c in confirm_commands(session_key, *seq, hold, *expire) {
+                    for c in confirm_commands(session_key, *seq, hold, *expire, prev_record) {
                         match c {
                             ConfirmCommand::Hdel { key, fields } => {
                                 p.cmd("HDEL").arg(key).arg(fields).ignore()
@@ -1628,6 +1648,28 @@ async fn sweep_once(inner: &Inner) -> Result<usize, StoreError> {
         match inner.load(&mut slot, &id).await {
             Ok(()) => {}
             Err(StoreError::NotFound { .. }) => {
+                // No session there; maybe the staged record of an opening whose pipeline
+                // was cut after it (its index member went before it): delete exactly
+                // those fields (a later opening stages into a field of its own).
+                let key = inner.keys.session(&group, &id);
+                let mut p = redis::pipe();
+                p.cmd("HGETALL").arg(&key);
+                let r = inner
+                    .send(&p, 1, true, "sweep")
+                    .await
+                    .map_err(|e| backend("sweep", e))?;
+                let f = fields_of(
+                    r.into_iter().next().unwrap_or(Value::Nil),
+                    inner.max_value(),
+                )?;
+                if let Some(orphans) = orphan_only_fields(&f) {
+                    let mut p = redis::pipe();
+                    p.cmd("HDEL").arg(&key).arg(orphans).ignore();
+                    inner
+                        .send(&p, 1, true, "sweep")
+                        .await
+                        .map_err(|e| backend("sweep", e))?;
+                }
                 for m in members {
                     let _ = inner.confirm_tx.send(Confirm::Index { member: m });
                 }

@@ -125,7 +125,20 @@ async fn garbage_in_redis_is_an_error_not_a_panic() {
     let client = redis::Client::open(REDIS).unwrap();
     let mut c = client.get_multiplexed_async_connection().await.unwrap();
     let key = format!("{p}:{{o:org-g}}:s:g1");
-    for (field, value) in [("b", "{not json"), ("v", "x"), ("u:9", "[]")] {
+    let cur: String = redis::cmd("HGET")
+        .arg(&key)
+        .arg("c")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    for (field, value) in [
+        (cur.as_str(), "{not json"),
+        ("v", "x"),
+        ("u:9", "[]"),
+        // The current record named by a field that is not a record field, or is absent.
+        ("c", "v"),
+        ("c", "r:9:gone:0"),
+    ] {
         let saved: Vec<u8> = redis::cmd("HGET")
             .arg(&key)
             .arg(field)

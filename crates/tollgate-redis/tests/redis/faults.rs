@@ -351,8 +351,8 @@ async fn a_settlement_holds_the_budget_until_its_give_back() {
 
 /// The records and indexes a decision leaves behind: after confirmed changes and one
 /// that never commits (its daemon hangs), the session hash holds exactly that change's
-/// marker and, beside it, the record it replaced (`p:<seq>`: the record at the version
-/// before, byte for byte, so a void restores exactly that); the unconfirmed index names
+/// marker and, beside it, `p:<seq>` naming the record field it replaced (the record at the
+/// version before, byte for byte and never copied, so a void restores exactly that); the unconfirmed index names
 /// exactly that change (a sweeper can find it; nothing confirmed is left in it). Fails if
 /// the script copies the wrong record, if a write's drop or its index `ZREM` misses or
 /// takes the wrong change, or if the confirmer leaves markers of confirmed changes.
@@ -374,30 +374,54 @@ async fn only_the_unconfirmed_change_is_marked_and_indexed_with_the_record_it_re
     // An idle session whose changes are all confirmed: the confirmer took every marker,
     // record before and index member off.
     tokio::time::sleep(Duration::from_millis(200)).await;
-    assert_eq!(hash_fields(&key).await, ["b", "d", "v"]);
+    let fields = hash_fields(&key).await;
+    let cur: String = redis::cmd("HGET")
+        .arg(&key)
+        .arg("c")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    assert!(cur.starts_with("r:5:"), "{cur}");
+    assert_eq!(fields, ["c", "d", cur.as_str(), "v"]);
     assert_eq!(unconfirmed(&p).await, Vec::<String>::new());
     // The record as it stands at version 5 (the opening and four decisions).
     let before: Vec<u8> = redis::cmd("HGET")
         .arg(&key)
-        .arg("b")
+        .arg(&cur)
         .query_async(&mut c)
         .await
         .unwrap();
     ja.mode.store(HANG, Ordering::SeqCst);
     // Written (the script and the index's ZADD) before pre_exec returns; never confirmed.
     let (_, durable) = pre_exec(&a, "x1", 5, 10).await.unwrap();
-    assert_eq!(
-        hash_fields(&key).await,
-        ["b", "d", "p:6", "u:6", "v"],
-        "fields of the session hash"
-    );
-    let prev: Vec<u8> = redis::cmd("HGET")
+    let now: String = redis::cmd("HGET")
+        .arg(&key)
+        .arg("c")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    assert!(now.starts_with("r:6:"), "{now}");
+    let mut want = vec!["c", "d", "p:6", cur.as_str(), now.as_str(), "u:6", "v"];
+    want.sort_unstable();
+    assert_eq!(hash_fields(&key).await, want, "fields of the session hash");
+    // p:6 names the field still holding the record change 6 replaced: never copied.
+    let named: String = redis::cmd("HGET")
         .arg(&key)
         .arg("p:6")
         .query_async(&mut c)
         .await
         .unwrap();
-    assert_eq!(prev, before, "p:6 is the record change 6 replaced");
+    assert_eq!(named, cur, "p:6 names the record change 6 replaced");
+    let prev: Vec<u8> = redis::cmd("HGET")
+        .arg(&key)
+        .arg(&named)
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    assert_eq!(
+        prev, before,
+        "the record before is byte for byte what it was"
+    );
     let decoded = tollgate_redis::cas::decode_stored(&prev, 1 << 20, 0).unwrap();
     assert_eq!(decoded.seq, 5);
     assert_eq!(unconfirmed(&p).await, ["o:org-x\x1fx1\x1f6"]);
@@ -473,4 +497,51 @@ async fn an_ended_session_expires_only_once_its_close_is_confirmed() {
         }
         cleanup(&p).await;
     }
+}
+
+/// An opening whose pipeline is cut after its staged record (the connection dropped
+/// before the script ran) leaves a session hash holding only that record, and its index
+/// member (the pipeline's `ZADD` comes first). It is no session: reads say NotFound, the
+/// id can be opened, and the sweeper deletes the record and the member. Fails if a hash of
+/// staged records reads as corrupt, or if the sweeper leaves the record behind.
+#[tokio::test]
+async fn an_opening_cut_after_its_staged_record_is_swept() {
+    let _scripts = crate::support::SCRIPTS.read().await;
+    let p = prefix("orphan");
+    let key = format!("{p}:{{o:org-o}}:s:o1");
+    let client = redis::Client::open(REDIS).unwrap();
+    let mut c = client.get_multiplexed_async_connection().await.unwrap();
+    let _: () = redis::cmd("HSET")
+        .arg(&key)
+        .arg("r:1:dead-daemon:0")
+        .arg("a record nobody made current")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    let _: () = redis::cmd("ZADD")
+        .arg(format!("{p}:unconfirmed"))
+        .arg(0)
+        .arg("o:org-o\x1fo1\x1f1")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    let mut o = options(&p);
+    o.grace = Duration::from_millis(1);
+    let s = store(o, TestJournal::new(Arc::new(Book::default()))).await;
+    assert!(s.get("o1").await.unwrap().is_none());
+    s.sweep().await.unwrap();
+    // The confirmer takes the index member off in the background.
+    for _ in 0..100 {
+        if unconfirmed(&p).await.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(hash_fields(&key).await, Vec::<String>::new());
+    assert_eq!(unconfirmed(&p).await, Vec::<String>::new());
+    create(&s, org_session("o1", "org-o", 1_000)).await;
+    let (v, _) = pre_exec(&s, "o1", 1, 10).await.unwrap();
+    assert_eq!(v.verdict, Verdict::Allow);
+    drop(s);
+    cleanup(&p).await;
 }

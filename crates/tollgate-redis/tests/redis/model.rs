@@ -35,6 +35,7 @@ use tollgate_redis::cas::{
     settling_parts, settling_value, view_from_fields, void_budget, Bounds, CasReply, CasRequest,
     ConfirmCommand, Holds, MarkerAction, Planned, View, MARKER_FIELD,
 };
+use tollgate_redis::cas::{orphan_only_fields, RECORD_FIELD};
 use tollgate_redis::keys::Keys;
 use tollgate_redis::script::{Fake, SettleRequest};
 use tollgate_store::{ops, Budget, Change, Session, Settled};
@@ -201,7 +202,7 @@ struct Daemon {
     /// The shared budget as this daemon last wrote it (the store's budget cache).
     budget: Option<(u64, Budget, Holds)>,
     /// Entries on their way to the journal, each with whether its change put a hold.
-    in_flight: VecDeque<(SessionEvent, bool)>,
+    in_flight: VecDeque<(SessionEvent, bool, String)>,
     confirmed: HashMap<String, u64>,
     /// A planned opening: (session index, plan, the session before it).
     opening: Option<(usize, Planned, SessionEvent, Session)>,
@@ -229,7 +230,7 @@ impl Daemon {
     fn in_flight(&self, id: &str, seq: u64) -> bool {
         self.in_flight
             .iter()
-            .any(|(e, _)| e.session_id() == id && e.session_seq() == seq)
+            .any(|(e, _, _)| e.session_id() == id && e.session_seq() == seq)
     }
 
     /// The store's cache rule: keep the newer of the two (version, amounts) pairs.
@@ -277,6 +278,8 @@ struct World {
     /// Sessions whose hash expired: their ids are never opened again (a daemon's session
     /// ids are random, never reused).
     vanished: HashSet<String>,
+    /// Pipelines of each session's writes cut after their staged record.
+    cuts: HashMap<String, usize>,
 }
 
 const GROUP: &str = "o:org-m";
@@ -296,6 +299,7 @@ impl World {
             keys: Keys::new("m").unwrap(),
             expires: HashMap::new(),
             vanished: HashSet::new(),
+            cuts: HashMap::new(),
         }
     }
 
@@ -333,8 +337,9 @@ impl World {
     }
 
     /// The script, and the expiry it sets (PEXPIRE) or takes off (PERSIST) on a write.
-    fn cas(&mut self, req: &CasRequest) -> CasReply {
-        let reply = self.db.cas(req);
+    /// The script alone, after its record was staged (`Fake::stage`).
+    fn script(&mut self, req: &CasRequest) -> CasReply {
+        let reply = self.db.script(req);
         if !matches!(reply, CasReply::Conflict { .. }) {
             if req.ttl_ms > 0 {
                 let at = self.now + i64::try_from(req.ttl_ms).unwrap();
@@ -358,7 +363,8 @@ impl World {
         for k in due {
             self.expires.remove(&k);
             if let Some(h) = self.db.hashes.remove(&k) {
-                let b = h.get("b").expect("a session hash without a record");
+                let b = tollgate_redis::cas::current_record(&h)
+                    .expect("a session hash without a record");
                 let s = tollgate_redis::cas::decode_stored(b, BOUNDS.max_blob_bytes, 0).unwrap();
                 assert_eq!(
                     s.state.status,
@@ -375,7 +381,16 @@ impl World {
     /// the store does).
     fn send(&mut self, d: usize, id: &str, planned: &Planned) -> Option<CasReply> {
         let fate = std::mem::take(&mut self.daemons[d].fate);
-        let reply = (fate.ran(1) == 1).then(|| self.cas(&planned.request));
+        // The write's pipeline: the staged record, then the script. Cut after the first,
+        // the record is left behind, an orphan the next write deletes.
+        let ran = fate.ran(2);
+        if ran >= 1 {
+            self.db.stage(&planned.request);
+        }
+        if ran == 1 {
+            *self.cuts.entry(id.to_owned()).or_default() += 1;
+        }
+        let reply = (ran == 2).then(|| self.script(&planned.request));
         if fate != Fate::Sent {
             self.daemons[d].cache.remove(id);
             return None;
@@ -555,8 +570,13 @@ impl World {
                         // Written: the entry goes to the journal (committed later).
                         let wrote = planned.request.budget_blob.is_some();
                         let held = planned.request.hold.is_some();
+                        let prev = planned
+                            .marker
+                            .as_ref()
+                            .map(|m| m.prev_field.clone())
+                            .unwrap_or_default();
                         let next = after_done(view, planned, sv, bv);
-                        self.daemons[d].in_flight.push_back((event, held));
+                        self.daemons[d].in_flight.push_back((event, held, prev));
                         self.daemons[d].remember(&next, wrote);
                         self.daemons[d].cache.insert(id.to_owned(), next);
                     }
@@ -605,7 +625,9 @@ impl World {
                         }) => {
                             let (view, event) =
                                 after_join(planned, &session, 1_000, sv, created, &budget).unwrap();
-                            self.daemons[d].in_flight.push_back((event, false));
+                            self.daemons[d]
+                                .in_flight
+                                .push_back((event, false, String::new()));
                             self.daemons[d].remember(&view, false);
                             self.daemons[d].cache.insert(id, view);
                         }
@@ -676,7 +698,7 @@ impl World {
             }
             Op::LoseReply { d } => self.daemons[d].fate = Fate::Lost,
             Op::Commit { d } => {
-                if let Some((event, held)) = self.daemons[d].in_flight.pop_front() {
+                if let Some((event, held, prev)) = self.daemons[d].in_flight.pop_front() {
                     let id = event.session_id().to_owned();
                     let seq = event.session_seq();
                     let ends = matches!(event, SessionEvent::Closed(_));
@@ -688,7 +710,8 @@ impl World {
                         // restart may cut them.
                         let (key, bkey, hold) = (self.skey(&id), self.bkey(), hold_field(&id, seq));
                         let hold = held.then_some((bkey.as_str(), hold.as_str()));
-                        let commands = confirm_commands(&key, seq, hold, ends.then_some(TTL));
+                        let commands =
+                            confirm_commands(&key, seq, hold, ends.then_some(TTL), &prev);
                         let fate = std::mem::take(&mut self.daemons[d].fate);
                         for c in commands.iter().take(fate.ran(commands.len())) {
                             match c {
@@ -727,7 +750,16 @@ impl World {
             Op::Sweep { d } => {
                 for s in 0..SESSIONS {
                     let id = sid(s);
-                    let Some(view) = self.read(&id) else { continue };
+                    let Some(view) = self.read(&id) else {
+                        // An opening cut after its staged record: the sweeper deletes it.
+                        let key = self.skey(&id);
+                        if let Some(fields) = orphan_only_fields(&self.db.hgetall(&key)) {
+                            for f in fields {
+                                self.db.hdel(&key, &f);
+                            }
+                        }
+                        continue;
+                    };
                     let me = self.daemons[d].id.clone();
                     let confirmed = self.daemons[d].confirmed_upto(&id);
                     if let MarkerAction::Settle(seqs) =
@@ -763,6 +795,9 @@ impl World {
             if let Some(v) = self.read(&sid(s)) {
                 assert!(v.markers.is_empty(), "markers left");
             }
+            // No opening's staged record outlives the sweeps.
+            let h = self.db.hgetall(&self.skey(&sid(s)));
+            assert!(orphan_only_fields(&h).is_none(), "orphans left: {h:?}");
         }
         // Every change is confirmed or settled: no refund is held any more (a hold left
         // would keep its amount from being spent, for good).
@@ -805,6 +840,20 @@ impl World {
     }
 
     fn check(&self) {
+        // Records are never copied and never pile up: a session hash holds its current
+        // record, the record before each unconfirmed change, and at most one orphan per
+        // pipeline cut after its staged record (deleted by a later write or the sweeper).
+        for s in 0..SESSIONS {
+            let id = sid(s);
+            let h = self.db.hgetall(&self.skey(&id));
+            let records = h.keys().filter(|k| k.starts_with(RECORD_FIELD)).count();
+            let markers = h.keys().filter(|k| k.starts_with("u:")).count();
+            let cuts = self.cuts.get(&id).copied().unwrap_or(0);
+            assert!(
+                records <= 1 + markers + cuts,
+                "{id}: {records} records for {markers} markers and {cuts} cut pipelines"
+            );
+        }
         // No nonce allowed twice in the committed history of a session.
         let allows = self.book.allows();
         let mut seen = HashSet::new();

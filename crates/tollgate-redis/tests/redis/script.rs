@@ -14,6 +14,8 @@ fn req(p: &str, budget: bool) -> CasRequest {
         expect_sv: 0,
         expect_bv: 0,
         session_blob: b"s1".to_vec(),
+        record_field: "r:0:d1:0".into(),
+        drop_fields: Vec::new(),
         budget_blob: None,
         daemon: "d1".into(),
         marker: None,
@@ -41,14 +43,20 @@ fn fields(v: Value) -> Fields {
     f
 }
 
+/// The store's pipeline: the record staged into its field, then the script.
 async fn real(c: &mut redis::aio::MultiplexedConnection, r: &CasRequest) -> CasReply {
     let (keys, args) = keys_and_args(r);
-    let mut cmd = redis::cmd("EVAL");
-    cmd.arg(CAS_LUA).arg(keys.len()).arg(&keys);
+    let mut pipe = redis::pipe();
+    pipe.cmd("HSET")
+        .arg(&r.session_key)
+        .arg(&r.record_field)
+        .arg(r.session_blob.as_slice())
+        .ignore();
+    let cmd = pipe.cmd("EVAL").arg(CAS_LUA).arg(keys.len()).arg(&keys);
     for a in &args {
         cmd.arg(a.as_slice());
     }
-    let v: Value = cmd.query_async(c).await.unwrap();
+    let (v,): (Value,) = pipe.query_async(c).await.unwrap();
     let Value::Array(items) = v else { panic!() };
     let mut it = items.into_iter();
     match (it.next(), it.next(), it.next(), it.next()) {
@@ -149,11 +157,82 @@ async fn script_and_fake_agree_on_a_table_of_cases() {
     j2.budget_key = Some(format!("{p}:{{h}}:b"));
     cases.push(("join an absent budget: started at version 1", j2));
 
-    for (name, r) in &cases {
+    // A hash written before record fields existed: its record in `b`, a marker's record
+    // before in `p:<seq>` itself. The first write keeps `b` as the record before its
+    // marker; dropping that marker drops `b`.
+    let legacy = format!("{p}:{{g}}:s:legacy");
+    for (f, v) in [
+        ("v", b"4".as_slice()),
+        ("b", b"old-record"),
+        ("d", b"d0"),
+        ("u:4", b"m4"),
+        ("p:4", b"{\"v\":2,\"old\":true}"),
+    ] {
+        let _: () = redis::cmd("HSET")
+            .arg(&legacy)
+            .arg(f)
+            .arg(v)
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        fake.hashes
+            .entry(legacy.clone())
+            .or_default()
+            .insert(f.to_owned(), v.to_vec());
+    }
+    // An orphan: a record staged by a write whose script never ran (its pipeline cut).
+    let orphan = "r:9:d9:1";
+    let _: () = redis::cmd("HSET")
+        .arg(&legacy)
+        .arg(orphan)
+        .arg("half-written")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    fake.hashes
+        .entry(legacy.clone())
+        .or_default()
+        .insert(orphan.to_owned(), b"half-written".to_vec());
+    let mut l = req(&p, false);
+    l.session_key = legacy.clone();
+    l.expect_sv = 4;
+    l.marker = Some((5, b"m5".to_vec()));
+    l.drop = vec![4];
+    cases.push(("an old-layout hash: b kept as the record before", l.clone()));
+    let mut l2 = l.clone();
+    l2.expect_sv = 5;
+    l2.marker = Some((6, b"m6".to_vec()));
+    l2.drop = vec![5];
+    // Only record fields are ever dropped as orphans: `v` and the marker stay.
+    l2.drop_fields = vec![orphan.into(), "v".into(), "u:6".into()];
+    cases.push((
+        "its marker dropped: b goes with it; the orphan goes",
+        l2.clone(),
+    ));
+    let mut l3 = l2.clone();
+    l3.expect_sv = 6;
+    l3.marker = None;
+    l3.drop = vec![6];
+    l3.drop_fields = Vec::new();
+    cases.push((
+        "a write with no marker (a revert): the record it replaces goes",
+        l3.clone(),
+    ));
+
+    for (i, (name, r)) in cases.iter().enumerate() {
+        // Every write stages into a field of its own.
+        let r = &CasRequest {
+            record_field: format!("r:{i}:{}:{i}", r.daemon),
+            ..r.clone()
+        };
         let got = real(&mut c, r).await;
         let want = fake.cas(r);
         assert_eq!(got, want, "case `{name}`");
-        let mut keys = vec![r.session_key.clone(), format!("{p}:{{g}}:b")];
+        let mut keys = vec![
+            r.session_key.clone(),
+            format!("{p}:{{g}}:b"),
+            legacy.clone(),
+        ];
         keys.extend(r.budget_key.clone());
         for key in keys {
             let v: Value = redis::cmd("HGETALL")
@@ -174,6 +253,17 @@ async fn script_and_fake_agree_on_a_table_of_cases() {
             "case `{name}`: expiry"
         );
     }
+    // After the old-layout hash's three writes: `b`, the orphan and every record before a
+    // dropped marker are gone; one record field is left, the one `c` names.
+    let h = fake.hgetall(&legacy);
+    let records: Vec<&String> = h.keys().filter(|k| k.starts_with("r:")).collect();
+    assert_eq!(records.len(), 1, "{h:?}");
+    assert_eq!(h["c"], records[0].as_bytes(), "{h:?}");
+    assert!(!h.contains_key("b") && !h.contains_key("u:6") && !h.contains_key("p:6"));
+    assert_eq!(h["v"], b"7");
+    // Every record the table staged that lost its race was deleted by the script.
+    let x = fake.hgetall(&format!("{p}:{{g}}:s:x"));
+    assert_eq!(x.keys().filter(|k| k.starts_with("r:")).count(), 1, "{x:?}");
     // Settlements hold the budget: a budget write that does not name the settlement in
     // progress is refused; the one that names it writes and takes it off.
     let bkey = format!("{p}:{{g}}:b");
@@ -240,7 +330,11 @@ async fn script_and_fake_agree_on_a_table_of_cases() {
     w3.expect_bv = bv + 1;
     w3.budget_blob = Some(b"b10".to_vec());
     cases.push(("released: others write again", w3));
-    for (name, r) in &cases {
+    for (i, (name, r)) in cases.iter().enumerate() {
+        let r = &CasRequest {
+            record_field: format!("r:s{i}:{}:{i}", r.daemon),
+            ..r.clone()
+        };
         let got = real(&mut c, r).await;
         let want = fake.cas(r);
         assert_eq!(got, want, "case `{name}`");
