@@ -1,6 +1,7 @@
 //! `tollgate policy replay --config CANDIDATE.toml [--policy FILE]... [--key PUB] AUDIT...`
-//! (or `--postgres URL` for a fleet's chains): what a candidate guard configuration and
-//! policy set would have decided for every call a recorded audit log holds.
+//! (or `--mcp mcp.toml`, a library-mode gateway's settings; `--postgres URL` for a
+//! fleet's chains): what a candidate guard configuration and policy set would have decided
+//! for every call a recorded audit log holds.
 //!
 //! The log is verified as `tollgate audit verify` verifies it (the audit crate's
 //! verifier, streaming: every entry is replayed only once it passed every check) and folded
