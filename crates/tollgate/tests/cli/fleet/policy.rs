@@ -123,14 +123,19 @@ fn redis_session(fleet: &Fleet, session: &str) -> json::Value {
     json::parse_str(std::str::from_utf8(part).unwrap()).unwrap()
 }
 
-/// The session's record in Redis (`b` of its hash), in its stored form.
+/// The session's record in Redis (the record field its hash's `c` names), in its stored
+/// form.
 fn redis_stored(fleet: &Fleet, session: &str) -> Vec<u8> {
     let mut c = redis::Client::open(SHARED_REDIS)
         .unwrap()
         .get_connection()
         .unwrap();
     let key = format!("{}:{{o:acme}}:s:{session}", fleet.prefix);
-    redis::cmd("HGET").arg(&key).arg("b").query(&mut c).unwrap()
+    let fields: tollgate_redis::cas::Fields =
+        redis::cmd("HGETALL").arg(&key).query(&mut c).unwrap();
+    tollgate_redis::cas::current_record(&fields)
+        .expect("the session's hash has its current record")
+        .clone()
 }
 
 /// A session folded from its entries alone (in `session_seq` order, across chains), as a
