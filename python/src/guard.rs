@@ -48,6 +48,8 @@ pub struct PyGuard {
     audited: bool,
     /// The loader's warnings about the policy set in force (none without one).
     policy_warnings: Vec<String>,
+    /// The `[policy]` settings of the set in force (for [`PyGuard::replay_config`]).
+    policy_settings: Option<tollgate_policy::files::Settings>,
 }
 
 impl PyGuard {
@@ -219,8 +221,10 @@ impl PyGuard {
         // without an audit log.
         let mut guard = tollgate_client::Guard::new_as(config, who.clone()).with_params(recorder);
         let mut policy_warnings = Vec::new();
+        let mut policy_settings = None;
         if let Some(p) = &policy {
             let settings = crate::policy::settings(p)?;
+            policy_settings = Some(settings.clone());
             let (set, warnings) = py.detach(|| crate::policy::load(&settings))?;
             policy_warnings = warnings;
             // Before the audit log: its session opening then names the set.
@@ -233,6 +237,7 @@ impl PyGuard {
                 inner: guard,
                 audited: false,
                 policy_warnings,
+                policy_settings,
             });
         };
         let Some(key_path) = audit_key else {
@@ -256,6 +261,7 @@ impl PyGuard {
             inner: inner.map_err(PyOSError::new_err)?,
             audited: true,
             policy_warnings,
+            policy_settings,
         })
     }
 
@@ -464,6 +470,19 @@ impl PyGuard {
         d.set_item("shadow_policies", set.policies.shadow_len())?;
         d.set_item("warnings", &self.policy_warnings)?;
         Ok(Some(d))
+    }
+
+    /// This guard's settings as a `tollgate serve` configuration (TOML text): its guard as
+    /// `[guard.default]`, every key written, and its policy set's `[policy]` (absolute
+    /// paths). Write it to a file and replay the guard's audit log under exactly the
+    /// settings that wrote it: `tollgate policy replay --config FILE --key audit.pub LOG`;
+    /// edit it (or add `--policy new.cedar`) to ask what a change would have done.
+    /// Raises `ValueError` for a policy path that is not UTF-8.
+    fn replay_config(&self) -> PyResult<String> {
+        let config = self.inner.session().policy.config.clone();
+        let cwd = std::env::current_dir().map_err(|e| PyOSError::new_err(e.to_string()))?;
+        tollgate_client::candidate::candidate_toml(&config, self.policy_settings.as_ref(), &cwd)
+            .map_err(PyValueError::new_err)
     }
 }
 

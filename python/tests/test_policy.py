@@ -527,3 +527,62 @@ def test_over_grpc_the_same_rules_decide(tmp_path):
         assert ran == [("crm_lookup", 7), ("pay", 250.5)]
     finally:
         d.stop()
+
+
+def test_library_mode_the_audit_log_replays_under_the_guards_own_config(tmp_path, monkeypatch):
+    """Issue 19: a library Guard's local log (params recorded in full, an argument rule, a
+    call a `@hitl` permit holds and a human approves, settlements at the costs reported,
+    the probabilistic layer on) replays with `tollgate policy replay --config` under the
+    configuration `Guard.replay_config()` writes: no flip, no reason change, every verdict
+    replayed, exit 0. With the argument rule's threshold lowered (`--policy`), the payment
+    it now refuses is the first flip."""
+    import json
+    import subprocess
+
+    from conftest import tollgate_bin
+
+    monkeypatch.chdir(tmp_path)
+    rule = ('@id("big-pay")\nforbid (principal, action == Action::"pay", resource)\n'
+            'when {{ context.args has amount && context.args.amount > {limit} }};\n'
+            '@id("review-deploy") @hitl("a deploy to review")\n'
+            'permit (principal, action == Action::"deploy", resource);\n')
+    (tmp_path / "rules.cedar").write_text(rule.format(limit=100))
+    (tmp_path / "lowered.cedar").write_text(rule.format(limit=40))
+    subprocess.run([tollgate_bin(), "keygen", "--out", str(tmp_path)], check=True, capture_output=True)
+    log = tmp_path / "audit"
+    g = tollgate.Guard(budget_usd=1.0, settlement="actual", probabilistic_deny=True, deny_jitter_ratio=0.9,
+                       policy={"files": ["rules.cedar"]}, audit_log=log, audit_key=tmp_path / "audit.key",
+                       audit_params="full", session_id="py-replay", agent_id="bot")
+    for amount in [10, 250, 50, 500]:
+        v = g.check("pay", {"amount": amount, "to": "acct-1"}, 0.05)
+        assert v.allowed == (amount <= 100), v
+        if v.allowed:
+            g.settle(v, 0.06)
+    held = g.check("deploy", {"env": "prod"}, 0.1)
+    assert held.verdict == "HITL" and held.reason == "policy:review-deploy", held
+    released = g.resolve(held, "approve", operator="alice", note="looks fine")
+    assert released.verdict.allowed, released
+    g.settle(released.verdict, 0.1)
+    for n in range(9):
+        v = g.check("search", {"q": n}, 0.1)
+        if v.allowed:
+            g.settle(v, 0.1)
+    config = tmp_path / "replay.toml"
+    config.write_text(g.replay_config())
+    del g
+
+    def replay(*extra):
+        out = subprocess.run([tollgate_bin(), "policy", "replay", "--config", str(config), "--key",
+                              str(tmp_path / "audit.pub"), "--format", "json", *extra, str(log)],
+                             capture_output=True, text=True)
+        return out.returncode, (json.loads(out.stdout) if out.stdout.strip() else None), out.stderr
+
+    code, report, err = replay()
+    assert code == 0, (report, err)
+    assert (report["flips"], report["reason_changes"], report["unreplayable"]) == (0, 0, 0), report
+    assert report["replayed"] == report["verdicts"] == 15, report
+    code, report, err = replay("--policy", str(tmp_path / "lowered.cedar"))
+    assert code == 1, (report, err)
+    first = report["flip_examples"][0]
+    assert (first["call_number"], first["recorded"], first["candidate"], first["candidate_reason"],
+            first["after_divergence"]) == (3, "ALLOW", "DENY", "policy:big-pay", False), report

@@ -49,6 +49,8 @@ fn record(i: u64) -> VerdictRecord {
         policy: None,
         shadow: Vec::new(),
         params: None,
+        upstream: None,
+        draw: None,
     }
 }
 

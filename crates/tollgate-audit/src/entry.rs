@@ -72,6 +72,64 @@ pub struct VerdictRecord {
     /// records them; `None` when it records hashes only (the default), or when the call
     /// carried no params that hash to `params_hash`.
     pub params: Option<RecordedParams>,
+    /// Format version 8: the upstream whose tool was called (the policies' resource
+    /// `Upstream::"NAME"`: the MCP gateway's library mode names the tool's upstream);
+    /// `None` for the local resource `Upstream::"local"` (the daemon, `Guard::check`,
+    /// and every older version).
+    pub upstream: Option<String>,
+    /// Format version 8: the random draw in [0, 1) the decision was made with, when the
+    /// session's guard has the probabilistic layer on (`probabilistic_deny`), so a replay
+    /// decides with the very draw; `None` otherwise (and in older versions).
+    pub draw: Option<Draw>,
+}
+
+/// A random draw in [0, 1) (format version 8): the probabilistic layer's `rng`, kept as
+/// the 64 bits of its IEEE 754 binary64 encoding, exactly.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Draw(u64);
+
+impl Draw {
+    /// The draw `value`, when it is in [0, 1) (not NaN, not negative zero).
+    pub fn new(value: f64) -> Option<Draw> {
+        Draw::from_bits(value.to_bits())
+    }
+
+    /// The draw whose binary64 bits are `bits`, when they encode a value in [0, 1) (not
+    /// NaN, not negative zero).
+    pub fn from_bits(bits: u64) -> Option<Draw> {
+        let v = f64::from_bits(bits);
+        (bits >> 63 == 0 && (0.0..1.0).contains(&v)).then_some(Draw(bits))
+    }
+
+    /// Its value.
+    pub fn value(self) -> f64 {
+        f64::from_bits(self.0)
+    }
+
+    /// Its binary64 bits.
+    pub fn bits(self) -> u64 {
+        self.0
+    }
+}
+
+/// The longest upstream name a verdict records (format version 8), in bytes: a
+/// resource's name (`tollgate_policy::model::MAX_NAME_BYTES`).
+pub const MAX_UPSTREAM_BYTES: usize = 256;
+
+/// The upstream a verdict records for a call to a tool of `upstream` (format version 8):
+/// `None` for the local resource (`local`), and for a name no record may hold (empty,
+/// longer than [`MAX_UPSTREAM_BYTES`], with a control character: the policies cannot
+/// name such a resource, and refuse the call as malformed whatever it is).
+pub fn recorded_upstream(upstream: &str) -> Option<String> {
+    is_recordable_upstream(upstream).then(|| upstream.to_owned())
+}
+
+/// Whether a verdict may record `upstream` (format version 8).
+pub fn is_recordable_upstream(upstream: &str) -> bool {
+    !upstream.is_empty()
+        && upstream != "local"
+        && upstream.len() <= MAX_UPSTREAM_BYTES
+        && !upstream.chars().any(char::is_control)
 }
 
 /// The most shadow notes on one verdict (format version 7): a set holds at most this many

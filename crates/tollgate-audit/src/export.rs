@@ -124,6 +124,8 @@ pub const COLUMNS: &[&str] = &[
     "params_mode",
     "params",
     "params_len",
+    "upstream",
+    "draw",
     "key_id",
     "prev_hash",
     "signature",
@@ -222,6 +224,13 @@ fn cells(e: &AuditEntry, chain_id: Option<&str>) -> Vec<Cell> {
                 row.extend([("params", t(text)), ("params_len", n(&text.len()))]);
             }
             None => {}
+        }
+        // Version 8: the upstream called (absent: the local resource) and the draw.
+        if let Some(u) = &v.upstream {
+            row.push(("upstream", t(u)));
+        }
+        if let Some(d) = v.draw {
+            row.push(("draw", n(&d.value())));
         }
     }
     match &e.event {

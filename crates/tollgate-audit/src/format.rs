@@ -9,19 +9,19 @@ use tollgate_core::{Digest, HumanDecision, Money, Reason, Verdict};
 use uuid::Uuid;
 
 use crate::entry::{
-    self, AuditEntry, CloseRecord, CostStatus, DecisionRecord, Event, ParamsMode, PolicyEffect,
-    PolicyNote, PolicySetCause, PolicySetRecord, RecordedParams, SessionEvent, SessionRecord,
-    SettlementRecord, ShadowNote, VerdictRecord, VoidRecord, MAX_RECORDED_PARAMS, MAX_SHADOW_NOTES,
-    SHADOW_SET_NAME,
+    self, AuditEntry, CloseRecord, CostStatus, DecisionRecord, Draw, Event, ParamsMode,
+    PolicyEffect, PolicyNote, PolicySetCause, PolicySetRecord, RecordedParams, SessionEvent,
+    SessionRecord, SettlementRecord, ShadowNote, VerdictRecord, VoidRecord, MAX_RECORDED_PARAMS,
+    MAX_SHADOW_NOTES, SHADOW_SET_NAME,
 };
 use crate::keys::KeyId;
 
 /// The first 8 bytes of every log file.
 pub const MAGIC: [u8; 8] = *b"TGAUDIT\0";
 /// The format version the writers (the file writer and the PostgreSQL sink) write.
-pub const FORMAT_VERSION: u16 = 7;
+pub const FORMAT_VERSION: u16 = 8;
 /// The newest format version this crate reads and can encode.
-pub const NEWEST_VERSION: u16 = 7;
+pub const NEWEST_VERSION: u16 = 8;
 /// The oldest format version this crate reads. Version 1 has record kinds 1-3 and a
 /// verdict payload without `session_seq`; version 2 adds kinds 4-6 and `session_seq`;
 /// version 3 adds kind 7 (void); version 4 appends fields to the payloads of kinds 1, 4,
@@ -29,7 +29,8 @@ pub const NEWEST_VERSION: u16 = 7;
 /// adds kind 8 (session closed; "Version 5"); version 6 appends a policy note to kind 1
 /// and the policy set's digest to kind 4, and adds kind 9 (policy set; "Version 6");
 /// version 7 appends the shadow notes and the recorded params to kind 1 and the shadow
-/// counts to kind 9 ("Version 7").
+/// counts to kind 9 ("Version 7"); version 8 appends the call's upstream and the random
+/// draw to kind 1 ("Version 8").
 ///
 /// Adding to version 4: append the field at the end of its kind's payload in
 /// `encode_record_version` and `parse_fields` (the blocks marked "version 4"), state its
@@ -574,6 +575,17 @@ fn encode_verdict(b: &mut Vec<u8>, v: &VerdictRecord, version: u16) -> Result<()
             }
         }
     }
+    if version >= 8 {
+        // Version 8: the upstream, then the draw.
+        put_opt_str(b, "upstream", v.upstream.as_deref())?;
+        match v.draw {
+            None => b.push(0),
+            Some(d) => {
+                b.push(1);
+                put_u64(b, d.bits());
+            }
+        }
+    }
     Ok(())
 }
 
@@ -713,7 +725,8 @@ pub fn check_event(event: &Event, version: u16) -> Result<(), &'static str> {
                 }
             }
             check_policy_note(v, version)?;
-            check_shadow_and_params(v, version)
+            check_shadow_and_params(v, version)?;
+            check_upstream_and_draw(v, version)
         }
         Event::Session(SessionEvent::Opened(o)) => {
             if o.session_seq != 1 {
@@ -835,6 +848,29 @@ fn is_sent_reason(reason: &str, verdict: Verdict) -> bool {
             .strip_prefix(p)
             .is_some_and(|id| verdict == Verdict::Deny && is_policy_id(id))
     })
+}
+
+/// The rules on a verdict's upstream and draw (format version 8).
+fn check_upstream_and_draw(v: &VerdictRecord, version: u16) -> Result<(), &'static str> {
+    if version < 8 {
+        if v.upstream.is_some() {
+            return Err("an upstream before format version 8");
+        }
+        if v.draw.is_some() {
+            return Err("a draw before format version 8");
+        }
+        return Ok(());
+    }
+    if v.upstream
+        .as_deref()
+        .is_some_and(|u| !entry::is_recordable_upstream(u))
+    {
+        return Err("an upstream that is empty, `local`, longer than 256 bytes or holds a control character");
+    }
+    if v.draw.is_some_and(|d| Draw::from_bits(d.bits()).is_none()) {
+        return Err("a draw outside [0, 1)");
+    }
+    Ok(())
 }
 
 /// The rules on a verdict's shadow notes and recorded params (format version 7).
@@ -1197,6 +1233,17 @@ fn parse_verdict(c: &mut Cur<'_>, timestamp_ns: i64, version: u16) -> Parsed<Ver
             });
         }
     }
+    // Version 8: the upstream, then the draw.
+    let mut upstream_raw = None;
+    let mut draw_bits = None;
+    if version >= 8 {
+        if flag(c, "bad upstream presence flag")? {
+            upstream_raw = Some(c.str()?);
+        }
+        if flag(c, "bad draw presence flag")? {
+            draw_bits = Some(c.u64()?);
+        }
+    }
     Ok((|| {
         let policy = match note {
             None => None,
@@ -1237,6 +1284,11 @@ fn parse_verdict(c: &mut Cur<'_>, timestamp_ns: i64, version: u16) -> Parsed<Ver
             }
             Some((mode, Err(len))) => Some(RecordedParams::TooLarge { mode, len }),
         };
+        let upstream = upstream_raw.map(utf8).transpose()?;
+        let draw = match draw_bits {
+            None => None,
+            Some(bits) => Some(Draw::from_bits(bits).ok_or("a draw outside [0, 1)")?),
+        };
         Ok(VerdictRecord {
             timestamp_ns,
             session_id: utf8(session_id)?,
@@ -1262,6 +1314,8 @@ fn parse_verdict(c: &mut Cur<'_>, timestamp_ns: i64, version: u16) -> Parsed<Ver
             policy,
             shadow,
             params,
+            upstream,
+            draw,
         })
     })())
 }

@@ -55,10 +55,11 @@ pub use checkpoint::Checkpoint;
 pub use completion::{pair as pending_pair, Completer, Pending};
 pub use ed25519_dalek::{SigningKey, VerifyingKey};
 pub use entry::{
-    AuditEntry, CloseReason, CloseRecord, CostStatus, DecisionRecord, Event, ParamsMode,
-    PolicyEffect, PolicyNote, PolicySetCause, PolicySetRecord, RecordedParams, SessionEvent,
-    SessionRecord, SettlementRecord, ShadowNote, VerdictRecord, VoidRecord, MAX_RECORDED_PARAMS,
-    MAX_SHADOW_NOTES, REDACTED_MARKER, SHADOW_SET_NAME,
+    is_recordable_upstream, recorded_upstream, AuditEntry, CloseReason, CloseRecord, CostStatus,
+    DecisionRecord, Draw, Event, ParamsMode, PolicyEffect, PolicyNote, PolicySetCause,
+    PolicySetRecord, RecordedParams, SessionEvent, SessionRecord, SettlementRecord, ShadowNote,
+    VerdictRecord, VoidRecord, MAX_RECORDED_PARAMS, MAX_SHADOW_NOTES, MAX_UPSTREAM_BYTES,
+    REDACTED_MARKER, SHADOW_SET_NAME,
 };
 pub use keys::KeyId;
 pub use tail::{read_tail, TailEnd, TailError};
@@ -115,6 +116,17 @@ pub fn verify_paths(
     opts: &VerifyOptions,
     visit: &mut dyn FnMut(&AuditEntry),
 ) -> Result<Summary, PathsError> {
+    verify_paths_watched(paths, opts, visit, &mut |_, _| {})
+}
+
+/// [`verify_paths`], telling `on_file` each file (its path, and its bytes as read and
+/// decompressed) before its entries are verified: what a progress display needs.
+pub fn verify_paths_watched(
+    paths: &[PathBuf],
+    opts: &VerifyOptions,
+    visit: &mut dyn FnMut(&AuditEntry),
+    on_file: &mut dyn FnMut(&Path, &[u8]),
+) -> Result<Summary, PathsError> {
     let mut v = Verifier::new(opts.clone());
     for path in collect_files(paths)? {
         let bytes = files::read_log_file(&path).map_err(|e| match e {
@@ -129,6 +141,7 @@ pub fn verify_paths(
                 error: other.into_io(),
             },
         })?;
+        on_file(&path, &bytes);
         v.feed_file(&display_name(&path), &bytes, visit)
             .map_err(PathsError::Break)?;
     }

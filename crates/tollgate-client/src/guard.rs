@@ -404,6 +404,9 @@ impl Guard {
             record.params = recorded
                 .filter(|(digest, _)| *digest == record.params_hash)
                 .map(|(_, p)| p);
+            // Format version 8: the upstream whose tool this is (the policies' resource),
+            // so a replay decides with the same resource.
+            record.upstream = tollgate_audit::recorded_upstream(upstream);
             let pending = self.submit(record.into());
             (said, call_number, pending, s.state.budget_remaining)
         };

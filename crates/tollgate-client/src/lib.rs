@@ -20,6 +20,7 @@
     )
 )]
 
+pub mod candidate;
 pub mod daemon;
 pub mod grpc;
 pub mod guard;

@@ -80,6 +80,20 @@ pub(crate) async fn open(
             tollgate_pg::CHAIN_FORMAT_VERSION
         )));
     }
+    // Format version 8 records the probabilistic layer's draw in every verdict of a
+    // guard that has the layer on; an older chain cannot hold it.
+    let draws = std::iter::once(&config.default_guard)
+        .chain(config.agent_guards.values())
+        .any(|g| g.probabilistic_deny);
+    if journal.format_version() < 8 && draws {
+        return Err(DaemonError::Unsupported(format!(
+            "chain `{chain_id}` is format version {}, which cannot record the probabilistic \
+             layer's draws (version 8); give the daemon a new chain_id (or key) to start a \
+             version-{} chain, or set probabilistic_deny = false",
+            journal.format_version(),
+            tollgate_pg::CHAIN_FORMAT_VERSION
+        )));
+    }
 
     let mut opts = RedisOptions::new(redis.url.clone());
     if let Some(path) = &redis.ca_file {

@@ -253,6 +253,8 @@ mod tests {
                 policy: Some(n.clone()),
                 shadow: Vec::new(),
                 params: None,
+                upstream: None,
+                draw: None,
             };
             tollgate_audit::format::check_event(&record.into(), 6).unwrap();
             if tool == "crm" {

@@ -69,6 +69,10 @@ pub struct LibrarySettings {
     pub audit_dir: Option<PathBuf>,
     /// The Ed25519 signing key file (`tollgate keygen`); required with `audit_dir`.
     pub audit_key: Option<PathBuf>,
+    /// What the local log's verdicts record of each call's params (`audit_params`:
+    /// `hash`, the default, `full` or `redacted`, with the `audit_redact` paths), as the
+    /// daemon's `[audit] params` and `redact` (docs/audit-format.md, "Recorded params").
+    pub audit_params: tollgate_audit::params::Recorder,
     /// The session id written to audit entries.
     pub session_id: String,
     /// The agent id written to audit entries.
@@ -225,6 +229,8 @@ struct GatewaySection {
 struct LibrarySection {
     audit_dir: Option<PathBuf>,
     audit_key: Option<PathBuf>,
+    audit_params: Option<String>,
+    audit_redact: Option<Vec<String>>,
     session_id: Option<String>,
     agent_id: Option<String>,
     organization_id: Option<String>,
@@ -372,11 +378,32 @@ impl Config {
                     .map(|p| tollgate_policy::files::Settings::from_section(p, base))
                     .transpose()
                     .map_err(|e| bad(e.key, e.message))?;
+                let params_word = l.audit_params.as_deref().unwrap_or("hash");
+                let mode = tollgate_audit::ParamsMode::from_word(params_word).ok_or_else(|| {
+                    bad(
+                        "library.audit_params",
+                        format!("`{params_word}` is not \"hash\", \"full\" or \"redacted\""),
+                    )
+                })?;
+                let audit_params = tollgate_audit::params::Recorder::new(
+                    mode,
+                    l.audit_redact.as_deref().unwrap_or(&[]),
+                )
+                .map_err(|e| bad("library.audit_redact", e.to_string()))?;
+                if l.audit_dir.is_none()
+                    && (mode != tollgate_audit::ParamsMode::Hash || l.audit_redact.is_some())
+                {
+                    return Err(bad(
+                        "library.audit_params",
+                        "records params in the local audit log: set audit_dir and audit_key",
+                    ));
+                }
                 let default_session = format!("mcp-{}", std::process::id());
                 Mode::Library(LibrarySettings {
                     guard,
                     audit_dir: l.audit_dir.as_deref().map(rel),
                     audit_key: l.audit_key.as_deref().map(rel),
+                    audit_params,
                     session_id: word(
                         "library.session_id",
                         l.session_id.as_deref(),
@@ -691,6 +718,23 @@ mod tests {
         ))
         .contains("daemon's configuration holds the guard"));
         assert!(err(&format!("{ONE}[library]\naudit_dir = \"x\"")).contains("audit_key"));
+        // [library] audit_params / audit_redact: the daemon's [audit] params and redact,
+        // for the local log only.
+        let audited = "[library]\naudit_dir = \"x\"\naudit_key = \"k\"\n";
+        assert!(
+            err(&format!("{ONE}{audited}audit_params = \"all\"")).contains("library.audit_params")
+        );
+        assert!(err(&format!("{ONE}[library]\naudit_params = \"full\"")).contains("set audit_dir"));
+        assert!(err(&format!(
+            "{ONE}{audited}audit_params = \"full\"\naudit_redact = [\"a\"]"
+        ))
+        .contains("library.audit_redact"));
+        let c = parse(&format!(
+            "{ONE}{audited}audit_params = \"redacted\"\naudit_redact = [\"card.number\"]"
+        ))
+        .unwrap();
+        let Mode::Library(l) = c.mode else { panic!() };
+        assert_eq!(l.audit_params.mode(), tollgate_audit::ParamsMode::Redacted);
         // [policy]: the shared section's checks, and in daemon mode the daemon's decides.
         assert!(err(&format!("{ONE}[policy]\nfiles = []")).contains("policy.files"));
         assert!(

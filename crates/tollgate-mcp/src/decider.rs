@@ -189,7 +189,8 @@ impl Library {
         };
         // Named from the start: the policies' principal is `[library]`'s ids with or
         // without a local audit log.
-        let guard = Guard::new_as(settings.guard.clone(), who.clone());
+        let guard = Guard::new_as(settings.guard.clone(), who.clone())
+            .with_params(settings.audit_params.clone());
         let guard = match &settings.policy {
             Some(p) => guard
                 .with_policies(load_policies(p)?)

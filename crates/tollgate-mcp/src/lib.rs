@@ -22,7 +22,8 @@
 //! Layout: [`config`] (mcp.toml), [`lines`] (bounded stdio framing), [`upstream`]
 //! (starting and restarting upstreams), [`decider`] (guard or daemon), [`gateway`] (the
 //! MCP server), [`values`] (the JSON the gateway reads itself), [`texts`] (what the model
-//! and the human read), [`http`] (Streamable HTTP on a loopback address).
+//! and the human read), [`http`] (Streamable HTTP on a loopback address), [`replay`] (the
+//! candidate `tollgate policy replay --mcp` replays a library-mode log under).
 
 #![cfg_attr(
     test,
@@ -41,6 +42,7 @@ pub mod http;
 pub mod lines;
 pub mod names;
 pub mod policy_check;
+pub mod replay;
 pub mod texts;
 pub mod upstream;
 pub mod values;

@@ -21,15 +21,15 @@ use crate::conn::{check_schema, connect, lock_key, PgSettings};
 use crate::schema::{quoted, SCHEMA_VERSION};
 use crate::PgError;
 
-/// The format version of the records of a chain registered now (version 6: record kind
+/// The format version of the records of a chain registered now (version 8: record kind
 /// 7, void, the shared budget's version in the entries that write it (version 4), kind 8,
 /// session closed (version 5), and kind 9, policy set, with the verdicts' policy notes
-/// and the opening's policy-set digest (version 6), and the verdicts' shadow notes and
-/// recorded params with the policy sets' shadow counts (version 7)). A chain registered
-/// earlier keeps the version its signed header names (3 to 6): its records go on in that
-/// version, and it
+/// and the opening's policy-set digest (version 6), the verdicts' shadow notes and
+/// recorded params with the policy sets' shadow counts (version 7), and the verdicts'
+/// upstream and random draw (version 8)). A chain registered earlier keeps the version
+/// its signed header names (3 to 7): its records go on in that version, and it
 /// cannot record what a later version added ([`PgJournal::format_version`]).
-pub const CHAIN_FORMAT_VERSION: u16 = 7;
+pub const CHAIN_FORMAT_VERSION: u16 = 8;
 
 /// The longest chain id, in bytes.
 pub const MAX_CHAIN_ID_BYTES: usize = 256;
@@ -191,8 +191,8 @@ impl PgJournal {
     }
 
     /// The format version of the chain's records: the one its signed header names
-    /// ([`CHAIN_FORMAT_VERSION`] for a chain registered by this build; 3 to 5 for one
-    /// registered earlier, which cannot record policy sets or policy notes).
+    /// ([`CHAIN_FORMAT_VERSION`] for a chain registered by this build; 3 to 7 for one
+    /// registered earlier, which cannot record what a later version added).
     pub fn format_version(&self) -> u16 {
         self.version
     }

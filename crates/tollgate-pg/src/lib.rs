@@ -2,7 +2,7 @@
 //!
 //! Each daemon of a fleet writes its own signed, chain-linked audit chain into one
 //! PostgreSQL database. The rows hold the exact record bytes of the file log
-//! (docs/audit-format.md, format version 6 for a chain registered now), signed and linked through the same
+//! (docs/audit-format.md, format version 8 for a chain registered now), signed and linked through the same
 //! [`tollgate_audit::Chainer`] as the file writer, so the file verifier checks them.
 //! docs/postgres.md describes the schema, roles, TLS and what a break looks like.
 //!
@@ -40,7 +40,9 @@ mod verify;
 pub use conn::{check_schema, connect, PgSettings, DEFAULT_SCHEMA, MAX_SCHEMA_LEN};
 pub use journal::{check_chain_id, PgJournal, PgStats, CHAIN_FORMAT_VERSION, MAX_CHAIN_ID_BYTES};
 pub use schema::{migrate, migrate_with, MigrateReport, RoleOutcome, SCHEMA_VERSION, WRITER_ROLE};
-pub use verify::{chain_name, list_chains, verify, verify_chain, ChainInfo, ChainReport};
+pub use verify::{
+    chain_name, count_entries, list_chains, verify, verify_chain, ChainInfo, ChainReport,
+};
 
 /// Why a PostgreSQL operation failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

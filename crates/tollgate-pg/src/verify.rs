@@ -20,7 +20,7 @@ pub struct ChainInfo {
     pub key_id: String,
     /// Its public key as registered.
     pub public_key: Vec<u8>,
-    /// Its signed header (170 bytes, format version 6, or 3 to 5 for an older chain; file 0, index 0, genesis).
+    /// Its signed header (170 bytes, format version 8, or 3 to 7 for an older chain; file 0, index 0, genesis).
     pub header: Vec<u8>,
 }
 
@@ -71,6 +71,19 @@ pub async fn list_chains(
         })
         .collect::<Result<Vec<_>, tokio_postgres::Error>>()
         .map_err(PgError::db("list chains"))
+}
+
+/// How many entries the chains of `schema` hold (every chain's rows): the total a
+/// progress display counts toward.
+pub async fn count_entries(client: &Client, schema: &str) -> Result<u64, PgError> {
+    check_schema(schema)?;
+    let s = quoted(schema);
+    let row = client
+        .query_one(&format!("SELECT count(*) FROM {s}.entries"), &[])
+        .await
+        .map_err(PgError::db("count entries"))?;
+    let n: i64 = row.try_get(0).map_err(PgError::db("count entries"))?;
+    Ok(u64::try_from(n).unwrap_or(0))
 }
 
 /// Verify one chain. The starting key is trusted from `keys` (the one whose bytes equal

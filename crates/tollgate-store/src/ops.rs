@@ -171,6 +171,10 @@ pub fn verdict_with(
         policy,
         shadow: Vec::new(),
         params: None,
+        // What called which upstream, and the draw: the caller's ([`crate::rules::decide`],
+        // the library guard's `check_in`).
+        upstream: None,
+        draw: None,
     }
 }
 
@@ -457,6 +461,10 @@ pub fn replay(session: &mut Session, event: &SessionEvent) -> Result<(), FoldErr
             // recorded of the params change no state; they are inputs of the entry.
             r.shadow.clone_from(&v.shadow);
             r.params.clone_from(&v.params);
+            // Format version 8: the upstream called and the draw the decision was made
+            // with are inputs of the entry too.
+            r.upstream.clone_from(&v.upstream);
+            r.draw = v.draw;
             SessionEvent::Verdict(r)
         }
         SessionEvent::Settled(s) => SessionEvent::Settled(settle(

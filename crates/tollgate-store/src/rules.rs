@@ -144,6 +144,11 @@ pub fn decide(
     };
     let mut record = ops::verdict_with(session, call, &decision, note, call_number, now);
     record.shadow = shadow;
+    // Format version 8: the draw, wherever the probabilistic layer may read one (the
+    // session's guard has it on), so a replay under any candidate decides with it.
+    if session.policy.config.probabilistic_deny {
+        record.draw = tollgate_audit::Draw::new(rng);
+    }
     Decided {
         decision,
         record,

@@ -1,5 +1,5 @@
 //! Arbitrary bytes into every reader of tollgate-audit: the verifier (every format
-//! version, 1 to 7: policy sets, policy notes, shadow notes and recorded params included), the record and header parsers, and the checkpoint and key file parsers. None
+//! version, 1 to 8: policy sets, policy notes, shadow notes, recorded params, upstreams and draws included), the record and header parsers, and the checkpoint and key file parsers. None
 //! may panic. A record that parses must encode back to the same bytes.
 
 #![no_main]
@@ -43,7 +43,7 @@ fuzz_target!(|data: &[u8]| {
     let Some((&mode, rest)) = data.split_first() else {
         return;
     };
-    // Bits 5-7 pick the format version, 1 to 7 (`NEWEST_VERSION`).
+    // Bits 5-7 pick the format version, 1 to 8 (`NEWEST_VERSION`).
     let version = 1 + u16::from(mode >> 5) % format::NEWEST_VERSION;
     match mode % 5 {
         0 => {

@@ -313,12 +313,12 @@ fn a_version_1_file_after_a_version_2_file_is_a_downgrade() {
     let h2 = FileHeader::new_signed_version(2, &k, 1, 1, last, NOON).encode();
     assert!(tollgate_audit::verify(&[("a", &v1), ("b", &h2)], &opts(&k)).is_ok());
     // Unknown versions are a bad header.
-    let h8 = FileHeader::new_signed_version(8, &k, 0, 0, format::genesis_hash(), NOON).encode();
+    let h9 = FileHeader::new_signed_version(9, &k, 0, 0, format::genesis_hash(), NOON).encode();
     assert_eq!(
-        tollgate_audit::verify(&[("c", &h8)], &opts(&k))
+        tollgate_audit::verify(&[("c", &h9)], &opts(&k))
             .unwrap_err()
             .kind,
-        BreakKind::BadHeader(HeaderError::Version(8))
+        BreakKind::BadHeader(HeaderError::Version(9))
     );
 }
 

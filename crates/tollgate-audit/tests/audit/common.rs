@@ -73,6 +73,8 @@ pub fn record(i: u64) -> VerdictRecord {
         policy: None,
         shadow: Vec::new(),
         params: None,
+        upstream: None,
+        draw: None,
     }
 }
 

@@ -7,7 +7,7 @@ use ed25519_dalek::SigningKey;
 use tollgate_audit::format::{self, FileHeader, Position};
 use tollgate_audit::verify::verify_visit;
 use tollgate_audit::{
-    keys, CloseReason, CloseRecord, CostStatus, DecisionRecord, Event, KeyId, ParamsMode,
+    keys, CloseReason, CloseRecord, CostStatus, DecisionRecord, Draw, Event, KeyId, ParamsMode,
     PolicyEffect, PolicyNote, PolicySetCause, PolicySetRecord, RecordedParams, SessionEvent,
     SessionRecord, SettlementRecord, ShadowNote, VerdictRecord, VoidRecord,
 };
@@ -91,6 +91,8 @@ fn build_v1() -> Vec<u8> {
         policy: None,
         shadow: Vec::new(),
         params: None,
+        upstream: None,
+        draw: None,
     };
     let r1 = VerdictRecord {
         timestamp_ns: T0 + 1_000_000,
@@ -165,6 +167,8 @@ fn v2_events() -> Vec<(i64, &'static str, Event)> {
         policy: None,
         shadow: Vec::new(),
         params: None,
+        upstream: None,
+        draw: None,
     };
     let settled = SettlementRecord {
         timestamp_ns: T0 + 2_000_000,
@@ -947,6 +951,155 @@ fn version_7_refuses_shadow_notes_and_params_that_do_not_hold() {
     .is_err());
 }
 
+/// Version 8: the version-7 file's first three records, the ALLOW naming the upstream it
+/// called and the draw it was decided with, then a probabilistic DENY with its draw (the
+/// local upstream).
+fn v8_events() -> Vec<(i64, &'static str, Event)> {
+    let v7 = v7_events();
+    let at = |n: i64| T0 + n * 1_000_000;
+    let Event::Session(SessionEvent::Verdict(allow)) = v7[2].2.clone() else {
+        unreachable!()
+    };
+    let allow = VerdictRecord {
+        upstream: Some("kit".into()),
+        draw: Draw::new(0.25),
+        ..allow
+    };
+    let deny = VerdictRecord {
+        timestamp_ns: at(3),
+        call_number: 2,
+        tool_name: "search".into(),
+        params_hash: format::sha256(br#"{"q":"tolls"}"#),
+        verdict: Verdict::Deny,
+        deny_reason: Some(DenyReason::BudgetExhausted),
+        reason: Reason::BudgetExhausted,
+        probabilistic: true,
+        budget_after: allow.budget_after,
+        budget_before: allow.budget_after,
+        nonce: 8,
+        session_seq: 3,
+        budget_version: 0,
+        policy: Some(PolicyNote {
+            set_digest: format::sha256(b"policy set a"),
+            effect: PolicyEffect::Pass,
+            policy_id: None,
+            decided: false,
+            tripped: false,
+            labels: Vec::new(),
+        }),
+        shadow: Vec::new(),
+        params: None,
+        upstream: None,
+        draw: Draw::new(0.0625),
+        ..allow.clone()
+    };
+    vec![
+        v7[0].clone(),
+        v7[1].clone(),
+        (at(2), v7[2].1, allow.into()),
+        (at(3), "0192f7c8-0003-7000-8000-000000000003", deny.into()),
+    ]
+}
+
+#[test]
+fn version_8_is_reproduced_byte_for_byte() {
+    let events = v8_events();
+    let stored = check_stored("known-answer-v8.log", &build_file(8, &events));
+    let mut seen = Vec::new();
+    let s = verify_visit(
+        &[("known-answer-v8.log", &stored)],
+        &opts(&key(1)),
+        &mut |e| {
+            seen.push(e.clone());
+        },
+    )
+    .unwrap();
+    assert_eq!(s.entries, 4);
+    assert_eq!(u16::from_be_bytes([stored[8], stored[9]]), 8);
+    let kinds: Vec<u8> = seen.iter().map(|e| e.event.kind()).collect();
+    assert_eq!(kinds, [9, 4, 1, 1]);
+    for (e, (ts, id, ev)) in seen.iter().zip(&events) {
+        assert_eq!(&e.event, ev);
+        assert_eq!(e.timestamp_ns, *ts);
+        assert_eq!(e.entry_id.to_string(), *id);
+    }
+    let digest = format::sha256(&stored).to_string();
+    assert!(
+        doc().contains(&digest),
+        "docs lack the v8 known answer's SHA-256 {digest}"
+    );
+    let offsets: Vec<usize> = (0..4)
+        .scan(format::HEADER_LEN, |off, _| {
+            let here = *off;
+            *off += format::parse_record_version(8, &stored[here..]).unwrap().1;
+            Some(here)
+        })
+        .collect();
+    let record = |i: usize| {
+        let (_, n) = format::parse_record_version(8, &stored[offsets[i]..]).unwrap();
+        &stored[offsets[i]..offsets[i] + n]
+    };
+    assert_eq!(doc_block("upstream-record-v8"), hex(record(2)));
+    // The records of versions 1 to 7 read as before: no upstream, no draw; the version-7
+    // records of this file's first three are those of the version-7 file, but for what
+    // version 8 appends.
+    let v7 = std::fs::read(data_path("known-answer-v7.log")).unwrap();
+    let (r, _) = format::parse_record_version(7, &v7[offsets[2]..]).unwrap();
+    let Event::Session(SessionEvent::Verdict(old)) = r.entry.event else {
+        unreachable!()
+    };
+    assert_eq!((old.upstream, old.draw), (None, None));
+    // An upstream or a draw cannot be written in version 7.
+    assert!(build_file_result(7, &events[2..3]).is_err());
+    assert!(build_file_result(7, &events[3..4]).is_err());
+    assert!(build_file_result(7, &events[..2]).is_ok());
+}
+
+#[test]
+fn version_8_refuses_upstreams_and_draws_that_do_not_hold() {
+    let Event::Session(SessionEvent::Verdict(first)) = v8_events()[2].2.clone() else {
+        unreachable!()
+    };
+    let ok = |v: &VerdictRecord| format::check_event(&Event::from(v.clone()), 8);
+    assert!(ok(&first).is_ok());
+    let with = |f: &dyn Fn(&mut VerdictRecord)| {
+        let mut v = first.clone();
+        f(&mut v);
+        v
+    };
+    // The local upstream is written as none; a name no resource can have is refused.
+    for bad in ["", "local", "a\nb", &"u".repeat(257)] {
+        assert!(
+            ok(&with(&|v| v.upstream = Some(bad.to_owned()))).is_err(),
+            "{bad:?}"
+        );
+    }
+    assert!(ok(&with(&|v| v.upstream = Some("u".repeat(256)))).is_ok());
+    assert!(ok(&with(&|v| v.upstream = None)).is_ok());
+    // A draw is in [0, 1): Draw refuses the rest, and so does the reader.
+    for bad in [1.0, -0.0, -0.5, f64::NAN, f64::INFINITY] {
+        assert_eq!(Draw::new(bad), None, "{bad}");
+    }
+    assert!(Draw::new(0.0).is_some() && Draw::new(1.0 - f64::EPSILON / 2.0).is_some());
+    let events = v8_events();
+    let mut bytes = build_file(8, &events);
+    // The last record ends with its draw's 8 bytes, prev_hash (32) and signature (64):
+    // make the draw 1.0 and the reader refuses it as malformed (before the signature).
+    let end = bytes.len() - 96;
+    bytes[end - 8..end].copy_from_slice(&1.0f64.to_bits().to_be_bytes());
+    let off = format::HEADER_LEN
+        + (0..3).fold(0, |acc, _| {
+            acc + format::parse_record_version(8, &bytes[format::HEADER_LEN + acc..])
+                .unwrap()
+                .1
+        });
+    let parsed = format::parse_record_version(8, &bytes[off..]);
+    assert!(
+        format!("{parsed:?}").contains("draw"),
+        "a draw of 1.0 is read: {parsed:?}"
+    );
+}
+
 #[test]
 fn version_6_refuses_policy_notes_that_disagree_with_their_verdict() {
     let Event::Session(SessionEvent::Verdict(deny)) = v6_events()[3].2.clone() else {
@@ -1136,6 +1289,7 @@ fn record_hashes_are_documented() {
         "known-answer-v5.log",
         "known-answer-v6.log",
         "known-answer-v7.log",
+        "known-answer-v8.log",
     ] {
         let bytes = std::fs::read(data_path(name)).unwrap();
         let version = u16::from_be_bytes([bytes[8], bytes[9]]);

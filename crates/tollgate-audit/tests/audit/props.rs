@@ -42,9 +42,16 @@ fn arb_record() -> impl Strategy<Value = VerdictRecord> {
             "\\PC{0,60}",
             16_385u32..,
         ),
+        // Version 8: the upstream called, the draw.
+        (
+            proptest::option::of("[a-zA-Z0-9_-]{1,64}"),
+            proptest::option::of(0.0f64..1.0),
+        ),
     )
-        .prop_map(|(a, b, c, d)| {
+        .prop_map(|(a, b, c, d, e)| {
             let mut v = verdict(a, b, c);
+            v.upstream = e.0.filter(|u| u != "local");
+            v.draw = e.1.and_then(tollgate_audit::Draw::new);
             if !d.0.is_empty() {
                 v.policy = Some(PolicyNote {
                     set_digest: Digest([7; 32]),
@@ -136,6 +143,8 @@ fn verdict(a: PartA, b: PartB, c: PartC) -> VerdictRecord {
         policy: None,
         shadow: Vec::new(),
         params: None,
+        upstream: None,
+        draw: None,
     }
 }
 

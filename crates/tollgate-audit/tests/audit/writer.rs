@@ -362,8 +362,8 @@ fn the_encoder_refuses_what_the_verifier_would_call_malformed() {
         })
     ));
     assert_eq!(
-        encode_record_version(8, pos, &ev, &k, kid),
-        Err(EncodeError::Version(8))
+        encode_record_version(9, pos, &ev, &k, kid),
+        Err(EncodeError::Version(9))
     );
     // Through the writer: refused, nothing written, the chain goes on.
     let dir = tempfile::tempdir().unwrap();

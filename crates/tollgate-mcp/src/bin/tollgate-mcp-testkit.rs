@@ -1,5 +1,5 @@
 //! The test fixture of tollgate-mcp (its tests and its latency bench run it; nothing else
-//! should). Three modes:
+//! should). Its modes:
 //!
 //! - `tollgate-mcp-testkit upstream`: a real MCP server (rmcp's server side) on stdio,
 //!   whose tools misbehave on request (`crash`, `hang`, `garbage`, `big`, `fail`). Each
@@ -12,6 +12,9 @@
 //!   CONFIG [--check]` runs ([`tollgate_mcp::main_entry`]).
 //! - `tollgate-mcp-testkit policy-check CONFIG [FILE.cedar...]`: exactly what `tollgate
 //!   policy check --mcp CONFIG [FILE.cedar...]` runs ([`tollgate_mcp::policy_check::run`]).
+//! - `tollgate-mcp-testkit replay CONFIG PUB LOG [FILE.cedar...]`: what `tollgate policy
+//!   replay --mcp CONFIG --key PUB --format json LOG [--policy FILE.cedar]...` runs
+//!   ([`tollgate_mcp::replay::run`]), with its exit code.
 
 use std::io::Write;
 use std::sync::Arc;
@@ -274,6 +277,36 @@ async fn upstream_http() -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
+/// What `tollgate policy replay --mcp CONFIG --key PUB --format json --examples 1000 LOG
+/// [--policy FILE.cedar]...` runs ([`tollgate_mcp::replay::run`]): the report as JSON on
+/// stdout and its exit code; a log that does not verify or fold, or bad input, exit 2.
+fn replay(
+    config: &str,
+    key: &str,
+    log: &str,
+    policies: &[String],
+) -> Result<u8, Box<dyn std::error::Error>> {
+    let key = tollgate_audit::keys::parse_public_key(&std::fs::read_to_string(key)?)?;
+    let replace: Vec<std::path::PathBuf> = policies.iter().map(Into::into).collect();
+    match tollgate_mcp::replay::run(
+        std::path::Path::new(config),
+        &replace,
+        Some(key),
+        1000,
+        &[log.into()],
+    ) {
+        Ok(report) => {
+            println!("{}", report.to_json());
+            Ok(report.exit_code())
+        }
+        Err(Ok(refused)) => {
+            eprintln!("{refused}");
+            Ok(2)
+        }
+        Err(Err(message)) => Err(message.into()),
+    }
+}
+
 fn main() -> std::process::ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mode = args.first().map(String::as_str);
@@ -313,8 +346,14 @@ fn main() -> std::process::ExitCode {
             }
             None => Err("usage: tollgate-mcp-testkit policy-check CONFIG [FILE.cedar...]".into()),
         },
+        Some("replay") => match (args.get(1), args.get(2), args.get(3)) {
+            (Some(config), Some(key), Some(log)) => {
+                replay(config, key, log, args.get(4..).unwrap_or_default())
+            }
+            _ => Err("usage: tollgate-mcp-testkit replay CONFIG PUB LOG [FILE.cedar...]".into()),
+        },
         _ => Err(
-            "usage: tollgate-mcp-testkit upstream | upstream-http | gateway CONFIG | policy-check CONFIG"
+            "usage: tollgate-mcp-testkit upstream | upstream-http | gateway CONFIG | policy-check CONFIG | replay CONFIG PUB LOG"
                 .into(),
         ),
     };

@@ -19,6 +19,7 @@ mod http;
 mod names;
 mod policy;
 mod policy_check;
+mod replay;
 mod robustness;
 
 use std::path::{Path, PathBuf};

@@ -97,6 +97,8 @@ pub fn verdict(session: &str, seq: u64) -> SessionEvent {
         policy: None,
         shadow: Vec::new(),
         params: None,
+        upstream: None,
+        draw: None,
     })
 }
 

@@ -456,7 +456,7 @@ fn policy_set(
     }
 }
 
-/// Format versions 6 and 7 in PostgreSQL: a chain registered now (version 7) holds
+/// Format versions 6 and 7 in PostgreSQL: a chain registered now (version 8) holds
 /// policy-set entries (record kind 9, no place in any session's history, so no claim; with
 /// their shadow counts) and verdicts with policy notes, shadow notes and recorded params,
 /// signed and linked like every entry, in the order submitted; the chain verifies and the
@@ -468,8 +468,8 @@ async fn a_new_chain_holds_policy_sets_policy_notes_shadow_notes_and_params() {
     };
     let s = migrated("v6chain").await;
     let j = PgJournal::open(s.settings(), key(6), "d6").await.unwrap();
-    assert_eq!(j.format_version(), 7);
-    assert_eq!(tollgate_pg::CHAIN_FORMAT_VERSION, 7);
+    assert_eq!(j.format_version(), 8);
+    assert_eq!(tollgate_pg::CHAIN_FORMAT_VERSION, 8);
     let start = j.submit_policy_set(tollgate_audit::PolicySetRecord {
         shadow_policies: 1,
         ..policy_set(0xa1, PolicySetCause::Start)
@@ -713,4 +713,62 @@ async fn the_version_7_known_answer_file_is_a_chain() {
             .entries,
         8
     );
+}
+
+/// `verdict(session, seq)` with a random draw (format version 8).
+fn with_draw(session: &str, seq: u64) -> tollgate_audit::SessionEvent {
+    let mut e = verdict(session, seq);
+    if let tollgate_audit::SessionEvent::Verdict(v) = &mut e {
+        v.draw = tollgate_audit::Draw::new(0.5);
+    }
+    e
+}
+
+/// The version-8 known-answer file (an upstream and a draw on an ALLOW, a draw on a
+/// probabilistic DENY) is a chain, and a journal with its key continues it in version 8,
+/// draws included; a version-7 chain cannot record a draw: refused, nothing written, and
+/// the chain goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_version_8_known_answer_file_is_a_chain_and_a_version_7_chain_refuses_a_draw() {
+    let (s, c, stored) = known_answer_chain("known-answer-v8.log", 8, "kav8").await;
+    assert_eq!(stored, 4);
+    let mut seen = Vec::new();
+    let reports = tollgate_pg::verify(&c, &s.name, None, &[key(1).verifying_key()], &mut |_, e| {
+        seen.push(e.event.clone());
+    })
+    .await
+    .unwrap();
+    assert!(reports[0].result.is_ok(), "{reports:?}");
+    let kinds: Vec<u8> = seen.iter().map(Event::kind).collect();
+    assert_eq!(kinds, [9, 4, 1, 1]);
+    let Event::Session(tollgate_audit::SessionEvent::Verdict(v)) = &seen[2] else {
+        panic!("{seen:?}")
+    };
+    assert_eq!(v.upstream.as_deref(), Some("kit"));
+    assert_eq!(v.draw.map(tollgate_audit::Draw::value), Some(0.25));
+    let j = PgJournal::open(s.settings(), key(1), "ka").await.unwrap();
+    assert_eq!(j.format_version(), 8);
+    assert_eq!(
+        j.submit(with_draw("s8", 1)).await.unwrap().unwrap().index,
+        4
+    );
+    j.close().await.unwrap();
+    assert_eq!(
+        verify_all(&s.name).await[0]
+            .result
+            .as_ref()
+            .unwrap()
+            .entries,
+        5
+    );
+
+    let (s7, c7, _) = known_answer_chain("known-answer-v7.log", 7, "kav7draw").await;
+    let j = PgJournal::open(s7.settings(), key(1), "ka").await.unwrap();
+    assert_eq!(j.format_version(), 7);
+    let e = j.submit(with_draw("s7", 1)).await.unwrap_err();
+    assert!(e.to_string().contains("draw"), "{e}");
+    assert_eq!(j.submit(verdict("s7", 1)).await.unwrap().unwrap().index, 7);
+    j.close().await.unwrap();
+    assert_eq!(count(&c7, &s7.name, "entries").await, 8);
+    assert!(verify_all(&s7.name).await[0].result.is_ok());
 }

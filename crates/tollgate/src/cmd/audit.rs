@@ -481,6 +481,8 @@ fn demo_write(a: &DemoWriteArgs) -> anyhow::Result<ExitCode> {
             policy: None,
             shadow: Vec::new(),
             params: None,
+            upstream: None,
+            draw: None,
         };
         pending.push(w.submit(rec));
         if pending.len() as u64 >= a.pipeline.max(1) {

@@ -1,12 +1,17 @@
-//! `tollgate policy replay --config CANDIDATE.toml [--policy FILE]... [--key PUB] AUDIT...`:
-//! what a candidate guard configuration and policy set would have decided for every call
-//! a recorded audit log holds.
+//! `tollgate policy replay --config CANDIDATE.toml [--policy FILE]... [--key PUB] AUDIT...`
+//! (or `--mcp mcp.toml`, a library-mode gateway's settings; `--postgres URL` for a
+//! fleet's chains): what a candidate guard configuration and policy set would have decided
+//! for every call a recorded audit log holds.
 //!
 //! The log is verified as `tollgate audit verify` verifies it (the audit crate's
 //! verifier, streaming: every entry is replayed only once it passed every check) and folded
 //! as the store folds it; a log that does not verify or does not fold is refused, and no
 //! replay result is printed. The replay itself is `tollgate_store::replay` (the candidate's
 //! sessions decided by `tollgate_store::rules::decide`, the daemon's one decision path).
+//!
+//! A fleet's chains in PostgreSQL (`--postgres`) are each verified whole first (one broken
+//! chain refuses them all), then merged into the order each session's places and each
+//! shared budget's versions give (`tollgate_store::replay::merge`) and folded.
 //!
 //! Output: the verdicts that flip (ALLOW→DENY, DENY→ALLOW, anything→HITL, ...), counted
 //! by rule and by session, with the first `--examples` in full; apart from flips, the
@@ -17,43 +22,67 @@
 //! is broken or the input is bad (configuration, policies, key, files); 3 nothing flips but
 //! some verdicts could not be replayed.
 
-use std::collections::{BTreeMap, HashMap};
 use std::io::IsTerminal as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::Arc;
 use std::time::Instant;
 
-use tollgate_audit::{files, keys, Event, PathsError, SessionEvent, VerifyOptions};
-use tollgate_core::json::{self, Number, Value};
-use tollgate_core::Verdict;
+use tollgate_audit::{files, keys, VerifyingKey};
 use tollgate_daemon::config::DaemonConfig;
-use tollgate_store::replay::{Candidate, Replay, Unreplayable};
-use tollgate_store::Policy;
+use tollgate_store::replay::merge::Chain;
+use tollgate_store::replay::report::{Change, Report};
+use tollgate_store::replay::{Candidate, Refused, Tick};
 
 /// Arguments of `tollgate policy replay`.
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// The candidate configuration (`tollgate serve`'s TOML): its guards (`[guard.*]`) and
     /// its `[policy]` are replayed.
-    #[arg(long, value_name = "CANDIDATE.toml")]
-    config: PathBuf,
+    #[arg(
+        long,
+        value_name = "CANDIDATE.toml",
+        required_unless_present = "mcp",
+        conflicts_with = "mcp"
+    )]
+    config: Option<PathBuf>,
+    /// Or the MCP gateway's configuration (library mode): its `[guard]` and `[policy]`
+    /// are replayed, each call for the upstream its entry names (what the gateway's own
+    /// log replays under).
+    #[arg(long, value_name = "mcp.toml")]
+    mcp: Option<PathBuf>,
     /// A policy file replacing the configuration's `[policy]` files (repeatable, in set
     /// order; `[policy]`'s default, schema and trip_on_refusal still apply).
     #[arg(long = "policy", value_name = "FILE.cedar")]
     policies: Vec<PathBuf>,
     /// The public key the log must be signed with (without it, the key in the first file
-    /// header is trusted, and the output says so).
+    /// header is trusted, and the output says so). With `--postgres`, repeatable: each
+    /// chain must be signed by one of them (each daemon's `audit.pub`); without, each
+    /// chain's registered key is trusted.
     #[arg(long, value_name = "PUB")]
-    key: Option<PathBuf>,
+    key: Vec<PathBuf>,
     /// How many flips (and how many reason changes) to print in full.
     #[arg(long, value_name = "N", default_value_t = 10)]
     examples: usize,
     /// Output format.
     #[arg(long, value_enum, default_value = "text")]
     format: Format,
+    /// Read a fleet's chains from this PostgreSQL database (a URL or key=value string)
+    /// instead of log files: every chain of the schema, verified, merged and replayed.
+    #[arg(long, value_name = "URL")]
+    postgres: Option<String>,
+    /// The schema holding the chains.
+    #[arg(long, requires = "postgres", default_value = tollgate_pg::DEFAULT_SCHEMA)]
+    schema: String,
+    /// PEM file of the CA that signed the server's certificate (TLS; use `sslmode=require`
+    /// in the URL to refuse a plain connection).
+    #[arg(long, value_name = "FILE", requires = "postgres")]
+    ca: Option<PathBuf>,
     /// Log files, or directories of rotated files, in chain order.
-    #[arg(required = true, value_name = "AUDIT")]
+    #[arg(
+        required_unless_present = "postgres",
+        conflicts_with = "postgres",
+        value_name = "AUDIT"
+    )]
     paths: Vec<PathBuf>,
 }
 
@@ -61,58 +90,6 @@ pub struct Args {
 enum Format {
     Text,
     Json,
-}
-
-/// One verdict whose candidate verdict or reason differs, as printed.
-#[derive(Debug, Clone)]
-struct Change {
-    index: u64,
-    timestamp_ns: i64,
-    session: String,
-    call_number: u64,
-    tool: String,
-    recorded: Verdict,
-    recorded_reason: String,
-    candidate: Verdict,
-    candidate_reason: String,
-    after_divergence: bool,
-}
-
-impl Change {
-    /// The rule a flip is counted under: the candidate's reason when it refuses or holds,
-    /// else the recorded reason that no longer fires.
-    fn rule(&self) -> &str {
-        if self.candidate == Verdict::Allow {
-            &self.recorded_reason
-        } else {
-            &self.candidate_reason
-        }
-    }
-
-    fn kind(&self) -> String {
-        format!("{}->{}", self.recorded, self.candidate)
-    }
-}
-
-/// What the replay found.
-#[derive(Debug, Default)]
-struct Report {
-    entries: u64,
-    verdicts: u64,
-    replayed: u64,
-    flips: u64,
-    flips_after_divergence: u64,
-    by_kind: BTreeMap<String, u64>,
-    by_rule: BTreeMap<String, u64>,
-    by_session: BTreeMap<String, u64>,
-    flip_examples: Vec<Change>,
-    reason_changes: u64,
-    reason_by_change: BTreeMap<String, u64>,
-    reason_examples: Vec<Change>,
-    unreplayable: BTreeMap<String, u64>,
-    unreplayable_policies: BTreeMap<String, u64>,
-    skipped_settlements: u64,
-    skipped_decisions: u64,
 }
 
 /// Run `tollgate policy replay`.
@@ -127,168 +104,74 @@ pub fn run(args: &Args) -> ExitCode {
 }
 
 fn candidate(args: &Args) -> Result<Candidate, String> {
-    let config = DaemonConfig::load(&args.config)
-        .map_err(|e| format!("`{}`: {e}", args.config.display()))?;
-    let mut settings = config.policy.clone();
-    if !args.policies.is_empty() {
-        let mut s = settings.unwrap_or(tollgate_policy::files::Settings {
-            files: Vec::new(),
-            default: tollgate_policy::DefaultEffect::Allow,
-            schema: None,
-            trip_on_refusal: false,
-            shadow: false,
-        });
-        s.files.clone_from(&args.policies);
-        settings = Some(s);
-    }
-    let set = match &settings {
-        None => None,
-        Some(s) => {
-            let (enforced, warnings) =
-                tollgate_policy::files::enforced(s).map_err(|e| e.to_string())?;
-            for w in warnings {
-                errln!("{w}");
-            }
-            Some(Arc::new(enforced))
+    let (candidate, warnings) = match (&args.config, &args.mcp) {
+        (_, Some(mcp)) => tollgate_mcp::replay::load(mcp, &args.policies)?,
+        (Some(path), None) => {
+            let config =
+                DaemonConfig::load(path).map_err(|e| format!("`{}`: {e}", path.display()))?;
+            Candidate::load(
+                config.default_guard.clone(),
+                config.agent_guards.clone().into_iter().collect(),
+                config.policy.as_ref(),
+                &args.policies,
+            )?
         }
+        (None, None) => return Err("give --config or --mcp".into()),
     };
-    Ok(Candidate {
-        default_guard: Arc::new(Policy::new(config.default_guard.clone())),
-        agent_guards: config
-            .agent_guards
-            .iter()
-            .map(|(a, g)| (a.clone(), Arc::new(Policy::new(g.clone()))))
-            .collect::<HashMap<_, _>>(),
-        set,
-    })
+    for w in warnings {
+        errln!("{w}");
+    }
+    Ok(candidate)
+}
+
+fn read_key(path: &PathBuf) -> Result<VerifyingKey, String> {
+    std::fs::read_to_string(path)
+        .map_err(|e| format!("cannot read key `{}`: {e}", path.display()))
+        .and_then(|t| keys::parse_public_key(&t).map_err(|e| format!("`{}`: {e}", path.display())))
 }
 
 fn replay(args: &Args) -> Result<ExitCode, String> {
     let candidate = candidate(args)?;
-    let trusted_key = args
-        .key
-        .as_ref()
-        .map(|k| {
-            std::fs::read_to_string(k)
-                .map_err(|e| format!("cannot read key `{}`: {e}", k.display()))
-                .and_then(|t| {
-                    keys::parse_public_key(&t).map_err(|e| format!("`{}`: {e}", k.display()))
-                })
-        })
-        .transpose()?;
-    // One log directory with the writer's checkpoint: let the checkpoint vouch for the
-    // entries it counts (docs/audit-format.md "Anchored on a checkpoint"): links, key
-    // hand-overs and the checkpoint's signature are checked, and every entry after it in
-    // full, as strong as checking every signature and about 25 times faster. Otherwise
-    // (files, several directories, no checkpoint, an unreadable one) every signature.
-    let checkpoint = match args.paths.as_slice() {
-        [dir] if dir.is_dir() => tollgate_audit::read_checkpoint(dir).ok(),
-        _ => None,
-    };
-    let opts = VerifyOptions {
-        trusted_key,
-        anchor_on_checkpoint: checkpoint.is_some(),
-        checkpoint,
-        ..VerifyOptions::default()
-    };
+    let keys: Vec<VerifyingKey> = args.key.iter().map(read_key).collect::<Result<_, _>>()?;
     let mut progress = Progress::new(std::io::stderr().is_terminal());
-    let mut fold = Replay::new(candidate);
-    let mut report = Report::default();
-    let mut broken: Option<String> = None;
     let started = Instant::now();
-    let verified = tollgate_audit::verify_paths(&args.paths, &opts, &mut |e| {
-        if broken.is_some() {
-            return;
-        }
-        report.entries += 1;
-        progress.tick(report.entries);
-        match fold.fold(e.index, &e.event) {
-            Err(err) => broken = Some(format!("the log does not fold: {err}")),
-            Ok(None) => {}
-            Ok(Some(outcome)) => {
-                let Event::Session(SessionEvent::Verdict(v)) = &e.event else {
-                    return;
-                };
-                report.verdicts += 1;
-                match outcome.candidate {
-                    Err(why) => {
-                        *report
-                            .unreplayable
-                            .entry(why.kind().to_owned())
-                            .or_default() += 1;
-                        if let Unreplayable::Args { policy } = why {
-                            *report.unreplayable_policies.entry(policy).or_default() += 1;
-                        }
+    let result = match &args.postgres {
+        Some(url) => replay_pg(args, url, &keys, candidate, &mut progress)?,
+        None => {
+            if keys.len() > 1 {
+                return Err("one --key for a log's files (several are for --postgres)".into());
+            }
+            progress.phase("replaying", Unit::Bytes, 0);
+            match tollgate_store::replay::replay_paths(
+                &args.paths,
+                keys.first().copied(),
+                candidate,
+                args.examples,
+                &mut |t| progress.tick(t),
+            ) {
+                Ok((report, key_trusted)) => {
+                    if !key_trusted {
+                        errln!("tollgate: warning: no --key given; the log's own key was trusted");
                     }
-                    Ok((verdict, reason)) => {
-                        report.replayed += 1;
-                        if verdict == v.verdict && reason == outcome.recorded_reason {
-                            return;
-                        }
-                        let change = Change {
-                            index: e.index,
-                            timestamp_ns: v.timestamp_ns,
-                            session: v.session_id.clone(),
-                            call_number: v.call_number,
-                            tool: v.tool_name.clone(),
-                            recorded: v.verdict,
-                            recorded_reason: outcome.recorded_reason,
-                            candidate: verdict,
-                            candidate_reason: reason,
-                            after_divergence: outcome.after_divergence,
-                        };
-                        if verdict == v.verdict {
-                            report.reason_changes += 1;
-                            *report
-                                .reason_by_change
-                                .entry(format!(
-                                    "{} -> {}",
-                                    change.recorded_reason, change.candidate_reason
-                                ))
-                                .or_default() += 1;
-                            if report.reason_examples.len() < args.examples {
-                                report.reason_examples.push(change);
-                            }
-                        } else {
-                            report.flips += 1;
-                            if change.after_divergence {
-                                report.flips_after_divergence += 1;
-                            }
-                            *report.by_kind.entry(change.kind()).or_default() += 1;
-                            *report.by_rule.entry(change.rule().to_owned()).or_default() += 1;
-                            *report.by_session.entry(change.session.clone()).or_default() += 1;
-                            if report.flip_examples.len() < args.examples {
-                                report.flip_examples.push(change);
-                            }
-                        }
-                    }
+                    Ok(report)
                 }
+                Err(e) => Err(e),
             }
         }
-    });
+    };
     progress.done();
-    let summary = match verified {
-        Ok(s) => s,
-        Err(PathsError::Break(b)) => {
-            errln!("BROKEN: {b}; nothing replayed");
+    let report = match result {
+        Ok(r) => r,
+        Err(Refused::Io(e)) => return Err(e),
+        Err(b @ Refused::Broken(_)) => {
+            errln!("{b}");
             return Ok(ExitCode::from(2));
         }
-        Err(e @ PathsError::Io { .. }) => return Err(e.to_string()),
     };
-    if let Some(b) = broken {
-        errln!("BROKEN: {b}; nothing replayed");
-        return Ok(ExitCode::from(2));
-    }
-    if !summary.key_trusted {
-        errln!("tollgate: warning: no --key given; the log's own key was trusted");
-    }
-    report.skipped_settlements = fold.skipped.settlements;
-    report.skipped_decisions = fold.skipped.decisions;
     let elapsed = started.elapsed();
-    let unreplayable: u64 = report.unreplayable.values().sum();
     match args.format {
         Format::Text => print_text(&report, args.examples),
-        Format::Json => outln!("{}", to_json(&report, unreplayable)),
+        Format::Json => outln!("{}", report.to_json()),
     }
     errln!(
         "tollgate: verified and replayed {} entries in {:.3} s ({:.0} entries/s)",
@@ -296,20 +179,84 @@ fn replay(args: &Args) -> Result<ExitCode, String> {
         elapsed.as_secs_f64(),
         report.entries as f64 / elapsed.as_secs_f64().max(1e-9)
     );
-    Ok(ExitCode::from(if report.flips > 0 {
-        1
-    } else if unreplayable > 0 {
-        3
-    } else {
-        0
-    }))
+    Ok(ExitCode::from(report.exit_code()))
+}
+
+/// Every chain of the schema, verified whole (one that breaks refuses them all), then
+/// replayed as one fleet's history.
+fn replay_pg(
+    args: &Args,
+    url: &str,
+    keys: &[VerifyingKey],
+    candidate: Candidate,
+    progress: &mut Progress,
+) -> Result<Result<Report, Refused>, String> {
+    let settings = crate::cmd::audit::pg_settings(url, &args.schema, args.ca.as_ref());
+    let mut chains: Vec<Chain> = Vec::new();
+    let mut verified = 0u64;
+    let reports = crate::cmd::audit::pg_runtime()
+        .map_err(|e| e.to_string())?
+        .block_on(async {
+            let client = tollgate_pg::connect(&settings).await?;
+            // The rows are the total the verification counts toward.
+            let rows = tollgate_pg::count_entries(&client, &args.schema).await?;
+            progress.phase("verifying", Unit::Entries, rows);
+            tollgate_pg::verify(&client, &args.schema, None, keys, &mut |chain, e| {
+                if chains.last().is_none_or(|c| c.id != chain) {
+                    chains.push(Chain {
+                        id: chain.to_owned(),
+                        entries: Vec::new(),
+                    });
+                }
+                if let Some(c) = chains.last_mut() {
+                    c.entries.push((e.index, e.event.clone()));
+                }
+                verified += 1;
+                progress.tick(Tick {
+                    entries: verified,
+                    done: verified,
+                    total: rows,
+                });
+            })
+            .await
+        })
+        .map_err(|e| e.to_string())?;
+    if reports.is_empty() {
+        return Err(format!(
+            "no chains in schema `{}`: nothing to replay",
+            args.schema
+        ));
+    }
+    if keys.is_empty() {
+        errln!("tollgate: warning: no --key given; each chain's registered key was trusted");
+    }
+    if let Some(b) = reports.iter().find_map(|r| r.result.as_ref().err()) {
+        return Ok(Err(Refused::Broken(b.to_string())));
+    }
+    let merged = chains
+        .iter()
+        .flat_map(|c| &c.entries)
+        .filter(|(_, e)| {
+            matches!(
+                e,
+                tollgate_audit::Event::Session(_) | tollgate_audit::Event::Void(_)
+            )
+        })
+        .count() as u64;
+    progress.phase("replaying", Unit::Entries, merged);
+    Ok(tollgate_store::replay::replay_chains(
+        &chains,
+        candidate,
+        args.examples,
+        &mut |t| progress.tick(t),
+    ))
 }
 
 /// How many sessions the text form lists by their flips.
 const TEXT_SESSIONS: usize = 20;
 
 fn print_text(r: &Report, examples: usize) {
-    let unreplayable: u64 = r.unreplayable.values().sum();
+    let unreplayable = r.unreplayable_total();
     outln!(
         "replayed {} of {} verdicts ({} entries): {} flip(s), {} reason change(s), {} not replayable",
         r.replayed,
@@ -386,8 +333,12 @@ fn print_text(r: &Report, examples: usize) {
 }
 
 fn print_change(c: &Change) {
+    let chain = c
+        .chain
+        .as_ref()
+        .map_or_else(String::new, |id| format!("chain {id} "));
     outln!(
-        "  entry {} {} session {} call {} tool `{}`: {} ({}) -> {} ({}){}",
+        "  {chain}entry {} {} session {} call {} tool `{}`: {} ({}) -> {} ({}){}",
         c.index,
         files::rfc3339(c.timestamp_ns),
         c.session,
@@ -405,125 +356,119 @@ fn print_change(c: &Change) {
     );
 }
 
-fn uint(n: u64) -> Value {
-    Value::Number(Number::Int(i128::from(n)))
-}
-
-fn counts(m: &BTreeMap<String, u64>) -> Value {
-    Value::Object(m.iter().map(|(k, n)| (k.clone(), uint(*n))).collect())
-}
-
-fn change_json(c: &Change) -> Value {
-    let mut m = BTreeMap::new();
-    m.insert("index".to_owned(), uint(c.index));
-    m.insert(
-        "timestamp_ns".to_owned(),
-        Value::Number(Number::Int(i128::from(c.timestamp_ns))),
-    );
-    m.insert(
-        "time".to_owned(),
-        Value::from(files::rfc3339(c.timestamp_ns).as_str()),
-    );
-    m.insert("session_id".to_owned(), Value::from(c.session.as_str()));
-    m.insert("call_number".to_owned(), uint(c.call_number));
-    m.insert("tool_name".to_owned(), Value::from(c.tool.as_str()));
-    m.insert(
-        "recorded".to_owned(),
-        Value::from(c.recorded.to_string().as_str()),
-    );
-    m.insert(
-        "recorded_reason".to_owned(),
-        Value::from(c.recorded_reason.as_str()),
-    );
-    m.insert(
-        "candidate".to_owned(),
-        Value::from(c.candidate.to_string().as_str()),
-    );
-    m.insert(
-        "candidate_reason".to_owned(),
-        Value::from(c.candidate_reason.as_str()),
-    );
-    m.insert(
-        "after_divergence".to_owned(),
-        Value::Bool(c.after_divergence),
-    );
-    Value::Object(m)
-}
-
-fn to_json(r: &Report, unreplayable: u64) -> String {
-    let mut m = BTreeMap::new();
-    m.insert("entries".to_owned(), uint(r.entries));
-    m.insert("verdicts".to_owned(), uint(r.verdicts));
-    m.insert("replayed".to_owned(), uint(r.replayed));
-    m.insert("flips".to_owned(), uint(r.flips));
-    m.insert(
-        "flips_after_divergence".to_owned(),
-        uint(r.flips_after_divergence),
-    );
-    m.insert("flips_by_kind".to_owned(), counts(&r.by_kind));
-    m.insert("flips_by_rule".to_owned(), counts(&r.by_rule));
-    m.insert("flips_by_session".to_owned(), counts(&r.by_session));
-    m.insert(
-        "flip_examples".to_owned(),
-        Value::Array(r.flip_examples.iter().map(change_json).collect()),
-    );
-    m.insert("reason_changes".to_owned(), uint(r.reason_changes));
-    m.insert(
-        "reason_changes_by_change".to_owned(),
-        counts(&r.reason_by_change),
-    );
-    m.insert(
-        "reason_examples".to_owned(),
-        Value::Array(r.reason_examples.iter().map(change_json).collect()),
-    );
-    m.insert("unreplayable".to_owned(), uint(unreplayable));
-    m.insert("unreplayable_by_cause".to_owned(), counts(&r.unreplayable));
-    m.insert(
-        "unreplayable_by_policy".to_owned(),
-        counts(&r.unreplayable_policies),
-    );
-    m.insert(
-        "skipped_settlements".to_owned(),
-        uint(r.skipped_settlements),
-    );
-    m.insert("skipped_decisions".to_owned(), uint(r.skipped_decisions));
-    let mut out = Vec::new();
-    // Counts and strings only: the canonical writer cannot fail.
-    let _ = json::write_canonical(&Value::Object(m), &mut out);
-    String::from_utf8(out).unwrap_or_default()
-}
-
-/// A progress line on standard error, only when it is a terminal.
+/// A progress bar on standard error, only when it is a terminal: what is done of a total
+/// known before the first entry (the log files' bytes on disk; a fleet's rows, then its
+/// merged entries), redrawn at most every 200 ms, and always at the start of a phase and
+/// at its end; the line is cleared when the replay is done.
 struct Progress {
     on: bool,
-    last: Instant,
+    phase: &'static str,
+    unit: Unit,
+    last: Option<Instant>,
     shown: bool,
+    ended: bool,
+    tick: Tick,
 }
+
+/// What a bar counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Unit {
+    Bytes,
+    Entries,
+}
+
+/// The bar's width in characters.
+const BAR: u64 = 30;
 
 impl Progress {
     fn new(on: bool) -> Progress {
         Progress {
             on,
-            last: Instant::now(),
+            phase: "replaying",
+            unit: Unit::Bytes,
+            last: None,
             shown: false,
+            ended: false,
+            tick: Tick::default(),
         }
     }
 
-    fn tick(&mut self, entries: u64) {
-        if !self.on || !entries.is_multiple_of(4096) || self.last.elapsed().as_millis() < 200 {
+    /// A new phase, counting `unit`s toward `total`.
+    fn phase(&mut self, phase: &'static str, unit: Unit, total: u64) {
+        self.end_phase();
+        self.phase = phase;
+        self.unit = unit;
+        self.last = None;
+        self.ended = false;
+        self.tick = Tick {
+            total,
+            ..Tick::default()
+        };
+    }
+
+    fn tick(&mut self, t: Tick) {
+        self.tick = t;
+        if !self.on {
             return;
         }
-        self.last = Instant::now();
+        if self
+            .last
+            .is_some_and(|l| !t.entries.is_multiple_of(256) || l.elapsed().as_millis() < 200)
+        {
+            return;
+        }
+        self.draw();
+    }
+
+    fn draw(&mut self) {
+        self.last = Some(Instant::now());
         self.shown = true;
+        let t = self.tick;
+        let total = t.total.max(1);
+        let done = t.done.min(total);
+        let filled = done * BAR / total;
+        let percent = done * 100 / total;
+        let amount = match self.unit {
+            Unit::Bytes => format!("{} of {}", bytes(done), bytes(t.total)),
+            Unit::Entries => format!("{done} of {}", t.total),
+        };
         errln_raw(&format!(
-            "\rreplaying: {entries} entries verified and replayed"
+            "\r\x1b[2K{} [{}{}] {percent:>3}%  {amount}, {} entries",
+            self.phase,
+            "#".repeat(usize::try_from(filled).unwrap_or(0)),
+            " ".repeat(usize::try_from(BAR - filled).unwrap_or(0)),
+            t.entries
         ));
     }
 
+    /// The phase's last state, drawn once.
+    fn end_phase(&mut self) {
+        if self.on && !self.ended && self.tick.entries > 0 {
+            self.ended = true;
+            self.draw();
+        }
+    }
+
     fn done(&mut self) {
+        self.end_phase();
         if self.shown {
             errln_raw("\r\x1b[2K");
         }
+    }
+}
+
+/// A byte count as a person reads it.
+fn bytes(n: u64) -> String {
+    #[allow(clippy::cast_precision_loss)]
+    let f = n as f64;
+    if n >= 1 << 30 {
+        format!("{:.1} GiB", f / f64::from(1u32 << 30))
+    } else if n >= 1 << 20 {
+        format!("{:.1} MiB", f / f64::from(1u32 << 20))
+    } else if n >= 1 << 10 {
+        format!("{:.1} KiB", f / 1024.0)
+    } else {
+        format!("{n} B")
     }
 }
 

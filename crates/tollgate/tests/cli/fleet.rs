@@ -32,6 +32,7 @@ use crate::servers::{PrivatePostgres, PrivateRedis};
 use crate::{code, s, text, tollgate};
 
 mod policy;
+mod replay;
 
 const SHARED_REDIS: &str = "redis://127.0.0.1:6379/0";
 const SHARED_PG: &str = "postgres://postgres@127.0.0.1:5432/test";

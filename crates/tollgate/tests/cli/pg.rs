@@ -69,6 +69,8 @@ fn verdict(seq: u64) -> tollgate_audit::SessionEvent {
         policy: None,
         shadow: Vec::new(),
         params: None,
+        upstream: None,
+        draw: None,
     })
 }
 

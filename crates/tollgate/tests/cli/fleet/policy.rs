@@ -715,7 +715,7 @@ fn a_fleet_daemon_with_a_bad_policy_set_refuses_to_start_naming_file_line_col() 
 /// Run `tollgate serve --config DIR/fleet.toml --data-dir DIR`, which must refuse to start:
 /// it exits non-zero within 20 s (a daemon that starts anyway, the failure these tests
 /// are for, would serve until killed). Its output.
-fn refused_start(dir: &Path) -> std::process::Output {
+pub(super) fn refused_start(dir: &Path) -> std::process::Output {
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_tollgate"))
         .args([
             "serve",
