@@ -118,6 +118,7 @@ struct AuditSection {
     schema: Option<String>,
     chain_id: Option<String>,
     migrate_at_start: Option<bool>,
+    commit_linger_ms: Option<u64>,
     ca_file: Option<PathBuf>,
     params: Option<String>,
     redact: Option<Vec<String>>,
@@ -392,6 +393,9 @@ pub enum AuditSink {
     Postgres(PostgresSettings),
 }
 
+/// The longest `[audit] commit_linger_ms`.
+pub const MAX_COMMIT_LINGER_MS: u64 = 50;
+
 /// `[audit] sink = "postgres"`.
 #[derive(Clone, PartialEq, Eq)]
 pub struct PostgresSettings {
@@ -403,6 +407,9 @@ pub struct PostgresSettings {
     pub chain_id: Option<String>,
     /// Run the migrations at start (default true; they are idempotent).
     pub migrate_at_start: bool,
+    /// Under load, how long a commit may wait for as many entries as the previous one
+    /// held (`commit_linger_ms`, default 1; 0: never wait). docs/postgres.md.
+    pub commit_linger: Duration,
     /// A CA certificate (PEM) to verify the server with, beside the system's roots.
     pub ca_file: Option<PathBuf>,
 }
@@ -414,6 +421,7 @@ impl std::fmt::Debug for PostgresSettings {
             .field("schema", &self.schema)
             .field("chain_id", &self.chain_id)
             .field("migrate_at_start", &self.migrate_at_start)
+            .field("commit_linger", &self.commit_linger)
             .field("ca_file", &self.ca_file)
             .finish()
     }
@@ -810,6 +818,7 @@ impl DaemonConfig {
                         ("schema", a.schema.is_some()),
                         ("chain_id", a.chain_id.is_some()),
                         ("migrate_at_start", a.migrate_at_start.is_some()),
+                        ("commit_linger_ms", a.commit_linger_ms.is_some()),
                         ("ca_file", a.ca_file.is_some()),
                     ] {
                         if set {
@@ -849,6 +858,16 @@ impl DaemonConfig {
                         }
                     },
                     migrate_at_start: a.migrate_at_start.unwrap_or(true),
+                    commit_linger: match a.commit_linger_ms {
+                        None => Duration::from_millis(1),
+                        Some(ms) if ms <= MAX_COMMIT_LINGER_MS => Duration::from_millis(ms),
+                        Some(ms) => {
+                            return Err(bad(
+                                "audit.commit_linger_ms",
+                                format!("{ms} is more than {MAX_COMMIT_LINGER_MS} (every verdict under load would wait that long)"),
+                            ))
+                        }
+                    },
                     ca_file: a.ca_file.map(|p| base.join(p)),
                 }),
                 Some(other) => {
@@ -2072,6 +2091,30 @@ mod tests {
         assert_eq!(p.schema, "tollgate");
         assert_eq!(p.chain_id.as_deref(), Some("daemon-a"));
         assert!(!p.migrate_at_start);
+        assert_eq!(p.commit_linger, Duration::from_millis(1));
+        for (ms, ok) in [(0, true), (7, true), (50, true), (51, false)] {
+            let t = format!("{text}\n").replace(
+                "migrate_at_start = false\n",
+                &format!("migrate_at_start = false\ncommit_linger_ms = {ms}\n"),
+            );
+            let r = DaemonConfig::from_toml(&t, Path::new("/etc/tg"));
+            match (r, ok) {
+                (Ok(c), true) => {
+                    let AuditSink::Postgres(p) = &c.audit.sink else {
+                        panic!()
+                    };
+                    assert_eq!(p.commit_linger, Duration::from_millis(ms));
+                }
+                (Err(e), false) => assert!(e.to_string().contains("audit.commit_linger_ms")),
+                (r, _) => panic!("commit_linger_ms = {ms}: {r:?}"),
+            }
+        }
+        assert!(
+            DaemonConfig::from_toml("[audit]\ncommit_linger_ms = 1", Path::new("."))
+                .unwrap_err()
+                .to_string()
+                .contains("only for sink")
+        );
         // Passwords never reach a log line through Debug.
         let shown = format!("{c:?}");
         assert!(

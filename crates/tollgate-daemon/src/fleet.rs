@@ -58,6 +58,7 @@ pub(crate) async fn open(
 ) -> Result<(Arc<Service<RedisStore>>, Vec<String>, String), DaemonError> {
     let mut settings = PgSettings::new(pg.url.clone()).with_schema(pg.schema.clone());
     settings.ca_file.clone_from(&pg.ca_file);
+    settings.commit_linger = pg.commit_linger;
     if pg.migrate_at_start {
         let mut client = tollgate_pg::connect(&settings).await?;
         let report = tollgate_pg::migrate(&mut client, &settings.schema).await?;

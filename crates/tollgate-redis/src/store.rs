@@ -368,7 +368,9 @@ fn cas_reply(v: Value, max_value: usize) -> Result<CasReply, StoreError> {
 
 /// What a committed change's critical section returns.
 enum Written {
-    Done(Durable, Box<SessionState>),
+    /// Written; the session as written is the slot's view (cloned by `create` only: a
+    /// decision's caller does not need it, and its nonce window is most of its size).
+    Done(Durable),
     Conflict,
 }
 
@@ -988,7 +990,6 @@ impl Inner {
         };
         match reply {
             Ok((v, wrote_budget)) => {
-                let state = Box::new(v.session.state.clone());
                 if let (Some(cache), Some(b)) = (budget, v.budget) {
                     if wrote_budget || cache.as_ref().is_none_or(|c| c.0 < b.0) {
                         *cache = Some((b.0, b.1, v.holds.clone()));
@@ -1000,10 +1001,15 @@ impl Inner {
                     .or_default()
                     .insert(seq);
                 let d = self.journal.submit(event);
-                Ok(Written::Done(
-                    self.watch(d, id.to_owned(), group, seq, held, ends, prev_record),
-                    state,
-                ))
+                Ok(Written::Done(self.watch(
+                    d,
+                    id.to_owned(),
+                    group,
+                    seq,
+                    held,
+                    ends,
+                    prev_record,
+                )))
             }
             Err(Ok((session, b))) => {
                 if slot.view.is_none() {
@@ -1191,7 +1197,14 @@ impl RedisStore {
             .write_commit(slot, bguard, id.clone(), pre, planned, record, open)
             .await?;
         match w {
-            Written::Done(d, state) => Ok((*state, d)),
+            Written::Done(d) => {
+                let state = slot
+                    .view
+                    .as_ref()
+                    .map(|v| v.session.state.clone())
+                    .ok_or_else(|| corrupt("a written session is not cached"))?;
+                Ok((state, d))
+            }
             Written::Conflict => {
                 // The session hash exists: someone else's session of that id (or an
                 // unreadable one).
@@ -1416,7 +1429,7 @@ impl RedisStore {
                     slot = s2;
                     bguard = b2;
                     match w {
-                        Written::Done(d, _) => return Ok((r, d)),
+                        Written::Done(d) => return Ok((r, d)),
                         Written::Conflict => continue,
                     }
                 }
