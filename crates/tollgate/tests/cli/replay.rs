@@ -391,6 +391,31 @@ fn a_log_that_verifies_but_does_not_fold_exits_2() {
     assert!(text(&o).contains("BROKEN"), "{}", text(&o));
 }
 
+/// A library guard of `guard` deciding with the set `policy` names, auditing as `who` into
+/// a new log `log` recording params in full, signed with a key `tollgate keygen --out
+/// KEYDIR` makes.
+fn library_guard(
+    guard: &tollgate_core::GuardConfig,
+    policy: &tollgate_policy::files::Settings,
+    who: tollgate_client::AuditIdentity,
+    keydir: &Path,
+    log: &Path,
+) -> tollgate_client::Guard {
+    use tollgate_audit::{keys, params::Recorder, ParamsMode, Writer, WriterConfig};
+    let (set, _) = tollgate_policy::files::enforced(policy).unwrap();
+    let o = tollgate(&["keygen", "--out", s(keydir)]);
+    assert_eq!(code(&o), 0, "{}", text(&o));
+    let key = keys::parse_secret_key(&std::fs::read_to_string(keydir.join("audit.key")).unwrap())
+        .unwrap();
+    let (writer, _) = Writer::open(WriterConfig::new(log), key).unwrap();
+    tollgate_client::Guard::new_as(guard.clone(), who.clone())
+        .with_policies(set)
+        .unwrap()
+        .with_audit(writer, who)
+        .unwrap()
+        .with_params(Recorder::new(ParamsMode::Full, &[]).unwrap())
+}
+
 /// Run the calls through the library `Guard` (the Python package's and the MCP gateway's
 /// decision path) configured as `config` says, with an audit log in `dir/log-NAME`
 /// recording params in full; its verdicts and the log.
@@ -403,29 +428,22 @@ fn run_guard(
     std::path::PathBuf,
     std::path::PathBuf,
 ) {
-    use tollgate_audit::{keys, params::Recorder, ParamsMode, Writer, WriterConfig};
-    use tollgate_client::{AuditIdentity, Guard};
     let daemon = tollgate_daemon::config::DaemonConfig::load(config).unwrap();
-    let (set, _) = tollgate_policy::files::enforced(daemon.policy.as_ref().unwrap()).unwrap();
     let keydir = dir.join(format!("keys-{name}"));
     std::fs::create_dir(&keydir).unwrap();
-    let o = tollgate(&["keygen", "--out", s(&keydir)]);
-    assert_eq!(code(&o), 0, "{}", text(&o));
-    let key = keys::parse_secret_key(&std::fs::read_to_string(keydir.join("audit.key")).unwrap())
-        .unwrap();
     let log = dir.join(format!("log-{name}"));
-    let (writer, _) = Writer::open(WriterConfig::new(&log), key).unwrap();
-    let who = AuditIdentity {
+    let who = tollgate_client::AuditIdentity {
         session_id: format!("guard-{name}"),
         agent_id: "bot".into(),
         organization_id: "default".into(),
     };
-    let guard = Guard::new_as(daemon.default_guard.clone(), who.clone())
-        .with_policies(set)
-        .unwrap()
-        .with_audit(writer, who)
-        .unwrap()
-        .with_params(Recorder::new(ParamsMode::Full, &[]).unwrap());
+    let guard = library_guard(
+        &daemon.default_guard,
+        daemon.policy.as_ref().unwrap(),
+        who,
+        &keydir,
+        &log,
+    );
     let mut verdicts = Vec::new();
     for (tool, params) in calls() {
         let c = guard.check(
@@ -489,8 +507,6 @@ fn a_library_guard_log_replays_under_its_own_config_with_no_flip() {
 /// crates/tollgate-mcp/tests/mcp/replay.rs). A daemon-mode mcp.toml is refused (exit 2).
 #[test]
 fn an_mcp_toml_is_a_candidate_and_its_upstreams_are_the_resources() {
-    use tollgate_audit::{keys, params::Recorder, ParamsMode, Writer, WriterConfig};
-    use tollgate_client::{AuditIdentity, Guard};
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     std::fs::write(
@@ -506,23 +522,17 @@ fn an_mcp_toml_is_a_candidate_and_its_upstreams_are_the_resources() {
          [policy]\nfiles = [\"tools.cedar\"]\n",
     )
     .unwrap();
-    let o = tollgate(&["keygen", "--out", s(d)]);
-    assert_eq!(code(&o), 0, "{}", text(&o));
-    let key =
-        keys::parse_secret_key(&std::fs::read_to_string(d.join("audit.key")).unwrap()).unwrap();
     let config = tollgate_mcp::Config::load(&mcp).unwrap();
     let tollgate_mcp::config::Mode::Library(l) = &config.mode else {
         panic!()
     };
-    let (set, _) = tollgate_policy::files::enforced(l.policy.as_ref().unwrap()).unwrap();
-    let (writer, _) = Writer::open(WriterConfig::new(d.join("audit")), key).unwrap();
-    let who = AuditIdentity::default();
-    let guard = Guard::new_as(l.guard.clone(), who.clone())
-        .with_policies(set)
-        .unwrap()
-        .with_audit(writer, who)
-        .unwrap()
-        .with_params(Recorder::new(ParamsMode::Full, &[]).unwrap());
+    let guard = library_guard(
+        &l.guard,
+        l.policy.as_ref().unwrap(),
+        tollgate_client::AuditIdentity::default(),
+        d,
+        &d.join("audit"),
+    );
     let mut refused = 0;
     for n in 0..10 {
         let p = json::parse_str(&format!(r#"{{"n":{n}}}"#)).unwrap();
