@@ -14,7 +14,7 @@ use tollgate_core::GuardConfig;
 use tollgate_policy::files::Settings;
 
 /// A TOML basic string holding `s` (quotes, backslashes and control characters escaped).
-fn quoted(s: &str) -> String {
+pub fn quoted(s: &str) -> String {
     let mut out = String::with_capacity(s.len() + 2);
     out.push('"');
     for c in s.chars() {

@@ -128,34 +128,21 @@ impl Ledger {
     fn apply(&mut self, event: &SessionEvent) -> Result<(), FoldError> {
         let id = event.session_id();
         if let SessionEvent::Opened(r) = event {
-            if self.sessions.contains_key(id) {
-                return Err(FoldError::Session {
-                    session: id.to_owned(),
-                    what: "opened twice".to_owned(),
-                });
-            }
-            let mut s = ops::session_from_record(r)?;
-            if let Some(key) = s.meta.shared_budget_key() {
-                let b = *self
-                    .budgets
-                    .entry(key.clone())
-                    .or_insert_with(|| Budget::of(&s.state));
-                b.load_into(&mut s.state);
-                self.dirty_budgets.insert(key);
-            }
-            let regenerated = ops::open(&mut s, r.timestamp_ns);
-            ops::check_opened(&regenerated, r)?;
+            let s = ops::reopen(&self.sessions, r, |s| {
+                if let Some(key) = s.meta.shared_budget_key() {
+                    let b = *self
+                        .budgets
+                        .entry(key.clone())
+                        .or_insert_with(|| Budget::of(&s.state));
+                    b.load_into(&mut s.state);
+                    self.dirty_budgets.insert(key);
+                }
+            })?;
             self.dirty_sessions.insert(id.to_owned());
             self.sessions.insert(id.to_owned(), s);
             return Ok(());
         }
-        let s = self
-            .sessions
-            .get_mut(id)
-            .ok_or_else(|| FoldError::Session {
-                session: id.to_owned(),
-                what: "an entry for a session that was never opened".to_owned(),
-            })?;
+        let s = ops::opened(&mut self.sessions, id)?;
         let key = s.meta.shared_budget_key();
         if let Some(k) = &key {
             if let Some(b) = self.budgets.get(k) {

@@ -14,6 +14,7 @@
 //! shared amounts into `session.state` before and stores them back after, so the records
 //! carry the shared budget's `budget_before`/`budget_after`.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use tollgate_audit::{
@@ -411,6 +412,44 @@ pub fn check_opened(regenerated: &SessionRecord, logged: &SessionRecord) -> Resu
     same(&regenerated, &SessionEvent::Opened(logged.clone()))
 }
 
+/// The session logged opening `r` opens, for a fold whose open sessions are `sessions`
+/// (which must not hold it yet): rebuilt by [`session_from_record`], given its budget by
+/// `join` (the caller's shared budget loaded into its state), opened by [`open`] and
+/// checked by [`check_opened`]. The caller adds it to `sessions`.
+pub fn reopen(
+    sessions: &HashMap<String, Session>,
+    r: &SessionRecord,
+    join: impl FnOnce(&mut Session),
+) -> Result<Session, FoldError> {
+    if sessions.contains_key(&r.session_id) {
+        return Err(opened_twice(&r.session_id));
+    }
+    let mut s = session_from_record(r)?;
+    join(&mut s);
+    let regenerated = open(&mut s, r.timestamp_ns);
+    check_opened(&regenerated, r)?;
+    Ok(s)
+}
+
+/// Open session `id` of a fold whose open sessions are `sessions`: a logged change of a
+/// session not among them is an error.
+pub fn opened<'a>(
+    sessions: &'a mut HashMap<String, Session>,
+    id: &str,
+) -> Result<&'a mut Session, FoldError> {
+    sessions.get_mut(id).ok_or_else(|| FoldError::Session {
+        session: id.to_owned(),
+        what: "an entry for a session that was never opened".to_owned(),
+    })
+}
+
+fn opened_twice(session: &str) -> FoldError {
+    FoldError::Session {
+        session: session.to_owned(),
+        what: "opened twice".to_owned(),
+    }
+}
+
 /// Replay one logged change (a verdict, settlement or human decision) onto `session`,
 /// which holds everything up to the version before it (shared budget loaded). Session
 /// openings are replayed by the caller ([`session_from_record`], [`open`]).
@@ -424,12 +463,7 @@ pub fn replay(session: &mut Session, event: &SessionEvent) -> Result<(), FoldErr
         });
     }
     let mut regenerated = match event {
-        SessionEvent::Opened(r) => {
-            return Err(FoldError::Session {
-                session: r.session_id.clone(),
-                what: "opened twice".to_owned(),
-            })
-        }
+        SessionEvent::Opened(r) => return Err(opened_twice(&r.session_id)),
         SessionEvent::Verdict(v) => {
             let params = if v.verdict == Verdict::Deny && v.reason == Reason::MalformedInput {
                 Params::unreadable()
@@ -467,34 +501,9 @@ pub fn replay(session: &mut Session, event: &SessionEvent) -> Result<(), FoldErr
             r.draw = v.draw;
             SessionEvent::Verdict(r)
         }
-        SessionEvent::Settled(s) => SessionEvent::Settled(settle(
-            session,
-            s.call_number,
-            f64::from_bits(s.reported_cost_bits),
-            s.success,
-            s.error_signal,
-            s.timestamp_ns,
-        )),
+        SessionEvent::Settled(s) => SessionEvent::Settled(settle_logged(session, s)),
         SessionEvent::HumanDecision(d) => {
-            let successor = d
-                .successor
-                .map(|(nonce, args_digest)| Successor { nonce, args_digest });
-            // The record names the held call it decided.
-            let held = Some(d.call_number);
-            let r = if d.decision == HumanDecision::Expire {
-                expire(session, held, d.timestamp_ns)
-            } else {
-                human_decision(
-                    session,
-                    held,
-                    d.decision.clone(),
-                    successor,
-                    &d.operator_id,
-                    &d.note,
-                    d.timestamp_ns,
-                )
-            }
-            .map_err(|e| FoldError::Diverged {
+            let r = decide_logged(session, d).map_err(|e| FoldError::Diverged {
                 session: d.session_id.clone(),
                 seq: d.session_seq,
                 kind: "human decision",
@@ -508,6 +517,44 @@ pub fn replay(session: &mut Session, event: &SessionEvent) -> Result<(), FoldErr
     // the session's state: an input of the entry, like its time.
     regenerated.set_budget_version(event.budget_version());
     same(&regenerated, event)
+}
+
+/// [`settle`] with the inputs logged settlement `s` carries.
+pub fn settle_logged(session: &mut Session, s: &SettlementRecord) -> SettlementRecord {
+    settle(
+        session,
+        s.call_number,
+        f64::from_bits(s.reported_cost_bits),
+        s.success,
+        s.error_signal,
+        s.timestamp_ns,
+    )
+}
+
+/// [`expire`] or [`human_decision`], as logged human decision `d` says, with the inputs it
+/// carries.
+pub fn decide_logged(
+    session: &mut Session,
+    d: &DecisionRecord,
+) -> Result<DecisionRecord, HumanDecisionRefused> {
+    let successor = d
+        .successor
+        .map(|(nonce, args_digest)| Successor { nonce, args_digest });
+    // The record names the held call it decided.
+    let held = Some(d.call_number);
+    if d.decision == HumanDecision::Expire {
+        expire(session, held, d.timestamp_ns)
+    } else {
+        human_decision(
+            session,
+            held,
+            d.decision.clone(),
+            successor,
+            &d.operator_id,
+            &d.note,
+            d.timestamp_ns,
+        )
+    }
 }
 
 fn kind_name(e: &SessionEvent) -> &'static str {

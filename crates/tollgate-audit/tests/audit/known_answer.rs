@@ -5,11 +5,11 @@ use std::path::PathBuf;
 
 use ed25519_dalek::SigningKey;
 use tollgate_audit::format::{self, FileHeader, Position};
-use tollgate_audit::verify::verify_visit;
+use tollgate_audit::verify::{verify_visit, Summary};
 use tollgate_audit::{
-    keys, CloseReason, CloseRecord, CostStatus, DecisionRecord, Draw, Event, KeyId, ParamsMode,
-    PolicyEffect, PolicyNote, PolicySetCause, PolicySetRecord, RecordedParams, SessionEvent,
-    SessionRecord, SettlementRecord, ShadowNote, VerdictRecord, VoidRecord,
+    keys, AuditEntry, CloseReason, CloseRecord, CostStatus, DecisionRecord, Draw, Event, KeyId,
+    ParamsMode, PolicyEffect, PolicyNote, PolicySetCause, PolicySetRecord, RecordedParams,
+    SessionEvent, SessionRecord, SettlementRecord, ShadowNote, VerdictRecord, VoidRecord,
 };
 use tollgate_core::labels::Label;
 use tollgate_core::{BudgetScope, DenyReason, Digest, HumanDecision, Money, Reason, Verdict};
@@ -254,31 +254,95 @@ fn check_stored(name: &str, built: &[u8]) -> Vec<u8> {
     stored
 }
 
-#[test]
-fn file_is_reproduced_byte_for_byte() {
-    let events = v2_events();
-    let stored = check_stored("known-answer.log", &build_file(2, &events));
+/// The file `stored` (named `name`) verified with key 1: its summary and every entry.
+fn verified(name: &str, stored: &[u8]) -> (Summary, Vec<AuditEntry>) {
     let mut seen = Vec::new();
-    let s = verify_visit(&[("known-answer.log", &stored)], &opts(&key(1)), &mut |e| {
+    let s = verify_visit(&[(name, stored)], &opts(&key(1)), &mut |e| {
         seen.push(e.clone());
     })
     .unwrap();
-    assert_eq!(s.entries, 6);
-    assert_eq!(s.key_id, KeyId::of(key(2).verifying_key().as_bytes()));
-    // Every value reads back as written, one record of each kind.
-    let kinds: Vec<u8> = seen.iter().map(|e| e.event.kind()).collect();
-    assert_eq!(kinds, [4, 1, 5, 6, 3, 2]);
-    for (e, (ts, id, ev)) in seen.iter().zip(&events) {
+    (s, seen)
+}
+
+/// The doc lists the SHA-256 of `stored` (for implementations without the file), `what`.
+fn assert_documented(stored: &[u8], what: &str) {
+    let digest = format::sha256(stored).to_string();
+    assert!(
+        doc().contains(&digest),
+        "docs lack the {what}'s SHA-256 {digest}"
+    );
+}
+
+/// Known answer `name`, built as format `version` from `events`: byte for byte the stored
+/// file ([`check_stored`]), which verifies with key 1, one entry a kind of `kinds`, each
+/// event reading back with its time and entry id, and whose SHA-256 the doc lists (`what`
+/// names it). The stored file, its summary and its entries.
+fn reproduced(
+    name: &str,
+    version: u16,
+    events: &[(i64, &str, Event)],
+    kinds: &[u8],
+    what: &str,
+) -> (Vec<u8>, Summary, Vec<AuditEntry>) {
+    let stored = check_stored(name, &build_file(version, events));
+    let (s, seen) = verified(name, &stored);
+    assert_eq!(s.entries, kinds.len() as u64);
+    let seen_kinds: Vec<u8> = seen.iter().map(|e| e.event.kind()).collect();
+    assert_eq!(seen_kinds, kinds);
+    for (e, (ts, id, ev)) in seen.iter().zip(events) {
         assert_eq!(&e.event, ev);
         assert_eq!(e.timestamp_ns, *ts);
         assert_eq!(e.entry_id.to_string(), *id);
     }
-    // The file's SHA-256 is in the doc, for implementations without the file.
-    let digest = format::sha256(&stored).to_string();
-    assert!(
-        doc().contains(&digest),
-        "docs lack the known answer's SHA-256 {digest}"
+    assert_documented(&stored, what);
+    (stored, s, seen)
+}
+
+/// The records of `bytes`, a file of format `version`, each read at that version: where
+/// each starts, and its bytes.
+fn records(version: u16, bytes: &[u8]) -> Vec<(usize, &[u8])> {
+    let mut out = Vec::new();
+    let mut off = format::HEADER_LEN;
+    while off < bytes.len() {
+        let (_, n) = format::parse_record_version(version, &bytes[off..]).unwrap();
+        out.push((off, &bytes[off..off + n]));
+        off += n;
+    }
+    out
+}
+
+/// The verdict entry `i` of `events` holds.
+fn verdict_at(events: &[(i64, &str, Event)], i: usize) -> VerdictRecord {
+    let Event::Session(SessionEvent::Verdict(v)) = events[i].2.clone() else {
+        unreachable!()
+    };
+    v
+}
+
+/// Whether a verdict entry holding `v` can be written in format `version`.
+fn check_verdict(v: &VerdictRecord, version: u16) -> Result<(), &'static str> {
+    format::check_event(&Event::from(v.clone()), version)
+}
+
+/// `v` changed by `f`.
+fn altered(v: &VerdictRecord, f: &dyn Fn(&mut VerdictRecord)) -> VerdictRecord {
+    let mut v = v.clone();
+    f(&mut v);
+    v
+}
+
+#[test]
+fn file_is_reproduced_byte_for_byte() {
+    // Every value reads back as written, one record of each kind; the file's SHA-256 is
+    // in the doc, for implementations without the file.
+    let (_, s, _) = reproduced(
+        "known-answer.log",
+        2,
+        &v2_events(),
+        &[4, 1, 5, 6, 3, 2],
+        "known answer",
     );
+    assert_eq!(s.key_id, KeyId::of(key(2).verifying_key().as_bytes()));
 }
 
 /// Version 3: the first two records of the version-2 file, then a void of the session's
@@ -324,38 +388,15 @@ fn hex(bytes: &[u8]) -> String {
 #[test]
 fn version_3_void_is_reproduced_byte_for_byte() {
     let events = v3_events();
-    let stored = check_stored("known-answer-v3.log", &build_file(3, &events));
-    let mut seen = Vec::new();
-    let s = verify_visit(
-        &[("known-answer-v3.log", &stored)],
-        &opts(&key(1)),
-        &mut |e| {
-            seen.push(e.clone());
-        },
-    )
-    .unwrap();
-    assert_eq!(s.entries, 3);
-    let kinds: Vec<u8> = seen.iter().map(|e| e.event.kind()).collect();
-    assert_eq!(kinds, [4, 1, 7]);
-    for (e, (ts, id, ev)) in seen.iter().zip(&events) {
-        assert_eq!(&e.event, ev);
-        assert_eq!(e.timestamp_ns, *ts);
-        assert_eq!(e.entry_id.to_string(), *id);
-    }
-    let d = doc();
-    let digest = format::sha256(&stored).to_string();
-    assert!(
-        d.contains(&digest),
-        "docs lack the v3 known answer's SHA-256 {digest}"
+    let (stored, _, _) = reproduced(
+        "known-answer-v3.log",
+        3,
+        &events,
+        &[4, 1, 7],
+        "v3 known answer",
     );
     // The void record, byte for byte, as the doc lists it (hex lines of 32 bytes).
-    let mut off = format::HEADER_LEN;
-    let mut last = &stored[..0];
-    while off < stored.len() {
-        let (_, n) = format::parse_record_version(3, &stored[off..]).unwrap();
-        last = &stored[off..off + n];
-        off += n;
-    }
+    let (_, last) = *records(3, &stored).last().unwrap();
     assert_eq!(
         doc_block("void-record"),
         hex(last),
@@ -408,26 +449,14 @@ fn v4_events() -> Vec<(i64, &'static str, Event)> {
 
 #[test]
 fn version_4_is_reproduced_byte_for_byte() {
-    let events = v4_events();
-    let stored = check_stored("known-answer-v4.log", &build_file(4, &events));
-    let mut seen = Vec::new();
-    let s = verify_visit(
-        &[("known-answer-v4.log", &stored)],
-        &opts(&key(1)),
-        &mut |e| {
-            seen.push(e.clone());
-        },
-    )
-    .unwrap();
-    assert_eq!(s.entries, 7);
+    let (stored, _, seen) = reproduced(
+        "known-answer-v4.log",
+        4,
+        &v4_events(),
+        &[4, 1, 5, 6, 7, 3, 2],
+        "v4 known answer",
+    );
     assert_eq!(u16::from_be_bytes([stored[8], stored[9]]), 4);
-    let kinds: Vec<u8> = seen.iter().map(|e| e.event.kind()).collect();
-    assert_eq!(kinds, [4, 1, 5, 6, 7, 3, 2]);
-    for (e, (ts, id, ev)) in seen.iter().zip(&events) {
-        assert_eq!(&e.event, ev);
-        assert_eq!(e.timestamp_ns, *ts);
-        assert_eq!(e.entry_id.to_string(), *id);
-    }
     let versions: Vec<u64> = seen
         .iter()
         .map(|e| match &e.event {
@@ -437,17 +466,8 @@ fn version_4_is_reproduced_byte_for_byte() {
         })
         .collect();
     assert_eq!(versions, [1, 2, 3, 0, 4, 0, 0]);
-    let digest = format::sha256(&stored).to_string();
-    assert!(
-        doc().contains(&digest),
-        "docs lack the v4 known answer's SHA-256 {digest}"
-    );
     // The void record, byte for byte, as the doc lists it.
-    let off: usize = (0..4).fold(format::HEADER_LEN, |off, _| {
-        off + format::parse_record_version(4, &stored[off..]).unwrap().1
-    });
-    let (_, n) = format::parse_record_version(4, &stored[off..]).unwrap();
-    assert_eq!(doc_block("void-record-v4"), hex(&stored[off..off + n]));
+    assert_eq!(doc_block("void-record-v4"), hex(records(4, &stored)[4].1));
     // Read as an older version, the same bytes do not parse: the new fields are there.
     let first = &stored[format::HEADER_LEN..];
     assert!(format::parse_record_version(3, first).is_err());
@@ -477,37 +497,17 @@ fn v5_events() -> Vec<(i64, &'static str, Event)> {
 
 #[test]
 fn version_5_is_reproduced_byte_for_byte() {
-    let events = v5_events();
-    let stored = check_stored("known-answer-v5.log", &build_file(5, &events));
-    let mut seen = Vec::new();
-    let s = verify_visit(
-        &[("known-answer-v5.log", &stored)],
-        &opts(&key(1)),
-        &mut |e| {
-            seen.push(e.clone());
-        },
-    )
-    .unwrap();
-    assert_eq!(s.entries, 7);
-    assert_eq!(u16::from_be_bytes([stored[8], stored[9]]), 5);
-    let kinds: Vec<u8> = seen.iter().map(|e| e.event.kind()).collect();
-    assert_eq!(kinds, [4, 1, 5, 6, 8, 3, 2]);
-    for (e, (ts, id, ev)) in seen.iter().zip(&events) {
-        assert_eq!(&e.event, ev);
-        assert_eq!(e.timestamp_ns, *ts);
-        assert_eq!(e.entry_id.to_string(), *id);
-    }
-    let digest = format::sha256(&stored).to_string();
-    assert!(
-        doc().contains(&digest),
-        "docs lack the v5 known answer's SHA-256 {digest}"
+    let (stored, _, _) = reproduced(
+        "known-answer-v5.log",
+        5,
+        &v5_events(),
+        &[4, 1, 5, 6, 8, 3, 2],
+        "v5 known answer",
     );
+    assert_eq!(u16::from_be_bytes([stored[8], stored[9]]), 5);
     // The session-closed record, byte for byte, as the doc lists it.
-    let off: usize = (0..4).fold(format::HEADER_LEN, |off, _| {
-        off + format::parse_record_version(5, &stored[off..]).unwrap().1
-    });
-    let (_, n) = format::parse_record_version(5, &stored[off..]).unwrap();
-    assert_eq!(doc_block("closed-record-v5"), hex(&stored[off..off + n]));
+    let (off, closed) = records(5, &stored)[4];
+    assert_eq!(doc_block("closed-record-v5"), hex(closed));
     // Kind 8 does not exist in version 4: the same record is refused there.
     assert!(format::parse_record_version(4, &stored[off..]).is_err());
 }
@@ -534,9 +534,7 @@ fn v6_events() -> Vec<(i64, &'static str, Event)> {
     };
     opened.timestamp_ns = at(1);
     opened.policy_set = Some(set_a);
-    let Event::Session(SessionEvent::Verdict(mut allow)) = v5[1].2.clone() else {
-        unreachable!()
-    };
+    let mut allow = verdict_at(&v5, 1);
     allow.timestamp_ns = at(2);
     allow.tool_name = "read_customer".into();
     allow.policy = Some(PolicyNote {
@@ -623,25 +621,14 @@ fn v6_events() -> Vec<(i64, &'static str, Event)> {
 #[test]
 fn version_6_is_reproduced_byte_for_byte() {
     let events = v6_events();
-    let stored = check_stored("known-answer-v6.log", &build_file(6, &events));
-    let mut seen = Vec::new();
-    let s = verify_visit(
-        &[("known-answer-v6.log", &stored)],
-        &opts(&key(1)),
-        &mut |e| {
-            seen.push(e.clone());
-        },
-    )
-    .unwrap();
-    assert_eq!(s.entries, 6);
+    let (stored, _, seen) = reproduced(
+        "known-answer-v6.log",
+        6,
+        &events,
+        &[9, 4, 1, 1, 9, 1],
+        "v6 known answer",
+    );
     assert_eq!(u16::from_be_bytes([stored[8], stored[9]]), 6);
-    let kinds: Vec<u8> = seen.iter().map(|e| e.event.kind()).collect();
-    assert_eq!(kinds, [9, 4, 1, 1, 9, 1]);
-    for (e, (ts, id, ev)) in seen.iter().zip(&events) {
-        assert_eq!(&e.event, ev);
-        assert_eq!(e.timestamp_ns, *ts);
-        assert_eq!(e.entry_id.to_string(), *id);
-    }
     // The reasons on the wire, from the notes alone.
     let reasons: Vec<Option<String>> = seen
         .iter()
@@ -658,23 +645,9 @@ fn version_6_is_reproduced_byte_for_byte() {
             Some("policy:big-pay".to_owned())
         ]
     );
-    let digest = format::sha256(&stored).to_string();
-    assert!(
-        doc().contains(&digest),
-        "docs lack the v6 known answer's SHA-256 {digest}"
-    );
     // The policy DENY and the reload, byte for byte, as the doc lists them.
-    let offsets: Vec<usize> = (0..6)
-        .scan(format::HEADER_LEN, |off, _| {
-            let here = *off;
-            *off += format::parse_record_version(6, &stored[here..]).unwrap().1;
-            Some(here)
-        })
-        .collect();
-    let record = |i: usize| {
-        let (_, n) = format::parse_record_version(6, &stored[offsets[i]..]).unwrap();
-        &stored[offsets[i]..offsets[i] + n]
-    };
+    let records = records(6, &stored);
+    let record = |i: usize| records[i].1;
     assert_eq!(doc_block("policy-deny-record-v6"), hex(record(3)));
     assert_eq!(doc_block("policy-set-record-v6"), hex(record(4)));
     // Kind 9 does not exist in version 5, and a policy note cannot be written there.
@@ -708,9 +681,7 @@ fn v7_events() -> Vec<(i64, &'static str, Event)> {
     let Event::Session(SessionEvent::Opened(opened)) = v6[1].2.clone() else {
         unreachable!()
     };
-    let Event::Session(SessionEvent::Verdict(allow)) = v6[2].2.clone() else {
-        unreachable!()
-    };
+    let allow = verdict_at(&v6, 2);
     let full = r#"{"customer":"c-17"}"#;
     let first = VerdictRecord {
         params_hash: format::sha256(full.as_bytes()),
@@ -813,41 +784,16 @@ fn v7_events() -> Vec<(i64, &'static str, Event)> {
 #[test]
 fn version_7_is_reproduced_byte_for_byte() {
     let events = v7_events();
-    let stored = check_stored("known-answer-v7.log", &build_file(7, &events));
-    let mut seen = Vec::new();
-    let s = verify_visit(
-        &[("known-answer-v7.log", &stored)],
-        &opts(&key(1)),
-        &mut |e| {
-            seen.push(e.clone());
-        },
-    )
-    .unwrap();
-    assert_eq!(s.entries, 7);
-    assert_eq!(u16::from_be_bytes([stored[8], stored[9]]), 7);
-    let kinds: Vec<u8> = seen.iter().map(|e| e.event.kind()).collect();
-    assert_eq!(kinds, [9, 4, 1, 1, 1, 9, 1]);
-    for (e, (ts, id, ev)) in seen.iter().zip(&events) {
-        assert_eq!(&e.event, ev);
-        assert_eq!(e.timestamp_ns, *ts);
-        assert_eq!(e.entry_id.to_string(), *id);
-    }
-    let digest = format::sha256(&stored).to_string();
-    assert!(
-        doc().contains(&digest),
-        "docs lack the v7 known answer's SHA-256 {digest}"
+    let (stored, _, _) = reproduced(
+        "known-answer-v7.log",
+        7,
+        &events,
+        &[9, 4, 1, 1, 1, 9, 1],
+        "v7 known answer",
     );
-    let offsets: Vec<usize> = (0..7)
-        .scan(format::HEADER_LEN, |off, _| {
-            let here = *off;
-            *off += format::parse_record_version(7, &stored[here..]).unwrap().1;
-            Some(here)
-        })
-        .collect();
-    let record = |i: usize| {
-        let (_, n) = format::parse_record_version(7, &stored[offsets[i]..]).unwrap();
-        &stored[offsets[i]..offsets[i] + n]
-    };
+    assert_eq!(u16::from_be_bytes([stored[8], stored[9]]), 7);
+    let records = records(7, &stored);
+    let record = |i: usize| records[i].1;
     assert_eq!(doc_block("shadow-record-v7"), hex(record(2)));
     assert_eq!(doc_block("redacted-record-v7"), hex(record(3)));
     // The redacted record holds no byte of the secret; the full one hashes to its digest.
@@ -864,16 +810,10 @@ fn version_7_is_reproduced_byte_for_byte() {
 
 #[test]
 fn version_7_refuses_shadow_notes_and_params_that_do_not_hold() {
-    let Event::Session(SessionEvent::Verdict(first)) = v7_events()[2].2.clone() else {
-        unreachable!()
-    };
-    let ok = |v: &VerdictRecord| format::check_event(&Event::from(v.clone()), 7);
+    let first = verdict_at(&v7_events(), 2);
+    let ok = |v: &VerdictRecord| check_verdict(v, 7);
     assert!(ok(&first).is_ok());
-    let with = |f: &dyn Fn(&mut VerdictRecord)| {
-        let mut v = first.clone();
-        f(&mut v);
-        v
-    };
+    let with = |f: &dyn Fn(&mut VerdictRecord)| altered(&first, f);
     let note = first.shadow[0].clone();
     // Full params must hash to params_hash (a verifier checks the text it is given).
     assert!(ok(&with(
@@ -957,9 +897,7 @@ fn version_7_refuses_shadow_notes_and_params_that_do_not_hold() {
 fn v8_events() -> Vec<(i64, &'static str, Event)> {
     let v7 = v7_events();
     let at = |n: i64| T0 + n * 1_000_000;
-    let Event::Session(SessionEvent::Verdict(allow)) = v7[2].2.clone() else {
-        unreachable!()
-    };
+    let allow = verdict_at(&v7, 2);
     let allow = VerdictRecord {
         upstream: Some("kit".into()),
         draw: Draw::new(0.25),
@@ -1004,47 +942,21 @@ fn v8_events() -> Vec<(i64, &'static str, Event)> {
 #[test]
 fn version_8_is_reproduced_byte_for_byte() {
     let events = v8_events();
-    let stored = check_stored("known-answer-v8.log", &build_file(8, &events));
-    let mut seen = Vec::new();
-    let s = verify_visit(
-        &[("known-answer-v8.log", &stored)],
-        &opts(&key(1)),
-        &mut |e| {
-            seen.push(e.clone());
-        },
-    )
-    .unwrap();
-    assert_eq!(s.entries, 4);
-    assert_eq!(u16::from_be_bytes([stored[8], stored[9]]), 8);
-    let kinds: Vec<u8> = seen.iter().map(|e| e.event.kind()).collect();
-    assert_eq!(kinds, [9, 4, 1, 1]);
-    for (e, (ts, id, ev)) in seen.iter().zip(&events) {
-        assert_eq!(&e.event, ev);
-        assert_eq!(e.timestamp_ns, *ts);
-        assert_eq!(e.entry_id.to_string(), *id);
-    }
-    let digest = format::sha256(&stored).to_string();
-    assert!(
-        doc().contains(&digest),
-        "docs lack the v8 known answer's SHA-256 {digest}"
+    let (stored, _, _) = reproduced(
+        "known-answer-v8.log",
+        8,
+        &events,
+        &[9, 4, 1, 1],
+        "v8 known answer",
     );
-    let offsets: Vec<usize> = (0..4)
-        .scan(format::HEADER_LEN, |off, _| {
-            let here = *off;
-            *off += format::parse_record_version(8, &stored[here..]).unwrap().1;
-            Some(here)
-        })
-        .collect();
-    let record = |i: usize| {
-        let (_, n) = format::parse_record_version(8, &stored[offsets[i]..]).unwrap();
-        &stored[offsets[i]..offsets[i] + n]
-    };
-    assert_eq!(doc_block("upstream-record-v8"), hex(record(2)));
+    assert_eq!(u16::from_be_bytes([stored[8], stored[9]]), 8);
+    let records = records(8, &stored);
+    assert_eq!(doc_block("upstream-record-v8"), hex(records[2].1));
     // The records of versions 1 to 7 read as before: no upstream, no draw; the version-7
     // records of this file's first three are those of the version-7 file, but for what
     // version 8 appends.
     let v7 = std::fs::read(data_path("known-answer-v7.log")).unwrap();
-    let (r, _) = format::parse_record_version(7, &v7[offsets[2]..]).unwrap();
+    let (r, _) = format::parse_record_version(7, &v7[records[2].0..]).unwrap();
     let Event::Session(SessionEvent::Verdict(old)) = r.entry.event else {
         unreachable!()
     };
@@ -1057,16 +969,10 @@ fn version_8_is_reproduced_byte_for_byte() {
 
 #[test]
 fn version_8_refuses_upstreams_and_draws_that_do_not_hold() {
-    let Event::Session(SessionEvent::Verdict(first)) = v8_events()[2].2.clone() else {
-        unreachable!()
-    };
-    let ok = |v: &VerdictRecord| format::check_event(&Event::from(v.clone()), 8);
+    let first = verdict_at(&v8_events(), 2);
+    let ok = |v: &VerdictRecord| check_verdict(v, 8);
     assert!(ok(&first).is_ok());
-    let with = |f: &dyn Fn(&mut VerdictRecord)| {
-        let mut v = first.clone();
-        f(&mut v);
-        v
-    };
+    let with = |f: &dyn Fn(&mut VerdictRecord)| altered(&first, f);
     // The local upstream is written as none; a name no resource can have is refused.
     for bad in ["", "local", "a\nb", &"u".repeat(257)] {
         assert!(
@@ -1102,17 +1008,11 @@ fn version_8_refuses_upstreams_and_draws_that_do_not_hold() {
 
 #[test]
 fn version_6_refuses_policy_notes_that_disagree_with_their_verdict() {
-    let Event::Session(SessionEvent::Verdict(deny)) = v6_events()[3].2.clone() else {
-        unreachable!()
-    };
-    let ok = |v: &VerdictRecord| format::check_event(&Event::from(v.clone()), 6);
+    let deny = verdict_at(&v6_events(), 3);
+    let ok = |v: &VerdictRecord| check_verdict(v, 6);
     assert!(ok(&deny).is_ok());
     let note = deny.policy.clone().unwrap();
-    let with = |f: &dyn Fn(&mut VerdictRecord)| {
-        let mut v = deny.clone();
-        f(&mut v);
-        v
-    };
+    let with = |f: &dyn Fn(&mut VerdictRecord)| altered(&deny, f);
     // A policy reason without a note, and a note whose verdict is not its effect's.
     assert!(ok(&with(&|v| v.policy = None)).is_err());
     assert!(ok(&with(&|v| v.verdict = Verdict::Allow)).is_err());
@@ -1159,9 +1059,7 @@ fn version_6_refuses_policy_notes_that_disagree_with_their_verdict() {
     }))
     .is_err());
     // Labels out of order.
-    let Event::Session(SessionEvent::Verdict(allow)) = v6_events()[2].2.clone() else {
-        unreachable!()
-    };
+    let allow = verdict_at(&v6_events(), 2);
     let mut two = allow.clone();
     two.policy.as_mut().unwrap().labels =
         vec![Label::parse("b").unwrap(), Label::parse("a").unwrap()];
@@ -1243,15 +1141,7 @@ fn build_file_result(
 #[test]
 fn version_1_file_is_still_reproduced_and_verified() {
     let stored = check_stored("known-answer-v1.log", &build_v1());
-    let mut seen = Vec::new();
-    let s = verify_visit(
-        &[("known-answer-v1.log", &stored)],
-        &opts(&key(1)),
-        &mut |e| {
-            seen.push(e.clone());
-        },
-    )
-    .unwrap();
+    let (s, seen) = verified("known-answer-v1.log", &stored);
     assert_eq!(s.entries, 3);
     assert_eq!(s.key_id, KeyId::of(key(2).verifying_key().as_bytes()));
     assert_eq!(u16::from_be_bytes([stored[8], stored[9]]), 1);
@@ -1260,11 +1150,7 @@ fn version_1_file_is_still_reproduced_and_verified() {
         Event::Session(SessionEvent::Verdict(v)) => assert_eq!(v.session_seq, 0),
         other => panic!("{other:?}"),
     }
-    let digest = format::sha256(&stored).to_string();
-    assert!(
-        doc().contains(&digest),
-        "docs lack the v1 known answer's SHA-256 {digest}"
-    );
+    assert_documented(&stored, "v1 known answer");
 }
 
 #[test]

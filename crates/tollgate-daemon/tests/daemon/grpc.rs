@@ -171,6 +171,28 @@ pub(crate) async fn start_both_with(dir: &Path, change: impl FnOnce(&mut DaemonC
     }
 }
 
+impl Both {
+    /// Agent `agent` of acme over gRPC, with client certificate `cert`.
+    fn as_agent(&self, cert: (String, String), agent: &str) -> ClientConfig {
+        ClientConfig::grpc(self.pki.client(self.grpc, Some(cert)), crate::ORG, agent)
+    }
+}
+
+/// [`start_both`] with acme enrolling `reviewed` (named by its certificate: no secret),
+/// enrollment `required` or not.
+async fn start_enrolling_reviewed(dir: &Path, required: bool) -> Both {
+    start_both_with(dir, |cfg| {
+        cfg.enrollment.insert(
+            crate::ORG.into(),
+            tollgate_daemon::config::Enrollment {
+                required,
+                agents: [("reviewed".to_owned(), None)].into_iter().collect(),
+            },
+        );
+    })
+    .await
+}
+
 /// One way to reach the daemon, for running the same flow over either.
 #[derive(Clone)]
 pub(crate) enum Via {
@@ -1283,9 +1305,7 @@ async fn a_certificate_naming_an_agent_registers_only_as_it() {
     let dir = tempfile::tempdir().unwrap();
     let b = start_both(dir.path()).await;
     let bot = b.pki.acme.issue(&[], &["spiffe://acme/bot"], false);
-    let as_bot = |agent: &str| {
-        ClientConfig::grpc(b.pki.client(b.grpc, Some(bot.clone())), crate::ORG, agent)
-    };
+    let as_bot = |agent: &str| b.as_agent(bot.clone(), agent);
     // The attack: spiffe://acme/bot registering as someone-else (to get the default guard).
     let e = DaemonClient::connect(as_bot("someone-else"))
         .await
@@ -1310,38 +1330,15 @@ async fn a_certificate_naming_an_agent_registers_only_as_it() {
     .unwrap_err();
     assert!(e.reason().starts_with("fail_closed:"), "{e}");
     b.daemon.stop().await;
-    let opened: Vec<String> = session_events(dir.path())
-        .into_iter()
-        .filter_map(|e| match e {
-            tollgate_audit::SessionEvent::Opened(s) => Some(s.agent_id),
-            _ => None,
-        })
-        .collect();
-    assert_eq!(opened, ["bot"]);
+    assert_eq!(crate::opened_agents(dir.path()), ["bot"]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn enrolled_agents_over_grpc_get_their_own_guard_and_nobody_else_does() {
     let dir = tempfile::tempdir().unwrap();
-    let pki = Pki::new(dir.path());
-    let mut cfg = pki.daemon_config(dir.path());
-    cfg.enrollment.insert(
-        crate::ORG.into(),
-        tollgate_daemon::config::Enrollment {
-            required: true,
-            agents: [("reviewed".to_owned(), None)].into_iter().collect(),
-        },
-    );
-    let daemon = tollgate_daemon::Daemon::start(cfg).await.unwrap();
-    let grpc = daemon.grpc_addr().unwrap();
-    let running = crate::run(daemon);
-    let connect = |cert: (String, String), agent: &str| {
-        DaemonClient::connect(ClientConfig::grpc(
-            pki.client(grpc, Some(cert)),
-            crate::ORG,
-            agent,
-        ))
-    };
+    let b = start_enrolling_reviewed(dir.path(), true).await;
+    let (pki, grpc) = (&b.pki, b.grpc);
+    let connect = |cert, agent: &str| DaemonClient::connect(b.as_agent(cert, agent));
     // The enrolled agent, named by its certificate, is served under its own guard (HITL
     // always).
     let reviewed = pki.acme.issue(&[], &["spiffe://acme/reviewed"], false);
@@ -1372,12 +1369,8 @@ async fn enrolled_agents_over_grpc_get_their_own_guard_and_nobody_else_does() {
             );
         }
     }
-    running.stop().await;
-    let opened = session_events(dir.path())
-        .into_iter()
-        .filter(|e| matches!(e, tollgate_audit::SessionEvent::Opened(_)))
-        .count();
-    assert_eq!(opened, 1);
+    b.daemon.stop().await;
+    assert_eq!(crate::opened_agents(dir.path()).len(), 1);
 }
 
 /// Issue 15 §3 without `require_enrollment`: acme enrolls `reviewed` (named by its
@@ -1387,25 +1380,9 @@ async fn enrolled_agents_over_grpc_get_their_own_guard_and_nobody_else_does() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_required_enrollment_a_certificate_naming_no_agent_cannot_claim_an_enrolled_id() {
     let dir = tempfile::tempdir().unwrap();
-    let pki = Pki::new(dir.path());
-    let mut cfg = pki.daemon_config(dir.path());
-    cfg.enrollment.insert(
-        crate::ORG.into(),
-        tollgate_daemon::config::Enrollment {
-            required: false,
-            agents: [("reviewed".to_owned(), None)].into_iter().collect(),
-        },
-    );
-    let daemon = tollgate_daemon::Daemon::start(cfg).await.unwrap();
-    let grpc = daemon.grpc_addr().unwrap();
-    let running = crate::run(daemon);
-    let connect = |cert: (String, String), agent: &str| {
-        DaemonClient::connect(ClientConfig::grpc(
-            pki.client(grpc, Some(cert)),
-            crate::ORG,
-            agent,
-        ))
-    };
+    let b = start_enrolling_reviewed(dir.path(), false).await;
+    let pki = &b.pki;
+    let connect = |cert, agent: &str| DaemonClient::connect(b.as_agent(cert, agent));
     let p = json::parse_str("{}").unwrap();
     // A claimed id: served (no enrollment required).
     let claimed = connect(pki.acme_agent(), "someone").await.unwrap();
@@ -1417,15 +1394,8 @@ async fn without_required_enrollment_a_certificate_naming_no_agent_cannot_claim_
     let reviewed = pki.acme.issue(&[], &["spiffe://acme/reviewed"], false);
     let agent = connect(reviewed, "reviewed").await.unwrap();
     assert_eq!(agent.pre_exec("t", &p, 0.0).await.verdict, Verdict::Hitl);
-    running.stop().await;
-    let opened: Vec<String> = session_events(dir.path())
-        .into_iter()
-        .filter_map(|e| match e {
-            tollgate_audit::SessionEvent::Opened(s) => Some(s.agent_id),
-            _ => None,
-        })
-        .collect();
-    assert_eq!(opened, ["someone", "reviewed"]);
+    b.daemon.stop().await;
+    assert_eq!(crate::opened_agents(dir.path()), ["someone", "reviewed"]);
 }
 
 /// Issue 17 §4 over gRPC: `CloseSession` ends the session (audited), and every later rpc

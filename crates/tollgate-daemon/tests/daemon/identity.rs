@@ -236,14 +236,7 @@ async fn an_enrolled_agent_is_served_with_its_own_secret_and_only_it() {
         ErrorCode::AuthenticationFailed
     );
     d.stop().await;
-    let opened: Vec<String> = session_events(dir.path())
-        .into_iter()
-        .filter_map(|e| match e {
-            tollgate_audit::SessionEvent::Opened(s) => Some(s.agent_id),
-            _ => None,
-        })
-        .collect();
-    assert_eq!(opened, ["research-bot", "other"]);
+    assert_eq!(crate::opened_agents(dir.path()), ["research-bot", "other"]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -151,3 +151,14 @@ pub fn session_events(dir: &Path) -> Vec<tollgate_audit::SessionEvent> {
     .unwrap();
     out
 }
+
+/// The agent of every session opening in the daemon's audit log, in order.
+pub fn opened_agents(dir: &Path) -> Vec<String> {
+    session_events(dir)
+        .into_iter()
+        .filter_map(|e| match e {
+            tollgate_audit::SessionEvent::Opened(s) => Some(s.agent_id),
+            _ => None,
+        })
+        .collect()
+}

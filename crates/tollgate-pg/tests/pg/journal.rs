@@ -639,6 +639,34 @@ async fn known_answer_chain(
     (s, c, usize::try_from(idx).unwrap())
 }
 
+/// The events of the known-answer chain in `schema`, verified whole with the file's key;
+/// their kinds are `kinds`.
+async fn known_answer_events(c: &tokio_postgres::Client, schema: &str, kinds: &[u8]) -> Vec<Event> {
+    let mut seen = Vec::new();
+    let reports = tollgate_pg::verify(c, schema, None, &[key(1).verifying_key()], &mut |_, e| {
+        seen.push(e.event.clone());
+    })
+    .await
+    .unwrap();
+    assert!(reports[0].result.is_ok(), "{reports:?}");
+    let seen_kinds: Vec<u8> = seen.iter().map(Event::kind).collect();
+    assert_eq!(seen_kinds, kinds);
+    seen
+}
+
+/// A journal with the known-answer file's key on its chain in `s`, which goes on in format
+/// `version`.
+async fn known_answer_journal(s: &crate::common::Schema, version: u16) -> PgJournal {
+    let j = PgJournal::open(s.settings(), key(1), "ka").await.unwrap();
+    assert_eq!(j.format_version(), version);
+    j
+}
+
+/// How many entries the first chain of `schema` verifies with.
+async fn verified_entries(schema: &str) -> u64 {
+    verify_all(schema).await[0].result.as_ref().unwrap().entries
+}
+
 /// A version-6 chain in PostgreSQL is byte for byte a version-6 log file: the known-answer
 /// file `known-answer-v6.log` (docs/audit-format.md, "Known answers": two policy sets, a
 /// session opened under the first, verdicts with policy notes) stored as a chain verifies
@@ -648,19 +676,10 @@ async fn known_answer_chain(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_version_6_known_answer_file_is_a_chain() {
     let (s, c, stored) = known_answer_chain("known-answer-v6.log", 6, "kav6").await;
-    let public = key(1).verifying_key();
     assert_eq!(stored, 6);
-    let mut kinds = Vec::new();
-    let reports = tollgate_pg::verify(&c, &s.name, None, &[public], &mut |_, e| {
-        kinds.push(e.event.kind());
-    })
-    .await
-    .unwrap();
-    assert!(reports[0].result.is_ok(), "{reports:?}");
-    assert_eq!(kinds, [9, 4, 1, 1, 9, 1]);
+    known_answer_events(&c, &s.name, &[9, 4, 1, 1, 9, 1]).await;
     // A journal with the file's key goes on after its last record, in version 6.
-    let j = PgJournal::open(s.settings(), key(1), "ka").await.unwrap();
-    assert_eq!(j.format_version(), 6);
+    let j = known_answer_journal(&s, 6).await;
     let shadowed = tollgate_audit::PolicySetRecord {
         shadow_policies: 1,
         ..policy_set(7, tollgate_audit::PolicySetCause::Reload)
@@ -677,8 +696,7 @@ async fn the_version_6_known_answer_file_is_a_chain() {
     assert_eq!(a.index, 6);
     j.submit(verdict("s2", 1)).await.unwrap();
     j.close().await.unwrap();
-    let reports = verify_all(&s.name).await;
-    assert_eq!(reports[0].result.as_ref().unwrap().entries, 8);
+    assert_eq!(verified_entries(&s.name).await, 8);
 }
 
 /// The version-7 known-answer file (shadow notes, recorded params, a set in shadow mode)
@@ -687,32 +705,16 @@ async fn the_version_6_known_answer_file_is_a_chain() {
 async fn the_version_7_known_answer_file_is_a_chain() {
     let (s, c, stored) = known_answer_chain("known-answer-v7.log", 7, "kav7").await;
     assert_eq!(stored, 7);
-    let mut seen = Vec::new();
-    let reports = tollgate_pg::verify(&c, &s.name, None, &[key(1).verifying_key()], &mut |_, e| {
-        seen.push(e.event.clone());
-    })
-    .await
-    .unwrap();
-    assert!(reports[0].result.is_ok(), "{reports:?}");
-    let kinds: Vec<u8> = seen.iter().map(Event::kind).collect();
-    assert_eq!(kinds, [9, 4, 1, 1, 1, 9, 1]);
+    let seen = known_answer_events(&c, &s.name, &[9, 4, 1, 1, 1, 9, 1]).await;
     assert!(matches!(&seen[5], Event::PolicySet(p) if p.shadow_set));
-    let j = PgJournal::open(s.settings(), key(1), "ka").await.unwrap();
-    assert_eq!(j.format_version(), 7);
+    let j = known_answer_journal(&s, 7).await;
     let shadowed = tollgate_audit::PolicySetRecord {
         shadow_policies: 2,
         ..policy_set(7, tollgate_audit::PolicySetCause::Reload)
     };
     assert_eq!(j.submit_policy_set(shadowed).await.unwrap().index, 7);
     j.close().await.unwrap();
-    assert_eq!(
-        verify_all(&s.name).await[0]
-            .result
-            .as_ref()
-            .unwrap()
-            .entries,
-        8
-    );
+    assert_eq!(verified_entries(&s.name).await, 8);
 }
 
 /// `verdict(session, seq)` with a random draw (format version 8).
@@ -732,39 +734,22 @@ fn with_draw(session: &str, seq: u64) -> tollgate_audit::SessionEvent {
 async fn the_version_8_known_answer_file_is_a_chain_and_a_version_7_chain_refuses_a_draw() {
     let (s, c, stored) = known_answer_chain("known-answer-v8.log", 8, "kav8").await;
     assert_eq!(stored, 4);
-    let mut seen = Vec::new();
-    let reports = tollgate_pg::verify(&c, &s.name, None, &[key(1).verifying_key()], &mut |_, e| {
-        seen.push(e.event.clone());
-    })
-    .await
-    .unwrap();
-    assert!(reports[0].result.is_ok(), "{reports:?}");
-    let kinds: Vec<u8> = seen.iter().map(Event::kind).collect();
-    assert_eq!(kinds, [9, 4, 1, 1]);
+    let seen = known_answer_events(&c, &s.name, &[9, 4, 1, 1]).await;
     let Event::Session(tollgate_audit::SessionEvent::Verdict(v)) = &seen[2] else {
         panic!("{seen:?}")
     };
     assert_eq!(v.upstream.as_deref(), Some("kit"));
     assert_eq!(v.draw.map(tollgate_audit::Draw::value), Some(0.25));
-    let j = PgJournal::open(s.settings(), key(1), "ka").await.unwrap();
-    assert_eq!(j.format_version(), 8);
+    let j = known_answer_journal(&s, 8).await;
     assert_eq!(
         j.submit(with_draw("s8", 1)).await.unwrap().unwrap().index,
         4
     );
     j.close().await.unwrap();
-    assert_eq!(
-        verify_all(&s.name).await[0]
-            .result
-            .as_ref()
-            .unwrap()
-            .entries,
-        5
-    );
+    assert_eq!(verified_entries(&s.name).await, 5);
 
     let (s7, c7, _) = known_answer_chain("known-answer-v7.log", 7, "kav7draw").await;
-    let j = PgJournal::open(s7.settings(), key(1), "ka").await.unwrap();
-    assert_eq!(j.format_version(), 7);
+    let j = known_answer_journal(&s7, 7).await;
     let e = j.submit(with_draw("s7", 1)).await.unwrap_err();
     assert!(e.to_string().contains("draw"), "{e}");
     assert_eq!(j.submit(verdict("s7", 1)).await.unwrap().unwrap().index, 7);

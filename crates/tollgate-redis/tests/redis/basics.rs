@@ -8,8 +8,8 @@ use tollgate_core::{BudgetScope, Money, Verdict};
 use tollgate_store::{BudgetKey, Change, Session, SessionMeta, SessionStore, StoreError};
 
 use crate::support::{
-    cleanup, create, options, org_session, policy, pre_exec, prefix, store, wait_confirmed, Book,
-    TestJournal, REDIS,
+    cleanup, create, hget, hset, options, org_session, policy, pre_exec, prefix, store,
+    wait_confirmed, Book, TestJournal, REDIS,
 };
 
 #[tokio::test]
@@ -125,12 +125,7 @@ async fn garbage_in_redis_is_an_error_not_a_panic() {
     let client = redis::Client::open(REDIS).unwrap();
     let mut c = client.get_multiplexed_async_connection().await.unwrap();
     let key = format!("{p}:{{o:org-g}}:s:g1");
-    let cur: String = redis::cmd("HGET")
-        .arg(&key)
-        .arg("c")
-        .query_async(&mut c)
-        .await
-        .unwrap();
+    let cur: String = hget(&mut c, &key, "c").await;
     for (field, value) in [
         (cur.as_str(), "{not json"),
         ("v", "x"),
@@ -145,13 +140,7 @@ async fn garbage_in_redis_is_an_error_not_a_panic() {
             .query_async(&mut c)
             .await
             .unwrap_or_default();
-        let _: () = redis::cmd("HSET")
-            .arg(&key)
-            .arg(field)
-            .arg(value)
-            .query_async(&mut c)
-            .await
-            .unwrap();
+        hset(&mut c, &key, field, value).await;
         // A fresh daemon must read it.
         let t = store(options(&p), TestJournal::new(book.clone())).await;
         let r = pre_exec(&t, "g1", 1, 1).await.map(|x| x.0);
@@ -167,13 +156,7 @@ async fn garbage_in_redis_is_an_error_not_a_panic() {
                 .await
                 .unwrap();
         } else {
-            let _: () = redis::cmd("HSET")
-                .arg(&key)
-                .arg(field)
-                .arg(saved)
-                .query_async(&mut c)
-                .await
-                .unwrap();
+            hset(&mut c, &key, field, saved).await;
         }
     }
     cleanup(&p).await;

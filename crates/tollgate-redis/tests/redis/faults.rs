@@ -11,8 +11,8 @@ use tollgate_core::{Money, Verdict};
 use tollgate_store::{BudgetKey, SessionStore, StoreError};
 
 use crate::support::{
-    cleanup, create, hash_fields, markers, options, org_session, pre_exec, prefix, store,
-    unconfirmed, Book, Claim, TestJournal, COMMIT_THEN_HANG, HANG, REDIS,
+    cleanup, create, hash_fields, hget, hset, markers, options, org_session, pre_exec, prefix,
+    store, unconfirmed, Book, Claim, TestJournal, COMMIT_THEN_HANG, HANG, REDIS,
 };
 
 /// A daemon writes an ALLOW to Redis, then dies with its journal in `mode`; another
@@ -310,12 +310,7 @@ async fn a_settlement_holds_the_budget_until_its_give_back() {
         }
     });
     loop {
-        let s: Option<String> = redis::cmd("HGET")
-            .arg(&bkey)
-            .arg("s")
-            .query_async(&mut conn)
-            .await
-            .unwrap();
+        let s: Option<String> = hget(&mut conn, &bkey, "s").await;
         if s.is_some() {
             break;
         }
@@ -375,49 +370,24 @@ async fn only_the_unconfirmed_change_is_marked_and_indexed_with_the_record_it_re
     // record before and index member off.
     tokio::time::sleep(Duration::from_millis(200)).await;
     let fields = hash_fields(&key).await;
-    let cur: String = redis::cmd("HGET")
-        .arg(&key)
-        .arg("c")
-        .query_async(&mut c)
-        .await
-        .unwrap();
+    let cur: String = hget(&mut c, &key, "c").await;
     assert!(cur.starts_with("r:5:"), "{cur}");
     assert_eq!(fields, ["c", "d", cur.as_str(), "v"]);
     assert_eq!(unconfirmed(&p).await, Vec::<String>::new());
     // The record as it stands at version 5 (the opening and four decisions).
-    let before: Vec<u8> = redis::cmd("HGET")
-        .arg(&key)
-        .arg(&cur)
-        .query_async(&mut c)
-        .await
-        .unwrap();
+    let before: Vec<u8> = hget(&mut c, &key, &cur).await;
     ja.mode.store(HANG, Ordering::SeqCst);
     // Written (the script and the index's ZADD) before pre_exec returns; never confirmed.
     let (_, durable) = pre_exec(&a, "x1", 5, 10).await.unwrap();
-    let now: String = redis::cmd("HGET")
-        .arg(&key)
-        .arg("c")
-        .query_async(&mut c)
-        .await
-        .unwrap();
+    let now: String = hget(&mut c, &key, "c").await;
     assert!(now.starts_with("r:6:"), "{now}");
     let mut want = vec!["c", "d", "p:6", cur.as_str(), now.as_str(), "u:6", "v"];
     want.sort_unstable();
     assert_eq!(hash_fields(&key).await, want, "fields of the session hash");
     // p:6 names the field still holding the record change 6 replaced: never copied.
-    let named: String = redis::cmd("HGET")
-        .arg(&key)
-        .arg("p:6")
-        .query_async(&mut c)
-        .await
-        .unwrap();
+    let named: String = hget(&mut c, &key, "p:6").await;
     assert_eq!(named, cur, "p:6 names the record change 6 replaced");
-    let prev: Vec<u8> = redis::cmd("HGET")
-        .arg(&key)
-        .arg(&named)
-        .query_async(&mut c)
-        .await
-        .unwrap();
+    let prev: Vec<u8> = hget(&mut c, &key, &named).await;
     assert_eq!(
         prev, before,
         "the record before is byte for byte what it was"
@@ -511,13 +481,13 @@ async fn an_opening_cut_after_its_staged_record_is_swept() {
     let key = format!("{p}:{{o:org-o}}:s:o1");
     let client = redis::Client::open(REDIS).unwrap();
     let mut c = client.get_multiplexed_async_connection().await.unwrap();
-    let _: () = redis::cmd("HSET")
-        .arg(&key)
-        .arg("r:1:dead-daemon:0")
-        .arg("a record nobody made current")
-        .query_async(&mut c)
-        .await
-        .unwrap();
+    hset(
+        &mut c,
+        &key,
+        "r:1:dead-daemon:0",
+        "a record nobody made current",
+    )
+    .await;
     let _: () = redis::cmd("ZADD")
         .arg(format!("{p}:unconfirmed"))
         .arg(0)

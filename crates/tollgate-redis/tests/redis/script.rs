@@ -79,6 +79,21 @@ async fn real(c: &mut redis::aio::MultiplexedConnection, r: &CasRequest) -> CasR
     }
 }
 
+/// `HSET key field value` in Redis and in `fake`'s hashes alike.
+async fn hset_both(
+    c: &mut redis::aio::MultiplexedConnection,
+    fake: &mut Fake,
+    key: &str,
+    field: &str,
+    value: &[u8],
+) {
+    crate::support::hset(c, key, field, value).await;
+    fake.hashes
+        .entry(key.to_owned())
+        .or_default()
+        .insert(field.to_owned(), value.to_vec());
+}
+
 #[tokio::test]
 async fn script_and_fake_agree_on_a_table_of_cases() {
     let _scripts = crate::support::SCRIPTS.read().await;
@@ -168,31 +183,11 @@ async fn script_and_fake_agree_on_a_table_of_cases() {
         ("u:4", b"m4"),
         ("p:4", b"{\"v\":2,\"old\":true}"),
     ] {
-        let _: () = redis::cmd("HSET")
-            .arg(&legacy)
-            .arg(f)
-            .arg(v)
-            .query_async(&mut c)
-            .await
-            .unwrap();
-        fake.hashes
-            .entry(legacy.clone())
-            .or_default()
-            .insert(f.to_owned(), v.to_vec());
+        hset_both(&mut c, &mut fake, &legacy, f, v).await;
     }
     // An orphan: a record staged by a write whose script never ran (its pipeline cut).
     let orphan = "r:9:d9:1";
-    let _: () = redis::cmd("HSET")
-        .arg(&legacy)
-        .arg(orphan)
-        .arg("half-written")
-        .query_async(&mut c)
-        .await
-        .unwrap();
-    fake.hashes
-        .entry(legacy.clone())
-        .or_default()
-        .insert(orphan.to_owned(), b"half-written".to_vec());
+    hset_both(&mut c, &mut fake, &legacy, orphan, b"half-written").await;
     let mut l = req(&p, false);
     l.session_key = legacy.clone();
     l.expect_sv = 4;

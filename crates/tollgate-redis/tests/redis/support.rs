@@ -479,15 +479,40 @@ pub fn fold_budget(book: &Book, org: &str, initial: i64) -> (u64, i64) {
     (top, r)
 }
 
+/// `HGET key field` over `c`, read as `T`.
+pub async fn hget<T: redis::FromRedisValue>(
+    c: &mut redis::aio::MultiplexedConnection,
+    key: &str,
+    field: &str,
+) -> T {
+    redis::cmd("HGET")
+        .arg(key)
+        .arg(field)
+        .query_async(c)
+        .await
+        .unwrap()
+}
+
+/// `HSET key field value` over `c`.
+pub async fn hset(
+    c: &mut redis::aio::MultiplexedConnection,
+    key: &str,
+    field: &str,
+    value: impl redis::ToRedisArgs,
+) {
+    let _: () = redis::cmd("HSET")
+        .arg(key)
+        .arg(field)
+        .arg(value)
+        .query_async(c)
+        .await
+        .unwrap();
+}
+
 /// The shared budget hash's version in Redis.
 pub async fn budget_version(budget_key: &str) -> u64 {
     let client = redis::Client::open(REDIS).unwrap();
     let mut c = client.get_multiplexed_async_connection().await.unwrap();
-    let v: Option<u64> = redis::cmd("HGET")
-        .arg(budget_key)
-        .arg("v")
-        .query_async(&mut c)
-        .await
-        .unwrap();
+    let v: Option<u64> = hget(&mut c, budget_key, "v").await;
     v.unwrap_or(0)
 }

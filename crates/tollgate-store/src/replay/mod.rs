@@ -51,9 +51,7 @@ use tollgate_audit::{
     MAX_RECORDED_PARAMS,
 };
 use tollgate_core::json::{self, Limits, Value};
-use tollgate_core::{
-    Decision, Digest, HumanDecision, Money, Params, Reason, Successor, ToolCall, Verdict,
-};
+use tollgate_core::{Decision, Digest, Money, Params, Reason, ToolCall, Verdict};
 use tollgate_policy::compose::{self, Enforced, Input};
 use tollgate_policy::{Actor, LOCAL_UPSTREAM};
 
@@ -452,29 +450,16 @@ impl Fleet {
     fn fold(&mut self, event: &Event) -> Result<(), FoldError> {
         match event {
             Event::Session(SessionEvent::Opened(r)) => {
-                if self.sessions.contains_key(&r.session_id) {
-                    return Err(FoldError::Session {
-                        session: r.session_id.clone(),
-                        what: "opened twice".to_owned(),
-                    });
-                }
-                let mut s = ops::session_from_record(r)?;
-                if s.meta.shared_budget_key().is_some() {
-                    s.state.budget_remaining = r.budget_before;
-                }
-                let regenerated = ops::open(&mut s, r.timestamp_ns);
-                ops::check_opened(&regenerated, r)?;
+                let s = ops::reopen(&self.sessions, r, |s| {
+                    if s.meta.shared_budget_key().is_some() {
+                        s.state.budget_remaining = r.budget_before;
+                    }
+                })?;
                 self.sessions.insert(r.session_id.clone(), s);
             }
             Event::Session(e) => {
                 let id = e.session_id();
-                let s = self
-                    .sessions
-                    .get_mut(id)
-                    .ok_or_else(|| FoldError::Session {
-                        session: id.to_owned(),
-                        what: "an entry for a session that was never opened".to_owned(),
-                    })?;
+                let s = ops::opened(&mut self.sessions, id)?;
                 if s.meta.shared_budget_key().is_some() {
                     s.state.budget_remaining = recorded_amounts(e).0;
                 }
@@ -671,14 +656,7 @@ impl Replay {
                     return;
                 }
                 with_budget(&mut self.budgets, rep, e, |session| {
-                    ops::settle(
-                        session,
-                        s.call_number,
-                        f64::from_bits(s.reported_cost_bits),
-                        s.success,
-                        s.error_signal,
-                        s.timestamp_ns,
-                    );
+                    ops::settle_logged(session, s);
                 });
             }
             SessionEvent::HumanDecision(d) => {
@@ -692,23 +670,7 @@ impl Replay {
                     .is_some();
                 let applied = held
                     && with_budget(&mut self.budgets, rep, e, |session| {
-                        let successor = d
-                            .successor
-                            .map(|(nonce, args_digest)| Successor { nonce, args_digest });
-                        if d.decision == HumanDecision::Expire {
-                            ops::expire(session, Some(d.call_number), d.timestamp_ns).is_ok()
-                        } else {
-                            ops::human_decision(
-                                session,
-                                Some(d.call_number),
-                                d.decision.clone(),
-                                successor,
-                                &d.operator_id,
-                                &d.note,
-                                d.timestamp_ns,
-                            )
-                            .is_ok()
-                        }
+                        ops::decide_logged(session, d).is_ok()
                     });
                 if !applied {
                     self.skipped.decisions += 1;

@@ -43,7 +43,6 @@
 //! What it does not do: retry, or stop on a DENY. Every verdict, a fail-closed one
 //! included, is a call; DENYs are counted and the first one's reason printed.
 
-use std::fmt::Write as _;
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
@@ -52,6 +51,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
+use tollgate_client::candidate::quoted as toml_string;
 use tollgate_client::{ClientConfig, DaemonClient};
 use tollgate_core::json::{Number, Value};
 use tollgate_daemon::config::Limits;
@@ -598,24 +598,6 @@ fn config_text(args: &Args, grpc: Option<&GrpcPki>, fleet: Option<(&str, &str)>)
          max_repeat_calls = 3\n\
          {state_table}"
     )
-}
-
-/// `s` as a TOML basic string: quotes, backslashes and control characters escaped.
-fn toml_string(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() + 2);
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            c if c.is_control() => {
-                let _ = write!(out, "\\u{:04X}", u32::from(c));
-            }
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-    out
 }
 
 /// `--daemons N --redis URL --postgres URL`: N `tollgate serve` processes in the fleet

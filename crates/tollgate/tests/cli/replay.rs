@@ -58,9 +58,7 @@ fn run_daemon(
     config: &Path,
 ) -> (Vec<(u64, Verdict, String)>, std::path::PathBuf) {
     let data = dir.join(format!("data-{name}"));
-    std::fs::create_dir(&data).unwrap();
-    std::fs::set_permissions(&data, std::os::unix::fs::PermissionsExt::from_mode(0o750)).unwrap();
-    let serve = crate::daemon::Serve::start_with(&data, &["--config", s(config)]);
+    let serve = serve_in(&data, config);
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -108,6 +106,26 @@ fn replay(args: &[&str]) -> (i32, json::Value, String) {
     (code(&o), report, t)
 }
 
+/// `policy replay --config CONFIG --key KEY LOG` (the text form).
+fn text_args<'a>(config: &'a Path, key: &'a Path, log: &'a Path) -> [&'a str; 7] {
+    [
+        "policy",
+        "replay",
+        "--config",
+        s(config),
+        "--key",
+        s(key),
+        s(log),
+    ]
+}
+
+/// `tollgate serve --config CONFIG` in a new data directory `data` (0750).
+fn serve_in(data: &Path, config: &Path) -> crate::daemon::Serve {
+    std::fs::create_dir(data).unwrap();
+    std::fs::set_permissions(data, std::os::unix::fs::PermissionsExt::from_mode(0o750)).unwrap();
+    crate::daemon::Serve::start_with(data, &["--config", s(config)])
+}
+
 fn count(report: &json::Value, k: &str) -> u64 {
     report.get(k).and_then(json::Value::as_u64).unwrap()
 }
@@ -136,15 +154,7 @@ fn replay_finds_exactly_the_flips_a_planted_change_makes_and_none_for_the_config
     assert_eq!(count(&report, "verdicts"), recorded.len() as u64, "{t}");
     assert_eq!(count(&report, "replayed"), recorded.len() as u64, "{t}");
     // The text form says the same.
-    let o = tollgate(&[
-        "policy",
-        "replay",
-        "--config",
-        s(&base),
-        "--key",
-        s(&key),
-        s(&log),
-    ]);
+    let o = tollgate(&text_args(&base, &key, &log));
     assert_eq!(code(&o), 0, "{}", text(&o));
     assert!(
         stdout(&o).contains(" 0 flip(s), 0 reason change(s), 0 not replayable"),
@@ -289,15 +299,7 @@ fn replay_finds_exactly_the_flips_a_planted_change_makes_and_none_for_the_config
 
     // A log that does not verify: refused, nothing replayed.
     let refused = || {
-        let o = tollgate(&[
-            "policy",
-            "replay",
-            "--config",
-            s(&base),
-            "--key",
-            s(&key),
-            s(&log),
-        ]);
+        let o = tollgate(&text_args(&base, &key, &log));
         assert_eq!(code(&o), 2, "{}", text(&o));
         assert!(text(&o).contains("BROKEN"), "{}", text(&o));
         assert!(stdout(&o).is_empty(), "{}", text(&o));
@@ -379,30 +381,39 @@ fn a_log_that_verifies_but_does_not_fold_exits_2() {
     let key = root.join("audit.pub");
     let o = tollgate(&["audit", "verify", "--key", s(&key), s(&log)]);
     assert_eq!(code(&o), 0, "{}", text(&o));
-    let o = tollgate(&[
-        "policy",
-        "replay",
-        "--config",
-        s(&empty),
-        "--key",
-        s(&key),
-        s(&log),
-    ]);
+    let o = tollgate(&text_args(&empty, &key, &log));
     assert_eq!(code(&o), 2, "{}", text(&o));
     assert!(text(&o).contains("does not fold"), "{}", text(&o));
     assert!(stdout(&o).is_empty(), "{}", text(&o));
     let other = root.join("other.pub");
-    let o = tollgate(&[
-        "policy",
-        "replay",
-        "--config",
-        s(&empty),
-        "--key",
-        s(&other),
-        s(&log),
-    ]);
+    let o = tollgate(&text_args(&empty, &other, &log));
     assert_eq!(code(&o), 2, "{}", text(&o));
     assert!(text(&o).contains("BROKEN"), "{}", text(&o));
+}
+
+/// A library guard of `guard` deciding with the set `policy` names, auditing as `who` into
+/// a new log `log` recording params in full, signed with a key `tollgate keygen --out
+/// KEYDIR` makes.
+fn library_guard(
+    guard: &tollgate_core::GuardConfig,
+    policy: &tollgate_policy::files::Settings,
+    who: tollgate_client::AuditIdentity,
+    keydir: &Path,
+    log: &Path,
+) -> tollgate_client::Guard {
+    use tollgate_audit::{keys, params::Recorder, ParamsMode, Writer, WriterConfig};
+    let (set, _) = tollgate_policy::files::enforced(policy).unwrap();
+    let o = tollgate(&["keygen", "--out", s(keydir)]);
+    assert_eq!(code(&o), 0, "{}", text(&o));
+    let key = keys::parse_secret_key(&std::fs::read_to_string(keydir.join("audit.key")).unwrap())
+        .unwrap();
+    let (writer, _) = Writer::open(WriterConfig::new(log), key).unwrap();
+    tollgate_client::Guard::new_as(guard.clone(), who.clone())
+        .with_policies(set)
+        .unwrap()
+        .with_audit(writer, who)
+        .unwrap()
+        .with_params(Recorder::new(ParamsMode::Full, &[]).unwrap())
 }
 
 /// Run the calls through the library `Guard` (the Python package's and the MCP gateway's
@@ -417,29 +428,22 @@ fn run_guard(
     std::path::PathBuf,
     std::path::PathBuf,
 ) {
-    use tollgate_audit::{keys, params::Recorder, ParamsMode, Writer, WriterConfig};
-    use tollgate_client::{AuditIdentity, Guard};
     let daemon = tollgate_daemon::config::DaemonConfig::load(config).unwrap();
-    let (set, _) = tollgate_policy::files::enforced(daemon.policy.as_ref().unwrap()).unwrap();
     let keydir = dir.join(format!("keys-{name}"));
     std::fs::create_dir(&keydir).unwrap();
-    let o = tollgate(&["keygen", "--out", s(&keydir)]);
-    assert_eq!(code(&o), 0, "{}", text(&o));
-    let key = keys::parse_secret_key(&std::fs::read_to_string(keydir.join("audit.key")).unwrap())
-        .unwrap();
     let log = dir.join(format!("log-{name}"));
-    let (writer, _) = Writer::open(WriterConfig::new(&log), key).unwrap();
-    let who = AuditIdentity {
+    let who = tollgate_client::AuditIdentity {
         session_id: format!("guard-{name}"),
         agent_id: "bot".into(),
         organization_id: "default".into(),
     };
-    let guard = Guard::new_as(daemon.default_guard.clone(), who.clone())
-        .with_policies(set)
-        .unwrap()
-        .with_audit(writer, who)
-        .unwrap()
-        .with_params(Recorder::new(ParamsMode::Full, &[]).unwrap());
+    let guard = library_guard(
+        &daemon.default_guard,
+        daemon.policy.as_ref().unwrap(),
+        who,
+        &keydir,
+        &log,
+    );
     let mut verdicts = Vec::new();
     for (tool, params) in calls() {
         let c = guard.check(
@@ -503,8 +507,6 @@ fn a_library_guard_log_replays_under_its_own_config_with_no_flip() {
 /// crates/tollgate-mcp/tests/mcp/replay.rs). A daemon-mode mcp.toml is refused (exit 2).
 #[test]
 fn an_mcp_toml_is_a_candidate_and_its_upstreams_are_the_resources() {
-    use tollgate_audit::{keys, params::Recorder, ParamsMode, Writer, WriterConfig};
-    use tollgate_client::{AuditIdentity, Guard};
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     std::fs::write(
@@ -520,23 +522,17 @@ fn an_mcp_toml_is_a_candidate_and_its_upstreams_are_the_resources() {
          [policy]\nfiles = [\"tools.cedar\"]\n",
     )
     .unwrap();
-    let o = tollgate(&["keygen", "--out", s(d)]);
-    assert_eq!(code(&o), 0, "{}", text(&o));
-    let key =
-        keys::parse_secret_key(&std::fs::read_to_string(d.join("audit.key")).unwrap()).unwrap();
     let config = tollgate_mcp::Config::load(&mcp).unwrap();
     let tollgate_mcp::config::Mode::Library(l) = &config.mode else {
         panic!()
     };
-    let (set, _) = tollgate_policy::files::enforced(l.policy.as_ref().unwrap()).unwrap();
-    let (writer, _) = Writer::open(WriterConfig::new(d.join("audit")), key).unwrap();
-    let who = AuditIdentity::default();
-    let guard = Guard::new_as(l.guard.clone(), who.clone())
-        .with_policies(set)
-        .unwrap()
-        .with_audit(writer, who)
-        .unwrap()
-        .with_params(Recorder::new(ParamsMode::Full, &[]).unwrap());
+    let guard = library_guard(
+        &l.guard,
+        l.policy.as_ref().unwrap(),
+        tollgate_client::AuditIdentity::default(),
+        d,
+        &d.join("audit"),
+    );
     let mut refused = 0;
     for n in 0..10 {
         let p = json::parse_str(&format!(r#"{{"n":{n}}}"#)).unwrap();
@@ -678,15 +674,7 @@ fn a_progress_bar_is_drawn_on_a_terminal_only() {
     let dir = tempfile::tempdir().unwrap();
     let base = config(dir.path(), "base", BASE_GUARD, NO_SHELL);
     let (recorded, key, log) = run_guard(dir.path(), "bar", &base);
-    let args = [
-        "policy",
-        "replay",
-        "--config",
-        s(&base),
-        "--key",
-        s(&key),
-        s(&log),
-    ];
+    let args = text_args(&base, &key, &log);
     let (c, terminal) = on_a_terminal(&args);
     assert_eq!(c, 0, "{terminal}");
     let full = format!("replaying [{}] 100%", "#".repeat(30));
@@ -747,9 +735,7 @@ fn settlements_decisions_closings_and_a_shared_budget_replay_with_no_flip() {
         &format!("{NO_SHELL}{hold_deploy}"),
     );
     let data = d.join("data");
-    std::fs::create_dir(&data).unwrap();
-    std::fs::set_permissions(&data, std::os::unix::fs::PermissionsExt::from_mode(0o750)).unwrap();
-    let serve = crate::daemon::Serve::start_with(&data, &["--config", s(&base)]);
+    let serve = serve_in(&data, &base);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -174,7 +174,7 @@ fn strings(v: Option<&json::Value>) -> Vec<String> {
     }
 }
 
-const NO_SHELL: &str =
+pub(super) const NO_SHELL: &str =
     "@id(\"no-shell\") forbid (principal, action == Action::\"shell\", resource);\n";
 
 /// A `forbid` is refused on every daemon of the fleet, naming the policy, without tripping
@@ -712,6 +712,134 @@ fn a_fleet_daemon_with_a_bad_policy_set_refuses_to_start_naming_file_line_col() 
     });
 }
 
+/// A chain registered in PostgreSQL in an older format `version` (by an older daemon),
+/// `old<version>`, with no entry yet, in a fresh schema of the shared server; and the
+/// directory (0750) a daemon on it runs in, holding the chain's audit key (0600). What the
+/// test leaves in the shared servers goes when it is dropped.
+pub(super) struct OldChain {
+    pub(super) fleet: Fleet,
+    pub(super) prefix: String,
+    pub(super) schema: String,
+    chain: String,
+    dir: tempfile::TempDir,
+}
+
+impl OldChain {
+    /// The chain, its key made from `seed`; the schema and the Redis key prefix are named
+    /// after `tag`.
+    pub(super) fn new(tag: &str, version: u16, seed: u8) -> OldChain {
+        use tollgate_audit::format::{self, FileHeader};
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(
+            dir.path(),
+            std::os::unix::fs::PermissionsExt::from_mode(0o750),
+        )
+        .unwrap();
+        let key = tollgate_audit::SigningKey::from_bytes(&[seed; 32]);
+        std::fs::write(
+            dir.path().join("audit.key"),
+            tollgate_audit::keys::secret_key_text(&key),
+        )
+        .unwrap();
+        std::fs::set_permissions(
+            dir.path().join("audit.key"),
+            std::os::unix::fs::PermissionsExt::from_mode(0o600),
+        )
+        .unwrap();
+        let (prefix, schema) = (unique(tag), unique(tag));
+        let fleet = Fleet::leftovers(schema.clone(), prefix.clone());
+        let chain = format!("old{version}");
+        rt().block_on(async {
+            let mut c = tollgate_pg::connect(&tollgate_pg::PgSettings::new(SHARED_PG))
+                .await
+                .unwrap();
+            tollgate_pg::migrate(&mut c, &schema).await.unwrap();
+            let header =
+                FileHeader::new_signed_version(version, &key, 0, 0, format::genesis_hash(), 1)
+                    .encode();
+            c.execute(
+                &format!(
+                    "INSERT INTO {schema}.chains (chain_id, key_id, public_key, format_version, header)
+                     VALUES ('{chain}', $1, $2, {version}, $3)"
+                ),
+                &[
+                    &tollgate_audit::KeyId::of(key.verifying_key().as_bytes()).to_string(),
+                    &key.verifying_key().as_bytes().as_slice(),
+                    &header,
+                ],
+            )
+            .await
+            .unwrap();
+        });
+        OldChain {
+            fleet,
+            prefix,
+            schema,
+            chain,
+            dir,
+        }
+    }
+
+    pub(super) fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Write the directory's `fleet.toml`: the state in the shared Redis (the chain's
+    /// prefix), the audit sink the chain in PostgreSQL with `audit` added to `[audit]`,
+    /// then `tables`, then organization acme.
+    pub(super) fn configure(&self, audit: &str, tables: &str) {
+        let (prefix, schema, chain) = (&self.prefix, &self.schema, &self.chain);
+        std::fs::write(
+            self.dir().join("fleet.toml"),
+            format!(
+                "[state]\nbackend = \"redis\"\nurl = \"{SHARED_REDIS}\"\nkey_prefix = \"{prefix}\"\ndurability = \"none\"\n\
+                 [audit]\nsink = \"postgres\"\nurl = \"{SHARED_PG}\"\nschema = \"{schema}\"\nchain_id = \"{chain}\"\n{audit}\n\
+                 {tables}\
+                 [[organization]]\nid = \"acme\"\nsecret = \"{SECRET}\"\noperator_secret = \"{OPERATOR_SECRET}\"\n"
+            ),
+        )
+        .unwrap();
+    }
+
+    /// `tollgate serve` as `fleet.toml` says.
+    pub(super) fn serve(&self) -> crate::daemon::Serve {
+        crate::daemon::Serve::start_with(
+            self.dir(),
+            &["--config", s(&self.dir().join("fleet.toml"))],
+        )
+    }
+
+    /// Agent-1 of acme, connected to the daemon serving in the directory.
+    pub(super) async fn agent(&self) -> DaemonClient {
+        let mut c = tollgate_client::ClientConfig::new(
+            self.dir().join("tollgate.sock"),
+            "acme",
+            SECRET.as_bytes(),
+            "agent-1",
+        );
+        c.timeout = Duration::from_secs(5);
+        DaemonClient::connect(c).await.unwrap()
+    }
+
+    /// `tollgate audit verify --postgres` on the schema: exit 0, the chain `ok`.
+    pub(super) fn cli_verifies(&self) {
+        let o = tollgate(&[
+            "audit",
+            "verify",
+            "--postgres",
+            SHARED_PG,
+            "--schema",
+            &self.schema,
+        ]);
+        assert_eq!(code(&o), 0, "{}", text(&o));
+        assert!(
+            stdout(&o).contains(&format!("chain {}: ok:", self.chain)),
+            "{}",
+            text(&o)
+        );
+    }
+}
+
 /// Run `tollgate serve --config DIR/fleet.toml --data-dir DIR`, which must refuse to start:
 /// it exits non-zero within 20 s (a daemon that starts anyway, the failure these tests
 /// are for, would serve until killed). Its output.
@@ -749,69 +877,14 @@ pub(super) fn refused_start(dir: &Path) -> std::process::Output {
 /// chain cannot record the set nor the verdicts' notes.
 #[test]
 fn a_version_5_chain_serves_without_policies_and_refuses_them_naming_the_chain() {
-    use tollgate_audit::format::{self, FileHeader};
-    let dir = tempfile::tempdir().unwrap();
-    let dir = dir.path();
-    std::fs::set_permissions(dir, std::os::unix::fs::PermissionsExt::from_mode(0o750)).unwrap();
+    let old = OldChain::new("tgv5", 5, 9);
+    let dir = old.dir();
     std::fs::write(dir.join("rules.cedar"), NO_SHELL).unwrap();
-    let key = tollgate_audit::SigningKey::from_bytes(&[9; 32]);
-    std::fs::write(
-        dir.join("audit.key"),
-        tollgate_audit::keys::secret_key_text(&key),
-    )
-    .unwrap();
-    std::fs::set_permissions(
-        dir.join("audit.key"),
-        std::os::unix::fs::PermissionsExt::from_mode(0o600),
-    )
-    .unwrap();
-    let (prefix, schema) = (unique("tgv5"), unique("tgv5"));
-    let fleet = Fleet::leftovers(schema.clone(), prefix.clone());
-    rt().block_on(async {
-        let mut c = tollgate_pg::connect(&tollgate_pg::PgSettings::new(SHARED_PG))
-            .await
-            .unwrap();
-        tollgate_pg::migrate(&mut c, &schema).await.unwrap();
-        let header =
-            FileHeader::new_signed_version(5, &key, 0, 0, format::genesis_hash(), 1).encode();
-        c.execute(
-            &format!(
-                "INSERT INTO {schema}.chains (chain_id, key_id, public_key, format_version, header)
-                 VALUES ('old5', $1, $2, 5, $3)"
-            ),
-            &[
-                &tollgate_audit::KeyId::of(key.verifying_key().as_bytes()).to_string(),
-                &key.verifying_key().as_bytes().as_slice(),
-                &header,
-            ],
-        )
-        .await
-        .unwrap();
-    });
-    let config = |policy: &str| {
-        std::fs::write(
-            dir.join("fleet.toml"),
-            format!(
-                "[state]\nbackend = \"redis\"\nurl = \"{SHARED_REDIS}\"\nkey_prefix = \"{prefix}\"\ndurability = \"none\"\n\
-                 [audit]\nsink = \"postgres\"\nurl = \"{SHARED_PG}\"\nschema = \"{schema}\"\nchain_id = \"old5\"\n\
-                 {policy}\
-                 [[organization]]\nid = \"acme\"\nsecret = \"{SECRET}\"\noperator_secret = \"{OPERATOR_SECRET}\"\n"
-            ),
-        )
-        .unwrap();
-    };
     // Without [policy]: it serves, in version 5.
-    config("");
-    let serve = crate::daemon::Serve::start_with(dir, &["--config", s(&dir.join("fleet.toml"))]);
+    old.configure("", "");
+    let serve = old.serve();
     rt().block_on(async {
-        let mut c = tollgate_client::ClientConfig::new(
-            dir.join("tollgate.sock"),
-            "acme",
-            SECRET.as_bytes(),
-            "agent-1",
-        );
-        c.timeout = Duration::from_secs(5);
-        let agent = DaemonClient::connect(c).await.unwrap();
+        let agent = old.agent().await;
         let v = agent
             .pre_exec("shell", &json::parse_str("{}").unwrap(), 0.0)
             .await;
@@ -819,7 +892,7 @@ fn a_version_5_chain_serves_without_policies_and_refuses_them_naming_the_chain()
     });
     assert!(serve.terminate().success());
     // With [policy]: refused, naming the chain.
-    config("[policy]\nfiles = [\"rules.cedar\"]\n");
+    old.configure("", "[policy]\nfiles = [\"rules.cedar\"]\n");
     let out = refused_start(dir);
     assert!(
         text(&out).contains("chain `old5` is format version 5, which cannot record a policy set"),
@@ -827,20 +900,11 @@ fn a_version_5_chain_serves_without_policies_and_refuses_them_naming_the_chain()
         text(&out)
     );
     // The chain holds the version-5 entries of the first run, and verifies.
-    let all = chains(&fleet);
+    let all = chains(&old.fleet);
     assert_eq!(all.len(), 1);
     assert!(all["old5"].len() >= 2, "{:?}", all["old5"]);
     assert!(!all["old5"].iter().any(|e| matches!(e, Event::PolicySet(_))));
-    let o = tollgate(&[
-        "audit",
-        "verify",
-        "--postgres",
-        SHARED_PG,
-        "--schema",
-        &schema,
-    ]);
-    assert_eq!(code(&o), 0, "{}", text(&o));
-    assert!(stdout(&o).contains("chain old5: ok:"), "{}", text(&o));
+    old.cli_verifies();
 }
 
 /// Issue 19: a chain registered in format version 6 goes on in version 6 and takes a plain
@@ -849,74 +913,20 @@ fn a_version_5_chain_serves_without_policies_and_refuses_them_naming_the_chain()
 /// the chain and its version.
 #[test]
 fn a_version_6_chain_refuses_shadow_policies_and_recorded_params_naming_the_chain() {
-    use tollgate_audit::format::{self, FileHeader};
-    let dir = tempfile::tempdir().unwrap();
-    let dir = dir.path();
-    std::fs::set_permissions(dir, std::os::unix::fs::PermissionsExt::from_mode(0o750)).unwrap();
+    let old = OldChain::new("tgv6", 6, 10);
+    let dir = old.dir();
     std::fs::write(dir.join("rules.cedar"), NO_SHELL).unwrap();
     std::fs::write(
         dir.join("shadow.cedar"),
         "@id(\"shadow-no-pay\") @shadow forbid (principal, action == Action::\"pay\", resource);\n",
     )
     .unwrap();
-    let key = tollgate_audit::SigningKey::from_bytes(&[10; 32]);
-    std::fs::write(
-        dir.join("audit.key"),
-        tollgate_audit::keys::secret_key_text(&key),
-    )
-    .unwrap();
-    std::fs::set_permissions(
-        dir.join("audit.key"),
-        std::os::unix::fs::PermissionsExt::from_mode(0o600),
-    )
-    .unwrap();
-    let (prefix, schema) = (unique("tgv6"), unique("tgv6"));
-    let fleet = Fleet::leftovers(schema.clone(), prefix.clone());
-    rt().block_on(async {
-        let mut c = tollgate_pg::connect(&tollgate_pg::PgSettings::new(SHARED_PG))
-            .await
-            .unwrap();
-        tollgate_pg::migrate(&mut c, &schema).await.unwrap();
-        let header =
-            FileHeader::new_signed_version(6, &key, 0, 0, format::genesis_hash(), 1).encode();
-        c.execute(
-            &format!(
-                "INSERT INTO {schema}.chains (chain_id, key_id, public_key, format_version, header)
-                 VALUES ('old6', $1, $2, 6, $3)"
-            ),
-            &[
-                &tollgate_audit::KeyId::of(key.verifying_key().as_bytes()).to_string(),
-                &key.verifying_key().as_bytes().as_slice(),
-                &header,
-            ],
-        )
-        .await
-        .unwrap();
-    });
-    let config = |audit: &str, policy: &str| {
-        std::fs::write(
-            dir.join("fleet.toml"),
-            format!(
-                "[state]\nbackend = \"redis\"\nurl = \"{SHARED_REDIS}\"\nkey_prefix = \"{prefix}\"\ndurability = \"none\"\n\
-                 [audit]\nsink = \"postgres\"\nurl = \"{SHARED_PG}\"\nschema = \"{schema}\"\nchain_id = \"old6\"\n{audit}\n\
-                 {policy}\
-                 [[organization]]\nid = \"acme\"\nsecret = \"{SECRET}\"\noperator_secret = \"{OPERATOR_SECRET}\"\n"
-            ),
-        )
-        .unwrap();
-    };
+    let config = |audit: &str, policy: &str| old.configure(audit, policy);
     // A plain set: it serves, in version 6, and the forbid decides.
     config("", "[policy]\nfiles = [\"rules.cedar\"]\n");
-    let serve = crate::daemon::Serve::start_with(dir, &["--config", s(&dir.join("fleet.toml"))]);
+    let serve = old.serve();
     rt().block_on(async {
-        let mut c = tollgate_client::ClientConfig::new(
-            dir.join("tollgate.sock"),
-            "acme",
-            SECRET.as_bytes(),
-            "agent-1",
-        );
-        c.timeout = Duration::from_secs(5);
-        let agent = DaemonClient::connect(c).await.unwrap();
+        let agent = old.agent().await;
         let v = agent
             .pre_exec("shell", &json::parse_str("{}").unwrap(), 0.0)
             .await;
@@ -955,18 +965,9 @@ fn a_version_6_chain_refuses_shadow_policies_and_recorded_params_naming_the_chai
         text(&out)
     );
     // The chain holds the version-6 entries of the first run, and verifies.
-    let all = chains(&fleet);
+    let all = chains(&old.fleet);
     assert!(all["old6"]
         .iter()
         .any(|e| matches!(e, Event::PolicySet(p) if p.shadow_policies == 0)));
-    let o = tollgate(&[
-        "audit",
-        "verify",
-        "--postgres",
-        SHARED_PG,
-        "--schema",
-        &schema,
-    ]);
-    assert_eq!(code(&o), 0, "{}", text(&o));
-    assert!(stdout(&o).contains("chain old6: ok:"), "{}", text(&o));
+    old.cli_verifies();
 }

@@ -16,11 +16,10 @@ use std::path::Path;
 use tollgate_client::DaemonClient;
 use tollgate_core::{json, Verdict};
 
+use super::policy::{refused_start, OldChain, NO_SHELL};
 use super::{rt, Extra, Fleet, SHARED_PG, SHARED_REDIS};
 use crate::{code, s, stdout, text, tollgate};
 
-const NO_SHELL: &str =
-    "@id(\"no-shell\") forbid (principal, action == Action::\"shell\", resource);\n";
 const NO_PAY: &str = "@id(\"no-pay\") forbid (principal, action == Action::\"pay\", resource);\n";
 const AGENTS: usize = 3;
 const ROUNDS: u64 = 12;
@@ -310,70 +309,14 @@ fn a_fleet_log_replays_under_its_own_config_with_no_flip_and_a_planted_change_gi
 /// chain and its version.
 #[test]
 fn a_version_7_chain_replays_and_refuses_the_probabilistic_layer_naming_the_chain() {
-    use tollgate_audit::format::{self, FileHeader};
-    let dir = tempfile::tempdir().unwrap();
-    let dir = dir.path();
-    std::fs::set_permissions(dir, std::os::unix::fs::PermissionsExt::from_mode(0o750)).unwrap();
-    let key = tollgate_audit::SigningKey::from_bytes(&[11; 32]);
-    std::fs::write(
-        dir.join("audit.key"),
-        tollgate_audit::keys::secret_key_text(&key),
-    )
-    .unwrap();
-    std::fs::set_permissions(
-        dir.join("audit.key"),
-        std::os::unix::fs::PermissionsExt::from_mode(0o600),
-    )
-    .unwrap();
-    let (prefix, schema) = (super::unique("tgv7"), super::unique("tgv7"));
-    let fleet = Fleet::leftovers(schema.clone(), prefix.clone());
-    rt().block_on(async {
-        let mut c = tollgate_pg::connect(&tollgate_pg::PgSettings::new(SHARED_PG))
-            .await
-            .unwrap();
-        tollgate_pg::migrate(&mut c, &schema).await.unwrap();
-        let header =
-            FileHeader::new_signed_version(7, &key, 0, 0, format::genesis_hash(), 1).encode();
-        c.execute(
-            &format!(
-                "INSERT INTO {schema}.chains (chain_id, key_id, public_key, format_version, header)
-                 VALUES ('old7', $1, $2, 7, $3)"
-            ),
-            &[
-                &tollgate_audit::KeyId::of(key.verifying_key().as_bytes()).to_string(),
-                &key.verifying_key().as_bytes().as_slice(),
-                &header,
-            ],
-        )
-        .await
-        .unwrap();
-    });
-    let config = |guards: &str| {
-        std::fs::write(
-            dir.join("fleet.toml"),
-            format!(
-                "[state]\nbackend = \"redis\"\nurl = \"{SHARED_REDIS}\"\nkey_prefix = \"{prefix}\"\ndurability = \"none\"\n\
-                 [audit]\nsink = \"postgres\"\nurl = \"{SHARED_PG}\"\nschema = \"{schema}\"\nchain_id = \"old7\"\n\
-                 {guards}\n\
-                 [[organization]]\nid = \"acme\"\nsecret = \"{}\"\noperator_secret = \"{}\"\n",
-                super::SECRET,
-                super::OPERATOR_SECRET
-            ),
-        )
-        .unwrap();
-    };
+    let old = OldChain::new("tgv7", 7, 11);
+    let dir = old.dir();
+    let config = |guards: &str| old.configure("", guards);
     // Without the layer: it serves, in version 7.
     config("[guard.default]\nbudget_usd = 1.0\n");
-    let serve = crate::daemon::Serve::start_with(dir, &["--config", s(&dir.join("fleet.toml"))]);
+    let serve = old.serve();
     rt().block_on(async {
-        let mut c = tollgate_client::ClientConfig::new(
-            dir.join("tollgate.sock"),
-            "acme",
-            super::SECRET.as_bytes(),
-            "agent-1",
-        );
-        c.timeout = std::time::Duration::from_secs(5);
-        let agent = DaemonClient::connect(c).await.unwrap();
+        let agent = old.agent().await;
         for n in 0..3 {
             let p = json::parse_str(&format!(r#"{{"n":{n}}}"#)).unwrap();
             assert!(agent.pre_exec("search", &p, 0.1).await.allowed());
@@ -389,7 +332,7 @@ fn a_version_7_chain_replays_and_refuses_the_probabilistic_layer_naming_the_chai
         "--postgres",
         SHARED_PG,
         "--schema",
-        &schema,
+        &old.schema,
     ]);
     assert_eq!(code(&o), 0, "{}", text(&o));
     assert!(
@@ -403,7 +346,7 @@ fn a_version_7_chain_replays_and_refuses_the_probabilistic_layer_naming_the_chai
         "[guard.default]\nbudget_usd = 1.0\n[guard.agents.risky]\nprobabilistic_deny = true\n",
     ] {
         config(guards);
-        let out = super::policy::refused_start(dir);
+        let out = refused_start(dir);
         assert!(
             text(&out).contains(
                 "chain `old7` is format version 7, which cannot record the probabilistic layer's draws"
@@ -412,5 +355,4 @@ fn a_version_7_chain_replays_and_refuses_the_probabilistic_layer_naming_the_chai
             text(&out)
         );
     }
-    drop(fleet);
 }
