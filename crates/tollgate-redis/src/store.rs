@@ -620,6 +620,16 @@ impl Inner {
         lock(&self.confirmed).get(id).copied().unwrap_or(0)
     }
 
+    /// What an ended session's other keys get once its end stands: off the index of live
+    /// sessions, and its `loc` key expiring after `ttl_ms`.
+    fn ended_commands(&self, id: &str, ttl_ms: u64) -> Vec<redis::Cmd> {
+        let mut srem = redis::cmd("SREM");
+        srem.arg(self.keys.idx()).arg(id);
+        let mut pexpire = redis::cmd("PEXPIRE");
+        pexpire.arg(self.keys.loc(id)).arg(ttl_ms.max(1));
+        vec![srem, pexpire]
+    }
+
     fn ttl_ms(&self) -> u64 {
         u64::try_from(self.opts.session_ttl.as_millis()).unwrap_or(u64::MAX)
     }
@@ -719,7 +729,14 @@ impl Inner {
             self.ttl_ms(),
             release,
         )?;
-        match self.cas(&[], &planned.request, "settle").await {
+        // A settlement that leaves the session ended (a kept close, a voided opening):
+        // for good, so it leaves the index and its `loc` key expires with it.
+        let pre = if planned.request.ttl_ms > 0 {
+            self.ended_commands(id, planned.request.ttl_ms)
+        } else {
+            Vec::new()
+        };
+        match self.cas(&pre, &planned.request, "settle").await {
             Ok(CasReply::Done { sv, bv }) => {
                 let wrote_budget = planned.request.budget_blob.is_some();
                 let v = after_done(view, planned, sv, bv);
@@ -1413,16 +1430,9 @@ impl RedisStore {
                         }
                         pre.push(c);
                     }
-                    if planned.session.state.status == tollgate_core::SessionStatus::Terminated {
-                        // An end: the session leaves the index, and its `loc` key expires
-                        // (its hash does once the end is confirmed: `confirm_commands`).
-                        let mut c = redis::cmd("SREM");
-                        c.arg(inner.keys.idx()).arg(id);
-                        pre.push(c);
-                        let mut c = redis::cmd("PEXPIRE");
-                        c.arg(inner.keys.loc(id)).arg(inner.ttl_ms().max(1));
-                        pre.push(c);
-                    }
+                    // An end leaves the index, and its keys expire, only once it is
+                    // confirmed (the confirmer) or kept by a settlement: a close voided
+                    // after its daemon died leaves the session live and findable.
                     let (w, s2, b2) = inner
                         .write_commit(slot, bguard, id.to_owned(), pre, planned, event, None)
                         .await?;
@@ -1551,18 +1561,26 @@ async fn confirmer(inner: Arc<Inner>, mut rx: mpsc::UnboundedReceiver<Confirm>) 
             match c {
                 Confirm::Marker { id, seq, .. } if inner.dropped_since(id, *seq) => {}
                 Confirm::Marker {
+                    id,
                     seq,
                     session_key,
                     member,
                     hold,
                     expire,
                     prev_record,
-                    ..
                 } => {
                     // The hold of a refund (its entry is committed: it may be spent now),
                     // an ended session's expiry, and last the marker and the record before
                     // it: cut before it, the marker stays for a settler to finish.
                     let hold = hold.as_ref().map(|(k, h)| (k.as_str(), h.as_str()));
+                    if let Some(ms) = expire {
+                        // The end is committed: the session leaves the index and its `loc`
+                        // key expires (safe alone, before the marker goes).
+                        for c in inner.ended_commands(id, *ms) {
+                            p.add_command(c).ignore();
+                            n += 1;
+                        }
+                    }
                     for c in confirm_commands(session_key, *seq, hold, *expire, prev_record) {
                         match c {
                             ConfirmCommand::Hdel { key, fields } => {

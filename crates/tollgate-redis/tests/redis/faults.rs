@@ -414,8 +414,10 @@ async fn pttl(key: &str) -> i64 {
 /// An agent's close (`Change::End`) sets no expiry on the session's hash while it is
 /// unconfirmed: a hash that expired with it would leave a close neither in the log nor
 /// voidable. Confirmed, the hash expires (`session_ttl`); written and never committed (its
-/// daemon died), it is voided and the session is back, with no expiry; committed and never
-/// confirmed, the settlement that keeps it sets the expiry.
+/// daemon died), it is voided and the session is back, with no expiry, its `loc` key
+/// neither (a daemon that never cached it still finds it) and still in the index;
+/// committed and never confirmed, the settlement that keeps it sets the expiry. Fails on
+/// the `loc` key with a close that sets its expiry when it is written.
 #[tokio::test]
 async fn an_ended_session_expires_only_once_its_close_is_confirmed() {
     use tollgate_audit::CloseReason;
@@ -433,10 +435,24 @@ async fn an_ended_session_expires_only_once_its_close_is_confirmed() {
         let key = format!("{p}:{{o:org-e}}:s:e1");
         ja.mode.store(mode, Ordering::SeqCst);
         let ((), durable) = a.apply("e1", close).await.unwrap();
+        let loc = format!("{p}:loc:e1");
+        let live = || async {
+            let client = redis::Client::open(REDIS).unwrap();
+            let mut c = client.get_multiplexed_async_connection().await.unwrap();
+            let m: bool = redis::cmd("SISMEMBER")
+                .arg(format!("{p}:idx"))
+                .arg("e1")
+                .query_async(&mut c)
+                .await
+                .unwrap();
+            m
+        };
         if mode == crate::support::COMMIT {
             durable.await.unwrap();
             crate::support::wait_confirmed(&key).await;
             assert!(pttl(&key).await > 0, "a confirmed close expires");
+            assert!(pttl(&loc).await > 0, "and so does its loc key");
+            assert!(!live().await, "and it leaves the index");
             assert!(a.get("e1").await.unwrap().is_none());
             cleanup(&p).await;
             continue;
@@ -446,6 +462,8 @@ async fn an_ended_session_expires_only_once_its_close_is_confirmed() {
         drop(a);
         assert_eq!(markers(&key).await, vec!["u:2".to_owned()]);
         assert_eq!(pttl(&key).await, -1, "an unconfirmed close sets no expiry");
+        assert_eq!(pttl(&loc).await, -1, "nor on its loc key");
+        assert!(live().await, "and leaves it in the index");
         let mut opts = options(&p);
         opts.grace = Duration::from_millis(200);
         let b = store(opts, TestJournal::new(book.clone())).await;
@@ -459,11 +477,22 @@ async fn an_ended_session_expires_only_once_its_close_is_confirmed() {
             assert_eq!(claim, Some(Claim::Void));
             assert!(b.get("e1").await.unwrap().is_some());
             assert_eq!(pttl(&key).await, -1);
+            // Findable by a daemon that never cached it, for as long as it lives.
+            assert_eq!(
+                pttl(&loc).await,
+                -1,
+                "a live session's loc key never expires"
+            );
+            assert!(live().await);
+            let fresh = store(options(&p), TestJournal::new(book.clone())).await;
+            assert!(fresh.get("e1").await.unwrap().is_some());
         } else {
             // Kept: the settlement sets the expiry the confirmer did not.
             assert_eq!(claim, Some(Claim::Entry));
             assert!(b.get("e1").await.unwrap().is_none());
             assert!(pttl(&key).await > 0, "a settled close expires");
+            assert!(pttl(&loc).await > 0, "and so does its loc key");
+            assert!(!live().await, "and it leaves the index");
         }
         cleanup(&p).await;
     }
