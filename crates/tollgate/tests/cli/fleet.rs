@@ -1556,13 +1556,21 @@ fn a_session_closed_through_one_daemon_is_gone_on_every_daemon() {
         id
     });
     // Off Redis's index of live sessions (`P:idx`), which still lists the sessions the
-    // other agents opened above.
+    // other agents opened above: the closing daemon's confirmer takes it off once the
+    // close's entry is committed (just after the close's answer).
     let mut c = redis::Client::open(SHARED_REDIS)
         .unwrap()
         .get_connection()
         .unwrap();
     let idx = format!("{}:idx", fleet.prefix);
-    let live: Vec<String> = redis::cmd("SMEMBERS").arg(&idx).query(&mut c).unwrap();
+    let mut live: Vec<String> = Vec::new();
+    for _ in 0..500 {
+        live = redis::cmd("SMEMBERS").arg(&idx).query(&mut c).unwrap();
+        if !live.contains(&session) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
     assert!(!live.is_empty(), "{idx} lists no session at all");
     assert!(
         !live.contains(&session),
