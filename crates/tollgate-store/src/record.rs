@@ -80,7 +80,7 @@ fn canonical(v: &Value) -> Vec<u8> {
     out
 }
 
-/// The record bytes of a session: [`session_value`]'s canonical bytes, written member by
+/// The record bytes of a session: `session_value`'s canonical bytes, written member by
 /// member (a fleet writes one on every decision; the tests check the bytes are the same).
 pub fn encode_session(s: &Session) -> Vec<u8> {
     let mut out = Vec::with_capacity(1024 + 21 * s.state.seen_nonces.len());
