@@ -73,7 +73,9 @@
 //! author's winning: the tools the author's schema declares keep the author's types and
 //! action groups (those are what the set is evaluated with at run time), and the tools it
 //! does not declare get the derived ones. An action the author's schema declares (with
-//! `appliesTo`) that no tool definition has is a warning (`tollgate::schema-no-tool`).
+//! `appliesTo`) that no tool definition has is a warning (`tollgate::schema-no-tool`), and
+//! each one a tool has is compared with the tool's input schema (`tollgate::schema-drift`,
+//! in [`drift`]): a schema that has drifted from its tool would refuse the tool's calls.
 //!
 //! ## Several definitions of one name
 //!
@@ -99,6 +101,8 @@ use miette::Diagnostic;
 use serde_json::{json, Map, Value as Json};
 
 use crate::load::{line_col, Ctx, Finding, Location, Options, PolicyId, Severity, Source};
+
+mod drift;
 
 /// The largest tools file, in bytes (the MCP gateway's default message bound).
 pub const MAX_TOOLS_BYTES: usize = 4 << 20;
@@ -1174,6 +1178,30 @@ pub fn check(files: &[Source], options: &Options, tools: &[ToolDef]) -> Report {
         }
     }
 
+    // The author's declarations against the tools' own input schemas.
+    if let Some(schema_source) = &options.schema {
+        let common = author
+            .as_ref()
+            .and_then(|a| a.get("")?.get("commonTypes")?.as_object());
+        for name in &author_declared {
+            let (Some(action), Some(t)) = (author_actions.get(name), derived.get(name)) else {
+                continue;
+            };
+            for d in drift::drift(action, common, name, &t.args) {
+                cx.push(
+                    d.severity,
+                    "tollgate::schema-drift",
+                    d.message,
+                    drift::place(schema_source, name),
+                    Some(
+                        "the set runs with the schema's types, not the tool's: make the schema say what the tool sends"
+                            .into(),
+                    ),
+                );
+            }
+        }
+    }
+
     // A group's members (groups come from the author's schema).
     let mut members_of: HashMap<String, Vec<String>> = HashMap::new();
     if let Ok(entities) = schema.action_entities() {
@@ -1937,16 +1965,98 @@ when { context.args.query != "" && (context.args has limit && context.args.limit
             &tools(),
         );
         // `search` is no action of the author's schema: the loader refuses the set (as
-        // the gateway would); the check against the tools finds nothing more, and no
-        // number warning (the author declares `amount`); `refund` has no tool.
+        // the gateway would); no number warning (the author declares `amount`); `refund`
+        // has no tool; and `memo`, declared required, may be `null` in the tool's calls.
         assert!(r.loaded.is_err());
         assert_eq!(
             codes(&r),
-            vec!["Warning tollgate::schema-no-tool"]
-                .into_iter()
-                .map(|c| format!(" {c}"))
-                .collect::<Vec<_>>()
+            vec![
+                " Warning tollgate::schema-no-tool",
+                "1:8 Error tollgate::schema-drift"
+            ]
         );
+        assert!(
+            r.findings[1]
+                .message
+                .contains("`context.args.memo` of tool `pay` required"),
+            "{}",
+            r.findings[1].message
+        );
+    }
+
+    #[test]
+    fn an_author_schema_that_drifted_from_the_tools_is_caught() {
+        // The set runs with the author's types: each disagreement with what the tool
+        // sends would refuse the tool's calls in every policy that reads the argument.
+        let schema = Source::new(
+            "s.cedarschema",
+            "type Money = { amount: Long, currency: String };\n\
+             action \"search\" appliesTo { principal: Agent, resource: Upstream, context: { args: { query: String, limit?: decimal } } };\n\
+             action pay appliesTo { principal: Agent, resource: Upstream,\n\
+               context: { args: { amount: Long, count: String, currency: String, to: Money, memo?: String, amonut: decimal, meta: { x: Long } } } };\n",
+        );
+        let options = Options {
+            schema: Some(schema),
+            ..Options::default()
+        };
+        let r = check(
+            &[Source::new(
+                "p.cedar",
+                "permit (principal, action == Action::\"search\", resource);\n",
+            )],
+            &options,
+            &tools(),
+        );
+        assert!(r.loaded.is_ok(), "{:?}", r.loaded.err());
+        let got: Vec<(String, String)> = r
+            .findings
+            .iter()
+            .map(|f| {
+                let at = f
+                    .location
+                    .as_ref()
+                    .map_or(String::new(), |l| format!("{}:{}", l.line, l.column));
+                (
+                    format!("{at} {:?} {}", f.severity, f.code),
+                    f.message.clone(),
+                )
+            })
+            .collect();
+        let expect = [
+            ("Error", "`context.args.amonut` of tool `pay`, but the tool's input schema lists no such argument"),
+            ("Warning", "`context.args.amount` of tool `pay` as `Long`, but the tool's input schema says `number`"),
+            ("Error", "`context.args.count` of tool `pay` as `String`, but the tool's input schema says `integer`"),
+            ("Error", "`context.args.meta` of tool `pay` required, but the tool's input schema makes it optional"),
+            ("Error", "`context.args.to` of tool `pay` as a record, but the tool's input schema says `string`"),
+        ];
+        assert_eq!(got.len(), expect.len(), "{got:#?}");
+        for ((code, message), (severity, says)) in got.iter().zip(expect) {
+            assert_eq!(
+                code,
+                &format!("3:8 {severity} tollgate::schema-drift"),
+                "{message}"
+            );
+            assert!(message.contains(says), "{says}: {message}");
+        }
+        // `memo` optional, `meta.x` a member of an open object, `search` agreeing
+        // (`decimal` holds an `integer`): nothing said. Corrected, the schema is clean.
+        let fixed = Source::new(
+            "s.cedarschema",
+            "action pay appliesTo { principal: Agent, resource: Upstream,\n\
+               context: { args: { amount: decimal, count: Long, currency: String, to: String, memo?: String, meta?: { x: Long } } } };\n",
+        );
+        let r = check(
+            &[Source::new(
+                "p.cedar",
+                "permit (principal, action == Action::\"pay\", resource);\n",
+            )],
+            &Options {
+                schema: Some(fixed),
+                ..Options::default()
+            },
+            &tools(),
+        );
+        assert!(r.findings.is_empty(), "{:#?}", r.findings);
     }
 
     #[test]

@@ -354,3 +354,52 @@ fn mcp_starts_the_upstreams_and_checks_the_policies_of_its_policy_section() {
         "{t}"
     );
 }
+
+#[test]
+fn a_schema_that_drifted_from_the_tools_is_refused_at_its_declaration() {
+    // The set runs with the author's types: `amount` declared `Long` where the tool sends
+    // a `number`, `to` declared a record where it sends a string, and `note` required where
+    // the tool allows `null` would each refuse the tool's own calls at run time.
+    let dir = tempfile::tempdir().unwrap();
+    let tools = write(dir.path(), "tools.json", TOOLS);
+    let p = write(
+        dir.path(),
+        "p.cedar",
+        "@id(\"eur-only\")\nforbid (principal, action == Action::\"pay\", resource)\n\
+         unless { context.args.currency == \"EUR\" };\n",
+    );
+    let schema = write(
+        dir.path(),
+        "s.cedarschema",
+        "// payments\n\
+         action \"pay\" appliesTo { principal: Agent, resource: Upstream,\n\
+           context: { args: { amount: Long, currency: String, to: { iban: String }, note: String } } };\n",
+    );
+    let out = tollgate(&[
+        "policy", "check", "--schema", &schema, "--tools", &tools, &p,
+    ]);
+    assert_eq!(code(&out), 1, "{}", text(&out));
+    let t = stdout(&out);
+    for says in [
+        "2:8: warning[tollgate::schema-drift]: the schema declares `context.args.amount` of tool `pay` as `Long`",
+        "2:8: error[tollgate::schema-drift]: the schema declares `context.args.note` of tool `pay` required",
+        "2:8: error[tollgate::schema-drift]: the schema declares `context.args.to` of tool `pay` as a record, but the tool's input schema says `string`",
+    ] {
+        assert!(t.contains(&format!("{schema}:{says}")), "{says}\n{t}");
+    }
+    assert!(
+        t.trim_end().ends_with("refused: 2 errors, 1 warnings"),
+        "{t}"
+    );
+    // Said as the tool says it, the schema passes.
+    std::fs::write(
+        &schema,
+        "action \"pay\" appliesTo { principal: Agent, resource: Upstream,\n\
+           context: { args: { amount: decimal, currency: String, to: String, note?: String } } };\n",
+    )
+    .unwrap();
+    let out = tollgate(&[
+        "policy", "check", "--schema", &schema, "--tools", &tools, &p,
+    ]);
+    assert_eq!(code(&out), 0, "{}", text(&out));
+}
