@@ -228,9 +228,14 @@ fn key_char(c: char) -> bool {
 }
 
 /// Whether a string holds a word that looks like a credential: `Bearer`/`Basic` and a
-/// word, a JSON Web Token, a PEM private key, or a known key prefix and a key.
+/// word, a JSON Web Token, a PEM private key, a known key prefix and a key, a URL with a
+/// password (`scheme://user:password@host`), or a secret-named assignment
+/// (`password=...`, `api_key: ...`, `--token=...`).
 pub fn looks_secret(s: &str) -> bool {
     if s.contains("-----BEGIN") && s.contains("PRIVATE KEY-----") {
+        return true;
+    }
+    if url_password(s) || secret_assignment(s) {
         return true;
     }
     let words: Vec<&str> = s
@@ -254,6 +259,54 @@ pub fn looks_secret(s: &str) -> bool {
         }
     }
     false
+}
+
+/// A URL whose authority holds a password: `postgres://app:hunter2@db/x`.
+fn url_password(s: &str) -> bool {
+    s.match_indices("://").any(|(i, _)| {
+        let rest = s.get(i + 3..).unwrap_or("");
+        let end = rest
+            .find(|c: char| c.is_whitespace() || matches!(c, '/' | '?' | '#'))
+            .unwrap_or(rest.len());
+        let authority = rest.get(..end).unwrap_or("");
+        authority.rfind('@').is_some_and(|at| {
+            let userinfo = authority.get(..at).unwrap_or("");
+            userinfo
+                .split_once(':')
+                .is_some_and(|(_, password)| !password.is_empty())
+        })
+    })
+}
+
+/// `NAME=VALUE` or `NAME: VALUE` where NAME is a secret name ([`secret_name`]) and VALUE
+/// is not empty: a query string, a command line, a header or config line.
+fn secret_assignment(s: &str) -> bool {
+    let bytes = s.as_bytes();
+    bytes.iter().enumerate().any(|(i, b)| {
+        if !matches!(b, b'=' | b':') {
+            return false;
+        }
+        // `token = x` as well as `token=x`.
+        let end = bytes
+            .get(..i)
+            .unwrap_or(&[])
+            .iter()
+            .rposition(|c| !matches!(c, b' ' | b'\t'))
+            .map_or(0, |p| p + 1);
+        let start = bytes
+            .get(..end)
+            .unwrap_or(&[])
+            .iter()
+            .rposition(|c| !(c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_')))
+            .map_or(0, |p| p + 1);
+        let name = s.get(start..end).unwrap_or("");
+        let value = s.get(i + 1..).unwrap_or("").trim_start_matches([' ', '\t']);
+        let value_starts = value
+            .chars()
+            .next()
+            .is_some_and(|c| !c.is_whitespace() && !matches!(c, '&' | ';' | ',' | '/'));
+        !name.is_empty() && value_starts && secret_name(name)
+    })
 }
 
 fn is_jwt(w: &str) -> bool {
@@ -314,6 +367,51 @@ mod tests {
             assert!(out.contains(kept), "{kept} not in {out}");
         }
         assert!(out.contains(r#""pin":"[REDACTED]""#), "{out}");
+    }
+
+    #[test]
+    fn passwords_in_urls_and_secret_assignments_in_strings_are_replaced() {
+        let r = Recorder::new(ParamsMode::Redacted, &[]).unwrap();
+        let out = redacted(
+            &r,
+            r#"{"dsn":"postgres://app:hunter2@db.internal:5432/prod",
+                "url":"https://api.example/v1/items?limit=5&api_key=k-9f8e7d",
+                "cmd":["mysql","--password=s3cr3t","-h","db"],
+                "env":"PATH=/bin\nCLIENT_SECRET=cs-000111",
+                "header":"X-Auth-Token: tok-424242",
+                "conf":"refresh_token = rt-55aa66",
+                "plain":"https://example.com/a@b?limit=5&page=2",
+                "ratio":"3:4 at 10:30, key=value",
+                "mail":"mailto:ann@example.com"}"#,
+        );
+        for secret in [
+            "hunter2",
+            "k-9f8e7d",
+            "s3cr3t",
+            "cs-000111",
+            "tok-424242",
+            "rt-55aa66",
+        ] {
+            assert!(!out.contains(secret), "{secret} in {out}");
+        }
+        for kept in [
+            "https://example.com/a@b?limit=5&page=2",
+            "3:4 at 10:30, key=value",
+            "mailto:ann@example.com",
+            "\"mysql\"",
+        ] {
+            assert!(out.contains(kept), "{kept} not in {out}");
+        }
+        // Not secrets: a user without a password, an empty value, a name alone.
+        for s in [
+            "ssh://git@github.com/x",
+            "password=",
+            "token = ",
+            "the password: ",
+            "passwords are rotated",
+        ] {
+            assert!(!looks_secret(s), "{s}");
+        }
     }
 
     #[test]
