@@ -621,7 +621,9 @@ mod malformed {
 /// Anchoring on a checkpoint (`anchor_on_checkpoint`, for bulk readers such as `tollgate
 /// policy replay`): for every byte changed anywhere in a log whose checkpoint counts its
 /// first 10 entries (a key hand-over among them) but not its last 4, the anchored
-/// verification refuses the log exactly when the full one does; untouched, both verify.
+/// verification refuses the log exactly when the full one does, and names the same first
+/// break (the same entry, the same kind: an entry changed below the anchor is first seen
+/// at the next entry's link, and traced back to it); untouched, both verify.
 #[test]
 fn a_checkpoint_anchor_catches_every_change_full_verification_catches() {
     let dir = tempfile::tempdir().unwrap();
@@ -658,10 +660,14 @@ fn a_checkpoint_anchor_catches_every_change_full_verification_catches() {
         let mut b = bytes.clone();
         b[pos] ^= 0x20;
         fs::write(&path, &b).unwrap();
-        let f = verify_dir(dir.path(), &full).is_err();
-        let a = verify_dir(dir.path(), &anchored).is_err();
-        assert_eq!(a, f, "byte {pos}: anchored refused {a}, full refused {f}");
-        caught += usize::from(f);
+        let named = |o: &VerifyOptions| match verify_dir(dir.path(), o) {
+            Err(tollgate_audit::PathsError::Break(b)) => Some((b.index, b.offset, b.kind)),
+            Err(e) => panic!("io error {e}"),
+            Ok(_) => None,
+        };
+        let (f, a) = (named(&full), named(&anchored));
+        assert_eq!(a, f, "byte {pos}: anchored (left) and full (right) differ");
+        caught += usize::from(f.is_some());
     }
     // Every byte of a record is covered by its signature or by the chain.
     assert_eq!(caught, bytes.len() - HEADER_LEN);
