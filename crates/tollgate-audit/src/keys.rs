@@ -108,7 +108,14 @@ pub fn parse_secret_key(text: &str) -> Result<SigningKey, KeyFileError> {
 pub fn parse_public_key(text: &str) -> Result<VerifyingKey, KeyFileError> {
     match tagged_hex(text, PUBLIC_TAG) {
         Ok(bytes) => VerifyingKey::from_bytes(&bytes).map_err(|_| KeyFileError::BadPublicKey),
-        Err(KeyFileError::MissingTag { .. }) => parse_secret_key(text).map(|k| k.verifying_key()),
+        // Neither tag: say the one a public key file has (what was asked for).
+        Err(KeyFileError::MissingTag { .. }) => match parse_secret_key(text) {
+            Ok(k) => Ok(k.verifying_key()),
+            Err(KeyFileError::MissingTag { .. }) => Err(KeyFileError::MissingTag {
+                expected: PUBLIC_TAG,
+            }),
+            Err(e) => Err(e),
+        },
         Err(e) => Err(e),
     }
 }
@@ -187,6 +194,14 @@ mod tests {
         assert_eq!(
             parse_secret_key(&format!("{SECRET_TAG} abc")),
             Err(KeyFileError::BadHex)
+        );
+        // A file that is no key at all (a policy given as `--key`): the public tag is
+        // what is said missing, since a public key is what was asked for.
+        assert_eq!(
+            parse_public_key("forbid (principal, action, resource);\n")
+                .unwrap_err()
+                .to_string(),
+            "no `tollgate-ed25519-public-v1` line found"
         );
     }
 
