@@ -75,7 +75,7 @@
 //! does not declare get the derived ones. An action the author's schema declares (with
 //! `appliesTo`) that no tool definition has is a warning (`tollgate::schema-no-tool`), and
 //! each one a tool has is compared with the tool's input schema (`tollgate::schema-drift`,
-//! in [`drift`]): a schema that has drifted from its tool would refuse the tool's calls.
+//! in `derive/drift.rs`): a schema that has drifted from its tool would refuse the tool's calls.
 //!
 //! ## Several definitions of one name
 //!
