@@ -15,7 +15,8 @@
 //!   false for every tool it names), or, with `--mcp`, a resource `Upstream::"X"` that is
 //!   no upstream of the gateway or offers none of the tools the policy names: a warning.
 //! - **a comparison that is never true**: `context.args.currency == "usd"` where the
-//!   tool's `enum` for it is `["EUR", "USD"]` (and `!=` that is always true): a warning
+//!   tool's `enum` for it is `["EUR", "USD"]` (and `!=` that is always true, and each
+//!   such value of a set literal that `.contains` the argument): a warning
 //!   (`tollgate::outside-enum`).
 //!
 //! Every finding has the policy's file, line and column.
@@ -676,8 +677,8 @@ struct Pol {
     /// Paths below `context` it reads, each with the index of its first key only tested
     /// with `has` (the path's length when none is).
     reads: Vec<(Vec<String>, usize)>,
-    /// `path == literal` (true) and `path != literal` (false) comparisons it makes.
-    comparisons: Vec<(Vec<String>, Json, bool)>,
+    /// The comparisons of a path with a literal it makes.
+    comparisons: Vec<(Vec<String>, Json, Cmp)>,
 }
 
 // The findings are gathered in the loader's context (`load::Ctx`, its `at` and `push`).
@@ -877,9 +878,20 @@ fn close_enough(a: &str, b: &str) -> bool {
 /// The deepest policy structure walked for reads (as [`crate::analysis`]).
 const MAX_WALK_DEPTH: usize = 512;
 
-/// The `context.PATH == literal` and `!=` comparisons in a policy (either side), with
-/// whether it is `==`.
-fn comparisons_of(est: &Json) -> Vec<(Vec<String>, Json, bool)> {
+/// How a path is compared with a literal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Cmp {
+    /// `context.PATH == literal`
+    Eq,
+    /// `context.PATH != literal`
+    Ne,
+    /// `[..., literal, ...].contains(context.PATH)`
+    Member,
+}
+
+/// The `context.PATH == literal` and `!=` comparisons in a policy (either side), and the
+/// literals of a set literal that `.contains(context.PATH)`.
+fn comparisons_of(est: &Json) -> Vec<(Vec<String>, Json, Cmp)> {
     fn path_of(v: &Json, depth: usize) -> Option<Vec<String>> {
         if depth > MAX_WALK_DEPTH {
             return None;
@@ -893,12 +905,26 @@ fn comparisons_of(est: &Json) -> Vec<(Vec<String>, Json, bool)> {
         path.push(inner.get("attr")?.as_str()?.to_owned());
         Some(path)
     }
-    fn go(v: &Json, depth: usize, out: &mut Vec<(Vec<String>, Json, bool)>) {
+    fn go(v: &Json, depth: usize, out: &mut Vec<(Vec<String>, Json, Cmp)>) {
         if depth > MAX_WALK_DEPTH || out.len() > 1_000 {
             return;
         }
         if let Some(obj) = v.as_object() {
-            for (op, eq) in [("==", true), ("!=", false)] {
+            if let Some(inner) = obj.get("contains") {
+                let set = inner.get("left").and_then(|l| l.get("Set")?.as_array());
+                let path = inner.get("right").and_then(|r| path_of(r, 0));
+                if let (Some(items), Some(path)) = (set, path) {
+                    for item in items {
+                        let literal = item
+                            .get("Value")
+                            .filter(|x| !x.is_object() && !x.is_array());
+                        if let Some(lit) = literal {
+                            out.push((path.clone(), lit.clone(), Cmp::Member));
+                        }
+                    }
+                }
+            }
+            for (op, eq) in [("==", Cmp::Eq), ("!=", Cmp::Ne)] {
                 let Some(inner) = obj.get(op) else { continue };
                 let (Some(l), Some(r)) = (inner.get("left"), inner.get("right")) else {
                     continue;
@@ -1384,7 +1410,7 @@ pub fn check(files: &[Source], options: &Options, tools: &[ToolDef]) -> Report {
         }
         // `context.args.x == "v"` where no tool's `enum` for `x` has `v`.
         let mut compared = HashSet::new();
-        for (path, literal, eq) in &p.comparisons {
+        for (path, literal, cmp) in &p.comparisons {
             let Some(("args", args_path)) = path.split_first().map(|(f, r)| (f.as_str(), r)) else {
                 continue;
             };
@@ -1416,16 +1442,19 @@ pub fn check(files: &[Source], options: &Options, tools: &[ToolDef]) -> Report {
             listed.truncate(20);
             let at = find_in(text, p.start, p.end, std::slice::from_ref(&shown));
             let place = cx.at(p.file, Some(at.unwrap_or(p.start)));
+            let said = match cmp {
+                Cmp::Eq => format!("`== {shown}` is never true"),
+                Cmp::Ne => format!("`!= {shown}` is always true"),
+                Cmp::Member => format!("{shown} in a set that `.contains` it never matches"),
+            };
             cx.push(
                 Severity::Warning,
                 "tollgate::outside-enum",
                 format!(
-                    "for policy `{}`, `context.args.{}` is one of {} in the tools' input schemas, so `{} {shown}` is {}",
+                    "for policy `{}`, `context.args.{}` is one of {} in the tools' input schemas, so {said}",
                     p.id,
                     args_path.join("."),
                     listed.join(", "),
-                    if *eq { "==" } else { "!=" },
-                    if *eq { "never true" } else { "always true" }
                 ),
                 place,
                 Some("check the value's spelling and case against the tool's enum".into()),
@@ -2086,6 +2115,17 @@ when { context.args.query != "" && (context.args has limit && context.args.limit
         assert_eq!(codes(&r), vec!["3:33 Warning tollgate::outside-enum"]);
         assert!(
             r.findings[0].message.contains("one of \"EUR\", \"USD\""),
+            "{}",
+            r.findings[0]
+        );
+        // A set literal that `.contains` the argument: each value outside the enum.
+        let r = run("@id(\"z\")\nforbid (principal, action == Action::\"pay\", resource)\nwhen { [\"EUR\", \"gbp\", \"USD\"].contains(context.args.currency) };\n");
+        assert!(r.ok(), "{:?}", r.all());
+        assert_eq!(codes(&r), vec!["3:16 Warning tollgate::outside-enum"]);
+        assert!(
+            r.findings[0]
+                .message
+                .contains("so \"gbp\" in a set that `.contains` it never matches"),
             "{}",
             r.findings[0]
         );
