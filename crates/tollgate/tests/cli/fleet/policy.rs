@@ -910,7 +910,8 @@ fn a_version_5_chain_serves_without_policies_and_refuses_them_naming_the_chain()
 /// Issue 19: a chain registered in format version 6 goes on in version 6 and takes a plain
 /// `[policy]` set, but cannot record what version 7 adds: a daemon whose set has a
 /// `@shadow` policy, or with `[audit] params` other than `hash`, refuses to start, naming
-/// the chain and its version.
+/// the chain and its version; and a running daemon refuses to reload into such a set,
+/// keeping the set it has (nothing recorded, its verdicts unchanged).
 #[test]
 fn a_version_6_chain_refuses_shadow_policies_and_recorded_params_naming_the_chain() {
     let old = OldChain::new("tgv6", 6, 10);
@@ -925,12 +926,48 @@ fn a_version_6_chain_refuses_shadow_policies_and_recorded_params_naming_the_chai
     // A plain set: it serves, in version 6, and the forbid decides.
     config("", "[policy]\nfiles = [\"rules.cedar\"]\n");
     let serve = old.serve();
+    let ops = dir.join("acme.ops");
+    std::fs::write(&ops, OPERATOR_SECRET).unwrap();
     rt().block_on(async {
         let agent = old.agent().await;
         let v = agent
             .pre_exec("shell", &json::parse_str("{}").unwrap(), 0.0)
             .await;
         assert_eq!(v.reason, "policy:no-shell", "{v:?}");
+        // The files gain a @shadow policy and the running daemon is told to reload: it
+        // refuses, naming the chain, and keeps deciding with the set it has.
+        std::fs::write(
+            dir.join("rules.cedar"),
+            format!(
+                "{NO_SHELL}\n@id(\"shadow-no-pay\") @shadow forbid (principal, action == Action::\"pay\", resource);\n"
+            ),
+        )
+        .unwrap();
+        let o = tollgate(&[
+            "policy",
+            "reload",
+            "--socket",
+            s(&dir.join("tollgate.sock")),
+            "--org",
+            "acme",
+            "--secret-file",
+            s(&ops),
+        ]);
+        assert_ne!(code(&o), 0, "{}", text(&o));
+        assert!(
+            text(&o).contains("cannot record shadow policies"),
+            "{}",
+            text(&o)
+        );
+        let v = agent
+            .pre_exec("shell", &json::parse_str("{}").unwrap(), 0.0)
+            .await;
+        assert_eq!(v.reason, "policy:no-shell", "{v:?}");
+        let v = agent
+            .pre_exec("pay", &json::parse_str("{}").unwrap(), 0.0)
+            .await;
+        assert_eq!(v.reason, "within_thresholds", "{v:?}");
+        std::fs::write(dir.join("rules.cedar"), NO_SHELL).unwrap();
     });
     assert!(serve.terminate().success());
     // A @shadow policy: refused, naming the chain.
@@ -964,10 +1001,14 @@ fn a_version_6_chain_refuses_shadow_policies_and_recorded_params_naming_the_chai
         "{}",
         text(&out)
     );
-    // The chain holds the version-6 entries of the first run, and verifies.
+    // The chain holds the version-6 entries of the first run (one policy set: the refused
+    // reload recorded nothing, and no shadow note), and verifies.
     let all = chains(&old.fleet);
-    assert!(all["old6"]
+    let sets: Vec<_> = all["old6"]
         .iter()
-        .any(|e| matches!(e, Event::PolicySet(p) if p.shadow_policies == 0)));
+        .filter(|e| matches!(e, Event::PolicySet(_)))
+        .collect();
+    assert_eq!(sets.len(), 1, "{sets:?}");
+    assert!(matches!(sets[0], Event::PolicySet(p) if p.shadow_policies == 0));
     old.cli_verifies();
 }
