@@ -40,6 +40,11 @@ fn acme(dir: &Path) -> DaemonConfig {
 
 /// A daemon whose agent `mcp-gateway` has HITL always (`hitl`) or a repeat limit of 3.
 async fn daemon(dir: &Path, hitl: bool) -> Running {
+    Running::start(gateway_config(dir, hitl)).await
+}
+
+/// [`daemon`]'s configuration.
+fn gateway_config(dir: &Path, hitl: bool) -> DaemonConfig {
     let mut c = acme(dir);
     let mut g = c.default_guard.clone();
     g.budget = Money::from_usd(10.0).unwrap();
@@ -48,7 +53,7 @@ async fn daemon(dir: &Path, hitl: bool) -> Running {
         g.hitl_mode = tollgate_core::HitlMode::Always;
     }
     c.agent_guards.insert("mcp-gateway".into(), g);
-    Running::start(c).await
+    c
 }
 
 impl Running {
@@ -469,4 +474,72 @@ async fn the_daemon_s_policy_set_decides_by_arguments_and_flow_labels() {
     assert_eq!(kit.invocations(), vec!["big", "echo", "add", "echo"]);
     assert!(s.close().await.success());
     d.stop().await;
+}
+
+/// Issue 19's self-check on a gateway's log in daemon mode: the daemon's own log of the
+/// gateway's calls (allowed and settled, refused by the repeat limit, refused by the
+/// circuit it tripped) replays under the daemon's own guards with no flip and every
+/// verdict replayed; with the gateway's repeat limit lowered to 2, exactly the third
+/// identical call flips (the refusals after it keep their verdict).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateways_log_in_daemon_mode_replays_under_the_daemons_guards_with_no_flip() {
+    use tollgate_store::replay::{replay_paths, Candidate};
+    let data = tempfile::tempdir().unwrap();
+    let d = daemon(data.path(), false).await;
+    let kit = daemon_kit(&d.socket, "");
+    let s = start(&kit.config(), Host::default()).await;
+    for _ in 0..3 {
+        assert_eq!(text(&s.ok("add", json!({"a": 1, "b": 1})).await), "2");
+    }
+    assert!(denied(&s.ok("add", json!({"a": 1, "b": 1})).await));
+    // The repeat tripped the session's circuit: anything after is refused.
+    let after = s.ok("echo", json!({"text": "x"})).await;
+    assert!(
+        text(&after).starts_with("denied: circuit_open"),
+        "{}",
+        text(&after)
+    );
+    s.close().await;
+    d.stop().await;
+
+    let key = tollgate_audit::keys::parse_public_key(
+        &std::fs::read_to_string(data.path().join("audit.pub")).unwrap(),
+    )
+    .unwrap();
+    let replay = |config: DaemonConfig| {
+        let (candidate, _) = Candidate::load(
+            config.default_guard.clone(),
+            config.agent_guards.clone().into_iter().collect(),
+            None,
+            &[],
+        )
+        .unwrap();
+        let (report, _) = replay_paths(
+            &[data.path().join("audit")],
+            Some(key),
+            candidate,
+            10,
+            &mut |_| (),
+        )
+        .unwrap();
+        report
+    };
+    let same = replay(gateway_config(data.path(), false));
+    assert_eq!(same.verdicts, 5, "{}", same.to_json());
+    assert_eq!(same.replayed, 5, "{}", same.to_json());
+    assert_eq!(same.flips, 0, "{}", same.to_json());
+    assert_eq!(same.exit_code(), 0, "{}", same.to_json());
+
+    let mut lower = gateway_config(data.path(), false);
+    if let Some(g) = lower.agent_guards.get_mut("mcp-gateway") {
+        g.max_repeat_calls = 2;
+    }
+    let flipped = replay(lower);
+    assert_eq!(flipped.flips, 1, "{}", flipped.to_json());
+    assert_eq!(flipped.exit_code(), 1, "{}", flipped.to_json());
+    assert!(
+        flipped.to_json().to_string().contains("ALLOW->DENY"),
+        "{}",
+        flipped.to_json()
+    );
 }
