@@ -1684,6 +1684,15 @@ mod tests {
         )
     }
 
+    /// `policies` checked against [`tools`] with an author schema `schema`.
+    fn run_with_schema(schema: &str, policies: &str) -> Report {
+        let options = Options {
+            schema: Some(Source::new("s.cedarschema", schema)),
+            ..Options::default()
+        };
+        check(&[Source::new("p.cedar", policies)], &options, &tools())
+    }
+
     fn codes(r: &Report) -> Vec<String> {
         r.findings
             .iter()
@@ -1977,21 +1986,9 @@ when { context.args.query != "" && (context.args has limit && context.args.limit
 
     #[test]
     fn with_an_author_schema_its_declarations_win() {
-        let schema = Source::new(
-            "s.cedarschema",
+        let r = run_with_schema(
             "action \"pay\" appliesTo { principal: Agent, resource: Upstream, context: { args: { amount: decimal, currency: String, count: Long, to: String, memo: String } } };\naction \"refund\" appliesTo { principal: Agent, resource: Upstream };\n",
-        );
-        let options = Options {
-            schema: Some(schema),
-            ..Options::default()
-        };
-        let r = check(
-            &[Source::new(
-                "p.cedar",
-                "@id(\"big\")\nforbid (principal, action == Action::\"pay\", resource)\nwhen { context.args.amount.greaterThan(decimal(\"100.0\")) };\n@id(\"s\")\npermit (principal, action == Action::\"search\", resource) when { context.args.query == \"x\" };\n",
-            )],
-            &options,
-            &tools(),
+            "@id(\"big\")\nforbid (principal, action == Action::\"pay\", resource)\nwhen { context.args.amount.greaterThan(decimal(\"100.0\")) };\n@id(\"s\")\npermit (principal, action == Action::\"search\", resource) when { context.args.query == \"x\" };\n",
         );
         // `search` is no action of the author's schema: the loader refuses the set (as
         // the gateway would); no number warning (the author declares `amount`); `refund`
@@ -2017,39 +2014,17 @@ when { context.args.query != "" && (context.args has limit && context.args.limit
     fn an_author_schema_that_drifted_from_the_tools_is_caught() {
         // The set runs with the author's types: each disagreement with what the tool
         // sends would refuse the tool's calls in every policy that reads the argument.
-        let schema = Source::new(
-            "s.cedarschema",
+        let r = run_with_schema(
             "type Money = { amount: Long, currency: String };\n\
              action \"search\" appliesTo { principal: Agent, resource: Upstream, context: { args: { query: String, limit?: decimal } } };\n\
              action pay appliesTo { principal: Agent, resource: Upstream,\n\
                context: { args: { amount: Long, count: String, currency: String, to: Money, memo?: String, amonut: decimal, meta: { x: Long } } } };\n",
-        );
-        let options = Options {
-            schema: Some(schema),
-            ..Options::default()
-        };
-        let r = check(
-            &[Source::new(
-                "p.cedar",
-                "permit (principal, action == Action::\"search\", resource);\n",
-            )],
-            &options,
-            &tools(),
+            "permit (principal, action == Action::\"search\", resource);\n",
         );
         assert!(r.loaded.is_ok(), "{:?}", r.loaded.err());
-        let got: Vec<(String, String)> = r
-            .findings
-            .iter()
-            .map(|f| {
-                let at = f
-                    .location
-                    .as_ref()
-                    .map_or(String::new(), |l| format!("{}:{}", l.line, l.column));
-                (
-                    format!("{at} {:?} {}", f.severity, f.code),
-                    f.message.clone(),
-                )
-            })
+        let got: Vec<(String, String)> = codes(&r)
+            .into_iter()
+            .zip(r.findings.iter().map(|f| f.message.clone()))
             .collect();
         let expect = [
             ("Error", "`context.args.amonut` of tool `pay`, but the tool's input schema lists no such argument"),
@@ -2069,21 +2044,10 @@ when { context.args.query != "" && (context.args has limit && context.args.limit
         }
         // `memo` optional, `meta.x` a member of an open object, `search` agreeing
         // (`decimal` holds an `integer`): nothing said. Corrected, the schema is clean.
-        let fixed = Source::new(
-            "s.cedarschema",
+        let r = run_with_schema(
             "action pay appliesTo { principal: Agent, resource: Upstream,\n\
                context: { args: { amount: decimal, count: Long, currency: String, to: String, memo?: String, meta?: { x: Long } } } };\n",
-        );
-        let r = check(
-            &[Source::new(
-                "p.cedar",
-                "permit (principal, action == Action::\"pay\", resource);\n",
-            )],
-            &Options {
-                schema: Some(fixed),
-                ..Options::default()
-            },
-            &tools(),
+            "permit (principal, action == Action::\"pay\", resource);\n",
         );
         assert!(r.findings.is_empty(), "{:#?}", r.findings);
     }

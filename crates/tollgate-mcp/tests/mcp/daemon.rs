@@ -184,7 +184,7 @@ async fn a_rejected_held_call_is_denied() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_daemon_decides_the_repeat_limit_and_an_unreachable_daemon_is_a_deny() {
+async fn the_daemon_decides_the_repeat_limit_an_unreachable_daemon_is_a_deny_and_its_log_replays() {
     let data = tempfile::tempdir().unwrap();
     let d = daemon(data.path(), false).await;
     let kit = daemon_kit(&d.socket, "");
@@ -198,12 +198,20 @@ async fn the_daemon_decides_the_repeat_limit_and_an_unreachable_daemon_is_a_deny
         "denied: max_repeat_exceeded; this exact call was repeated 3 times. Tollgate did not \
          run `add`. Do not repeat it: change the arguments or stop."
     );
+    // The repeat tripped the session's circuit: anything after is refused.
+    let after = s.ok("echo", json!({"text": "x"})).await;
+    assert!(
+        text(&after).starts_with("denied: circuit_open"),
+        "{}",
+        text(&after)
+    );
     d.stop().await;
     let r = s.ok("echo", json!({"text": "x"})).await;
     assert!(denied(&r));
     assert!(text(&r).starts_with("denied: fail_closed:"), "{}", text(&r));
     assert_eq!(kit.invocations(), ["add", "add", "add"]);
     s.close().await;
+    replays_with_no_flip_and_one_under_a_lower_repeat_limit(data.path());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -476,34 +484,15 @@ async fn the_daemon_s_policy_set_decides_by_arguments_and_flow_labels() {
     d.stop().await;
 }
 
-/// Issue 19's self-check on a gateway's log in daemon mode: the daemon's own log of the
-/// gateway's calls (allowed and settled, refused by the repeat limit, refused by the
-/// circuit it tripped) replays under the daemon's own guards with no flip and every
+/// Issue 19's self-check on a gateway's log in daemon mode: the daemon's own log in `data`
+/// of the gateway's calls (three allowed and settled, a repeat refused, a call refused by
+/// the circuit it tripped) replays under the daemon's own guards with no flip and every
 /// verdict replayed; with the gateway's repeat limit lowered to 2, exactly the third
 /// identical call flips (the refusals after it keep their verdict).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_gateways_log_in_daemon_mode_replays_under_the_daemons_guards_with_no_flip() {
+fn replays_with_no_flip_and_one_under_a_lower_repeat_limit(data: &Path) {
     use tollgate_store::replay::{replay_paths, Candidate};
-    let data = tempfile::tempdir().unwrap();
-    let d = daemon(data.path(), false).await;
-    let kit = daemon_kit(&d.socket, "");
-    let s = start(&kit.config(), Host::default()).await;
-    for _ in 0..3 {
-        assert_eq!(text(&s.ok("add", json!({"a": 1, "b": 1})).await), "2");
-    }
-    assert!(denied(&s.ok("add", json!({"a": 1, "b": 1})).await));
-    // The repeat tripped the session's circuit: anything after is refused.
-    let after = s.ok("echo", json!({"text": "x"})).await;
-    assert!(
-        text(&after).starts_with("denied: circuit_open"),
-        "{}",
-        text(&after)
-    );
-    s.close().await;
-    d.stop().await;
-
     let key = tollgate_audit::keys::parse_public_key(
-        &std::fs::read_to_string(data.path().join("audit.pub")).unwrap(),
+        &std::fs::read_to_string(data.join("audit.pub")).unwrap(),
     )
     .unwrap();
     let replay = |config: DaemonConfig| {
@@ -514,23 +503,17 @@ async fn a_gateways_log_in_daemon_mode_replays_under_the_daemons_guards_with_no_
             &[],
         )
         .unwrap();
-        let (report, _) = replay_paths(
-            &[data.path().join("audit")],
-            Some(key),
-            candidate,
-            10,
-            &mut |_| (),
-        )
-        .unwrap();
+        let (report, _) =
+            replay_paths(&[data.join("audit")], Some(key), candidate, 10, &mut |_| ()).unwrap();
         report
     };
-    let same = replay(gateway_config(data.path(), false));
+    let same = replay(gateway_config(data, false));
     assert_eq!(same.verdicts, 5, "{}", same.to_json());
     assert_eq!(same.replayed, 5, "{}", same.to_json());
     assert_eq!(same.flips, 0, "{}", same.to_json());
     assert_eq!(same.exit_code(), 0, "{}", same.to_json());
 
-    let mut lower = gateway_config(data.path(), false);
+    let mut lower = gateway_config(data, false);
     if let Some(g) = lower.agent_guards.get_mut("mcp-gateway") {
         g.max_repeat_calls = 2;
     }
