@@ -399,6 +399,10 @@ pub enum CasReply {
         /// The budget hash (empty without a budget key or if absent).
         budget: Fields,
     },
+    /// The versions matched, but the record field the write staged was not there when the
+    /// script ran (the staging failed, or a sweep took it for an orphan while the pipeline
+    /// was held up): nothing was written. The store answers it as a failed write.
+    Unstaged,
 }
 
 /// The field name of marker `seq`.

@@ -38,7 +38,10 @@
 //! write the budget while a settlement it does not name is in progress (field `s` of the
 //! budget hash): delete the staged record field, write nothing else; reply `{0, HGETALL
 //! session, HGETALL budget}`. A hash without `v` counts as version 0. A call that names
-//! the settlement in progress takes `s` off.
+//! the settlement in progress takes `s` off. Versions match but the staged record field is
+//! not there (the staging `HSET` failed, or a sweep deleted it as an orphan while the
+//! pipeline was held up between the two commands): write nothing; reply `{4}`, so `c`
+//! never names a field that does not exist.
 //!
 //! `settle` in `ARGV[2]` (start, take over or give up a settlement of the shared budget):
 //! `ARGV[1]` expected session v, `ARGV[3]` expected budget v, `ARGV[4]` the `s` value expected
@@ -90,6 +93,7 @@ if sv ~= tonumber(ARGV[1]) or (writes_budget and bv ~= tonumber(ARGV[2])) or blo
   if two then b = redis.call('HGETALL', KEYS[2]) end
   return {0, redis.call('HGETALL', KEYS[1]), b}
 end
+if redis.call('HEXISTS', KEYS[1], ARGV[3]) == 0 then return {4} end
 local w = {'v', sv + 1, 'c', ARGV[3], 'd', ARGV[5]}
 if ARGV[6] ~= '' then
   w[7] = ARGV[6]
@@ -336,6 +340,13 @@ impl Fake {
                     .map(|k| self.hgetall(k))
                     .unwrap_or_default(),
             };
+        }
+        let staged = self
+            .hashes
+            .get(&req.session_key)
+            .is_some_and(|h| h.contains_key(&req.record_field));
+        if !staged {
+            return CasReply::Unstaged;
         }
         let h = self.hashes.entry(req.session_key.clone()).or_default();
         h.insert("v".into(), (sv + 1).to_string().into_bytes());

@@ -353,6 +353,7 @@ fn cas_reply(v: Value, max_value: usize) -> Result<CasReply, StoreError> {
             session: fields_of(s, max_value)?,
             budget: fields_of(b, max_value)?,
         }),
+        (Some(Value::Int(4)), None, None, None) => Ok(CasReply::Unstaged),
         (Some(Value::Int(2)), Some(sv), Some(Value::Int(created)), Some(b))
             if it.next().is_none() =>
         {
@@ -364,6 +365,15 @@ fn cas_reply(v: Value, max_value: usize) -> Result<CasReply, StoreError> {
         }
         _ => Err(corrupt("script reply has an unknown shape")),
     }
+}
+
+/// A write whose staged record was gone when its script ran: nothing was written, and
+/// the call fails closed as on any failed write.
+fn unstaged(op: &'static str) -> StoreError {
+    backend(
+        op,
+        "the write's staged record was not in Redis when its script ran (held up and swept): nothing was written",
+    )
 }
 
 /// What a committed change's critical section returns.
@@ -758,6 +768,10 @@ impl Inner {
                 slot.view = None;
                 Err(corrupt("a join answer to a settlement"))
             }
+            Ok(CasReply::Unstaged) => {
+                slot.view = None;
+                Err(unstaged("settle"))
+            }
             Err(e) => {
                 slot.view = None;
                 Err(e)
@@ -1003,6 +1017,7 @@ impl Inner {
                 }
             }
             Ok(CasReply::Conflict { session, budget: b }) => Err(Ok((session, b))),
+            Ok(CasReply::Unstaged) => Err(Err(unstaged("apply"))),
             Err(e) => Err(Err(e)),
         };
         match reply {

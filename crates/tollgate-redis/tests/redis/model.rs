@@ -94,6 +94,12 @@ enum Op {
     LoseReply {
         d: usize,
     },
+    /// Daemon `d`'s next pipeline is held up on the network between its staged record and
+    /// its script, for longer than grace, and a sweep runs meanwhile (which deletes a
+    /// staged record it takes for an orphan: an opening's, its hash having nothing else).
+    Stall {
+        d: usize,
+    },
     /// The agent closes its session through daemon `d` (`CloseSession`: a
     /// `Change::End`, TERMINATED for good, the hash expiring after `TTL`).
     Close {
@@ -132,6 +138,7 @@ impl Op {
             | Op::Release { d, .. }
             | Op::Expire { d, .. }
             | Op::LoseReply { d }
+            | Op::Stall { d }
             | Op::Close { d, .. }
             | Op::Commit { d }
             | Op::Crash { d }
@@ -155,6 +162,7 @@ fn op(daemons: usize) -> impl Strategy<Value = Op> {
         1 => (0..daemons, 0..SESSIONS).prop_map(|(d, s)| Op::Release { d, s }),
         1 => (0..daemons, 0..SESSIONS).prop_map(|(d, s)| Op::Expire { d, s }),
         1 => (0..daemons).prop_map(|d| Op::LoseReply { d }),
+        1 => (0..daemons).prop_map(|d| Op::Stall { d }),
         4 => (0..daemons).prop_map(|d| Op::Commit { d }),
         1 => (0..daemons).prop_map(|d| Op::Crash { d }),
         2 => Just(Op::Tick),
@@ -178,6 +186,8 @@ enum Fate {
     Dropped,
     /// Only its first command ran (the rest was cut off with the connection).
     Cut,
+    /// Run and answered, but held up after its first command while a sweep ran.
+    Held,
 }
 
 impl Fate {
@@ -188,7 +198,7 @@ impl Fate {
     /// How many of a pipeline's `n` commands ran.
     fn ran(self, n: usize) -> usize {
         match self {
-            Fate::Sent | Fate::Lost => n,
+            Fate::Sent | Fate::Lost | Fate::Held => n,
             Fate::Dropped => 0,
             Fate::Cut => n.min(1),
         }
@@ -351,6 +361,19 @@ impl World {
         reply
     }
 
+    /// The sweeper on a session it cannot read: an opening cut after its staged record
+    /// (or held up there) leaves a hash of staged records only, which it deletes.
+    fn sweep_orphans(&mut self, id: &str) {
+        let key = self.skey(id);
+        if self.read(id).is_none() {
+            if let Some(fields) = orphan_only_fields(&self.db.hgetall(&key)) {
+                for f in fields {
+                    self.db.hdel(&key, &f);
+                }
+            }
+        }
+    }
+
     /// Redis expires what is due.
     fn expire(&mut self) {
         let now = self.now;
@@ -390,8 +413,13 @@ impl World {
         if ran == 1 {
             *self.cuts.entry(id.to_owned()).or_default() += 1;
         }
+        if fate == Fate::Held {
+            self.sweep_orphans(id);
+        }
         let reply = (ran == 2).then(|| self.script(&planned.request));
-        if fate != Fate::Sent {
+        if !matches!(fate, Fate::Sent | Fate::Held) || reply == Some(CasReply::Unstaged) {
+            // No answer, or a failed write (its staged record swept: nothing written):
+            // the store forgets its copy and reads afresh.
             self.daemons[d].cache.remove(id);
             return None;
         }
@@ -451,7 +479,8 @@ impl World {
             }
             Some(CasReply::Conflict { .. }) => self.refresh(d, id),
             Some(CasReply::Joined { .. }) => panic!("a join answer to a settlement"),
-            None => {}
+            // (`send` answers a failed write, `Unstaged`, as `None`.)
+            Some(CasReply::Unstaged) | None => {}
         }
     }
 
@@ -588,7 +617,7 @@ impl World {
                         };
                     }
                     Some(CasReply::Joined { .. }) => panic!("a join answer to a change"),
-                    None => {}
+                    Some(CasReply::Unstaged) | None => {}
                 }
             }
         }
@@ -637,7 +666,7 @@ impl World {
                             panic!("an opening of a shared budget is a join")
                         }
                         // The session exists (opened by another daemon): refused.
-                        Some(CasReply::Conflict { .. }) | None => {}
+                        Some(CasReply::Conflict { .. } | CasReply::Unstaged) | None => {}
                     }
                 }
             }
@@ -697,6 +726,7 @@ impl World {
                 });
             }
             Op::LoseReply { d } => self.daemons[d].fate = Fate::Lost,
+            Op::Stall { d } => self.daemons[d].fate = Fate::Held,
             Op::Commit { d } => {
                 if let Some((event, held, prev)) = self.daemons[d].in_flight.pop_front() {
                     let id = event.session_id().to_owned();
@@ -751,13 +781,7 @@ impl World {
                 for s in 0..SESSIONS {
                     let id = sid(s);
                     let Some(view) = self.read(&id) else {
-                        // An opening cut after its staged record: the sweeper deletes it.
-                        let key = self.skey(&id);
-                        if let Some(fields) = orphan_only_fields(&self.db.hgetall(&key)) {
-                            for f in fields {
-                                self.db.hdel(&key, &f);
-                            }
-                        }
+                        self.sweep_orphans(&id);
                         continue;
                     };
                     let me = self.daemons[d].id.clone();
@@ -1132,6 +1156,35 @@ fn run(daemons: usize, ops: &[Op]) {
     w.check();
     w.drain();
     w.check();
+}
+
+/// An opening's pipeline held up between its staged record and its script while a sweep
+/// runs: the sweeper takes the staged record for an orphan (the hash holds nothing else)
+/// and deletes it. The script then found its versions matching and pointed `c` at a field
+/// that no longer existed: a session whose record was gone, unreadable by every daemon.
+/// The script now refuses a write whose staged record is not there (`CasReply::Unstaged`,
+/// nothing written; the store fails the call closed), and the agent registers again.
+#[test]
+fn an_opening_whose_staged_record_was_swept_writes_nothing() {
+    use Op::*;
+    run(
+        2,
+        &[
+            OpenStart { d: 0, s: 0 },
+            Stall { d: 0 },
+            OpenSend { d: 0 },
+            Decide {
+                d: 1,
+                s: 0,
+                nonce: 1,
+                cost: 1,
+            },
+            Sweep { d: 1 },
+            OpenStart { d: 1, s: 1 },
+            OpenSend { d: 1 },
+            Commit { d: 1 },
+        ],
+    );
 }
 
 /// A refund whose entry is not yet committed is not spent by others: if its daemon dies

@@ -43,15 +43,18 @@ fn fields(v: Value) -> Fields {
     f
 }
 
-/// The store's pipeline: the record staged into its field, then the script.
-async fn real(c: &mut redis::aio::MultiplexedConnection, r: &CasRequest) -> CasReply {
+/// The store's pipeline: the record staged into its field (unless `stage` is false: a
+/// staging lost before the script ran), then the script.
+async fn real(c: &mut redis::aio::MultiplexedConnection, r: &CasRequest, stage: bool) -> CasReply {
     let (keys, args) = keys_and_args(r);
     let mut pipe = redis::pipe();
-    pipe.cmd("HSET")
-        .arg(&r.session_key)
-        .arg(&r.record_field)
-        .arg(r.session_blob.as_slice())
-        .ignore();
+    if stage {
+        pipe.cmd("HSET")
+            .arg(&r.session_key)
+            .arg(&r.record_field)
+            .arg(r.session_blob.as_slice())
+            .ignore();
+    }
     let cmd = pipe.cmd("EVAL").arg(CAS_LUA).arg(keys.len()).arg(&keys);
     for a in &args {
         cmd.arg(a.as_slice());
@@ -68,6 +71,7 @@ async fn real(c: &mut redis::aio::MultiplexedConnection, r: &CasRequest) -> CasR
             session: fields(s),
             budget: fields(b),
         },
+        (Some(Value::Int(4)), None, None, None) => CasReply::Unstaged,
         (Some(Value::Int(2)), Some(Value::Int(sv)), Some(Value::Int(created)), Some(b)) => {
             CasReply::Joined {
                 sv: sv as u64,
@@ -93,6 +97,9 @@ async fn hset_both(
         .or_default()
         .insert(field.to_owned(), value.to_vec());
 }
+
+/// The name of a case whose record is not staged before its script.
+const NOT_STAGED: &str = "versions match, staged record missing: nothing written";
 
 #[tokio::test]
 async fn script_and_fake_agree_on_a_table_of_cases() {
@@ -213,6 +220,16 @@ async fn script_and_fake_agree_on_a_table_of_cases() {
         "a write with no marker (a revert): the record it replaces goes",
         l3.clone(),
     ));
+    // Versions matching, but the staged record is not there (a sweep deleted it while the
+    // pipeline was held up): nothing is written, on a new session or an existing one.
+    let mut u = req(&p, false);
+    u.session_key = format!("{p}:{{g}}:s:unstaged");
+    cases.push((NOT_STAGED, u));
+    let mut u2 = l3.clone();
+    u2.expect_sv = 7;
+    u2.marker = Some((8, b"m8".to_vec()));
+    u2.drop = Vec::new();
+    cases.push((NOT_STAGED, u2));
 
     for (i, (name, r)) in cases.iter().enumerate() {
         // Every write stages into a field of its own.
@@ -220,8 +237,14 @@ async fn script_and_fake_agree_on_a_table_of_cases() {
             record_field: format!("r:{i}:{}:{i}", r.daemon),
             ..r.clone()
         };
-        let got = real(&mut c, r).await;
-        let want = fake.cas(r);
+        let staged = *name != NOT_STAGED;
+        let got = real(&mut c, r, staged).await;
+        let want = if staged { fake.cas(r) } else { fake.script(r) };
+        assert_eq!(
+            matches!(want, CasReply::Unstaged),
+            !staged,
+            "case `{name}`: {want:?}"
+        );
         assert_eq!(got, want, "case `{name}`");
         let mut keys = vec![
             r.session_key.clone(),
@@ -330,7 +353,7 @@ async fn script_and_fake_agree_on_a_table_of_cases() {
             record_field: format!("r:s{i}:{}:{i}", r.daemon),
             ..r.clone()
         };
-        let got = real(&mut c, r).await;
+        let got = real(&mut c, r, true).await;
         let want = fake.cas(r);
         assert_eq!(got, want, "case `{name}`");
         let v: Value = redis::cmd("HGETALL")
