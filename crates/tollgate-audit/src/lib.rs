@@ -121,7 +121,34 @@ pub fn verify_paths(
 
 /// [`verify_paths`], telling `on_file` each file (its path, and its bytes as read and
 /// decompressed) before its entries are verified: what a progress display needs.
+///
+/// Anchored on a checkpoint ([`VerifyOptions::anchor_on_checkpoint`]), a changed entry
+/// below the anchor is caught at a link or at the checkpoint's hash, not at its own
+/// signature; so a log refused that way is verified again with every signature checked,
+/// and the break named is the one a full verification names (the changed entry itself).
 pub fn verify_paths_watched(
+    paths: &[PathBuf],
+    opts: &VerifyOptions,
+    visit: &mut dyn FnMut(&AuditEntry),
+    on_file: &mut dyn FnMut(&Path, &[u8]),
+) -> Result<Summary, PathsError> {
+    match verify_paths_once(paths, opts, visit, on_file) {
+        Err(PathsError::Break(anchored)) if opts.anchor_on_checkpoint => {
+            let full = VerifyOptions {
+                anchor_on_checkpoint: false,
+                ..opts.clone()
+            };
+            match verify_paths_once(paths, &full, &mut |_| {}, &mut |_, _| {}) {
+                Err(e) => Err(e),
+                // (Cannot be: anchoring is as strong as checking every signature.)
+                Ok(_) => Err(PathsError::Break(anchored)),
+            }
+        }
+        other => other,
+    }
+}
+
+fn verify_paths_once(
     paths: &[PathBuf],
     opts: &VerifyOptions,
     visit: &mut dyn FnMut(&AuditEntry),

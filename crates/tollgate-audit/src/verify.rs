@@ -47,7 +47,8 @@ pub(crate) fn check_signatures(
         {
             return true;
         }
-        signature_ok(r, k)
+        let sig = ed25519_dalek::Signature::from_bytes(&r.entry.signature);
+        k.verify_strict(&r.signed_bytes(), &sig).is_ok()
     };
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get().min(16));
     if threads < 2 || window.len() < PARALLEL_MIN {
@@ -76,12 +77,6 @@ pub(crate) fn check_signatures(
     })
 }
 
-/// Whether `r`'s signature verifies under `k`.
-fn signature_ok(r: &format::Record<'_>, k: &VerifyingKey) -> bool {
-    let sig = ed25519_dalek::Signature::from_bytes(&r.entry.signature);
-    k.verify_strict(&r.signed_bytes(), &sig).is_ok()
-}
-
 /// What the verifier is told to trust and check.
 #[derive(Debug, Clone)]
 pub struct VerifyOptions {
@@ -103,6 +98,9 @@ pub struct VerifyOptions {
     /// checked as always. As strong as checking every signature: an entry changed, added
     /// or removed before the checkpoint breaks the chain of hashes that the checkpoint
     /// signs (docs/audit-format.md "Verification"). Without `checkpoint`, no effect.
+    /// A [`Verifier`] fed directly names the first break it sees (a link after a changed
+    /// entry); [`crate::verify_paths`] verifies a refused log again in full, so it names
+    /// the changed entry itself.
     pub anchor_on_checkpoint: bool,
 }
 
@@ -487,10 +485,6 @@ impl Verifier {
             return Ok(());
         };
         let mut tip_key_id = KeyId::of(tip.key.as_bytes());
-        // The record before, as (offset, index, the key it must verify under): with an
-        // anchor its signature was not checked, so a break it causes in the next link is
-        // traced back to it (below).
-        let mut prev: Option<(usize, u64, VerifyingKey)> = None;
         while offset < bytes.len() {
             // Parse a window of records, check their signatures in parallel, then walk
             // them in order. The first break in chain order is the one reported.
@@ -546,27 +540,8 @@ impl Verifier {
                     expected,
                     tip.last_hash,
                 ) {
-                    // Below an anchor, signatures were not checked: an entry changed in
-                    // place is first seen here, at the link of the entry after it, or at
-                    // its own. Name the break a check of every signature would: the
-                    // entry before if its signature fails, else this one if its own does.
-                    if let Some(a) = anchor {
-                        if let Some((p_offset, p_index, p_key)) = prev.filter(|p| p.1 < a) {
-                            let altered = bytes
-                                .get(p_offset..)
-                                .and_then(|b| format::parse_record_version(header.version, b).ok())
-                                .is_none_or(|(r, _)| !signature_ok(&r, &p_key));
-                            if altered {
-                                return Err(brk(Some(p_index), p_offset, BreakKind::BadSignature));
-                            }
-                        }
-                        if expected < a && !signature_ok(record, &tip.key) {
-                            return Err(brk(Some(expected), rec_offset, BreakKind::BadSignature));
-                        }
-                    }
                     return Err(brk(Some(expected), rec_offset, kind));
                 }
-                prev = Some((rec_offset, expected, tip.key));
                 let hash = record.hash();
                 if let Event::KeyHandover { new_public_key } = &e.event {
                     // The parser accepted the key, so it is valid.
@@ -592,15 +567,6 @@ impl Verifier {
                             return Err(brk(Some(expected), rec_offset, BreakKind::BadCheckpoint));
                         }
                         if cp.last_hash != hash {
-                            // (`prev` is this record now, with the key it is signed by.)
-                            let signed_by = prev.map_or(tip.key, |(_, _, k)| k);
-                            if anchor.is_some() && !signature_ok(record, &signed_by) {
-                                return Err(brk(
-                                    Some(expected),
-                                    rec_offset,
-                                    BreakKind::BadSignature,
-                                ));
-                            }
                             return Err(brk(
                                 Some(expected),
                                 rec_offset,
