@@ -89,8 +89,9 @@ impl Candidate {
 impl Candidate {
     /// A candidate with the guards `default_guard` and `agent_guards` and the policy set
     /// of `settings` (a `[policy]` section), whose files `replace` replaces when it names
-    /// any (`--policy`; the section's default, schema and trip setting still apply, and
-    /// without a section the default is allow). The loader's warnings are returned as
+    /// any (`--policy`; the section's default, schema and trip setting still apply, its
+    /// `mode = "shadow"` does not: the files named are replayed enforced; without a
+    /// section the default is allow). The loader's warnings are returned as
     /// text; a set that does not load is an error naming every finding.
     pub fn load(
         default_guard: tollgate_core::GuardConfig,
@@ -108,6 +109,9 @@ impl Candidate {
                 shadow: false,
             });
             s.files = replace.to_vec();
+            // The files named are the candidate: replayed enforced, whatever mode the
+            // configuration runs its own set in (a `@shadow` policy in them stays shadow).
+            s.shadow = false;
             settings = Some(s);
         }
         let mut warnings = Vec::new();

@@ -51,7 +51,8 @@ pub struct Args {
     #[arg(long, value_name = "mcp.toml")]
     mcp: Option<PathBuf>,
     /// A policy file replacing the configuration's `[policy]` files (repeatable, in set
-    /// order; `[policy]`'s default, schema and trip_on_refusal still apply).
+    /// order; `[policy]`'s default, schema and trip_on_refusal still apply; the files are
+    /// replayed enforced even if `[policy]` runs in shadow mode).
     #[arg(long = "policy", value_name = "FILE.cedar")]
     policies: Vec<PathBuf>,
     /// The public key the log must be signed with (without it, the key in the first file

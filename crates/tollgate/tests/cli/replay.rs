@@ -194,12 +194,25 @@ fn replay_finds_exactly_the_flips_a_planted_change_makes_and_none_for_the_config
         BASE_GUARD,
         &format!("{NO_SHELL}{HOLD_BIG_PAY}"),
     );
+    // The base configuration with its set in shadow mode: `--policy` files replayed over
+    // it are the candidate, enforced (the mode does not carry over to them).
+    let shadowed = dir.path().join("shadowed.toml");
+    std::fs::write(
+        &shadowed,
+        format!("{BASE_GUARD}\n[policy]\nfiles = [\"base.cedar\"]\nmode = \"shadow\"\n"),
+    )
+    .unwrap();
     for (name, candidate, extra) in [
         ("forbid", &forbid, None),
         // The forbid again, as `--policy` files replacing the base configuration's.
         (
             "forbid-by-flag",
             &base,
+            Some(dir.path().join("forbid.cedar")),
+        ),
+        (
+            "forbid-by-flag-over-a-shadow-set",
+            &shadowed,
             Some(dir.path().join("forbid.cedar")),
         ),
         ("lower", &lower, None),
