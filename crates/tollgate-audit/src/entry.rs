@@ -118,8 +118,10 @@ pub const MAX_UPSTREAM_BYTES: usize = 256;
 
 /// The upstream a verdict records for a call to a tool of `upstream` (format version 8):
 /// `None` for the local resource (`local`), and for a name no record may hold (empty,
-/// longer than [`MAX_UPSTREAM_BYTES`], with a control character: the policies cannot
-/// name such a resource, and refuse the call as malformed whatever it is).
+/// longer than [`MAX_UPSTREAM_BYTES`], with a control character). A call for such a name
+/// is not replayed for its own resource but for `local` (the policy layer refuses only the
+/// over-long one as malformed; the gateway never names an upstream so, its names being
+/// checked when mcp.toml is read).
 pub fn recorded_upstream(upstream: &str) -> Option<String> {
     is_recordable_upstream(upstream).then(|| upstream.to_owned())
 }

@@ -867,9 +867,8 @@ fn check_upstream_and_draw(v: &VerdictRecord, version: u16) -> Result<(), &'stat
     {
         return Err("an upstream that is empty, `local`, longer than 256 bytes or holds a control character");
     }
-    if v.draw.is_some_and(|d| Draw::from_bits(d.bits()).is_none()) {
-        return Err("a draw outside [0, 1)");
-    }
+    // (A draw outside [0, 1) cannot be: `Draw::from_bits`, its only constructor, refuses
+    // one when the record is parsed.)
     Ok(())
 }
 

@@ -234,17 +234,8 @@ fn replay_pg(
     if let Some(b) = reports.iter().find_map(|r| r.result.as_ref().err()) {
         return Ok(Err(Refused::Broken(b.to_string())));
     }
-    let merged = chains
-        .iter()
-        .flat_map(|c| &c.entries)
-        .filter(|(_, e)| {
-            matches!(
-                e,
-                tollgate_audit::Event::Session(_) | tollgate_audit::Event::Void(_)
-            )
-        })
-        .count() as u64;
-    progress.phase("replaying", Unit::Entries, merged);
+    // (The merged order's length comes with the first tick.)
+    progress.phase("replaying", Unit::Entries, 0);
     Ok(tollgate_store::replay::replay_chains(
         &chains,
         candidate,
@@ -412,10 +403,9 @@ impl Progress {
         if !self.on {
             return;
         }
-        if self
-            .last
-            .is_some_and(|l| !t.entries.is_multiple_of(256) || l.elapsed().as_millis() < 200)
-        {
+        // Throttled here alone, by time: the producers tick at their own pace (every
+        // entry, or every 256th).
+        if self.last.is_some_and(|l| l.elapsed().as_millis() < 200) {
             return;
         }
         self.draw();
