@@ -199,14 +199,19 @@ impl PyGuard {
             ));
         }
         // What the log records of the params (the daemon's `[audit] params`).
-        let mode = tollgate_audit::ParamsMode::from_word(audit_params).ok_or_else(|| {
-            PyValueError::new_err(format!(
-                "audit_params: `{audit_params}` is not hash, full or redacted"
-            ))
+        let recorder = tollgate_audit::params::Recorder::from_setting(
+            Some(audit_params),
+            audit_redact.as_deref().unwrap_or(&[]),
+        )
+        .map_err(|e| match e {
+            tollgate_audit::params::SettingError::Params(_) => {
+                PyValueError::new_err(format!("audit_params: {e}"))
+            }
+            tollgate_audit::params::SettingError::Redact(_) => {
+                PyValueError::new_err(format!("audit_redact: {e}"))
+            }
         })?;
-        let recorder =
-            tollgate_audit::params::Recorder::new(mode, audit_redact.as_deref().unwrap_or(&[]))
-                .map_err(|e| PyValueError::new_err(format!("audit_redact: {e}")))?;
+        let mode = recorder.mode();
         if audit_log.is_none() && mode != tollgate_audit::ParamsMode::Hash {
             return Err(PyValueError::new_err(
                 "audit_params is given without audit_log",

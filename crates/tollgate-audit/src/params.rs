@@ -83,7 +83,31 @@ pub struct Recorder {
 #[error("{0}")]
 pub struct RecorderError(pub String);
 
+/// Which of the two settings ([`Recorder::from_setting`]) cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SettingError {
+    /// The mode word (`params`) is not `hash`, `full` nor `redacted`.
+    #[error("`{0}` is not hash, full or redacted")]
+    Params(String),
+    /// The redaction paths (`redact`).
+    #[error("{0}")]
+    Redact(RecorderError),
+}
+
 impl Recorder {
+    /// The recorder a configuration's `params` word (absent: `hash`) and `redact` paths
+    /// say: what the daemon's `[audit]`, mcp.toml's `[library]` and the Python `Guard`
+    /// all read.
+    pub fn from_setting(word: Option<&str>, redact: &[String]) -> Result<Recorder, SettingError> {
+        let mode = match word {
+            None => ParamsMode::Hash,
+            Some(w) => {
+                ParamsMode::from_word(w).ok_or_else(|| SettingError::Params(w.to_owned()))?
+            }
+        };
+        Recorder::new(mode, redact).map_err(SettingError::Redact)
+    }
+
     /// Record nothing but the hash.
     pub fn hash_only() -> Recorder {
         Recorder::default()
@@ -448,6 +472,25 @@ mod tests {
         assert!(
             matches!(r.record(&fits), Some(RecordedParams::Full(t)) if t.len() == MAX_RECORDED_PARAMS)
         );
+    }
+
+    #[test]
+    fn a_configuration_reads_as_one_recorder_with_the_failing_setting_named() {
+        assert_eq!(
+            Recorder::from_setting(None, &[]).unwrap().mode(),
+            ParamsMode::Hash
+        );
+        assert_eq!(
+            Recorder::from_setting(Some("full"), &[]).unwrap().mode(),
+            ParamsMode::Full
+        );
+        let e = Recorder::from_setting(Some("all"), &[]).unwrap_err();
+        assert_eq!(e, SettingError::Params("all".into()));
+        assert_eq!(e.to_string(), "`all` is not hash, full or redacted");
+        assert!(matches!(
+            Recorder::from_setting(Some("hash"), &["a.b".to_owned()]),
+            Err(SettingError::Redact(_))
+        ));
     }
 
     #[test]

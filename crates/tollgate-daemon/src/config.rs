@@ -778,18 +778,14 @@ impl DaemonConfig {
         };
         let a = file.audit;
         let da = AuditSettings::default();
-        let params_mode = match a.params.as_deref() {
-            None => tollgate_audit::ParamsMode::Hash,
-            Some(w) => tollgate_audit::ParamsMode::from_word(w).ok_or_else(|| {
-                bad(
-                    "audit.params",
-                    format!("`{w}` is not hash, full or redacted"),
-                )
-            })?,
-        };
-        let params =
-            tollgate_audit::params::Recorder::new(params_mode, a.redact.as_deref().unwrap_or(&[]))
-                .map_err(|e| bad("audit.redact", e.to_string()))?;
+        let params = tollgate_audit::params::Recorder::from_setting(
+            a.params.as_deref(),
+            a.redact.as_deref().unwrap_or(&[]),
+        )
+        .map_err(|e| match e {
+            tollgate_audit::params::SettingError::Params(_) => bad("audit.params", e.to_string()),
+            tollgate_audit::params::SettingError::Redact(_) => bad("audit.redact", e.to_string()),
+        })?;
         c.audit = AuditSettings {
             params,
             dir: a.dir,

@@ -378,20 +378,21 @@ impl Config {
                     .map(|p| tollgate_policy::files::Settings::from_section(p, base))
                     .transpose()
                     .map_err(|e| bad(e.key, e.message))?;
-                let params_word = l.audit_params.as_deref().unwrap_or("hash");
-                let mode = tollgate_audit::ParamsMode::from_word(params_word).ok_or_else(|| {
-                    bad(
-                        "library.audit_params",
-                        format!("`{params_word}` is not \"hash\", \"full\" or \"redacted\""),
-                    )
-                })?;
-                let audit_params = tollgate_audit::params::Recorder::new(
-                    mode,
+                let audit_params = tollgate_audit::params::Recorder::from_setting(
+                    l.audit_params.as_deref(),
                     l.audit_redact.as_deref().unwrap_or(&[]),
                 )
-                .map_err(|e| bad("library.audit_redact", e.to_string()))?;
+                .map_err(|e| match e {
+                    tollgate_audit::params::SettingError::Params(_) => {
+                        bad("library.audit_params", e.to_string())
+                    }
+                    tollgate_audit::params::SettingError::Redact(_) => {
+                        bad("library.audit_redact", e.to_string())
+                    }
+                })?;
                 if l.audit_dir.is_none()
-                    && (mode != tollgate_audit::ParamsMode::Hash || l.audit_redact.is_some())
+                    && (audit_params.mode() != tollgate_audit::ParamsMode::Hash
+                        || l.audit_redact.is_some())
                 {
                     return Err(bad(
                         "library.audit_params",
