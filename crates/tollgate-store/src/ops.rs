@@ -465,24 +465,8 @@ pub fn replay(session: &mut Session, event: &SessionEvent) -> Result<(), FoldErr
     let mut regenerated = match event {
         SessionEvent::Opened(r) => return Err(opened_twice(&r.session_id)),
         SessionEvent::Verdict(v) => {
-            let params = if v.verdict == Verdict::Deny && v.reason == Reason::MalformedInput {
-                Params::unreadable()
-            } else {
-                Params::digest(v.params_hash)
-            };
-            let call = ToolCall {
-                tool_name: &v.tool_name,
-                params,
-                nonce: (v.nonce != 0).then_some(v.nonce),
-                estimated_cost: v.estimated_cost,
-                raw_params: None,
-            };
-            let decision = Decision {
-                verdict: v.verdict,
-                deny_reason: v.deny_reason,
-                reason: v.reason,
-                probabilistic: v.probabilistic,
-            };
+            let call = recorded_call(v);
+            let decision = recorded_decision(v);
             let mut r = verdict_with(
                 session,
                 &call,
@@ -588,4 +572,31 @@ fn same(regenerated: &SessionEvent, logged: &SessionEvent) -> Result<(), FoldErr
         kind: kind_name(logged),
         what,
     })
+}
+
+/// The call a verdict entry records (its params by their hash; a `malformed_input` DENY's
+/// as unreadable), as a replay re-decides it.
+pub(crate) fn recorded_call(v: &VerdictRecord) -> ToolCall<'_> {
+    let params = if v.verdict == Verdict::Deny && v.reason == Reason::MalformedInput {
+        Params::unreadable()
+    } else {
+        Params::digest(v.params_hash)
+    };
+    ToolCall {
+        tool_name: &v.tool_name,
+        params,
+        nonce: (v.nonce != 0).then_some(v.nonce),
+        estimated_cost: v.estimated_cost,
+        raw_params: None,
+    }
+}
+
+/// The decision a verdict entry records.
+pub(crate) fn recorded_decision(v: &VerdictRecord) -> Decision {
+    Decision {
+        verdict: v.verdict,
+        deny_reason: v.deny_reason,
+        reason: v.reason,
+        probabilistic: v.probabilistic,
+    }
 }

@@ -51,7 +51,7 @@ use tollgate_audit::{
     MAX_RECORDED_PARAMS,
 };
 use tollgate_core::json::{self, Limits, Value};
-use tollgate_core::{Decision, Digest, Money, Params, Reason, ToolCall, Verdict};
+use tollgate_core::{Digest, Money, Params, ToolCall, Verdict};
 use tollgate_policy::compose::{self, Enforced, Input};
 use tollgate_policy::{Actor, LOCAL_UPSTREAM};
 
@@ -84,9 +84,7 @@ impl Candidate {
             .unwrap_or(&self.default_guard)
             .clone()
     }
-}
 
-impl Candidate {
     /// A candidate with the guards `default_guard` and `agent_guards` and the policy set
     /// of `settings` (a `[policy]` section), whose files `replace` replaces when it names
     /// any (`--policy`; the section's default, schema and trip setting still apply, its
@@ -528,22 +526,6 @@ pub fn recorded_args(v: &VerdictRecord) -> Option<Value> {
     (Params::json(&value).canonical_digest().ok()? == v.params_hash).then_some(value)
 }
 
-/// The call a verdict entry records, as [`ops::replay`] rebuilds it.
-fn recorded_call(v: &VerdictRecord) -> ToolCall<'_> {
-    let params = if v.verdict == Verdict::Deny && v.reason == Reason::MalformedInput {
-        Params::unreadable()
-    } else {
-        Params::digest(v.params_hash)
-    };
-    ToolCall {
-        tool_name: &v.tool_name,
-        params,
-        nonce: (v.nonce != 0).then_some(v.nonce),
-        estimated_cost: v.estimated_cost,
-        raw_params: None,
-    }
-}
-
 /// The recorded verdict's reason string.
 pub fn recorded_reason(v: &VerdictRecord) -> String {
     v.policy
@@ -698,7 +680,7 @@ impl Replay {
         let rep = self.sessions.get_mut(&v.session_id)?;
         let recorded_reason = recorded_reason(v);
         let after_divergence = rep.diverged;
-        let call = recorded_call(v);
+        let call = ops::recorded_call(v);
         let args = recorded_args(v);
         let now = v.timestamp_ns;
         if let Some(b) = rep.shared.as_ref().and_then(|k| self.budgets.get_mut(k)) {
@@ -752,16 +734,10 @@ impl Replay {
             }
             Err(why) => {
                 // Not guessed: the candidate's session takes what the daemon did.
-                let decision = Decision {
-                    verdict: v.verdict,
-                    deny_reason: v.deny_reason,
-                    reason: v.reason,
-                    probabilistic: v.probabilistic,
-                };
                 ops::verdict_with(
                     &mut rep.session,
                     &call,
-                    &decision,
+                    &ops::recorded_decision(v),
                     v.policy.clone(),
                     v.call_number,
                     now,
@@ -779,11 +755,6 @@ impl Replay {
             candidate,
             after_divergence,
         })
-    }
-
-    /// How many sessions are open in the candidate's fold.
-    pub fn open_sessions(&self) -> usize {
-        self.sessions.len()
     }
 }
 
