@@ -48,8 +48,10 @@ pub struct PyGuard {
     audited: bool,
     /// The loader's warnings about the policy set in force (none without one).
     policy_warnings: Vec<String>,
-    /// The `[policy]` settings of the set in force (for [`PyGuard::replay_config`]).
-    policy_settings: Option<tollgate_policy::files::Settings>,
+    /// The `[policy]` settings of the set in force, and the directory its relative paths
+    /// were read from (the working directory when the set was loaded), for
+    /// [`PyGuard::replay_config`].
+    policy_settings: Option<(tollgate_policy::files::Settings, std::path::PathBuf)>,
 }
 
 impl PyGuard {
@@ -229,7 +231,8 @@ impl PyGuard {
         let mut policy_settings = None;
         if let Some(p) = &policy {
             let settings = crate::policy::settings(p)?;
-            policy_settings = Some(settings.clone());
+            let cwd = std::env::current_dir().map_err(|e| PyOSError::new_err(e.to_string()))?;
+            policy_settings = Some((settings.clone(), cwd));
             let (set, warnings) = py.detach(|| crate::policy::load(&settings))?;
             policy_warnings = warnings;
             // Before the audit log: its session opening then names the set.
@@ -485,8 +488,14 @@ impl PyGuard {
     /// Raises `ValueError` for a policy path that is not UTF-8.
     fn replay_config(&self) -> PyResult<String> {
         let config = self.inner.session().policy.config.clone();
-        let cwd = std::env::current_dir().map_err(|e| PyOSError::new_err(e.to_string()))?;
-        tollgate_client::candidate::candidate_toml(&config, self.policy_settings.as_ref(), &cwd)
+        let (settings, base) = match &self.policy_settings {
+            Some((s, base)) => (Some(s), base.clone()),
+            None => (
+                None,
+                std::env::current_dir().map_err(|e| PyOSError::new_err(e.to_string()))?,
+            ),
+        };
+        tollgate_client::candidate::candidate_toml(&config, settings, &base)
             .map_err(PyValueError::new_err)
     }
 }

@@ -568,7 +568,14 @@ def test_library_mode_the_audit_log_replays_under_the_guards_own_config(tmp_path
         if v.allowed:
             g.settle(v, 0.1)
     config = tmp_path / "replay.toml"
+    # Written from another directory: the set's relative paths are the ones it was loaded
+    # from (the directory at construction), not the caller's directory now.
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
     config.write_text(g.replay_config())
+    assert str(tmp_path / "rules.cedar") in config.read_text(), config.read_text()
+    monkeypatch.chdir(tmp_path)
     del g
 
     def replay(*extra):
