@@ -101,6 +101,57 @@ async fn an_entry_is_acknowledged_only_after_its_commit() {
     j.close().await.unwrap();
 }
 
+/// Group commit's linger (`commit_linger`): after a batch of 4 or more, the next batch
+/// waits (here up to an hour) for as many entries before committing, so an entry and four
+/// more sent a moment later go in one commit; a shutdown ends the wait, and the entry waiting is
+/// committed. The counts, not the time, are checked (the hour only makes the linger
+/// certain; the shutdown's bound is a hang guard).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lingering_batch_fills_up_and_a_shutdown_ends_the_wait() {
+    let s = migrated("linger").await;
+    let mut settings = s.settings();
+    settings.commit_linger = std::time::Duration::from_secs(3600);
+    let j = std::sync::Arc::new(PgJournal::open(settings, key(1), "daemon-a").await.unwrap());
+    // A batch of 5: the first entry blocked on a lock, five more queued behind it (a
+    // lone entry, the first, never lingers: the batch before it was empty).
+    let mut locker = client().await.unwrap();
+    let tx = locker.transaction().await.unwrap();
+    tx.batch_execute(&format!(
+        "LOCK TABLE \"{}\".entries IN EXCLUSIVE MODE",
+        s.name
+    ))
+    .await
+    .unwrap();
+    let first = tokio::spawn(j.submit(verdict("s", 1)));
+    let watcher = client().await.unwrap();
+    assert!(wait_for_lock_wait(&watcher, &s.name).await);
+    let queued: Vec<_> = (2..=6)
+        .map(|n| tokio::spawn(j.submit(verdict("s", n))))
+        .collect();
+    tx.commit().await.unwrap();
+    first.await.unwrap().unwrap().unwrap();
+    for q in queued {
+        q.await.unwrap().unwrap().unwrap();
+    }
+    let before = j.stats().batches;
+    // Now one entry, and four more a moment later: the first waits for the other four
+    // (without the linger it would be committed alone in that moment).
+    let mut lingering = vec![tokio::spawn(j.submit(verdict("s", 7)))];
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    lingering.extend((8..=11).map(|n| tokio::spawn(j.submit(verdict("s", n)))));
+    for l in lingering {
+        l.await.unwrap().unwrap().unwrap();
+    }
+    assert_eq!(j.stats().batches, before + 1, "five entries, one commit");
+    // One entry alone after a batch of five waits for more; the shutdown ends the wait
+    // and it is committed.
+    let waiting = tokio::spawn(j.submit(verdict("s", 12)));
+    let closed = tokio::time::timeout(std::time::Duration::from_secs(60), j.close()).await;
+    closed.expect("the shutdown ended the linger").unwrap();
+    waiting.await.unwrap().unwrap().unwrap();
+    assert_eq!(count(&watcher, &s.name, "entries").await, 12);
+}
+
 /// Wait (bounded) until some backend waits on a lock in a statement on `schema` (whose
 /// name is unique to the test).
 pub async fn wait_for_lock_wait(watcher: &tokio_postgres::Client, schema: &str) -> bool {
