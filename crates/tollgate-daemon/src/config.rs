@@ -855,7 +855,7 @@ impl DaemonConfig {
                     },
                     migrate_at_start: a.migrate_at_start.unwrap_or(true),
                     commit_linger: match a.commit_linger_ms {
-                        None => Duration::from_millis(1),
+                        None => tollgate_pg::DEFAULT_COMMIT_LINGER,
                         Some(ms) if ms <= MAX_COMMIT_LINGER_MS => Duration::from_millis(ms),
                         Some(ms) => {
                             return Err(bad(

@@ -8,6 +8,10 @@ use tokio_postgres::Client;
 
 use crate::PgError;
 
+/// How long a batch waits under load for as many entries as the last one held
+/// ([`PgSettings::commit_linger`], `[audit] commit_linger_ms`).
+pub const DEFAULT_COMMIT_LINGER: Duration = Duration::from_millis(1);
+
 /// The default schema.
 pub const DEFAULT_SCHEMA: &str = "tollgate";
 
@@ -59,7 +63,7 @@ impl PgSettings {
             schema: DEFAULT_SCHEMA.to_owned(),
             ca_file: None,
             max_batch: 512,
-            commit_linger: Duration::from_millis(1),
+            commit_linger: DEFAULT_COMMIT_LINGER,
             queue: 65536,
             reconnect_min: Duration::from_millis(50),
             reconnect_max: Duration::from_secs(5),

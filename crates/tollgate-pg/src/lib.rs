@@ -37,7 +37,9 @@ mod journal;
 mod schema;
 mod verify;
 
-pub use conn::{check_schema, connect, PgSettings, DEFAULT_SCHEMA, MAX_SCHEMA_LEN};
+pub use conn::{
+    check_schema, connect, PgSettings, DEFAULT_COMMIT_LINGER, DEFAULT_SCHEMA, MAX_SCHEMA_LEN,
+};
 pub use journal::{check_chain_id, PgJournal, PgStats, CHAIN_FORMAT_VERSION, MAX_CHAIN_ID_BYTES};
 pub use schema::{migrate, migrate_with, MigrateReport, RoleOutcome, SCHEMA_VERSION, WRITER_ROLE};
 pub use verify::{
