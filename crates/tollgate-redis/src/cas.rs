@@ -12,7 +12,9 @@ use tollgate_audit::SessionEvent;
 use tollgate_core::json::{self, Limits, Number, Value};
 use tollgate_core::NonceWindow;
 use tollgate_core::{Money, SessionStatus, UnixNanos};
-use tollgate_store::record::{decode_budget, decode_session, encode_budget, encode_session};
+use tollgate_store::record::{
+    decode_budget, decode_session, encode_budget, encode_session, encode_session_into,
+};
 use tollgate_store::{ops, Budget, Session, Settled, StoreError};
 
 /// A Redis hash as the script returns it: field name to value.
@@ -103,16 +105,19 @@ pub const STORED_MAGIC: &[u8; 4] = b"TGS2";
 /// JSON (which [`decode_stored`] also reads, as it reads records written before this
 /// form). `s` is left as it was.
 pub fn encode_stored(s: &mut Session) -> Vec<u8> {
+    let mut out = Vec::with_capacity(8 + 1024 + 8 * s.state.seen_nonces.len());
+    out.extend_from_slice(STORED_MAGIC);
+    out.extend_from_slice(&[0; 4]);
+    // The JSON part, written in place (its length filled in after).
     let nonces = std::mem::take(&mut s.state.seen_nonces);
-    let json = encode_session(s);
+    encode_session_into(s, &mut out);
     s.state.seen_nonces = nonces;
-    let Ok(len) = u32::try_from(json.len()) else {
+    let Ok(len) = u32::try_from(out.len() - 8) else {
         return encode_session(s);
     };
-    let mut out = Vec::with_capacity(8 + json.len() + 8 * s.state.seen_nonces.len());
-    out.extend_from_slice(STORED_MAGIC);
-    out.extend_from_slice(&len.to_le_bytes());
-    out.extend_from_slice(&json);
+    if let Some(l) = out.get_mut(4..8) {
+        l.copy_from_slice(&len.to_le_bytes());
+    }
     for n in &s.state.seen_nonces {
         out.extend_from_slice(&n.to_le_bytes());
     }
@@ -1208,6 +1213,18 @@ mod tests {
             let mut s = session_with(&nonces, &res);
             let stored = encode_stored(&mut s);
             proptest::prop_assert!(stored.starts_with(STORED_MAGIC));
+            // Byte for byte the documented layout: magic, the JSON part's length, the
+            // JSON part (the record without its nonces), the nonces.
+            let mut bare = s.clone();
+            bare.state.seen_nonces = Default::default();
+            let json = encode_session(&bare);
+            let mut layout = STORED_MAGIC.to_vec();
+            layout.extend_from_slice(&u32::try_from(json.len()).unwrap().to_le_bytes());
+            layout.extend_from_slice(&json);
+            for n in &s.state.seen_nonces {
+                layout.extend_from_slice(&n.to_le_bytes());
+            }
+            proptest::prop_assert_eq!(&stored, &layout);
             let back = decode_stored(&stored, 1 << 20, 9).unwrap();
             proptest::prop_assert_eq!(encode_session(&back), encode_session(&s));
             proptest::prop_assert_eq!(&back.state.seen_nonces, &s.state.seen_nonces);

@@ -84,7 +84,14 @@ fn canonical(v: &Value) -> Vec<u8> {
 /// member (a fleet writes one on every decision; the tests check the bytes are the same).
 pub fn encode_session(s: &Session) -> Vec<u8> {
     let mut out = Vec::with_capacity(1024 + 21 * s.state.seen_nonces.len());
-    let mut o = json::ObjectWriter::new(&mut out);
+    encode_session_into(s, &mut out);
+    out
+}
+
+/// [`encode_session`], appended to `out` (so a caller framing the record writes it in
+/// place).
+pub fn encode_session_into(s: &Session, out: &mut Vec<u8>) {
+    let mut o = json::ObjectWriter::new(out);
     o.str("agent_id", s.meta.agent_id.as_str());
     o.str("budget_scope", scope_str(s.meta.budget_scope));
     o.int("created_at_ns", s.meta.created_at_ns);
@@ -110,7 +117,6 @@ pub fn encode_session(s: &Session) -> Vec<u8> {
     state_codec::write_canonical(&s.state, o.key("state"));
     o.int("v", RECORD_VERSION);
     o.end();
-    out
 }
 
 /// The session record as a value: the reference [`encode_session`]'s bytes are checked
