@@ -19,7 +19,7 @@ use crate::config::{Config, Mode};
 
 /// The candidate `config` gives (its files replaced by `replace` when it names any), and
 /// the policy loader's warnings. A daemon-mode configuration is refused.
-pub fn candidate(config: &Config, replace: &[PathBuf]) -> Result<(Candidate, Vec<String>), String> {
+fn candidate(config: &Config, replace: &[PathBuf]) -> Result<(Candidate, Vec<String>), String> {
     match &config.mode {
         Mode::Library(l) => {
             Candidate::load(l.guard.clone(), HashMap::new(), l.policy.as_ref(), replace)

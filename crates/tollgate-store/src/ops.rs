@@ -375,6 +375,17 @@ pub enum FoldError {
     },
 }
 
+/// The identity a session opening records.
+pub(crate) fn opened_meta(r: &SessionRecord) -> SessionMeta {
+    SessionMeta {
+        session_id: r.session_id.clone(),
+        agent_id: r.agent_id.clone(),
+        organization_id: r.organization_id.clone(),
+        budget_scope: r.budget_scope,
+        created_at_ns: r.timestamp_ns,
+    }
+}
+
 /// A new session from its session-opened record: metadata, policy, fresh state at the
 /// record's time, version 0 (the caller joins its budget, then calls [`open`] and compares
 /// with [`check_opened`]).
@@ -392,14 +403,7 @@ pub fn session_from_record(r: &SessionRecord) -> Result<Session, FoldError> {
             "budget_initial or budget_scope disagrees with config".to_owned()
         ));
     }
-    let meta = SessionMeta {
-        session_id: r.session_id.clone(),
-        agent_id: r.agent_id.clone(),
-        organization_id: r.organization_id.clone(),
-        budget_scope: r.budget_scope,
-        created_at_ns: r.timestamp_ns,
-    };
-    let mut s = Session::new(meta, Arc::new(policy), r.timestamp_ns);
+    let mut s = Session::new(opened_meta(r), Arc::new(policy), r.timestamp_ns);
     s.policy_set = r.policy_set;
     Ok(s)
 }

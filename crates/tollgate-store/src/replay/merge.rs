@@ -27,7 +27,7 @@ use std::collections::{BTreeMap, BinaryHeap, HashMap};
 
 use tollgate_audit::{Event, SessionEvent};
 
-use crate::session::{BudgetKey, SessionMeta};
+use crate::session::BudgetKey;
 
 /// One chain's verified entries, in chain order: each with its index in the chain.
 #[derive(Debug, Clone, Default)]
@@ -168,14 +168,8 @@ pub fn merge(chains: &[Chain]) -> Result<Vec<At>, MergeError> {
             let (session, seq, time) = match event {
                 Event::Session(s) => {
                     if let SessionEvent::Opened(o) = s {
-                        let meta = SessionMeta {
-                            session_id: o.session_id.clone(),
-                            agent_id: o.agent_id.clone(),
-                            organization_id: o.organization_id.clone(),
-                            budget_scope: o.budget_scope,
-                            created_at_ns: o.timestamp_ns,
-                        };
-                        shared.insert(&o.session_id, meta.shared_budget_key());
+                        let key = crate::ops::opened_meta(o).shared_budget_key();
+                        shared.insert(&o.session_id, key);
                     }
                     if s.budget_version() != 0 {
                         budget_writes.push((nodes.len(), s));
@@ -303,7 +297,7 @@ mod tests {
             budget_scope: BudgetScope::PerOrganization,
             ..GuardConfig::default()
         }));
-        let meta = SessionMeta {
+        let meta = crate::session::SessionMeta {
             session_id: id.into(),
             agent_id: "a".into(),
             organization_id: "o".into(),

@@ -171,7 +171,7 @@ fn replay(args: &Args) -> Result<ExitCode, String> {
     };
     let elapsed = started.elapsed();
     match args.format {
-        Format::Text => print_text(&report, args.examples),
+        Format::Text => print_text(&report),
         Format::Json => outln!("{}", report.to_json()),
     }
     errln!(
@@ -247,7 +247,7 @@ fn replay_pg(
 /// How many sessions the text form lists by their flips.
 const TEXT_SESSIONS: usize = 20;
 
-fn print_text(r: &Report, examples: usize) {
+fn print_text(r: &Report) {
     let unreplayable = r.unreplayable_total();
     outln!(
         "replayed {} of {} verdicts ({} entries): {} flip(s), {} reason change(s), {} not replayable",
@@ -286,7 +286,8 @@ fn print_text(r: &Report, examples: usize) {
                 r.flips_after_divergence
             );
         }
-        outln!("\nfirst {} flip(s):", r.flip_examples.len().min(examples));
+        // (The report keeps at most `--examples` of each.)
+        outln!("\nfirst {} flip(s):", r.flip_examples.len());
         for c in &r.flip_examples {
             print_change(c);
         }
