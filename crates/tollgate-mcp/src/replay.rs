@@ -32,7 +32,7 @@ fn candidate(config: &Config, replace: &[PathBuf]) -> Result<(Candidate, Vec<Str
     }
 }
 
-/// Read `mcp.toml` at `path` and give its candidate ([`candidate`]).
+/// Read `mcp.toml` at `path` and give its candidate (its `[guard]` and `[policy]`).
 pub fn load(path: &Path, replace: &[PathBuf]) -> Result<(Candidate, Vec<String>), String> {
     let config = Config::load(path).map_err(|e| format!("`{}`: {e}", path.display()))?;
     candidate(&config, replace)
