@@ -618,6 +618,32 @@ mod malformed {
     }
 }
 
+/// Verification of a log of key 1 against `cp`: checking every signature, and anchored on
+/// the checkpoint.
+fn full_and_anchored(cp: Checkpoint) -> (VerifyOptions, VerifyOptions) {
+    let full = VerifyOptions {
+        checkpoint: Some(cp),
+        ..opts(&key(1))
+    };
+    let anchored = VerifyOptions {
+        anchor_on_checkpoint: true,
+        ..full.clone()
+    };
+    (full, anchored)
+}
+
+/// The break verifying `dir` with `o` names (file, entry, offset, kind), or `None`.
+fn named(
+    dir: &std::path::Path,
+    o: &VerifyOptions,
+) -> Option<(String, Option<u64>, u64, BreakKind)> {
+    match verify_dir(dir, o) {
+        Err(tollgate_audit::PathsError::Break(b)) => Some((b.file, b.index, b.offset, b.kind)),
+        Err(e) => panic!("io error {e}"),
+        Ok(_) => None,
+    }
+}
+
 /// Anchoring on a checkpoint (`anchor_on_checkpoint`, for bulk readers such as `tollgate
 /// policy replay`): for every byte changed anywhere in a log whose checkpoint counts its
 /// first 10 entries (a key hand-over among them) but not its last 4, the anchored
@@ -643,14 +669,7 @@ fn a_checkpoint_anchor_catches_every_change_full_verification_catches() {
     w.shutdown().unwrap();
     let path = only_file(dir.path());
     let bytes = fs::read(&path).unwrap();
-    let full = VerifyOptions {
-        checkpoint: Some(cp),
-        ..opts(&key(1))
-    };
-    let anchored = VerifyOptions {
-        anchor_on_checkpoint: true,
-        ..full.clone()
-    };
+    let (full, anchored) = full_and_anchored(cp);
     let (s, entries) = verify_dir(dir.path(), &anchored).unwrap();
     assert!(s.checkpoint_matched);
     assert_eq!(entries.len(), 14);
@@ -660,12 +679,7 @@ fn a_checkpoint_anchor_catches_every_change_full_verification_catches() {
         let mut b = bytes.clone();
         b[pos] ^= 0x20;
         fs::write(&path, &b).unwrap();
-        let named = |o: &VerifyOptions| match verify_dir(dir.path(), o) {
-            Err(tollgate_audit::PathsError::Break(b)) => Some((b.index, b.offset, b.kind)),
-            Err(e) => panic!("io error {e}"),
-            Ok(_) => None,
-        };
-        let (f, a) = (named(&full), named(&anchored));
+        let (f, a) = (named(dir.path(), &full), named(dir.path(), &anchored));
         assert_eq!(a, f, "byte {pos}: anchored (left) and full (right) differ");
         caught += usize::from(f.is_some());
     }
@@ -705,27 +719,15 @@ fn a_checkpoint_anchor_names_the_full_break_across_files() {
         .collect();
     files.sort();
     assert!(files.len() >= 3, "{files:?}");
-    let full = VerifyOptions {
-        checkpoint: Some(cp),
-        ..opts(&key(1))
-    };
-    let anchored = VerifyOptions {
-        anchor_on_checkpoint: true,
-        ..full.clone()
-    };
+    let (full, anchored) = full_and_anchored(cp);
     verify_dir(dir.path(), &anchored).unwrap();
-    let named = |o: &VerifyOptions| match verify_dir(dir.path(), o) {
-        Err(tollgate_audit::PathsError::Break(b)) => Some((b.file, b.index, b.offset, b.kind)),
-        Err(e) => panic!("io error {e}"),
-        Ok(_) => None,
-    };
     for path in &files {
         let bytes = fs::read(path).unwrap();
         for pos in HEADER_LEN..bytes.len() {
             let mut b = bytes.clone();
             b[pos] ^= 0x20;
             fs::write(path, &b).unwrap();
-            let (f, a) = (named(&full), named(&anchored));
+            let (f, a) = (named(dir.path(), &full), named(dir.path(), &anchored));
             assert!(f.is_some(), "{path:?} byte {pos}: not refused");
             assert_eq!(
                 a, f,

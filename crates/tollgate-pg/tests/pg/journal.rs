@@ -79,14 +79,7 @@ async fn an_entry_is_acknowledged_only_after_its_commit() {
         .await
         .unwrap();
     // Another session holds the entries table: the journal's insert waits on it.
-    let mut locker = client().await.unwrap();
-    let tx = locker.transaction().await.unwrap();
-    tx.batch_execute(&format!(
-        "LOCK TABLE \"{}\".entries IN EXCLUSIVE MODE",
-        s.name
-    ))
-    .await
-    .unwrap();
+    let locker = lock_entries(&s.name).await;
     let pending = tokio::spawn(j.submit(verdict("s", 1)));
     // Wait (bounded) until the journal's backend is waiting for that lock.
     let watcher = client().await.unwrap();
@@ -94,7 +87,7 @@ async fn an_entry_is_acknowledged_only_after_its_commit() {
     assert!(waiting, "the journal's insert never blocked");
     assert!(!pending.is_finished(), "acknowledged before its commit");
     assert_eq!(count(&watcher, &s.name, "entries").await, 0);
-    tx.commit().await.unwrap();
+    locker.batch_execute("COMMIT").await.unwrap();
     let a = pending.await.unwrap().unwrap().unwrap();
     assert_eq!(a.index, 0);
     assert_eq!(count(&watcher, &s.name, "entries").await, 1);
@@ -114,21 +107,14 @@ async fn a_lingering_batch_fills_up_and_a_shutdown_ends_the_wait() {
     let j = std::sync::Arc::new(PgJournal::open(settings, key(1), "daemon-a").await.unwrap());
     // A batch of 5: the first entry blocked on a lock, five more queued behind it (a
     // lone entry, the first, never lingers: the batch before it was empty).
-    let mut locker = client().await.unwrap();
-    let tx = locker.transaction().await.unwrap();
-    tx.batch_execute(&format!(
-        "LOCK TABLE \"{}\".entries IN EXCLUSIVE MODE",
-        s.name
-    ))
-    .await
-    .unwrap();
+    let locker = lock_entries(&s.name).await;
     let first = tokio::spawn(j.submit(verdict("s", 1)));
     let watcher = client().await.unwrap();
     assert!(wait_for_lock_wait(&watcher, &s.name).await);
     let queued: Vec<_> = (2..=6)
         .map(|n| tokio::spawn(j.submit(verdict("s", n))))
         .collect();
-    tx.commit().await.unwrap();
+    locker.batch_execute("COMMIT").await.unwrap();
     first.await.unwrap().unwrap().unwrap();
     for q in queued {
         q.await.unwrap().unwrap().unwrap();
@@ -150,6 +136,19 @@ async fn a_lingering_batch_fills_up_and_a_shutdown_ends_the_wait() {
     closed.expect("the shutdown ended the linger").unwrap();
     waiting.await.unwrap().unwrap().unwrap();
     assert_eq!(count(&watcher, &s.name, "entries").await, 12);
+}
+
+/// A session holding `schema`'s entries table (a transaction left open; `COMMIT` on the
+/// client it returns lets the journal's inserts go on).
+async fn lock_entries(schema: &str) -> tokio_postgres::Client {
+    let locker = client().await.unwrap();
+    locker
+        .batch_execute(&format!(
+            "BEGIN; LOCK TABLE \"{schema}\".entries IN EXCLUSIVE MODE"
+        ))
+        .await
+        .unwrap();
+    locker
 }
 
 /// Wait (bounded) until some backend waits on a lock in a statement on `schema` (whose
