@@ -187,6 +187,11 @@ where
         }
     };
     ct.cancel();
+    // Stop the upstreams (killed and reaped) rather than leave them to the process's exit:
+    // an orphan's zombie waits for an init that, in a container, may never reap it.
+    for u in core.upstreams() {
+        u.reset().await;
+    }
     result
 }
 

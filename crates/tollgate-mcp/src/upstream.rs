@@ -166,8 +166,25 @@ impl ClientHandler for Handler {
 
 struct Conn {
     service: RunningService<RoleClient, Handler>,
-    /// The upstream's process, killed when the connection is dropped.
-    _child: Option<tokio::process::Child>,
+    /// The upstream's process: killed and reaped by [`Conn::stop`], or killed (not waited
+    /// for) when the connection is dropped.
+    child: Option<tokio::process::Child>,
+}
+
+impl Conn {
+    /// Kill the upstream's process and wait for it, so it is gone when this returns.
+    async fn stop(mut self) {
+        if let Some(child) = self.child.as_mut() {
+            stop_child(child).await;
+        }
+    }
+}
+
+/// Kill `child` and reap it (a process that has already exited is only reaped).
+async fn stop_child(child: &mut tokio::process::Child) {
+    if let Err(e) = child.kill().await {
+        tracing::warn!("cannot stop an upstream process: {e}");
+    }
 }
 
 /// One configured upstream and its current connection, if any.
@@ -218,22 +235,28 @@ impl Upstream {
                 self.config.name
             );
         }
-        // Drop (and kill) the old one before starting the next.
-        *conn = None;
-        let fresh = tokio::time::timeout(self.connect_timeout, self.connect())
-            .await
-            .map_err(|_| UpstreamError::ConnectTimeout(self.connect_timeout))??;
+        // Stop the old one before starting the next.
+        if let Some(old) = conn.take() {
+            old.stop().await;
+        }
+        let fresh = self.connect().await?;
         let peer = fresh.service.peer().clone();
         *conn = Some(fresh);
         Ok(peer)
     }
 
-    /// Forget the connection (and kill the process), so the next use starts a new one.
+    /// Forget the connection and stop its process (killed and reaped before this returns),
+    /// so the next use starts a new one.
     pub async fn reset(&self) {
-        *self.conn.lock().await = None;
+        if let Some(old) = self.conn.lock().await.take() {
+            old.stop().await;
+        }
     }
 
+    /// A new connection, initialized within the connect timeout. A process started for it
+    /// that does not initialize in time, or fails to, is stopped before this returns.
     async fn connect(&self) -> Result<Conn, UpstreamError> {
+        let timeout = self.connect_timeout;
         let handler = Handler {
             hosts: self.hosts.clone(),
         };
@@ -272,11 +295,21 @@ impl Upstream {
                     self.max_message_bytes,
                     &self.config.name,
                 );
-                let service = handler.serve(transport).await.map_err(init)?;
-                Ok(Conn {
-                    service,
-                    _child: Some(child),
-                })
+                let served = tokio::time::timeout(timeout, handler.serve(transport)).await;
+                match served {
+                    Ok(Ok(service)) => Ok(Conn {
+                        service,
+                        child: Some(child),
+                    }),
+                    Ok(Err(e)) => {
+                        stop_child(&mut child).await;
+                        Err(init(e))
+                    }
+                    Err(_) => {
+                        stop_child(&mut child).await;
+                        Err(UpstreamError::ConnectTimeout(timeout))
+                    }
+                }
             }
             UpstreamTransport::Http { url } => {
                 crate::install_crypto_provider();
@@ -287,13 +320,13 @@ impl Upstream {
                 cfg.max_json_response_size = self.max_message_bytes;
                 cfg.max_sse_event_size = self.max_message_bytes;
                 let transport = StreamableHttpClientTransport::with_client(client, cfg);
-                let service = handler
-                    .serve(transport)
+                let service = tokio::time::timeout(timeout, handler.serve(transport))
                     .await
+                    .map_err(|_| UpstreamError::ConnectTimeout(timeout))?
                     .map_err(|e| UpstreamError::Initialize(explain_http(url, &e)))?;
                 Ok(Conn {
                     service,
-                    _child: None,
+                    child: None,
                 })
             }
         }

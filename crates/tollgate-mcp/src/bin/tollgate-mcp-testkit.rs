@@ -4,7 +4,8 @@
 //! - `tollgate-mcp-testkit upstream`: a real MCP server (rmcp's server side) on stdio,
 //!   whose tools misbehave on request (`crash`, `hang`, `garbage`, `big`, `fail`). Each
 //!   invocation appends the tool's name to the file `$TESTKIT_LOG`, if set, so a test can
-//!   count what actually ran. `$TESTKIT_EXTRA_TOOLS` (names separated by `|`) adds tools
+//!   count what actually ran; `$TESTKIT_PIDFILE`, if set, gets its process id when it
+//!   starts. `$TESTKIT_EXTRA_TOOLS` (names separated by `|`) adds tools
 //!   that answer like `echo`, for names hosts would refuse.
 //! - `tollgate-mcp-testkit upstream-http`: the same server over Streamable HTTP on
 //!   127.0.0.1 (a free port); prints `http://ADDR/mcp` on its first line.
@@ -254,6 +255,9 @@ impl ServerHandler for Upstream {
 }
 
 async fn upstream_stdio() -> Result<(), Box<dyn std::error::Error>> {
+    if let Ok(path) = std::env::var("TESTKIT_PIDFILE") {
+        std::fs::write(path, std::process::id().to_string())?;
+    }
     let running = Upstream
         .serve((tokio::io::stdin(), tokio::io::stdout()))
         .await?;

@@ -1,7 +1,8 @@
 //! Failures fail closed and the gateway stays up: an upstream that crashes mid-call, hangs
 //! past its timeout, writes garbage or an oversized message gets the host an error result
 //! (and is restarted for the next call); garbage and oversized lines from the host get
-//! JSON-RPC errors; the host hanging up stops the gateway.
+//! JSON-RPC errors; the host hanging up stops the gateway, which stops its upstreams
+//! first.
 
 use std::time::Duration;
 
@@ -24,6 +25,33 @@ async fn an_upstream_killed_mid_call_is_an_error_result_and_the_next_call_works(
     assert_eq!(text(&s.ok("add", json!({"a": 1, "b": 1})).await), "2");
     assert_eq!(kit.invocations(), ["crash", "add"]);
     s.close().await;
+}
+
+/// A gateway that exits leaves no process behind: its upstreams are killed and reaped
+/// before it exits, not left running or as zombies for an init that may never reap them
+/// (a container's PID 1 often does not).
+#[tokio::test]
+async fn the_gateway_reaps_its_upstreams_when_the_host_hangs_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let pid_file = dir.path().join("upstream.pid");
+    let kit = Kit::with_upstreams(
+        &format!(
+            "[[upstream]]\nname = \"kit\"\ncommand = \"{TESTKIT}\"\nargs = [\"upstream\"]\n\
+             [upstream.env]\nTESTKIT_PIDFILE = {pid_file:?}\n"
+        ),
+        "",
+    );
+    let s = start(&kit.config(), Host::default()).await;
+    assert_eq!(text(&s.ok("add", json!({"a": 1, "b": 1})).await), "2");
+    let pid = std::fs::read_to_string(&pid_file).unwrap();
+    let proc_dir = std::path::PathBuf::from(format!("/proc/{}", pid.trim()));
+    assert!(
+        proc_dir.exists(),
+        "the upstream runs while the host is connected"
+    );
+    assert!(s.close().await.success());
+    let stat = std::fs::read_to_string(proc_dir.join("stat")).unwrap_or_default();
+    assert!(stat.is_empty(), "the upstream is not gone: {stat}");
 }
 
 #[tokio::test]
