@@ -118,10 +118,10 @@ pub const MAX_UPSTREAM_BYTES: usize = 256;
 
 /// The upstream a verdict records for a call to a tool of `upstream` (format version 8):
 /// `None` for the local resource (`local`), and for a name no record may hold (empty,
-/// longer than [`MAX_UPSTREAM_BYTES`], with a control character). A call for such a name
-/// is not replayed for its own resource but for `local` (the policy layer refuses only the
-/// over-long one as malformed; the gateway never names an upstream so, its names being
-/// checked when mcp.toml is read).
+/// longer than [`MAX_UPSTREAM_BYTES`], with a control character). The policy layer names no
+/// resource for such a name (`tollgate_policy::model::is_upstream_name`), so a call naming
+/// one is refused as malformed and replayed as malformed; the gateway never names an
+/// upstream so, its names being checked when mcp.toml is read.
 pub fn recorded_upstream(upstream: &str) -> Option<String> {
     is_recordable_upstream(upstream).then(|| upstream.to_owned())
 }

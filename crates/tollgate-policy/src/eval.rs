@@ -321,7 +321,7 @@ impl Inner {
 
     pub(crate) fn actor(&self, organization: &str, agent: &str, upstream: &str) -> Option<Actor> {
         let bounded = |s: &str| s.len() <= model::MAX_NAME_BYTES;
-        if !(bounded(organization) && bounded(agent) && bounded(upstream)) {
+        if !(bounded(organization) && bounded(agent) && model::is_upstream_name(upstream)) {
             return None;
         }
         let (principal, resource, mut entities) =

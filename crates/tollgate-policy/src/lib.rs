@@ -151,7 +151,8 @@ impl Policies {
 
     /// The principal and resource for calls by `agent` of `organization` to tools of
     /// `upstream` ([`LOCAL_UPSTREAM`] outside the MCP gateway). `None` when a name is
-    /// longer than [`model::MAX_NAME_BYTES`].
+    /// longer than [`model::MAX_NAME_BYTES`], or `upstream` is not a name
+    /// ([`model::is_upstream_name`]: empty, or with a control character).
     pub fn actor(&self, organization: &str, agent: &str, upstream: &str) -> Option<Actor> {
         self.inner.actor(organization, agent, upstream)
     }

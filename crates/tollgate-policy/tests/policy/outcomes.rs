@@ -486,6 +486,12 @@ fn names_are_bounded() {
     let p = set("permit(principal, action, resource);");
     assert!(p.actor(&"a".repeat(257), "b", "local").is_none());
     assert!(p.actor("a", "b", &"c".repeat(256)).is_some());
+    assert!(p.actor("a", "b", &"c".repeat(257)).is_none());
+    // An upstream the log cannot record is no resource (a replay could not decide for it).
+    for bad in ["", "up\nstream", "\u{7f}", "tab\there"] {
+        assert!(p.actor("a", "b", bad).is_none(), "{bad:?}");
+    }
+    assert!(p.actor("a", "b", "é up-stream.v2").is_some());
     // A tool name is any string; the evaluation still gives an outcome.
     let odd = "tool \"with\" quotes\n and \u{0} nul";
     let s = Session::default();

@@ -524,7 +524,8 @@ fn an_mcp_toml_is_a_candidate_and_its_upstreams_are_the_resources() {
     let d = dir.path();
     std::fs::write(
         d.join("tools.cedar"),
-        "@id(\"kit-big-pay\") forbid (principal, action == Action::\"pay\", resource == Upstream::\"kit\") when { context.args has n && context.args.n > 5 };\n",
+        "@id(\"kit-big-pay\") forbid (principal, action == Action::\"pay\", resource == Upstream::\"kit\") when { context.args has n && context.args.n > 5 };\n\
+         @id(\"no-local-pay\") forbid (principal, action == Action::\"pay\", resource == Upstream::\"local\");\n",
     )
     .unwrap();
     let mcp = d.join("mcp.toml");
@@ -553,13 +554,24 @@ fn an_mcp_toml_is_a_candidate_and_its_upstreams_are_the_resources() {
         refused += usize::from(c.reason == "policy:kit-big-pay");
     }
     assert_eq!(refused, 4);
+    // An embedder naming an upstream no entry can record (empty, a control character) is
+    // refused as malformed: decided for that name, it would be replayed for `local`.
+    let one = json::parse_str(r#"{"n":1}"#).unwrap();
+    for odd in ["", "k\nit"] {
+        let c = guard.check_in(odd, "pay", &one, tollgate_core::Money(10_000_000), None);
+        assert_eq!(
+            c.decision.reason,
+            tollgate_core::Reason::MalformedInput,
+            "{odd:?}"
+        );
+    }
     drop(guard);
     let log = d.join("audit");
     let pubkey = d.join("audit.pub");
     let (c, report, t) = replay(&["--mcp", s(&mcp), "--key", s(&pubkey), s(&log)]);
     assert_eq!(c, 0, "{t}");
     assert_eq!(count(&report, "flips"), 0, "{t}");
-    assert_eq!(count(&report, "replayed"), 10, "{t}");
+    assert_eq!(count(&report, "replayed"), 12, "{t}");
     // The same policies under a serve configuration: the entries still name their
     // upstream, so the forbid still applies.
     let serve = d.join("serve.toml");
