@@ -153,7 +153,7 @@ fn op(daemons: usize) -> impl Strategy<Value = Op> {
     prop_oneof![
         2 => (0..daemons, 0..SESSIONS).prop_map(|(d, s)| Op::OpenStart { d, s }),
         2 => (0..daemons).prop_map(|d| Op::OpenSend { d }),
-        5 => (0..daemons, 0..SESSIONS, 1..30u64, 1..15i64)
+        5 => (0..daemons, 0..SESSIONS, 1..10u64, 1..15i64)
             .prop_map(|(d, s, nonce, cost)| Op::Decide { d, s, nonce, cost }),
         2 => (0..daemons, 0..SESSIONS, 0..20i64)
             .prop_map(|(d, s, actual)| Op::Report { d, s, actual }),
