@@ -190,12 +190,14 @@ def data_dir() -> pathlib.Path:
 
 def wait_until_held(op, session_id, with_params=True):
     """Poll the operator's list until the session's call is held and, by default, its
-    params have been shown (no timing threshold: each poll is a round trip; bounded in
-    count)."""
-    for _ in range(10_000):
+    params have been shown: up to 30 s (a liveness bound, not a timing threshold), with a
+    pause between polls so the client that sends the params gets the CPU."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
         for p in op.pending():
             if p["session_id"] == session_id and p["decision"] == "" and (p["params"] is not None or not with_params):
                 return p
+        time.sleep(0.01)
     raise AssertionError("the call was never held")
 
 

@@ -69,7 +69,7 @@ def test_a_wrong_secret_is_refused(daemon):
 
 
 def test_a_silent_daemon_is_a_deny_fail_closed_timeout(daemon):
-    c = connect(daemon, "slow-bot", timeout=0.5, heartbeat_interval=0)
+    c = connect(daemon, "slow-bot", timeout=2.0, heartbeat_interval=0)
     daemon.pause()
     try:
         v = c.check("t", {"a": 1})

@@ -205,7 +205,7 @@ def test_without_a_good_certificate_or_the_right_ca_nothing_is_decided(daemon, s
 
 
 def test_a_silent_daemon_over_grpc_is_a_deny_fail_closed(daemon):
-    c = connect(daemon, "slow-grpc", timeout=0.5, heartbeat_interval=0)
+    c = connect(daemon, "slow-grpc", timeout=2.0, heartbeat_interval=0)
     ran = []
 
     @c.tool

@@ -893,7 +893,7 @@ async fn the_client_fails_closed_on_a_lying_or_silent_grpc_daemon() {
             ),
     );
     let mut cfg = ClientConfig::grpc(pki.client(addr, Some(pki.acme_agent())), "", "bot");
-    cfg.timeout = Duration::from_millis(500);
+    cfg.timeout = Duration::from_secs(2);
     let c = DaemonClient::connect(cfg).await.unwrap();
     let p = json::parse_str("{}").unwrap();
     let v = c.pre_exec("t", &p, 0.0).await;
@@ -911,7 +911,7 @@ async fn the_client_fails_closed_on_a_lying_or_silent_grpc_daemon() {
     server.abort();
     // And a daemon that is not there at all.
     let mut cfg = ClientConfig::grpc(pki.client(addr, Some(pki.acme_agent())), "", "bot");
-    cfg.timeout = Duration::from_millis(500);
+    cfg.timeout = Duration::from_secs(2);
     let _ = server.await;
     let e = DaemonClient::connect(cfg).await.unwrap_err();
     assert!(e.reason().starts_with("fail_closed:"), "{e:?}");
@@ -926,7 +926,7 @@ async fn pre_exec_or_wait_over_grpc_runs_the_edited_call() {
     let b = start_both(dir.path()).await;
     let grpc = Via::Grpc(b.pki.client(b.grpc, Some(b.pki.acme_agent())));
     let mut cfg = grpc.config("reviewed");
-    cfg.timeout = Duration::from_millis(500);
+    cfg.timeout = Duration::from_secs(2);
     let agent = DaemonClient::connect(cfg).await.unwrap();
     let operator = crate::operator(&b.daemon.socket).await;
     let session = agent.session_id().to_owned();
@@ -942,7 +942,7 @@ async fn pre_exec_or_wait_over_grpc_runs_the_edited_call() {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         // Decide later than the client's own reply timeout: the wait must survive it.
-        tokio::time::sleep(Duration::from_millis(800)).await;
+        tokio::time::sleep(Duration::from_millis(3_000)).await;
         operator
             .hitl_decide(sp1::HitlDecideRequest {
                 session_id: session,
@@ -1095,7 +1095,10 @@ fn issue_for(issuer: &Ca, dns: &str, secs: u64) -> (String, String) {
 async fn a_connection_stops_being_served_when_its_certificate_expires() {
     let dir = tempfile::tempdir().unwrap();
     let b = start_both(dir.path()).await;
-    let short = issue_for(&b.pki.acme, "bot1.agents.acme.example", 2);
+    // Valid for 10 s: room for the handshake, registration and first call on a loaded
+    // machine, each waiting for an fsync.
+    let issued = std::time::Instant::now();
+    let short = issue_for(&b.pki.acme, "bot1.agents.acme.example", 10);
     let via = Via::Grpc(b.pki.client(b.grpc, Some(short)));
     let c = via.connect("research-bot").await;
     let v = c
@@ -1103,7 +1106,7 @@ async fn a_connection_stops_being_served_when_its_certificate_expires() {
         .await;
     assert_eq!(v.verdict, Verdict::Allow);
     // Past notAfter (second precision, inclusive) by a margin.
-    tokio::time::sleep(Duration::from_secs(5)).await;
+    tokio::time::sleep_until((issued + Duration::from_secs(13)).into()).await;
     let v = c
         .pre_exec("t", &json::parse_str(r#"{"n":2}"#).unwrap(), 0.0)
         .await;

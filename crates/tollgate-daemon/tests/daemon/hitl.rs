@@ -198,7 +198,9 @@ async fn held_nonce(d: &crate::Running, session: &str) -> u64 {
 async fn a_call_nobody_decides_expires_and_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let mut c = config(dir.path());
-    c.limits.hitl_timeout = Duration::from_secs(1);
+    // Long enough that the second held call below is still pending when asked about on a
+    // loaded machine (its hold waits for an fsync).
+    c.limits.hitl_timeout = Duration::from_secs(3);
     let d = start(c).await;
     let agent = connect(&d.socket, "reviewed").await;
     let p = json::parse_str(r#"{"to":"acct_1"}"#).unwrap();

@@ -11,12 +11,21 @@ use crate::{audited, config, connect, start};
 async fn a_session_that_misses_three_heartbeats_is_stale_until_it_heartbeats() {
     let dir = tempfile::tempdir().unwrap();
     let mut cfg = config(dir.path());
-    cfg.limits.heartbeat_interval = Duration::from_millis(100);
+    // Stale 3 s after the last heartbeat: long enough for a registration and a call on a
+    // loaded machine (each waits for an fsync); staleness is then waited for, not timed.
+    cfg.limits.heartbeat_interval = Duration::from_secs(1);
     let d = start(cfg).await;
     let c = connect(&d.socket, "research-bot").await;
     let p = json::parse_str("{}").unwrap();
     assert!(c.pre_exec("t", &p, 0.0).await.allowed());
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while c.session_state().await.unwrap().status != sp1::SessionStatus::Stale as i32 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "not stale 30 s after the last heartbeat"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     let v = c
         .pre_exec("t", &json::parse_str(r#"{"a":1}"#).unwrap(), 0.0)
         .await;
@@ -135,11 +144,12 @@ async fn refusals_are_errors_not_verdicts() {
 async fn background_heartbeats_keep_a_session_live() {
     let dir = tempfile::tempdir().unwrap();
     let mut cfg = config(dir.path());
-    cfg.limits.heartbeat_interval = Duration::from_millis(100);
+    // Stale 3 s after the last heartbeat; heartbeats every 100 ms for longer than that.
+    cfg.limits.heartbeat_interval = Duration::from_secs(1);
     let d = start(cfg).await;
     let c = std::sync::Arc::new(connect(&d.socket, "research-bot").await);
-    let hb = c.spawn_heartbeats(Duration::from_millis(50));
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    let hb = c.spawn_heartbeats(Duration::from_millis(100));
+    tokio::time::sleep(Duration::from_millis(3_500)).await;
     let v = c.pre_exec("t", &json::parse_str("{}").unwrap(), 0.0).await;
     assert!(v.allowed(), "{v:?}");
     hb.abort();

@@ -51,12 +51,18 @@ async fn a_call_over_streamable_http_both_ways() {
         let t = StreamableHttpClientTransport::with_client(reqwest::Client::new(), cfg);
         Host::default().serve(t).await
     };
-    let client = loop {
-        match connect().await {
-            Ok(c) => break c,
-            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+    // Until the gateway listens: a hang is a failure (its port, found free, may have been
+    // taken meanwhile).
+    let client = tokio::time::timeout(Duration::from_secs(30), async {
+        loop {
+            match connect().await {
+                Ok(c) => break c,
+                Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+            }
         }
-    };
+    })
+    .await
+    .expect("the gateway did not listen within 30 s");
     let mut p = rmcp::model::CallToolRequestParams::new("add");
     p.arguments = json!({"a": 4, "b": 5}).as_object().cloned();
     assert_eq!(text(&client.call_tool(p.clone()).await.unwrap()), "9");
@@ -113,12 +119,16 @@ async fn a_foreign_origin_or_host_gets_403() {
         async move { r.send().await.map(|r| r.status().as_u16()) }
     };
     // Wait for the gateway to listen.
-    let first = loop {
-        match post(None, None).await {
-            Ok(s) => break s,
-            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+    let first = tokio::time::timeout(Duration::from_secs(30), async {
+        loop {
+            match post(None, None).await {
+                Ok(s) => break s,
+                Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+            }
         }
-    };
+    })
+    .await
+    .expect("the gateway did not listen within 30 s");
     assert_eq!(first, 200, "no Origin (a program) is served");
     for origin in [
         "http://evil.example",

@@ -305,16 +305,17 @@ fn post_exec_puts_a_settlement_after_every_allowed_verdict_in_the_log() {
 }
 
 /// Sessions heartbeat while they run. Against a daemon that marks a session STALE after
-/// one missed 1-second interval, a 2-second run is refused (fail closed) without
-/// heartbeats often enough, and never with them.
+/// one missed 2-second interval, a 4-second run is refused (fail closed) without
+/// heartbeats often enough, and never with them (every 200 ms: a stall of 1.8 s would be
+/// needed to miss one).
 #[test]
 fn sessions_heartbeat_so_a_long_run_does_not_go_stale() {
     let tmp = tempfile::tempdir().unwrap();
     let config =
-        format!("{UNLIMITED}heartbeat_interval_secs = 1\nmissed_heartbeats_for_stale = 1\n");
+        format!("{UNLIMITED}heartbeat_interval_secs = 2\nmissed_heartbeats_for_stale = 1\n");
     let serve = Serve::start(tmp.path(), &config);
     let run = |extra: &[&str]| {
-        let mut args = vec!["--sessions", "1", "--duration", "2"];
+        let mut args = vec!["--sessions", "1", "--duration", "4"];
         args.extend_from_slice(extra);
         ok(&serve.bench(&args))
     };

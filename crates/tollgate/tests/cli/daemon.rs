@@ -35,11 +35,32 @@ impl Serve {
         Serve::start_command_at(dir, &dir.join("tollgate.sock"), command)
     }
 
+    /// [`Serve::start_with`], its standard error (its log) appended to the file `log`.
+    pub(crate) fn start_logged(dir: &Path, extra: &[&str], log: &Path) -> Serve {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)
+            .unwrap();
+        Serve::spawn_at(
+            dir,
+            &dir.join("tollgate.sock"),
+            Command::new(env!("CARGO_BIN_EXE_tollgate"))
+                .args(["serve", "--data-dir", s(dir)])
+                .args(extra),
+            log.into(),
+        )
+    }
+
     /// [`Serve::start_command`] for a daemon listening on `socket`.
     pub(crate) fn start_command_at(dir: &Path, socket: &Path, command: &mut Command) -> Serve {
+        Serve::spawn_at(dir, socket, command, Stdio::null())
+    }
+
+    fn spawn_at(dir: &Path, socket: &Path, command: &mut Command, stderr: Stdio) -> Serve {
         let child = command
             .stdout(Stdio::piped())
-            .stderr(Stdio::null())
+            .stderr(stderr)
             .spawn()
             .unwrap();
         let t = Instant::now();

@@ -170,9 +170,10 @@ operator_secret = "fleet-test-operators-secret-0123456789"
 "#
             );
             std::fs::write(dir.join("fleet.toml"), config).unwrap();
-            f.daemons.push(Some(Serve::start_with(
+            f.daemons.push(Some(Serve::start_logged(
                 &dir,
                 &["--config", s(&dir.join("fleet.toml"))],
+                &root.join(format!("d{i}.stderr")),
             )));
             f.dirs.push(dir);
         }

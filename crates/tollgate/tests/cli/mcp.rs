@@ -27,12 +27,9 @@ fn a_bad_configuration_is_refused_naming_the_key() {
 fn stderr_is_plain_words_and_an_early_hang_up_exits_zero() {
     let dir = tempfile::tempdir().unwrap();
     let cfg = dir.path().join("mcp.toml");
-    // A port nothing listens on: bind one, note it, close it.
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    // A port nothing listens on (port 1 needs root to bind, and nothing here does; a
+    // port freed by this test could be taken by another before the check connects).
+    let port = 1;
     std::fs::write(
         &cfg,
         format!("[[upstream]]\nname = \"docs\"\nurl = \"http://127.0.0.1:{port}/mcp\"\n[tools.docs.search]\ncost_usd = 0.1\n"),
