@@ -638,11 +638,11 @@ impl Replay {
                 };
                 if rep.differs.contains(&s.call_number) {
                     self.skipped.settlements += 1;
-                    with_budget(&mut self.budgets, rep, e, |_| {});
+                    with_budget(&mut self.budgets, rep, recorded_amounts(e), |_| {});
                     return;
                 }
-                with_budget(&mut self.budgets, rep, e, |session| {
-                    ops::settle_logged(session, s);
+                with_budget(&mut self.budgets, rep, recorded_amounts(e), |rep| {
+                    ops::settle_logged(&mut rep.session, s);
                 });
             }
             SessionEvent::HumanDecision(d) => {
@@ -655,8 +655,8 @@ impl Replay {
                     .transition_of_call(d.call_number)
                     .is_some();
                 let applied = held
-                    && with_budget(&mut self.budgets, rep, e, |session| {
-                        ops::decide_logged(session, d).is_ok()
+                    && with_budget(&mut self.budgets, rep, recorded_amounts(e), |rep| {
+                        ops::decide_logged(&mut rep.session, d).is_ok()
                     });
                 if !applied {
                     self.skipped.decisions += 1;
@@ -664,8 +664,8 @@ impl Replay {
             }
             SessionEvent::Closed(c) => {
                 if let Some(mut rep) = self.sessions.remove(&c.session_id) {
-                    with_budget(&mut self.budgets, &mut rep, e, |session| {
-                        ops::close(session, c.reason, c.timestamp_ns);
+                    with_budget(&mut self.budgets, &mut rep, recorded_amounts(e), |rep| {
+                        ops::close(&mut rep.session, c.reason, c.timestamp_ns);
                     });
                 }
             }
@@ -678,16 +678,27 @@ impl Replay {
         let set = self.candidate.set.as_deref();
         let recorded = &self.recorded;
         let rep = self.sessions.get_mut(&v.session_id)?;
+        let amounts = (v.budget_before, v.budget_after);
+        Some(with_budget(&mut self.budgets, rep, amounts, |rep| {
+            Replica::verdict(rep, set, v, |id| recorded.session(id, v))
+        }))
+    }
+}
+
+impl Replica {
+    /// The candidate's verdict on `v`, applied to this session (its shared budget already
+    /// loaded).
+    fn verdict(
+        rep: &mut Replica,
+        set: Option<&Enforced>,
+        v: &VerdictRecord,
+        recorded_state: impl FnOnce(&str) -> Option<Session>,
+    ) -> Outcome {
         let recorded_reason = recorded_reason(v);
         let after_divergence = rep.diverged;
         let call = ops::recorded_call(v);
         let args = recorded_args(v);
         let now = v.timestamp_ns;
-        if let Some(b) = rep.shared.as_ref().and_then(|k| self.budgets.get_mut(k)) {
-            b.budget.remaining = plus(v.budget_before, b.delta);
-            b.budget.load_into(&mut rep.session.state);
-        }
-        let recorded_state = |id: &str| recorded.session(id, v);
         // The resource the call was decided for: its upstream (format version 8), else
         // the local one.
         let actor = set.and_then(|set| {
@@ -746,15 +757,11 @@ impl Replay {
                 Err(why)
             }
         };
-        if let Some(b) = rep.shared.as_ref().and_then(|k| self.budgets.get_mut(k)) {
-            b.budget = Budget::of(&rep.session.state);
-            b.delta = i128::from(b.budget.remaining.0) - i128::from(v.budget_after.0);
-        }
-        Some(Outcome {
+        Outcome {
             recorded_reason,
             candidate,
             after_divergence,
-        })
+        }
     }
 }
 
@@ -859,21 +866,21 @@ fn plus(recorded: Money, delta: i128) -> Money {
     Money(i64::try_from(v).unwrap_or(i64::MAX))
 }
 
-/// Run `f` on `rep`'s session for the recorded entry `e`, with its shared budget loaded
-/// as the candidate has it at `e` (the recorded amount plus the candidate's difference),
-/// and store the budget and the difference back.
+/// Run `f` on `rep` for a recorded entry that found the budget at `before` and left it at
+/// `after` ([`recorded_amounts`]), with its shared budget loaded as the candidate has it
+/// there (the recorded amount plus the candidate's difference), and store the budget and
+/// the difference back.
 fn with_budget<R>(
     budgets: &mut HashMap<BudgetKey, Shared>,
     rep: &mut Replica,
-    e: &SessionEvent,
-    f: impl FnOnce(&mut Session) -> R,
+    (before, after): (Money, Money),
+    f: impl FnOnce(&mut Replica) -> R,
 ) -> R {
-    let (before, after) = recorded_amounts(e);
     if let Some(b) = rep.shared.as_ref().and_then(|k| budgets.get_mut(k)) {
         b.budget.remaining = plus(before, b.delta);
         b.budget.load_into(&mut rep.session.state);
     }
-    let r = f(&mut rep.session);
+    let r = f(rep);
     if let Some(b) = rep.shared.as_ref().and_then(|k| budgets.get_mut(k)) {
         b.budget = Budget::of(&rep.session.state);
         b.delta = i128::from(b.budget.remaining.0) - i128::from(after.0);
