@@ -221,8 +221,9 @@ pub fn replay_paths(
             0,
         ));
     };
+    // The files as listed above (a directory is listed once).
     let verified = tollgate_audit::verify_paths_watched(
-        paths,
+        &files,
         &opts,
         &mut |e| {
             if broken.is_some() {
