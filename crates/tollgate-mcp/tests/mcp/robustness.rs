@@ -29,29 +29,49 @@ async fn an_upstream_killed_mid_call_is_an_error_result_and_the_next_call_works(
 
 /// A gateway that exits leaves no process behind: its upstreams are killed and reaped
 /// before it exits, not left running or as zombies for an init that may never reap them
-/// (a container's PID 1 often does not).
+/// (a container's PID 1 often does not). Whether the host hangs up or the gateway is
+/// told to stop (SIGTERM) while the host is still connected.
 #[tokio::test]
-async fn the_gateway_reaps_its_upstreams_when_the_host_hangs_up() {
-    let dir = tempfile::tempdir().unwrap();
-    let pid_file = dir.path().join("upstream.pid");
-    let kit = Kit::with_upstreams(
-        &format!(
-            "[[upstream]]\nname = \"kit\"\ncommand = \"{TESTKIT}\"\nargs = [\"upstream\"]\n\
-             [upstream.env]\nTESTKIT_PIDFILE = {pid_file:?}\n"
-        ),
-        "",
-    );
-    let s = start(&kit.config(), Host::default()).await;
-    assert_eq!(text(&s.ok("add", json!({"a": 1, "b": 1})).await), "2");
-    let pid = std::fs::read_to_string(&pid_file).unwrap();
-    let proc_dir = std::path::PathBuf::from(format!("/proc/{}", pid.trim()));
-    assert!(
-        proc_dir.exists(),
-        "the upstream runs while the host is connected"
-    );
-    assert!(s.close().await.success());
-    let stat = std::fs::read_to_string(proc_dir.join("stat")).unwrap_or_default();
-    assert!(stat.is_empty(), "the upstream is not gone: {stat}");
+async fn the_gateway_reaps_its_upstreams_when_it_exits() {
+    for terminate in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let pid_file = dir.path().join("upstream.pid");
+        let kit = Kit::with_upstreams(
+            &format!(
+                "[[upstream]]\nname = \"kit\"\ncommand = \"{TESTKIT}\"\nargs = [\"upstream\"]\n\
+                 [upstream.env]\nTESTKIT_PIDFILE = {pid_file:?}\n"
+            ),
+            "",
+        );
+        let mut s = start(&kit.config(), Host::default()).await;
+        assert_eq!(text(&s.ok("add", json!({"a": 1, "b": 1})).await), "2");
+        let pid = std::fs::read_to_string(&pid_file).unwrap();
+        let proc_dir = std::path::PathBuf::from(format!("/proc/{}", pid.trim()));
+        assert!(
+            proc_dir.exists(),
+            "the upstream runs while the host is connected"
+        );
+        let status = if terminate {
+            let gateway = s.child.id().unwrap().to_string();
+            let killed = std::process::Command::new("kill")
+                .args(["-TERM", &gateway])
+                .status()
+                .unwrap();
+            assert!(killed.success());
+            tokio::time::timeout(Duration::from_secs(20), s.child.wait())
+                .await
+                .expect("the gateway exits on SIGTERM")
+                .unwrap()
+        } else {
+            s.close().await
+        };
+        assert!(status.success(), "terminate: {terminate}: {status}");
+        let stat = std::fs::read_to_string(proc_dir.join("stat")).unwrap_or_default();
+        assert!(
+            stat.is_empty(),
+            "terminate: {terminate}: the upstream is not gone: {stat}"
+        );
+    }
 }
 
 #[tokio::test]
