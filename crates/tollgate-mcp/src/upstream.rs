@@ -182,6 +182,9 @@ impl Conn {
 
 /// Kill `child` and reap it (a process that has already exited is only reaped).
 async fn stop_child(child: &mut tokio::process::Child) {
+    if let Ok(Some(_)) = child.try_wait() {
+        return;
+    }
     if let Err(e) = child.kill().await {
         tracing::warn!("cannot stop an upstream process: {e}");
     }
