@@ -8,7 +8,32 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+/// A free port below the kernel's ephemeral range: these servers are stopped and started
+/// again on their port, and while one is down a client connection of a test running in
+/// parallel could take a port of the ephemeral range as its own source port. Ports are
+/// handed out in turn from a start that depends on the process id, so two servers of this
+/// process never get the same one.
 fn free_port() -> u16 {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse::<u32>().ok())
+        .unwrap_or(32_768);
+    const FROM: u32 = 10_000;
+    if low > FROM + 100 {
+        let span = low - FROM;
+        let start = std::process::id().wrapping_mul(7_919) % span;
+        for _ in 0..1_000 {
+            let n = NEXT.fetch_add(1, Ordering::Relaxed);
+            let port = FROM + (start + n) % span;
+            if let Ok(port) = u16::try_from(port) {
+                if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+                    return port;
+                }
+            }
+        }
+    }
     TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
