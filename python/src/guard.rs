@@ -205,13 +205,8 @@ impl PyGuard {
             Some(audit_params),
             audit_redact.as_deref().unwrap_or(&[]),
         )
-        .map_err(|e| match e {
-            tollgate_audit::params::SettingError::Params(_) => {
-                PyValueError::new_err(format!("audit_params: {e}"))
-            }
-            tollgate_audit::params::SettingError::Redact(_) => {
-                PyValueError::new_err(format!("audit_redact: {e}"))
-            }
+        .map_err(|e| {
+            PyValueError::new_err(format!("{}: {e}", e.key("audit_params", "audit_redact")))
         })?;
         let mode = recorder.mode();
         if audit_log.is_none() && mode != tollgate_audit::ParamsMode::Hash {
@@ -489,13 +484,11 @@ impl PyGuard {
     fn replay_config(&self) -> PyResult<String> {
         let config = self.inner.session().policy.config.clone();
         let (settings, base) = match &self.policy_settings {
-            Some((s, base)) => (Some(s), base.clone()),
-            None => (
-                None,
-                std::env::current_dir().map_err(|e| PyOSError::new_err(e.to_string()))?,
-            ),
+            Some((s, base)) => (Some(s), base.as_path()),
+            // Without a set no path is resolved.
+            None => (None, std::path::Path::new("")),
         };
-        tollgate_client::candidate::candidate_toml(&config, settings, &base)
+        tollgate_client::candidate::candidate_toml(&config, settings, base)
             .map_err(PyValueError::new_err)
     }
 }

@@ -94,6 +94,17 @@ pub enum SettingError {
     Redact(RecorderError),
 }
 
+impl SettingError {
+    /// Which of the two keys is at fault: `params_key` or `redact_key` (each producer
+    /// names its own, e.g. `audit.params` and `audit.redact`).
+    pub fn key<'a>(&self, params_key: &'a str, redact_key: &'a str) -> &'a str {
+        match self {
+            SettingError::Params(_) => params_key,
+            SettingError::Redact(_) => redact_key,
+        }
+    }
+}
+
 impl Recorder {
     /// The recorder a configuration's `params` word (absent: `hash`) and `redact` paths
     /// say: what the daemon's `[audit]`, mcp.toml's `[library]` and the Python `Guard`
@@ -487,10 +498,10 @@ mod tests {
         let e = Recorder::from_setting(Some("all"), &[]).unwrap_err();
         assert_eq!(e, SettingError::Params("all".into()));
         assert_eq!(e.to_string(), "`all` is not hash, full or redacted");
-        assert!(matches!(
-            Recorder::from_setting(Some("hash"), &["a.b".to_owned()]),
-            Err(SettingError::Redact(_))
-        ));
+        assert_eq!(e.key("p", "r"), "p");
+        let e = Recorder::from_setting(Some("hash"), &["a.b".to_owned()]).unwrap_err();
+        assert!(matches!(e, SettingError::Redact(_)));
+        assert_eq!(e.key("p", "r"), "r");
     }
 
     #[test]

@@ -782,10 +782,7 @@ impl DaemonConfig {
             a.params.as_deref(),
             a.redact.as_deref().unwrap_or(&[]),
         )
-        .map_err(|e| match e {
-            tollgate_audit::params::SettingError::Params(_) => bad("audit.params", e.to_string()),
-            tollgate_audit::params::SettingError::Redact(_) => bad("audit.redact", e.to_string()),
-        })?;
+        .map_err(|e| bad(e.key("audit.params", "audit.redact"), e.to_string()))?;
         c.audit = AuditSettings {
             params,
             dir: a.dir,

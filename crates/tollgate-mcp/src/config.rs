@@ -382,13 +382,11 @@ impl Config {
                     l.audit_params.as_deref(),
                     l.audit_redact.as_deref().unwrap_or(&[]),
                 )
-                .map_err(|e| match e {
-                    tollgate_audit::params::SettingError::Params(_) => {
-                        bad("library.audit_params", e.to_string())
-                    }
-                    tollgate_audit::params::SettingError::Redact(_) => {
-                        bad("library.audit_redact", e.to_string())
-                    }
+                .map_err(|e| {
+                    bad(
+                        e.key("library.audit_params", "library.audit_redact"),
+                        e.to_string(),
+                    )
                 })?;
                 if l.audit_dir.is_none()
                     && (audit_params.mode() != tollgate_audit::ParamsMode::Hash
