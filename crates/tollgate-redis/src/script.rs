@@ -63,6 +63,14 @@ use crate::cas::{
     RECORD_FIELD,
 };
 
+/// The sweeper's delete of a hash's orphaned record fields (KEYS[1] the session hash, ARGV
+/// the fields, at most `cas::MAX_ORPHANS`): only while the hash holds no `v`, that is, is
+/// still no session. A CAS script that made one of them current (an opening held up
+/// between its staging and its script) ran before or after this whole step, never
+/// between the sweeper's read and its delete. Answers the number of fields deleted.
+pub const SWEEP_ORPHANS_LUA: &str = "if redis.call('HEXISTS', KEYS[1], 'v') == 0 then \
+    return redis.call('HDEL', KEYS[1], unpack(ARGV)) end return 0";
+
 /// The CAS script.
 pub const CAS_LUA: &str = r"
 local two = #KEYS > 1

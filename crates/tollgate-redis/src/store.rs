@@ -1709,8 +1709,16 @@ async fn sweep_once(inner: &Inner) -> Result<usize, StoreError> {
                     inner.max_value(),
                 )?;
                 if let Some(orphans) = orphan_only_fields(&f) {
+                    // Only while the hash is still no session: an opening held up
+                    // between its staging and its script may have made one of these
+                    // fields current since the read above (one atomic step).
                     let mut p = redis::pipe();
-                    p.cmd("HDEL").arg(&key).arg(orphans).ignore();
+                    p.cmd("EVAL")
+                        .arg(crate::script::SWEEP_ORPHANS_LUA)
+                        .arg(1)
+                        .arg(&key)
+                        .arg(orphans)
+                        .ignore();
                     inner
                         .send(&p, 1, true, "sweep")
                         .await

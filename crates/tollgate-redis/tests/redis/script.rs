@@ -368,3 +368,60 @@ async fn script_and_fake_agree_on_a_table_of_cases() {
     assert!(cases.len() >= 3);
     cleanup(&p).await;
 }
+
+/// The sweeper's delete (`SWEEP_ORPHANS_LUA`) takes staged record fields off a hash that is
+/// still no session, and nothing off one that became a session after the sweeper read it:
+/// an opening held up between its staging and its script, whose script ran in between.
+/// (Fails with a plain `HDEL`: the current record goes.)
+#[tokio::test]
+async fn the_sweepers_delete_spares_a_hash_that_became_a_session() {
+    use tollgate_redis::script::SWEEP_ORPHANS_LUA;
+    let _scripts = crate::support::SCRIPTS.read().await;
+    let p = prefix("sweepdel");
+    let key = format!("{p}:{{g}}:s:x");
+    let client = redis::Client::open(REDIS).unwrap();
+    let mut c = client.get_multiplexed_async_connection().await.unwrap();
+    let sweep = |fields: Vec<&'static str>| {
+        let mut cmd = redis::cmd("EVAL");
+        cmd.arg(SWEEP_ORPHANS_LUA).arg(1).arg(&key).arg(fields);
+        cmd
+    };
+    // Still no session: the staged field is deleted.
+    let _: () = redis::cmd("HSET")
+        .arg(&key)
+        .arg("r:1:d:0")
+        .arg("staged")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    let n: i64 = sweep(vec!["r:1:d:0"]).query_async(&mut c).await.unwrap();
+    assert_eq!(n, 1);
+    // Staged, read by the sweeper as an orphan, then made current by its opening's
+    // script (`v` and `c` written) before the sweeper's delete: nothing is deleted.
+    let _: () = redis::cmd("HSET")
+        .arg(&key)
+        .arg("r:1:d:0")
+        .arg("staged")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    let _: () = redis::cmd("HSET")
+        .arg(&key)
+        .arg("v")
+        .arg("1")
+        .arg("c")
+        .arg("r:1:d:0")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    let n: i64 = sweep(vec!["r:1:d:0"]).query_async(&mut c).await.unwrap();
+    assert_eq!(n, 0);
+    let current: Option<String> = redis::cmd("HGET")
+        .arg(&key)
+        .arg("r:1:d:0")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    assert_eq!(current.as_deref(), Some("staged"));
+    cleanup(&p).await;
+}
