@@ -332,14 +332,14 @@ fn secret_assignment(s: &str) -> bool {
             .get(..end)
             .unwrap_or(&[])
             .iter()
-            .rposition(|c| !(c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_')))
+            .rposition(|c| !key_char(char::from(*c)))
             .map_or(0, |p| p + 1);
         let name = s.get(start..end).unwrap_or("");
         let value = s.get(i + 1..).unwrap_or("").trim_start_matches([' ', '\t']);
         let value_starts = value
             .chars()
             .next()
-            .is_some_and(|c| !c.is_whitespace() && !matches!(c, '&' | ';' | ',' | '/'));
+            .is_some_and(|c| !c.is_whitespace() && !matches!(c, '&' | ';' | ','));
         !name.is_empty() && value_starts && secret_name(name)
     })
 }
@@ -412,6 +412,7 @@ mod tests {
             r#"{"dsn":"postgres://app:hunter2@db.internal:5432/prod",
                 "url":"https://api.example/v1/items?limit=5&api_key=k-9f8e7d",
                 "cmd":["mysql","--password=s3cr3t","-h","db"],
+                "slash":"--db-password=/pa55/w0rd",
                 "env":"PATH=/bin\nCLIENT_SECRET=cs-000111",
                 "header":"X-Auth-Token: tok-424242",
                 "conf":"refresh_token = rt-55aa66",
@@ -426,6 +427,7 @@ mod tests {
             "cs-000111",
             "tok-424242",
             "rt-55aa66",
+            "pa55/w0rd",
         ] {
             assert!(!out.contains(secret), "{secret} in {out}");
         }
