@@ -113,8 +113,8 @@ impl Draw {
 }
 
 /// The longest upstream name a verdict records (format version 8), in bytes: a
-/// resource's name (`tollgate_policy::model::MAX_NAME_BYTES`).
-pub const MAX_UPSTREAM_BYTES: usize = 256;
+/// resource's name ([`tollgate_core::MAX_UPSTREAM_BYTES`]).
+pub const MAX_UPSTREAM_BYTES: usize = tollgate_core::MAX_UPSTREAM_BYTES;
 
 /// The upstream a verdict records for a call to a tool of `upstream` (format version 8):
 /// `None` for the local resource (`local`), and for a name no record may hold (empty,
@@ -128,10 +128,7 @@ pub fn recorded_upstream(upstream: &str) -> Option<String> {
 
 /// Whether a verdict may record `upstream` (format version 8).
 pub fn is_recordable_upstream(upstream: &str) -> bool {
-    !upstream.is_empty()
-        && upstream != "local"
-        && upstream.len() <= MAX_UPSTREAM_BYTES
-        && !upstream.chars().any(char::is_control)
+    upstream != "local" && tollgate_core::is_upstream_name(upstream)
 }
 
 /// The most shadow notes on one verdict (format version 7): a set holds at most this many

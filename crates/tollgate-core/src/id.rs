@@ -15,6 +15,17 @@ use std::fmt;
 /// The longest id, in bytes.
 pub const MAX_ID_BYTES: usize = 128;
 
+/// The longest upstream name (the policies' resource `Upstream::"NAME"`), in bytes.
+pub const MAX_UPSTREAM_BYTES: usize = 256;
+
+/// Whether `name` may name an upstream: 1 to [`MAX_UPSTREAM_BYTES`] bytes, no control
+/// character. The one rule the policies' resources (`tollgate-policy`) and the audit
+/// log's recorded upstreams (`tollgate-audit`, format version 8) share, so a replay
+/// decides a call for the resource it was decided for.
+pub fn is_upstream_name(name: &str) -> bool {
+    !name.is_empty() && name.len() <= MAX_UPSTREAM_BYTES && !name.chars().any(char::is_control)
+}
+
 /// The punctuation an id may contain besides ASCII letters and digits.
 pub const ID_PUNCTUATION: &str = "._-:/@+";
 

@@ -49,7 +49,7 @@ pub use config::{
 };
 pub use decide::{decide, draw_from_bytes};
 pub use digest::Digest;
-pub use id::{check_id, IdError, MAX_ID_BYTES};
+pub use id::{check_id, is_upstream_name, IdError, MAX_ID_BYTES, MAX_UPSTREAM_BYTES};
 pub use state::{
     HumanDecision, NonceWindow, PendingTransition, SessionState, SessionStatus, TransitionStatus,
     UnixNanos,

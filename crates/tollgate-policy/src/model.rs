@@ -34,15 +34,11 @@ pub const LOCAL_UPSTREAM: &str = "local";
 /// Longest organization, agent or upstream name accepted into a principal or resource.
 pub const MAX_NAME_BYTES: usize = 256;
 
-/// Whether `upstream` may name a resource: not empty, at most [`MAX_NAME_BYTES`], no
-/// control character. Exactly the names an audited verdict can record (format version 8),
-/// so a replay decides for the same resource as the call was decided for; a call naming
-/// any other is refused as malformed.
-pub fn is_upstream_name(upstream: &str) -> bool {
-    !upstream.is_empty()
-        && upstream.len() <= MAX_NAME_BYTES
-        && !upstream.chars().any(char::is_control)
-}
+/// Whether `upstream` may name a resource ([`tollgate_core::is_upstream_name`]): exactly
+/// the names an audited verdict can record (format version 8), so a replay decides for the
+/// same resource as the call was decided for; a call naming any other is refused as
+/// malformed.
+pub use tollgate_core::is_upstream_name;
 
 /// Who is calling, and where the tool lives: the principal and resource of every request
 /// of one session. Built once (per session, per policy set) with
