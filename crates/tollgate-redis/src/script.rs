@@ -63,7 +63,7 @@ use crate::cas::{
     RECORD_FIELD,
 };
 
-/// The sweeper's delete of a hash's orphaned record fields (KEYS[1] the session hash, ARGV
+/// The sweeper's delete of a hash's orphaned record fields (`KEYS[1]` the session hash, `ARGV`
 /// the fields, at most `cas::MAX_ORPHANS`): only while the hash holds no `v`, that is, is
 /// still no session. A CAS script that made one of them current (an opening held up
 /// between its staging and its script) ran before or after this whole step, never
