@@ -291,11 +291,15 @@ pub fn replay_chains(
     report.entries = chains.iter().map(|c| c.entries.len() as u64).sum();
     let total = order.len() as u64;
     for (n, at) in order.iter().enumerate() {
-        progress(Tick {
-            entries: n as u64 + 1,
-            done: n as u64 + 1,
-            total,
-        });
+        // Every 256th entry (and the first and the last), as `replay_paths` ticks.
+        let done = n as u64 + 1;
+        if done % 256 == 1 || done == total {
+            progress(Tick {
+                entries: done,
+                done,
+                total,
+            });
+        }
         let Some(chain) = chains.get(at.chain) else {
             continue;
         };
@@ -589,12 +593,10 @@ impl Replay {
             SessionEvent::Verdict(_) => {}
             SessionEvent::Opened(r) => {
                 let policy = self.candidate.guard_for(&r.agent_id);
+                // The candidate's budget scope, not the recorded one.
                 let meta = SessionMeta {
-                    session_id: r.session_id.clone(),
-                    agent_id: r.agent_id.clone(),
-                    organization_id: r.organization_id.clone(),
                     budget_scope: policy.config.budget_scope,
-                    created_at_ns: r.timestamp_ns,
+                    ..ops::opened_meta(r)
                 };
                 let mut session = Session::new(meta, policy, r.timestamp_ns);
                 let shared = session.meta.shared_budget_key();
