@@ -479,8 +479,8 @@ impl World {
             }
             Some(CasReply::Conflict { .. }) => self.refresh(d, id),
             Some(CasReply::Joined { .. }) => panic!("a join answer to a settlement"),
-            // (`send` answers a failed write, `Unstaged`, as `None`.)
-            Some(CasReply::Unstaged) | None => {}
+            Some(CasReply::Unstaged) => unreachable!("`send` answers Unstaged as None"),
+            None => {}
         }
     }
 
@@ -617,7 +617,8 @@ impl World {
                         };
                     }
                     Some(CasReply::Joined { .. }) => panic!("a join answer to a change"),
-                    Some(CasReply::Unstaged) | None => {}
+                    Some(CasReply::Unstaged) => unreachable!("`send` answers Unstaged as None"),
+                    None => {}
                 }
             }
         }
@@ -666,7 +667,10 @@ impl World {
                             panic!("an opening of a shared budget is a join")
                         }
                         // The session exists (opened by another daemon): refused.
-                        Some(CasReply::Conflict { .. } | CasReply::Unstaged) | None => {}
+                        Some(CasReply::Conflict { .. }) | None => {}
+                        Some(CasReply::Unstaged) => {
+                            unreachable!("`send` answers Unstaged as None")
+                        }
                     }
                 }
             }
@@ -1182,6 +1186,15 @@ fn an_opening_whose_staged_record_was_swept_writes_nothing() {
             Sweep { d: 1 },
             OpenStart { d: 1, s: 1 },
             OpenSend { d: 1 },
+            // The agent registers again: the refused id opens, and is decided on.
+            OpenStart { d: 1, s: 0 },
+            OpenSend { d: 1 },
+            Decide {
+                d: 1,
+                s: 0,
+                nonce: 2,
+                cost: 1,
+            },
             Commit { d: 1 },
         ],
     );
