@@ -1214,12 +1214,18 @@ pub fn check(files: &[Source], options: &Options, tools: &[ToolDef]) -> Report {
             let (Some(action), Some(t)) = (author_actions.get(name), derived.get(name)) else {
                 continue;
             };
-            for d in drift::drift(action, common, name, &t.args) {
+            let found = drift::drift(action, common, name, &t.args);
+            if found.is_empty() {
+                continue;
+            }
+            // Found once per tool, not per finding (it scans the schema's text).
+            let place = drift::place(schema_source, name);
+            for d in found {
                 cx.push(
                     d.severity,
                     "tollgate::schema-drift",
                     d.message,
-                    drift::place(schema_source, name),
+                    place.clone(),
                     Some(
                         "the set runs with the schema's types, not the tool's: make the schema say what the tool sends"
                             .into(),

@@ -204,16 +204,34 @@ pub(super) fn drift(
     cx.out
 }
 
-/// Where `tool`'s declaration is in the schema's text: its quoted name, else `action NAME`.
+/// Where `tool`'s declaration is in the schema's text: `action "NAME"`, else `action NAME`
+/// (the whole name, not the start of a longer one), else its quoted name anywhere.
 pub(super) fn place(schema: &Source, tool: &str) -> (Option<String>, Option<Location>) {
     let text = schema.text.as_str();
     let quoted = format!("\"{tool}\"");
-    let at = text.find(&quoted).or_else(|| {
-        text.match_indices(tool).map(|(i, _)| i).find(|&i| {
-            text.get(..i)
-                .is_some_and(|b| b.trim_end().ends_with("action"))
+    let after_action = |i: usize| {
+        text.get(..i)
+            .is_some_and(|b| b.trim_end().ends_with("action"))
+    };
+    let whole = |i: usize| {
+        text.get(i + tool.len()..)
+            .and_then(|r| r.chars().next())
+            .is_none_or(|c| !(c.is_alphanumeric() || c == '_'))
+    };
+    let at = text
+        .match_indices(&quoted)
+        .map(|(i, _)| i)
+        .find(|&i| after_action(i))
+        .or_else(|| {
+            (!tool.is_empty())
+                .then(|| {
+                    text.match_indices(tool)
+                        .map(|(i, _)| i)
+                        .find(|&i| after_action(i) && whole(i))
+                })
+                .flatten()
         })
-    });
+        .or_else(|| text.find(&quoted));
     let location = at.map(|i| {
         let (line, column) = line_col(text, i);
         Location {
@@ -223,4 +241,31 @@ pub(super) fn place(schema: &Source, tool: &str) -> (Option<String>, Option<Loca
         }
     });
     (Some(schema.name.clone()), location)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::place;
+    use crate::load::Source;
+
+    fn line(text: &str, tool: &str) -> Option<usize> {
+        let s = Source {
+            name: "s".into(),
+            text: text.into(),
+        };
+        place(&s, tool).1.map(|l| l.line)
+    }
+
+    #[test]
+    fn a_declaration_is_found_by_its_own_action_not_a_mention_or_a_longer_name() {
+        let text = "action payment appliesTo {};\naction \"refund\" in [\"pay\"];\naction pay appliesTo {};\n";
+        assert_eq!(line(text, "pay"), Some(3));
+        assert_eq!(line(text, "payment"), Some(1));
+        assert_eq!(line(text, "refund"), Some(2));
+        let quoted = "action \"refund\" in [\"pay\"];\naction \"pay\" appliesTo {};\n";
+        assert_eq!(line(quoted, "pay"), Some(2));
+        // Declared in a list: its quoted name anywhere, else nowhere.
+        assert_eq!(line("action a, \"b\";", "b"), Some(1));
+        assert_eq!(line("action a, b;", "b"), None);
+    }
 }
