@@ -1417,6 +1417,9 @@ pub fn check(files: &[Source], options: &Options, tools: &[ToolDef]) -> Report {
         }
         // `context.args.x == "v"` where no tool's `enum` for `x` has `v`.
         let mut compared = HashSet::new();
+        // Per argument path: every value the tools' `enum`s allow, when every tool has one
+        // (read once per path, however many literals are compared with it).
+        let mut enums: HashMap<&[String], Option<Vec<Json>>> = HashMap::new();
         for (path, literal, cmp) in &p.comparisons {
             let Some(("args", args_path)) = path.split_first().map(|(f, r)| (f.as_str(), r)) else {
                 continue;
@@ -1424,19 +1427,25 @@ pub fn check(files: &[Source], options: &Options, tools: &[ToolDef]) -> Report {
             if derived_here.is_empty() || author_here || !compared.insert((path, literal)) {
                 continue;
             }
-            let mut allowed: Vec<Json> = Vec::new();
-            let all_enumerated = derived_here.iter().all(|(_, t)| {
-                t.schemas
-                    .iter()
-                    .all(|schema| match enum_at(schema, args_path) {
-                        Some(values) => {
-                            allowed.extend(values);
-                            true
-                        }
-                        None => false,
-                    })
+            let allowed = enums.entry(args_path).or_insert_with(|| {
+                let mut allowed: Vec<Json> = Vec::new();
+                let all_enumerated = derived_here.iter().all(|(_, t)| {
+                    t.schemas
+                        .iter()
+                        .all(|schema| match enum_at(schema, args_path) {
+                            Some(values) => {
+                                allowed.extend(values);
+                                true
+                            }
+                            None => false,
+                        })
+                });
+                all_enumerated.then_some(allowed)
             });
-            if !all_enumerated || allowed.contains(literal) {
+            let Some(allowed) = allowed.as_ref() else {
+                continue;
+            };
+            if allowed.contains(literal) {
                 continue;
             }
             let shown = serde_json::to_string(literal).unwrap_or_default();
