@@ -375,6 +375,7 @@ async fn script_and_fake_agree_on_a_table_of_cases() {
 /// (Fails with a plain `HDEL`: the current record goes.)
 #[tokio::test]
 async fn the_sweepers_delete_spares_a_hash_that_became_a_session() {
+    use crate::support::hset;
     use tollgate_redis::script::SWEEP_ORPHANS_LUA;
     let _scripts = crate::support::SCRIPTS.read().await;
     let p = prefix("sweepdel");
@@ -387,33 +388,14 @@ async fn the_sweepers_delete_spares_a_hash_that_became_a_session() {
         cmd
     };
     // Still no session: the staged field is deleted.
-    let _: () = redis::cmd("HSET")
-        .arg(&key)
-        .arg("r:1:d:0")
-        .arg("staged")
-        .query_async(&mut c)
-        .await
-        .unwrap();
+    hset(&mut c, &key, "r:1:d:0", "staged").await;
     let n: i64 = sweep(vec!["r:1:d:0"]).query_async(&mut c).await.unwrap();
     assert_eq!(n, 1);
     // Staged, read by the sweeper as an orphan, then made current by its opening's
     // script (`v` and `c` written) before the sweeper's delete: nothing is deleted.
-    let _: () = redis::cmd("HSET")
-        .arg(&key)
-        .arg("r:1:d:0")
-        .arg("staged")
-        .query_async(&mut c)
-        .await
-        .unwrap();
-    let _: () = redis::cmd("HSET")
-        .arg(&key)
-        .arg("v")
-        .arg("1")
-        .arg("c")
-        .arg("r:1:d:0")
-        .query_async(&mut c)
-        .await
-        .unwrap();
+    hset(&mut c, &key, "r:1:d:0", "staged").await;
+    hset(&mut c, &key, "v", "1").await;
+    hset(&mut c, &key, "c", "r:1:d:0").await;
     let n: i64 = sweep(vec!["r:1:d:0"]).query_async(&mut c).await.unwrap();
     assert_eq!(n, 0);
     let current: Option<String> = redis::cmd("HGET")
